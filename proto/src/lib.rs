@@ -1,0 +1,54 @@
+//! oomtrace-proto: the bytes that cross the shim -> collector socket and land in `.oomt` files.
+//!
+//! - [`event`]: the fixed 64-byte [`Event`] and its pinned enums.
+//! - [`wire`]: length-framed records on the socket (`Hello`, `Events`, `StackDef`, ...).
+//! - [`trace_file`]: the `.oomt` file, which stores each connection's frames in checked,
+//!   optionally compressed chunks and tolerates a truncated tail.
+//!
+//! Decoders never panic on any input: garbage is an [`Error`].
+
+pub mod event;
+pub mod trace_file;
+pub mod wire;
+
+pub use event::{Api, Event, EventKind, MemoryClass, ModuleId, StackId, DEVICE_UNKNOWN, EVENT_SIZE};
+
+/// What can be wrong with bytes that claim to be oomtrace data. One sentence per variant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Error {
+    /// The bytes do not start with the oomtrace magic.
+    BadMagic,
+    /// Written by a newer or older oomtrace whose format this build cannot read.
+    UnsupportedVersion { found: u16, supported: u16 },
+    /// A frame claims a length no writer produces.
+    FrameTooLarge { len: u64, max: u64 },
+    /// The data ends before a header or frame is complete.
+    Truncated,
+    /// A field is inconsistent with its frame.
+    Malformed(&'static str),
+    /// A trace-file record at `offset` is damaged.
+    Corrupt { offset: u64, what: String },
+    /// Reading failed.
+    Io(String),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::BadMagic => write!(f, "not an oomtrace trace (bad magic)"),
+            Error::UnsupportedVersion { found, supported } => write!(
+                f,
+                "format version {found} is not supported (this oomtrace reads version {supported})"
+            ),
+            Error::FrameTooLarge { len, max } => {
+                write!(f, "frame length {len} is out of range (max {max})")
+            }
+            Error::Truncated => write!(f, "data ends in the middle of a header or frame"),
+            Error::Malformed(what) => write!(f, "malformed data: {what}"),
+            Error::Corrupt { offset, what } => write!(f, "corrupt record at byte {offset}: {what}"),
+            Error::Io(e) => write!(f, "read error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}

@@ -1,0 +1,451 @@
+//! The `.oomt` trace file: a header, then records that carry each connection's wire frames.
+//!
+//! ```text
+//! header:  magic "OOMTRACE" (8) | version u16 | flags u16 | rest_len u32
+//!          | created_unix_ns u64 | producer str | (rest_len covers everything after itself)
+//! record:  len u32 (bytes after this field) | type u8 | payload
+//!   1 ConnOpen   conn u32 | t_unix_ns u64 | wire_version u16
+//!   2 Chunk      conn u32 | codec u8 (0 none, 1 lz4 block) | raw_len u32 | crc32 u32 (of raw) | data
+//!                raw = whole wire frames (see wire.rs) of connection `conn`
+//!   3 ConnClose  conn u32 | t_unix_ns u64 | reason u8 (CloseReason) | message str
+//!   4 End        t_unix_ns u64 | conns u32          (the writer finished cleanly)
+//! ```
+//!
+//! The file is readable while it is written, and a writer that dies leaves a valid prefix
+//! plus at most one partial record: the reader reports that as [`Tail::Truncated`], not an
+//! error. A checksum mismatch, a bad length or a bad header is an error.
+//!
+//! The collector writes one file for many processes; the shim's fallback mode writes the same
+//! format with a single connection 0 and uncompressed chunks.
+
+use std::io::{self, Read, Write};
+
+use crate::wire::{Reader, Writer};
+use crate::Error;
+
+pub const FILE_MAGIC: [u8; 8] = *b"OOMTRACE";
+pub const FILE_VERSION: u16 = 1;
+/// Largest record a reader accepts.
+pub const MAX_RECORD: u32 = 64 << 20;
+
+pub mod record_type {
+    pub const CONN_OPEN: u8 = 1;
+    pub const CHUNK: u8 = 2;
+    pub const CONN_CLOSE: u8 = 3;
+    pub const END: u8 = 4;
+}
+
+pub const CODEC_NONE: u8 = 0;
+pub const CODEC_LZ4: u8 = 1;
+
+/// Why a connection ended, as the collector saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseReason {
+    /// EOF after the process said goodbye.
+    Clean = 0,
+    /// EOF without a goodbye: the process was killed, crashed or left through a path the shim
+    /// does not see. Events it had not yet sent are lost.
+    Abrupt = 1,
+    /// The peer sent bytes that are not the oomtrace protocol; it was dropped.
+    ProtocolError = 2,
+    /// The collector stopped while the connection was open.
+    CollectorShutdown = 3,
+}
+
+impl CloseReason {
+    pub fn from_u8(v: u8) -> CloseReason {
+        match v {
+            0 => CloseReason::Clean,
+            2 => CloseReason::ProtocolError,
+            3 => CloseReason::CollectorShutdown,
+            _ => CloseReason::Abrupt,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            CloseReason::Clean => "exited",
+            CloseReason::Abrupt => "ended without goodbye (killed or crashed)",
+            CloseReason::ProtocolError => "dropped (protocol error)",
+            CloseReason::CollectorShutdown => "still running when the collector stopped",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileHeader {
+    pub version: u16,
+    pub created_unix_ns: u64,
+    pub producer: String,
+}
+
+/// One record, with chunk data already decompressed and checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    ConnOpen { conn: u32, t_unix_ns: u64, wire_version: u16 },
+    /// Whole wire frames of one connection.
+    Chunk { conn: u32, frames: Vec<u8> },
+    ConnClose { conn: u32, t_unix_ns: u64, reason: CloseReason, message: String },
+    End { t_unix_ns: u64, conns: u32 },
+    Unknown { ty: u8 },
+}
+
+/// How the file ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tail {
+    /// Not at the end yet.
+    Open,
+    /// The last record is complete.
+    Complete,
+    /// The file ends inside a record starting at `offset`; `bytes` of it were present.
+    Truncated { offset: u64, bytes: u64 },
+}
+
+pub fn write_header<W: Write>(w: &mut W, created_unix_ns: u64, producer: &str) -> io::Result<()> {
+    let mut rest = Vec::new();
+    let mut wr = Writer { buf: &mut rest };
+    wr.u64(created_unix_ns);
+    wr.str(producer);
+    let mut head = Vec::with_capacity(16 + rest.len());
+    head.extend_from_slice(&FILE_MAGIC);
+    head.extend_from_slice(&FILE_VERSION.to_le_bytes());
+    head.extend_from_slice(&0u16.to_le_bytes());
+    head.extend_from_slice(&(rest.len() as u32).to_le_bytes());
+    head.extend_from_slice(&rest);
+    w.write_all(&head)
+}
+
+fn write_record<W: Write>(w: &mut W, ty: u8, payload: &[u8]) -> io::Result<()> {
+    let len = (payload.len() + 1) as u32;
+    w.write_all(&len.to_le_bytes())?;
+    w.write_all(&[ty])?;
+    w.write_all(payload)
+}
+
+pub fn write_conn_open<W: Write>(w: &mut W, conn: u32, t_unix_ns: u64, wire_version: u16) -> io::Result<()> {
+    let mut p = Vec::with_capacity(14);
+    let mut wr = Writer { buf: &mut p };
+    wr.u32(conn);
+    wr.u64(t_unix_ns);
+    wr.u16(wire_version);
+    write_record(w, record_type::CONN_OPEN, &p)
+}
+
+/// Writes whole wire frames of `conn` as one chunk, compressed when the feature is on and it helps.
+pub fn write_chunk<W: Write>(w: &mut W, conn: u32, frames: &[u8], compress: bool) -> io::Result<()> {
+    let crc = crc32fast::hash(frames);
+    let (codec, data): (u8, std::borrow::Cow<[u8]>) = compress_block(frames, compress);
+    let mut p = Vec::with_capacity(13 + data.len());
+    let mut wr = Writer { buf: &mut p };
+    wr.u32(conn);
+    wr.u8(codec);
+    wr.u32(frames.len() as u32);
+    wr.u32(crc);
+    wr.bytes(&data);
+    write_record(w, record_type::CHUNK, &p)
+}
+
+#[cfg(feature = "compress")]
+fn compress_block(raw: &[u8], compress: bool) -> (u8, std::borrow::Cow<'_, [u8]>) {
+    if compress && raw.len() >= 256 {
+        let c = lz4_flex::block::compress(raw);
+        if c.len() < raw.len() {
+            return (CODEC_LZ4, std::borrow::Cow::Owned(c));
+        }
+    }
+    (CODEC_NONE, std::borrow::Cow::Borrowed(raw))
+}
+
+#[cfg(not(feature = "compress"))]
+fn compress_block(raw: &[u8], _compress: bool) -> (u8, std::borrow::Cow<'_, [u8]>) {
+    (CODEC_NONE, std::borrow::Cow::Borrowed(raw))
+}
+
+pub fn write_conn_close<W: Write>(
+    w: &mut W,
+    conn: u32,
+    t_unix_ns: u64,
+    reason: CloseReason,
+    message: &str,
+) -> io::Result<()> {
+    let mut p = Vec::new();
+    let mut wr = Writer { buf: &mut p };
+    wr.u32(conn);
+    wr.u64(t_unix_ns);
+    wr.u8(reason as u8);
+    wr.str(message);
+    write_record(w, record_type::CONN_CLOSE, &p)
+}
+
+pub fn write_end<W: Write>(w: &mut W, t_unix_ns: u64, conns: u32) -> io::Result<()> {
+    let mut p = Vec::new();
+    let mut wr = Writer { buf: &mut p };
+    wr.u64(t_unix_ns);
+    wr.u32(conns);
+    write_record(w, record_type::END, &p)
+}
+
+/// Streams records from a trace file without holding it in memory.
+pub struct TraceReader<R: Read> {
+    inner: R,
+    offset: u64,
+    tail: Tail,
+    pub header: FileHeader,
+}
+
+/// Reads as many bytes as are there, up to `buf.len()`; returns how many.
+fn read_full<R: Read>(r: &mut R, buf: &mut [u8]) -> Result<usize, Error> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::Io(e.to_string())),
+        }
+    }
+    Ok(got)
+}
+
+impl<R: Read> TraceReader<R> {
+    pub fn new(mut inner: R) -> Result<Self, Error> {
+        let mut fixed = [0u8; 16];
+        let got = read_full(&mut inner, &mut fixed)?;
+        if got < 8 || fixed[..8] != FILE_MAGIC {
+            if got >= 8 && fixed[..8] == crate::wire::WIRE_MAGIC {
+                return Err(Error::Malformed(
+                    "this is a raw oomtrace socket stream, not a trace file",
+                ));
+            }
+            return Err(Error::BadMagic);
+        }
+        if got < 16 {
+            return Err(Error::Truncated);
+        }
+        let version = u16::from_le_bytes([fixed[8], fixed[9]]);
+        if version != FILE_VERSION {
+            return Err(Error::UnsupportedVersion {
+                found: version,
+                supported: FILE_VERSION,
+            });
+        }
+        let rest_len = u32::from_le_bytes([fixed[12], fixed[13], fixed[14], fixed[15]]);
+        if rest_len > 1 << 20 {
+            return Err(Error::Malformed("file header is too long"));
+        }
+        let mut rest = vec![0u8; rest_len as usize];
+        if read_full(&mut inner, &mut rest)? < rest.len() {
+            return Err(Error::Truncated);
+        }
+        let mut r = Reader::new(&rest);
+        let created_unix_ns = r.u64()?;
+        let producer = r.str()?;
+        Ok(TraceReader {
+            inner,
+            offset: 16 + rest_len as u64,
+            tail: Tail::Open,
+            header: FileHeader {
+                version,
+                created_unix_ns,
+                producer,
+            },
+        })
+    }
+
+    /// How the file ended; meaningful once `next_record` returned `Ok(None)`.
+    pub fn tail(&self) -> Tail {
+        self.tail
+    }
+
+    /// Byte offset of the next record.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// The next record; `Ok(None)` at the end of the file, whole or truncated (see [`tail`]).
+    ///
+    /// [`tail`]: TraceReader::tail
+    pub fn next_record(&mut self) -> Result<Option<Record>, Error> {
+        if self.tail != Tail::Open {
+            return Ok(None);
+        }
+        let start = self.offset;
+        let mut len_buf = [0u8; 4];
+        let got = read_full(&mut self.inner, &mut len_buf)?;
+        if got == 0 {
+            self.tail = Tail::Complete;
+            return Ok(None);
+        }
+        if got < 4 {
+            self.tail = Tail::Truncated {
+                offset: start,
+                bytes: got as u64,
+            };
+            return Ok(None);
+        }
+        let len = u32::from_le_bytes(len_buf);
+        if len == 0 || len > MAX_RECORD {
+            return Err(Error::Corrupt {
+                offset: start,
+                what: format!("record length {len} is out of range"),
+            });
+        }
+        let mut body = vec![0u8; len as usize];
+        let got = read_full(&mut self.inner, &mut body)?;
+        if got < body.len() {
+            self.tail = Tail::Truncated {
+                offset: start,
+                bytes: 4 + got as u64,
+            };
+            return Ok(None);
+        }
+        self.offset += 4 + len as u64;
+        let corrupt = |what: String| Error::Corrupt { offset: start, what };
+        let ty = body[0];
+        let mut r = Reader::new(&body[1..]);
+        let rec = (|| -> Result<Record, Error> {
+            Ok(match ty {
+                record_type::CONN_OPEN => Record::ConnOpen {
+                    conn: r.u32()?,
+                    t_unix_ns: r.u64()?,
+                    wire_version: r.u16()?,
+                },
+                record_type::CHUNK => {
+                    let conn = r.u32()?;
+                    let codec = r.u8()?;
+                    let raw_len = r.u32()?;
+                    let crc = r.u32()?;
+                    let data = r.take(r.remaining())?;
+                    let frames = decompress_block(codec, data, raw_len)?;
+                    if crc32fast::hash(&frames) != crc {
+                        return Err(Error::Malformed("chunk checksum mismatch"));
+                    }
+                    Record::Chunk { conn, frames }
+                }
+                record_type::CONN_CLOSE => Record::ConnClose {
+                    conn: r.u32()?,
+                    t_unix_ns: r.u64()?,
+                    reason: CloseReason::from_u8(r.u8()?),
+                    message: r.str()?,
+                },
+                record_type::END => Record::End {
+                    t_unix_ns: r.u64()?,
+                    conns: r.u32()?,
+                },
+                other => Record::Unknown { ty: other },
+            })
+        })()
+        .map_err(|e| match e {
+            Error::Corrupt { .. } => e,
+            other => corrupt(other.to_string()),
+        })?;
+        Ok(Some(rec))
+    }
+}
+
+fn decompress_block(codec: u8, data: &[u8], raw_len: u32) -> Result<Vec<u8>, Error> {
+    if raw_len > MAX_RECORD {
+        return Err(Error::Malformed("chunk claims more than 64 MiB"));
+    }
+    match codec {
+        CODEC_NONE => {
+            if data.len() != raw_len as usize {
+                return Err(Error::Malformed("uncompressed chunk length mismatch"));
+            }
+            Ok(data.to_vec())
+        }
+        #[cfg(feature = "compress")]
+        CODEC_LZ4 => lz4_flex::block::decompress(data, raw_len as usize)
+            .map_err(|_| Error::Malformed("lz4 chunk does not decompress")),
+        #[cfg(not(feature = "compress"))]
+        CODEC_LZ4 => Err(Error::Malformed(
+            "lz4 chunk, but this reader was built without compression",
+        )),
+        _ => Err(Error::Malformed("unknown chunk codec")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(compress: bool) -> Vec<u8> {
+        let mut f = Vec::new();
+        write_header(&mut f, 123, "test").unwrap();
+        write_conn_open(&mut f, 1, 5, 1).unwrap();
+        let mut frames = Vec::new();
+        crate::wire::encode::goodbye(&mut frames, crate::wire::GoodbyeReason::Exit, 7);
+        let big: Vec<u8> = frames.iter().cycle().take(frames.len() * 100).copied().collect();
+        write_chunk(&mut f, 1, &big, compress).unwrap();
+        write_conn_close(&mut f, 1, 6, CloseReason::Clean, "").unwrap();
+        write_end(&mut f, 7, 1).unwrap();
+        f
+    }
+
+    fn read_all(b: &[u8]) -> Result<(Vec<Record>, Tail), Error> {
+        let mut r = TraceReader::new(b)?;
+        let mut out = Vec::new();
+        while let Some(rec) = r.next_record()? {
+            out.push(rec);
+        }
+        Ok((out, r.tail()))
+    }
+
+    #[test]
+    fn roundtrip_plain_and_compressed() {
+        for compress in [false, true] {
+            let (recs, tail) = read_all(&sample(compress)).unwrap();
+            assert_eq!(tail, Tail::Complete);
+            assert_eq!(recs.len(), 4);
+            match &recs[1] {
+                Record::Chunk { conn: 1, frames } => assert_eq!(frames.len(), 14 * 100),
+                r => panic!("{r:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn every_truncation_is_tolerated() {
+        let full = sample(true);
+        let header_len = {
+            let r = TraceReader::new(&full[..]).unwrap();
+            r.offset() as usize
+        };
+        for cut in header_len..full.len() {
+            let (recs, tail) = read_all(&full[..cut]).unwrap();
+            assert!(recs.len() <= 4);
+            assert!(matches!(tail, Tail::Truncated { .. } | Tail::Complete), "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn bad_headers_are_clear_errors() {
+        assert!(matches!(read_all(b"hello world, not a trace"), Err(Error::BadMagic)));
+        assert!(matches!(read_all(b""), Err(Error::BadMagic)));
+        let mut v9 = sample(false);
+        v9[8] = 9;
+        assert!(matches!(
+            read_all(&v9),
+            Err(Error::UnsupportedVersion { found: 9, .. })
+        ));
+    }
+
+    #[test]
+    fn flipped_bytes_never_panic_and_are_caught_by_the_checksum() {
+        let good = sample(false);
+        let header_len = TraceReader::new(&good[..]).unwrap().offset() as usize;
+        let mut errors = 0;
+        for i in header_len..good.len() {
+            let mut bad = good.clone();
+            bad[i] ^= 0x55;
+            if read_all(&bad).is_err() {
+                errors += 1;
+            }
+        }
+        assert!(errors > 0);
+        // Every byte of the chunk payload is covered by the checksum.
+        let mut bad = good.clone();
+        let n = bad.len();
+        bad[n - 60] ^= 1;
+        let _ = read_all(&bad);
+    }
+}

@@ -1,0 +1,681 @@
+//! Length-framed records from the shim to the collector.
+//!
+//! A connection starts with a 16-byte stream header, then frames:
+//!
+//! ```text
+//! stream header: magic "OOMTWIRE" (8) | version u16 | flags u16 | reserved u32
+//! frame:         len u32 (bytes after this field) | type u8 | payload (len - 1 bytes)
+//! ```
+//!
+//! Frame payloads (all integers little-endian; `str` = u16 length + UTF-8 bytes):
+//!
+//! ```text
+//! 1 Hello      pid u32 | ppid u32 | start_unix_ns u64 | flags u32 | shim_version str
+//!              | exe str | argc u16 | argv str * argc
+//! 2 Events     count u32 | Event (64 bytes) * count
+//! 3 StackDef   id u32 | n u16 | reserved u16 | frame u64 * n   (return addresses, innermost first)
+//! 4 ModuleDef  id u32 | start u64 | end u64 | bias u64 | build_id_len u8 | build_id | path str
+//! 5 ModuleGone id u32
+//! 6 Marker     seq u64 | ts_ns u64 | tid u32 | stack u32 | label str
+//! 7 Lost       events u64 | frees u64 | stacks u64 | n u8 | (device i16, count u64) * n
+//!              (cumulative counts of events the shim could not deliver)
+//! 8 Goodbye    reason u8 | last_seq u64
+//! ```
+//!
+//! Readers skip frame types they do not know. Frames larger than [`MAX_FRAME`] are garbage.
+
+use crate::event::{Event, StackId, EVENT_SIZE};
+use crate::Error;
+
+pub const WIRE_MAGIC: [u8; 8] = *b"OOMTWIRE";
+pub const WIRE_VERSION: u16 = 1;
+pub const STREAM_HEADER_SIZE: usize = 16;
+/// Largest frame a reader accepts. The shim never writes frames above 1 MiB.
+pub const MAX_FRAME: u32 = 16 << 20;
+/// Frame types. Pinned; never reuse a value.
+pub mod frame_type {
+    pub const HELLO: u8 = 1;
+    pub const EVENTS: u8 = 2;
+    pub const STACK_DEF: u8 = 3;
+    pub const MODULE_DEF: u8 = 4;
+    pub const MODULE_GONE: u8 = 5;
+    pub const MARKER: u8 = 6;
+    pub const LOST: u8 = 7;
+    pub const GOODBYE: u8 = 8;
+}
+
+/// Hello flags.
+pub mod hello_flags {
+    /// Native stacks are captured.
+    pub const NATIVE_STACKS: u32 = 1 << 0;
+}
+
+/// Why a process said goodbye.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GoodbyeReason {
+    /// Normal `exit` (atexit handler).
+    Exit = 1,
+    /// `_exit`/`_Exit`: no atexit handlers ran, but the shim flushed.
+    UnderscoreExit = 2,
+    /// The shim stopped tracing (e.g. after an internal error) but the process lives on.
+    Detach = 3,
+}
+
+impl GoodbyeReason {
+    pub fn from_u8(v: u8) -> Option<GoodbyeReason> {
+        Some(match v {
+            1 => GoodbyeReason::Exit,
+            2 => GoodbyeReason::UnderscoreExit,
+            3 => GoodbyeReason::Detach,
+            _ => return None,
+        })
+    }
+}
+
+pub fn stream_header() -> [u8; STREAM_HEADER_SIZE] {
+    let mut h = [0u8; STREAM_HEADER_SIZE];
+    h[..8].copy_from_slice(&WIRE_MAGIC);
+    h[8..10].copy_from_slice(&WIRE_VERSION.to_le_bytes());
+    h
+}
+
+/// Checks a stream header and returns its version.
+pub fn check_stream_header(h: &[u8]) -> Result<u16, Error> {
+    if h.len() < STREAM_HEADER_SIZE {
+        return Err(Error::Truncated);
+    }
+    if h[..8] != WIRE_MAGIC {
+        return Err(Error::BadMagic);
+    }
+    let version = u16::from_le_bytes([h[8], h[9]]);
+    if version != WIRE_VERSION {
+        return Err(Error::UnsupportedVersion {
+            found: version,
+            supported: WIRE_VERSION,
+        });
+    }
+    Ok(version)
+}
+
+/// Appends little-endian values to a buffer. Used to build frames in place.
+pub struct Writer<'a> {
+    pub buf: &'a mut Vec<u8>,
+}
+
+impl Writer<'_> {
+    pub fn u8(&mut self, v: u8) {
+        self.buf.push(v);
+    }
+    pub fn u16(&mut self, v: u16) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn i16(&mut self, v: i16) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn u32(&mut self, v: u32) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn u64(&mut self, v: u64) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn bytes(&mut self, v: &[u8]) {
+        self.buf.extend_from_slice(v);
+    }
+    /// A string of at most 65535 bytes; longer ones are cut at a char boundary.
+    pub fn str(&mut self, s: &str) {
+        let mut end = s.len().min(u16::MAX as usize);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.u16(end as u16);
+        self.buf.extend_from_slice(&s.as_bytes()[..end]);
+    }
+}
+
+/// Starts a frame of `ty` in `buf`; call [`end_frame`] with the returned offset when done.
+pub fn begin_frame(buf: &mut Vec<u8>, ty: u8) -> usize {
+    let at = buf.len();
+    buf.extend_from_slice(&[0, 0, 0, 0, ty]);
+    at
+}
+
+/// Patches the length of the frame begun at `at`.
+pub fn end_frame(buf: &mut [u8], at: usize) {
+    let len = (buf.len() - at - 4) as u32;
+    buf[at..at + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// Reads little-endian values from a slice; every read is bounds-checked.
+#[derive(Clone)]
+pub struct Reader<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(b: &'a [u8]) -> Self {
+        Reader { b }
+    }
+    pub fn remaining(&self) -> usize {
+        self.b.len()
+    }
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], Error> {
+        if n > self.b.len() {
+            return Err(Error::Malformed("field runs past the end of its frame"));
+        }
+        let (head, tail) = self.b.split_at(n);
+        self.b = tail;
+        Ok(head)
+    }
+    pub fn u8(&mut self) -> Result<u8, Error> {
+        Ok(self.take(1)?[0])
+    }
+    pub fn u16(&mut self) -> Result<u16, Error> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+    pub fn i16(&mut self) -> Result<i16, Error> {
+        Ok(self.u16()? as i16)
+    }
+    pub fn u32(&mut self) -> Result<u32, Error> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    pub fn u64(&mut self) -> Result<u64, Error> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+    /// A length-prefixed string; invalid UTF-8 is replaced, never rejected.
+    pub fn str(&mut self) -> Result<String, Error> {
+        let n = self.u16()? as usize;
+        Ok(String::from_utf8_lossy(self.take(n)?).into_owned())
+    }
+}
+
+/// The process that opened a connection.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Hello {
+    pub pid: u32,
+    pub ppid: u32,
+    pub start_unix_ns: u64,
+    pub flags: u32,
+    pub shim_version: String,
+    pub exe: String,
+    pub argv: Vec<String>,
+}
+
+/// A module (executable or shared object) mapped into the traced process.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ModuleDef {
+    pub id: u32,
+    /// Lowest mapped address of the module's loadable segments.
+    pub start: u64,
+    /// One past the highest mapped address.
+    pub end: u64,
+    /// Load bias: runtime address minus the address stated in the ELF file.
+    pub bias: u64,
+    pub build_id: Vec<u8>,
+    pub path: String,
+}
+
+/// Cumulative loss counters of one process.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Lost {
+    /// Every event that was not delivered (frees and allocations included).
+    pub events: u64,
+    /// Of which frees.
+    pub frees: u64,
+    /// Stack definitions that were not delivered (events that referred to them carry no stack).
+    pub stacks: u64,
+    /// Lost events by device (device -1 = unknown).
+    pub by_device: Vec<(i16, u64)>,
+}
+
+/// One decoded frame. Events stay undecoded until asked for, so that readers that only
+/// forward bytes pay nothing.
+#[derive(Clone, Debug)]
+pub enum Frame<'a> {
+    Hello(Hello),
+    Events(EventBatch<'a>),
+    StackDef { id: StackId, frames: Vec<u64> },
+    ModuleDef(ModuleDef),
+    ModuleGone { id: u32 },
+    Marker { seq: u64, ts_ns: u64, tid: u32, stack: StackId, label: String },
+    Lost(Lost),
+    Goodbye { reason: u8, last_seq: u64 },
+    /// A frame type this reader does not know; skipped.
+    Unknown { ty: u8 },
+}
+
+/// A batch of encoded events; decode lazily with [`EventBatch::iter`].
+#[derive(Clone, Copy, Debug)]
+pub struct EventBatch<'a> {
+    raw: &'a [u8],
+}
+
+impl<'a> EventBatch<'a> {
+    pub fn len(&self) -> usize {
+        self.raw.len() / EVENT_SIZE
+    }
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_empty()
+    }
+    pub fn iter(&self) -> impl Iterator<Item = Event> + 'a {
+        // Cannot fail: the batch length was checked to be a multiple of EVENT_SIZE.
+        self.raw
+            .chunks_exact(EVENT_SIZE)
+            .filter_map(|c| Event::decode(c).ok())
+    }
+}
+
+/// Outcome of looking for the next frame in a buffer.
+#[derive(Debug)]
+pub enum Next<'a> {
+    /// A whole frame, and how many bytes it used.
+    Frame(Frame<'a>, usize),
+    /// The buffer ends inside a frame; read more bytes.
+    Incomplete,
+}
+
+/// Decodes the next frame at the start of `buf`. Never panics; garbage is an `Err`.
+pub fn next_frame(buf: &[u8]) -> Result<Next<'_>, Error> {
+    if buf.len() < 5 {
+        return Ok(Next::Incomplete);
+    }
+    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    if len == 0 || len > MAX_FRAME {
+        return Err(Error::FrameTooLarge {
+            len: len as u64,
+            max: MAX_FRAME as u64,
+        });
+    }
+    let total = 4 + len as usize;
+    if buf.len() < total {
+        return Ok(Next::Incomplete);
+    }
+    let ty = buf[4];
+    let payload = &buf[5..total];
+    Ok(Next::Frame(decode_payload(ty, payload)?, total))
+}
+
+fn decode_payload(ty: u8, payload: &[u8]) -> Result<Frame<'_>, Error> {
+    use frame_type::*;
+    let mut r = Reader::new(payload);
+    let frame = match ty {
+        HELLO => {
+            let pid = r.u32()?;
+            let ppid = r.u32()?;
+            let start_unix_ns = r.u64()?;
+            let flags = r.u32()?;
+            let shim_version = r.str()?;
+            let exe = r.str()?;
+            let argc = r.u16()?;
+            let mut argv = Vec::with_capacity(argc.min(256) as usize);
+            for _ in 0..argc {
+                argv.push(r.str()?);
+            }
+            Frame::Hello(Hello {
+                pid,
+                ppid,
+                start_unix_ns,
+                flags,
+                shim_version,
+                exe,
+                argv,
+            })
+        }
+        EVENTS => {
+            let count = r.u32()? as usize;
+            let bytes = count
+                .checked_mul(EVENT_SIZE)
+                .ok_or(Error::Malformed("event count overflows"))?;
+            if bytes != r.remaining() {
+                return Err(Error::Malformed("event count does not match frame length"));
+            }
+            Frame::Events(EventBatch { raw: r.take(bytes)? })
+        }
+        STACK_DEF => {
+            let id = StackId(r.u32()?);
+            let n = r.u16()? as usize;
+            let _reserved = r.u16()?;
+            if n * 8 != r.remaining() {
+                return Err(Error::Malformed("stack depth does not match frame length"));
+            }
+            let mut frames = Vec::with_capacity(n);
+            for _ in 0..n {
+                frames.push(r.u64()?);
+            }
+            if id.is_none() {
+                return Err(Error::Malformed("stack id 0 is reserved"));
+            }
+            Frame::StackDef { id, frames }
+        }
+        MODULE_DEF => {
+            let id = r.u32()?;
+            let start = r.u64()?;
+            let end = r.u64()?;
+            let bias = r.u64()?;
+            let n = r.u8()? as usize;
+            let build_id = r.take(n)?.to_vec();
+            let path = r.str()?;
+            Frame::ModuleDef(ModuleDef {
+                id,
+                start,
+                end,
+                bias,
+                build_id,
+                path,
+            })
+        }
+        MODULE_GONE => Frame::ModuleGone { id: r.u32()? },
+        MARKER => Frame::Marker {
+            seq: r.u64()?,
+            ts_ns: r.u64()?,
+            tid: r.u32()?,
+            stack: StackId(r.u32()?),
+            label: r.str()?,
+        },
+        LOST => {
+            let events = r.u64()?;
+            let frees = r.u64()?;
+            let stacks = r.u64()?;
+            let n = r.u8()?;
+            let mut by_device = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                by_device.push((r.i16()?, r.u64()?));
+            }
+            Frame::Lost(Lost {
+                events,
+                frees,
+                stacks,
+                by_device,
+            })
+        }
+        GOODBYE => Frame::Goodbye {
+            reason: r.u8()?,
+            last_seq: r.u64()?,
+        },
+        other => Frame::Unknown { ty: other },
+    };
+    Ok(frame)
+}
+
+/// Frame encoders. Each appends one whole frame to `buf`.
+pub mod encode {
+    use super::*;
+
+    pub fn hello(buf: &mut Vec<u8>, h: &Hello) {
+        let at = begin_frame(buf, frame_type::HELLO);
+        let mut w = Writer { buf };
+        w.u32(h.pid);
+        w.u32(h.ppid);
+        w.u64(h.start_unix_ns);
+        w.u32(h.flags);
+        w.str(&h.shim_version);
+        w.str(&h.exe);
+        let argc = h.argv.len().min(u16::MAX as usize);
+        w.u16(argc as u16);
+        for a in &h.argv[..argc] {
+            w.str(a);
+        }
+        end_frame(buf, at);
+    }
+
+    /// Starts an Events frame; push events with [`push_event`] and close it with [`end_events`].
+    pub fn begin_events(buf: &mut Vec<u8>) -> usize {
+        let at = begin_frame(buf, frame_type::EVENTS);
+        buf.extend_from_slice(&0u32.to_le_bytes());
+        at
+    }
+
+    pub fn push_event(buf: &mut Vec<u8>, e: &Event) {
+        let mut raw = [0u8; EVENT_SIZE];
+        e.encode(&mut raw);
+        buf.extend_from_slice(&raw);
+    }
+
+    pub fn end_events(buf: &mut [u8], at: usize) {
+        let count = ((buf.len() - at - 9) / EVENT_SIZE) as u32;
+        buf[at + 5..at + 9].copy_from_slice(&count.to_le_bytes());
+        end_frame(buf, at);
+    }
+
+    pub fn events(buf: &mut Vec<u8>, events: &[Event]) {
+        let at = begin_events(buf);
+        for e in events {
+            push_event(buf, e);
+        }
+        end_events(buf, at);
+    }
+
+    pub fn stack_def(buf: &mut Vec<u8>, id: StackId, frames: &[u64]) {
+        let n = frames.len().min(u16::MAX as usize);
+        let at = begin_frame(buf, frame_type::STACK_DEF);
+        let mut w = Writer { buf };
+        w.u32(id.0);
+        w.u16(n as u16);
+        w.u16(0);
+        for f in &frames[..n] {
+            w.u64(*f);
+        }
+        end_frame(buf, at);
+    }
+
+    pub fn module_def(buf: &mut Vec<u8>, m: &ModuleDef) {
+        let at = begin_frame(buf, frame_type::MODULE_DEF);
+        let mut w = Writer { buf };
+        w.u32(m.id);
+        w.u64(m.start);
+        w.u64(m.end);
+        w.u64(m.bias);
+        let n = m.build_id.len().min(255);
+        w.u8(n as u8);
+        w.bytes(&m.build_id[..n]);
+        w.str(&m.path);
+        end_frame(buf, at);
+    }
+
+    pub fn module_gone(buf: &mut Vec<u8>, id: u32) {
+        let at = begin_frame(buf, frame_type::MODULE_GONE);
+        Writer { buf }.u32(id);
+        end_frame(buf, at);
+    }
+
+    pub fn marker(buf: &mut Vec<u8>, seq: u64, ts_ns: u64, tid: u32, stack: StackId, label: &str) {
+        let at = begin_frame(buf, frame_type::MARKER);
+        let mut w = Writer { buf };
+        w.u64(seq);
+        w.u64(ts_ns);
+        w.u32(tid);
+        w.u32(stack.0);
+        w.str(label);
+        end_frame(buf, at);
+    }
+
+    pub fn lost(buf: &mut Vec<u8>, l: &Lost) {
+        let at = begin_frame(buf, frame_type::LOST);
+        let mut w = Writer { buf };
+        w.u64(l.events);
+        w.u64(l.frees);
+        w.u64(l.stacks);
+        let n = l.by_device.len().min(255);
+        w.u8(n as u8);
+        for (d, c) in &l.by_device[..n] {
+            w.i16(*d);
+            w.u64(*c);
+        }
+        end_frame(buf, at);
+    }
+
+    pub fn goodbye(buf: &mut Vec<u8>, reason: GoodbyeReason, last_seq: u64) {
+        let at = begin_frame(buf, frame_type::GOODBYE);
+        let mut w = Writer { buf };
+        w.u8(reason as u8);
+        w.u64(last_seq);
+        end_frame(buf, at);
+    }
+}
+
+/// Splits a buffer of whole frames into frames; stops with `Err` at the first garbage.
+pub fn frames(buf: &[u8]) -> impl Iterator<Item = Result<Frame<'_>, Error>> {
+    let mut rest = buf;
+    let mut failed = false;
+    std::iter::from_fn(move || {
+        if failed || rest.is_empty() {
+            return None;
+        }
+        match next_frame(rest) {
+            Ok(Next::Frame(f, used)) => {
+                rest = &rest[used..];
+                Some(Ok(f))
+            }
+            Ok(Next::Incomplete) => {
+                failed = true;
+                Some(Err(Error::Truncated))
+            }
+            Err(e) => {
+                failed = true;
+                Some(Err(e))
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Api, EventKind};
+
+    fn sample() -> Vec<u8> {
+        let mut b = Vec::new();
+        encode::hello(
+            &mut b,
+            &Hello {
+                pid: 42,
+                ppid: 1,
+                start_unix_ns: 7,
+                flags: hello_flags::NATIVE_STACKS,
+                shim_version: "0.1.0".into(),
+                exe: "/bin/app".into(),
+                argv: vec!["app".into(), "--x".into()],
+            },
+        );
+        let mut e = Event::new(EventKind::Alloc, Api::cudaMalloc);
+        e.ptr = 0x1000;
+        e.size = 4096;
+        encode::events(&mut b, &[e, e]);
+        encode::stack_def(&mut b, StackId(3), &[1, 2, 3]);
+        encode::module_def(
+            &mut b,
+            &ModuleDef {
+                id: 1,
+                start: 0x400000,
+                end: 0x500000,
+                bias: 0,
+                build_id: vec![1, 2, 3, 4],
+                path: "/bin/app".into(),
+            },
+        );
+        encode::marker(&mut b, 9, 10, 11, StackId(3), "step");
+        encode::lost(
+            &mut b,
+            &Lost {
+                events: 5,
+                frees: 1,
+                stacks: 0,
+                by_device: vec![(0, 4), (-1, 1)],
+            },
+        );
+        encode::goodbye(&mut b, GoodbyeReason::Exit, 99);
+        b
+    }
+
+    #[test]
+    fn frames_roundtrip() {
+        let b = sample();
+        let all: Vec<_> = frames(&b).collect::<Result<_, _>>().unwrap();
+        assert_eq!(all.len(), 7);
+        match &all[0] {
+            Frame::Hello(h) => {
+                assert_eq!(h.pid, 42);
+                assert_eq!(h.argv, vec!["app", "--x"]);
+            }
+            f => panic!("{f:?}"),
+        }
+        match &all[1] {
+            Frame::Events(batch) => {
+                assert_eq!(batch.len(), 2);
+                assert!(batch.iter().all(|e| e.size == 4096));
+            }
+            f => panic!("{f:?}"),
+        }
+        match &all[5] {
+            Frame::Lost(l) => assert_eq!(l.by_device, vec![(0, 4), (-1, 1)]),
+            f => panic!("{f:?}"),
+        }
+    }
+
+    #[test]
+    fn every_prefix_is_incomplete_or_whole_never_a_panic() {
+        let b = sample();
+        for cut in 0..b.len() {
+            // A prefix yields whole frames and then at most one Truncated error.
+            let results: Vec<_> = frames(&b[..cut]).collect();
+            let errs = results.iter().filter(|r| r.is_err()).count();
+            assert!(errs <= 1);
+        }
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        // Lengths out of range.
+        assert!(next_frame(&[0, 0, 0, 0, 1]).is_err());
+        assert!(next_frame(&[0xff, 0xff, 0xff, 0xff, 1]).is_err());
+        // An Events frame whose count disagrees with its length.
+        let mut b = Vec::new();
+        let at = begin_frame(&mut b, frame_type::EVENTS);
+        b.extend_from_slice(&5u32.to_le_bytes());
+        b.extend_from_slice(&[0u8; 64]);
+        end_frame(&mut b, at);
+        assert!(next_frame(&b).is_err());
+        // Flipping every byte of a valid stream never panics.
+        let good = sample();
+        for i in 0..good.len() {
+            for bit in [0x01u8, 0x80, 0xff] {
+                let mut bad = good.clone();
+                bad[i] ^= bit;
+                for r in frames(&bad) {
+                    let _ = r;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_frame_types_are_skipped() {
+        let mut b = Vec::new();
+        let at = begin_frame(&mut b, 200);
+        b.extend_from_slice(b"future");
+        end_frame(&mut b, at);
+        encode::goodbye(&mut b, GoodbyeReason::Exit, 1);
+        let all: Vec<_> = frames(&b).collect::<Result<_, _>>().unwrap();
+        assert!(matches!(all[0], Frame::Unknown { ty: 200 }));
+        assert!(matches!(all[1], Frame::Goodbye { .. }));
+    }
+
+    #[test]
+    fn stream_header_checks() {
+        let h = stream_header();
+        assert_eq!(check_stream_header(&h).unwrap(), WIRE_VERSION);
+        let mut bad = h;
+        bad[0] = b'X';
+        assert!(matches!(check_stream_header(&bad), Err(Error::BadMagic)));
+        let mut v2 = h;
+        v2[8] = 9;
+        assert!(matches!(
+            check_stream_header(&v2),
+            Err(Error::UnsupportedVersion { found: 9, .. })
+        ));
+    }
+}
