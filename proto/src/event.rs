@@ -273,9 +273,18 @@ impl Event {
             .get(..EVENT_SIZE)
             .and_then(|s| s.try_into().ok())
             .ok_or(Error::Malformed("event shorter than 64 bytes"))?;
-        let u64_at = |o: usize| u64::from_le_bytes([
-            b[o], b[o + 1], b[o + 2], b[o + 3], b[o + 4], b[o + 5], b[o + 6], b[o + 7],
-        ]);
+        let u64_at = |o: usize| {
+            u64::from_le_bytes([
+                b[o],
+                b[o + 1],
+                b[o + 2],
+                b[o + 3],
+                b[o + 4],
+                b[o + 5],
+                b[o + 6],
+                b[o + 7],
+            ])
+        };
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         Ok(Event {
             seq: u64_at(0),

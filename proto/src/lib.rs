@@ -11,7 +11,9 @@ pub mod event;
 pub mod trace_file;
 pub mod wire;
 
-pub use event::{Api, Event, EventKind, MemoryClass, ModuleId, StackId, DEVICE_UNKNOWN, EVENT_SIZE};
+pub use event::{
+    Api, Event, EventKind, MemoryClass, ModuleId, StackId, DEVICE_UNKNOWN, EVENT_SIZE,
+};
 
 /// What can be wrong with bytes that claim to be oomtrace data. One sentence per variant.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -81,12 +81,29 @@ pub struct FileHeader {
 /// One record, with chunk data already decompressed and checked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
-    ConnOpen { conn: u32, t_unix_ns: u64, wire_version: u16 },
+    ConnOpen {
+        conn: u32,
+        t_unix_ns: u64,
+        wire_version: u16,
+    },
     /// Whole wire frames of one connection.
-    Chunk { conn: u32, frames: Vec<u8> },
-    ConnClose { conn: u32, t_unix_ns: u64, reason: CloseReason, message: String },
-    End { t_unix_ns: u64, conns: u32 },
-    Unknown { ty: u8 },
+    Chunk {
+        conn: u32,
+        frames: Vec<u8>,
+    },
+    ConnClose {
+        conn: u32,
+        t_unix_ns: u64,
+        reason: CloseReason,
+        message: String,
+    },
+    End {
+        t_unix_ns: u64,
+        conns: u32,
+    },
+    Unknown {
+        ty: u8,
+    },
 }
 
 /// How the file ended.
@@ -121,7 +138,12 @@ fn write_record<W: Write>(w: &mut W, ty: u8, payload: &[u8]) -> io::Result<()> {
     w.write_all(payload)
 }
 
-pub fn write_conn_open<W: Write>(w: &mut W, conn: u32, t_unix_ns: u64, wire_version: u16) -> io::Result<()> {
+pub fn write_conn_open<W: Write>(
+    w: &mut W,
+    conn: u32,
+    t_unix_ns: u64,
+    wire_version: u16,
+) -> io::Result<()> {
     let mut p = Vec::with_capacity(14);
     let mut wr = Writer { buf: &mut p };
     wr.u32(conn);
@@ -131,7 +153,12 @@ pub fn write_conn_open<W: Write>(w: &mut W, conn: u32, t_unix_ns: u64, wire_vers
 }
 
 /// Writes whole wire frames of `conn` as one chunk, compressed when the feature is on and it helps.
-pub fn write_chunk<W: Write>(w: &mut W, conn: u32, frames: &[u8], compress: bool) -> io::Result<()> {
+pub fn write_chunk<W: Write>(
+    w: &mut W,
+    conn: u32,
+    frames: &[u8],
+    compress: bool,
+) -> io::Result<()> {
     let crc = crc32fast::hash(frames);
     let (codec, data): (u8, std::borrow::Cow<[u8]>) = compress_block(frames, compress);
     let mut p = Vec::with_capacity(13 + data.len());
@@ -299,7 +326,10 @@ impl<R: Read> TraceReader<R> {
             return Ok(None);
         }
         self.offset += 4 + len as u64;
-        let corrupt = |what: String| Error::Corrupt { offset: start, what };
+        let corrupt = |what: String| Error::Corrupt {
+            offset: start,
+            what,
+        };
         let ty = body[0];
         let mut r = Reader::new(&body[1..]);
         let rec = (|| -> Result<Record, Error> {
@@ -374,7 +404,12 @@ mod tests {
         write_conn_open(&mut f, 1, 5, 1).unwrap();
         let mut frames = Vec::new();
         crate::wire::encode::goodbye(&mut frames, crate::wire::GoodbyeReason::Exit, 7);
-        let big: Vec<u8> = frames.iter().cycle().take(frames.len() * 100).copied().collect();
+        let big: Vec<u8> = frames
+            .iter()
+            .cycle()
+            .take(frames.len() * 100)
+            .copied()
+            .collect();
         write_chunk(&mut f, 1, &big, compress).unwrap();
         write_conn_close(&mut f, 1, 6, CloseReason::Clean, "").unwrap();
         write_end(&mut f, 7, 1).unwrap();
@@ -413,13 +448,19 @@ mod tests {
         for cut in header_len..full.len() {
             let (recs, tail) = read_all(&full[..cut]).unwrap();
             assert!(recs.len() <= 4);
-            assert!(matches!(tail, Tail::Truncated { .. } | Tail::Complete), "cut {cut}");
+            assert!(
+                matches!(tail, Tail::Truncated { .. } | Tail::Complete),
+                "cut {cut}"
+            );
         }
     }
 
     #[test]
     fn bad_headers_are_clear_errors() {
-        assert!(matches!(read_all(b"hello world, not a trace"), Err(Error::BadMagic)));
+        assert!(matches!(
+            read_all(b"hello world, not a trace"),
+            Err(Error::BadMagic)
+        ));
         assert!(matches!(read_all(b""), Err(Error::BadMagic)));
         let mut v9 = sample(false);
         v9[8] = 9;

@@ -238,14 +238,30 @@ pub struct Lost {
 pub enum Frame<'a> {
     Hello(Hello),
     Events(EventBatch<'a>),
-    StackDef { id: StackId, frames: Vec<u64> },
+    StackDef {
+        id: StackId,
+        frames: Vec<u64>,
+    },
     ModuleDef(ModuleDef),
-    ModuleGone { id: u32 },
-    Marker { seq: u64, ts_ns: u64, tid: u32, stack: StackId, label: String },
+    ModuleGone {
+        id: u32,
+    },
+    Marker {
+        seq: u64,
+        ts_ns: u64,
+        tid: u32,
+        stack: StackId,
+        label: String,
+    },
     Lost(Lost),
-    Goodbye { reason: u8, last_seq: u64 },
+    Goodbye {
+        reason: u8,
+        last_seq: u64,
+    },
     /// A frame type this reader does not know; skipped.
-    Unknown { ty: u8 },
+    Unknown {
+        ty: u8,
+    },
 }
 
 /// A batch of encoded events; decode lazily with [`EventBatch::iter`].
@@ -333,7 +349,9 @@ fn decode_payload(ty: u8, payload: &[u8]) -> Result<Frame<'_>, Error> {
             if bytes != r.remaining() {
                 return Err(Error::Malformed("event count does not match frame length"));
             }
-            Frame::Events(EventBatch { raw: r.take(bytes)? })
+            Frame::Events(EventBatch {
+                raw: r.take(bytes)?,
+            })
         }
         STACK_DEF => {
             let id = StackId(r.u32()?);

@@ -1,1 +1,64 @@
-//! placeholder
+//! liboomtrace: sees every CUDA device allocation and free of the process it is loaded into,
+//! records the native call site, and streams events to an oomtrace collector.
+//!
+//! Ways in: `LD_PRELOAD=liboomtrace.so` (or `oomtrace run`), which interposes the driver and
+//! runtime exports, `dlsym`, and the `cuGetProcAddress` / `cudaGetDriverEntryPoint` resolvers
+//! (`resolve.rs`); and the `oomtrace_*` C entry points below.
+//!
+//! Promises to the host process: a CUDA call's result is never changed; no panic crosses
+//! `extern "C"` (`guard.rs`); no constructor of our own; fork, `exit` and `_exit` are handled
+//! (`lifecycle.rs`); if the collector dies the program runs on and losses are counted
+//! (`transport.rs`). The GIL is never touched.
+//!
+//! Where to change what: hooked functions are one line each in `hooks/table.rs`; what they
+//! record is `hooks/record.rs`; configuration is the `OOMTRACE_*` table in `config.rs`.
+
+// The exported functions are CUDA's and libc's own C entry points: their safety contract is
+// the one in CUDA's and glibc's documentation, not ours to restate per function.
+#![allow(clippy::missing_safety_doc)]
+
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+compile_error!("liboomtrace supports x86-64 Linux (the dlsym trampoline and unwinder start are x86-64 assembly)");
+
+pub mod clock;
+pub mod config;
+pub mod cuda;
+pub mod guard;
+pub mod hooks;
+pub mod lifecycle;
+pub mod log;
+pub mod resolve;
+pub mod stack;
+pub mod transport;
+
+use std::ffi::{c_char, c_int, CStr};
+
+/// Marks a step boundary (e.g. one training iteration). `label` may be NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn oomtrace_mark(label: *const c_char) {
+    guard::catch(|| {
+        if !guard::enter() {
+            return;
+        }
+        let text = if label.is_null() {
+            String::new()
+        } else {
+            // SAFETY: the caller passes a C string.
+            unsafe { CStr::from_ptr(label) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        hooks::record::marker(&text);
+        guard::leave();
+    });
+}
+
+/// Makes sure everything recorded so far has reached the collector (waits at most 2 s).
+/// Returns 0 on success, -1 if tracing is off or the flush timed out.
+#[unsafe(no_mangle)]
+pub extern "C" fn oomtrace_flush() -> c_int {
+    match guard::catch(lifecycle::flush) {
+        Some(true) => 0,
+        _ => -1,
+    }
+}

@@ -1,1 +1,229 @@
-//! placeholder
+//! Test harness: runs scenario programs on the simulated CUDA through the real shim, collector
+//! and CLI, with a timeout (a hang is a failure, never a stuck CI), and returns the parsed
+//! `--json` report.
+//!
+//! Binaries come from cargo's target directory: `liboomtrace.so` (built because this crate
+//! depends on the shim) and `oomtrace` (built by `cargo test --workspace`, which the README's
+//! test command runs).
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Where scenario programs were built (tests/build.rs).
+pub const SCENARIO_BIN: &str = env!("OOMTRACE_SCENARIO_BIN");
+/// The simulated libcuda.so.1 and libcudart.so.12.
+pub const SIM_LIB: &str = env!("OOMTRACE_SIM_LIB");
+
+/// How long any one traced program may take before the test calls it a hang.
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn target_profile_dir() -> PathBuf {
+    // .../target/<profile>/deps/<test-binary>
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe.parent().expect("deps dir");
+    deps.parent().expect("profile dir").to_path_buf()
+}
+
+/// The shim: the copy cargo just built into deps/ is the fresh one.
+pub fn shim() -> PathBuf {
+    let dir = target_profile_dir();
+    for p in [dir.join("deps/liboomtrace.so"), dir.join("liboomtrace.so")] {
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!("liboomtrace.so not found under {}", dir.display());
+}
+
+pub fn oomtrace_bin() -> PathBuf {
+    let p = target_profile_dir().join("oomtrace");
+    assert!(
+        p.is_file(),
+        "{} is missing: run the README's test command (`cargo test --workspace`), which builds it",
+        p.display()
+    );
+    p
+}
+
+pub fn scenario(name: &str) -> PathBuf {
+    Path::new(SCENARIO_BIN).join(name)
+}
+
+/// A fresh directory for one test's files.
+pub fn scratch(test: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "oomtrace-it-{}-{}-{}",
+        std::process::id(),
+        test,
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+/// A command with the simulated CUDA on the library path and no stray oomtrace settings.
+pub fn base_command(program: impl AsRef<OsStr>) -> Command {
+    let mut c = Command::new(program);
+    c.env("LD_LIBRARY_PATH", SIM_LIB)
+        .env_remove("LD_PRELOAD")
+        .env_remove("OOMTRACE_SOCKET")
+        .env_remove("OOMTRACE_OUTPUT")
+        .env_remove("OOMTRACE_DISABLE")
+        .env_remove("OOMTRACE_LIB")
+        .env("OOMTRACE_LIB", shim())
+        .stdin(Stdio::null());
+    c
+}
+
+/// Runs to completion or kills it after `timeout` and panics: hangs fail loudly.
+pub fn output_within(mut cmd: Command, timeout: Duration) -> Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot spawn {cmd:?}: {e}"));
+    let pid = child.id();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done2 = done.clone();
+    let watchdog = std::thread::spawn(move || {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if done2.load(Ordering::Relaxed) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: killing the child we spawned.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        true
+    });
+    let out = child.wait_with_output().expect("wait");
+    done.store(true, Ordering::Relaxed);
+    let killed = watchdog.join().unwrap_or(false);
+    assert!(!killed, "{cmd:?} hung (killed after {timeout:?})");
+    out
+}
+
+/// The result of `oomtrace run`.
+pub struct Traced {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub report: Value,
+    pub trace: PathBuf,
+}
+
+/// `oomtrace run --json J -o T -- scenario args...` with extra environment.
+pub fn run_traced(name: &str, args: &[&str], env: &[(&str, &str)]) -> Traced {
+    let dir = scratch(name);
+    let trace = dir.join("trace.oomt");
+    let json = dir.join("report.json");
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.current_dir(&dir)
+        .arg("run")
+        .arg("--json")
+        .arg(&json)
+        .arg("-o")
+        .arg(&trace)
+        .arg("--")
+        .arg(scenario(name))
+        .args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = output_within(cmd, TIMEOUT);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let text = std::fs::read_to_string(&json)
+        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
+    Traced {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr,
+        report: serde_json::from_str(&text).expect("valid JSON report"),
+        trace,
+    }
+}
+
+/// The scenario alone, without oomtrace.
+pub fn run_plain(name: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = base_command(scenario(name));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    output_within(cmd, TIMEOUT)
+}
+
+/// `oomtrace report --json FILE`.
+pub fn report_json(trace: &Path) -> Value {
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.arg("report").arg("--json").arg(trace);
+    let out = output_within(cmd, TIMEOUT);
+    assert!(
+        out.status.success(),
+        "report failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("valid JSON")
+}
+
+/// The process entries of a report, by pid.
+pub fn processes(report: &Value) -> Vec<&Value> {
+    report["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .collect()
+}
+
+/// One device entry of a process (`-1` = pinned host memory).
+pub fn device(process: &Value, device: i64) -> &Value {
+    process["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .find(|d| d["device"].as_i64() == Some(device))
+        .unwrap_or_else(|| panic!("no device {device} in {process}"))
+}
+
+pub fn findings<'a>(report: &'a Value, kind: &str) -> Vec<&'a Value> {
+    report["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter(|f| f["kind"] == kind)
+        .collect()
+}
+
+/// Function names of a finding's stack, innermost first.
+pub fn functions(finding: &Value) -> Vec<String> {
+    finding["stack"]
+        .as_array()
+        .expect("stack")
+        .iter()
+        .map(|f| f["function"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// Live-at-exit bytes per (pid, innermost named function) of a report.
+pub fn live_by_function(report: &Value) -> BTreeMap<(u64, String), u64> {
+    let mut m = BTreeMap::new();
+    for f in findings(report, "live_at_exit") {
+        let name = functions(f)
+            .into_iter()
+            .find(|n| !n.is_empty())
+            .unwrap_or_default();
+        *m.entry((f["pid"].as_u64().unwrap_or(0), name)).or_default() +=
+            f["bytes"].as_u64().unwrap_or(0);
+    }
+    m
+}
+
+pub const MIB: u64 = 1 << 20;

@@ -1,0 +1,97 @@
+//! `oomtrace collect`: a standalone collector for any number of traced processes.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use oomtrace_collector::server::{Collector, Options};
+
+use crate::{render, signals, Failure};
+
+/// Run a collector on a Unix socket; traced processes connect through OOMTRACE_SOCKET.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Unix socket to listen on (created; a stale one is replaced).
+    #[arg(long, value_name = "PATH")]
+    pub socket: PathBuf,
+    /// Trace file to write [default: oomtrace.<pid>.oomt]
+    #[arg(long, short, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Stop once every traced process has gone (after at least one came).
+    #[arg(long)]
+    pub exit_when_idle: bool,
+    /// Return once the socket is listening and keep collecting in the background.
+    #[arg(long)]
+    pub detach: bool,
+    /// Print nothing (errors still go to stderr).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+pub fn run(args: Args) -> Result<ExitCode, Failure> {
+    let output = args
+        .output
+        .unwrap_or_else(|| PathBuf::from(format!("oomtrace.{}.oomt", std::process::id())));
+    let mut opts = Options::new(args.socket, output);
+    opts.exit_when_idle = args.exit_when_idle;
+    if !args.exit_when_idle {
+        opts.idle_grace = Duration::from_secs(1);
+    }
+    let collector = Collector::bind(opts)?;
+    if args.detach {
+        daemonize()?;
+    }
+    signals::install_stop_flag();
+    if !args.quiet && !args.detach {
+        eprintln!(
+            "oomtrace: collecting on {} into {} (Ctrl-C to stop)",
+            collector.options().socket.display(),
+            collector.options().output.display()
+        );
+    }
+    let output = collector.options().output.clone();
+    let trace = collector.serve(&signals::STOP)?;
+    if !args.quiet && !args.detach {
+        let report = oomtrace_collector::report::build(
+            &trace,
+            &oomtrace_collector::report::ReportOptions {
+                top: 3,
+                path: output.display().to_string(),
+                symbolize: true,
+            },
+        );
+        eprint!("{}", render::summary(&report));
+    }
+    let _ = signals::STOP.load(Ordering::Relaxed);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Forks: the parent exits at once (its caller learns the socket is ready), the child
+/// carries on in a new session with stdio on /dev/null. Called while single-threaded.
+fn daemonize() -> Result<(), Failure> {
+    // SAFETY: no other threads exist yet; the child only continues Rust code.
+    match unsafe { libc::fork() } {
+        -1 => Err(Failure::new(format!(
+            "cannot detach: {}",
+            std::io::Error::last_os_error()
+        ))),
+        0 => {
+            // SAFETY: plain syscalls in the child.
+            unsafe {
+                libc::setsid();
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                if null >= 0 {
+                    libc::dup2(null, 0);
+                    libc::dup2(null, 1);
+                    libc::dup2(null, 2);
+                    if null > 2 {
+                        libc::close(null);
+                    }
+                }
+            }
+            Ok(())
+        }
+        _ => std::process::exit(0),
+    }
+}

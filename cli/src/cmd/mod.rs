@@ -1,0 +1,7 @@
+//! One module per subcommand: an `Args` struct (clap) and `run(Args) -> Result<ExitCode, Failure>`.
+//! To add a command: a file here and one variant in `main.rs`.
+
+pub mod collect;
+pub mod demo;
+pub mod report;
+pub mod run;

@@ -1,0 +1,230 @@
+//! `oomtrace run -- CMD...`: a private collector, CMD with the shim preloaded, a summary at
+//! the end, and CMD's own exit code.
+
+use std::ffi::OsString;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use oomtrace_collector::report::{self, Report, ReportOptions};
+use oomtrace_collector::trace::Trace;
+
+use crate::{locate, render, signals, Failure};
+
+/// Run a command with the tracer preloaded; print findings and a summary on stderr.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Per-tensor tracing through PyTorch's pluggable allocator (not available yet).
+    #[arg(long)]
+    pub torch: bool,
+    /// Trace file to write [default: oomtrace.<pid>.oomt]
+    #[arg(long, short, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Exit with 3 if a leak was confirmed (needs the growth detector; never fires before it lands).
+    #[arg(long)]
+    pub fail_on_leak: bool,
+    /// Also write the JSON report to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// The command to trace, after `--`.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<OsString>,
+}
+
+/// Everything a traced run needs besides the command.
+pub struct Session {
+    pub lib: PathBuf,
+    pub output: PathBuf,
+    /// Extra environment for the command (the demo's simulated device).
+    pub env: Vec<(OsString, OsString)>,
+}
+
+pub struct Outcome {
+    pub status: ExitStatus,
+    /// Set if the collector died before it was told to stop.
+    pub collector_died: Option<String>,
+    pub report: Result<Report, Failure>,
+}
+
+pub fn run(args: Args) -> Result<ExitCode, Failure> {
+    if args.torch {
+        return Err(Failure::new(
+            "--torch (per-tensor tracing through PyTorch's pluggable allocator) is not available in this version; run without it to trace at the CUDA driver level",
+        ));
+    }
+    let session = Session {
+        lib: locate::shim_library()?,
+        output: args
+            .output
+            .unwrap_or_else(|| PathBuf::from(format!("oomtrace.{}.oomt", std::process::id()))),
+        env: Vec::new(),
+    };
+    let outcome = trace_command(&args.command, &session)?;
+    if let Some(why) = &outcome.collector_died {
+        eprintln!("oomtrace: the collector died ({why}); the trace stops where it did");
+    }
+    match &outcome.report {
+        Ok(r) => {
+            eprint!("{}", render::summary(r));
+            eprintln!(
+                "oomtrace: trace written to {}; details: oomtrace report {}",
+                session.output.display(),
+                session.output.display()
+            );
+            if let Some(path) = &args.json {
+                let text = serde_json::to_string_pretty(r)?;
+                std::fs::write(path, text + "\n")
+                    .map_err(|e| Failure::new(format!("cannot write {}: {e}", path.display())))?;
+            }
+        }
+        Err(f) => eprintln!("oomtrace: no report: {}", f.message),
+    }
+    Ok(exit_code_of(outcome.status))
+}
+
+/// The command's exit code as a shell would report it (128 + signal when killed).
+pub fn exit_code_of(status: ExitStatus) -> ExitCode {
+    if let Some(code) = status.code() {
+        return ExitCode::from(code as u8);
+    }
+    ExitCode::from(128u8.wrapping_add(status.signal().unwrap_or(0) as u8))
+}
+
+fn spawn_collector(socket: &Path, output: &Path) -> Result<Child, Failure> {
+    let exe =
+        std::env::current_exe().map_err(|e| Failure::new(format!("cannot locate myself: {e}")))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("collect")
+        .arg("--socket")
+        .arg(socket)
+        .arg("--output")
+        .arg(output)
+        .arg("--quiet")
+        .env_remove("LD_PRELOAD")
+        .env_remove("OOMTRACE_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        // Its own process group: a Ctrl-C meant for the program must not kill the collector
+        // before it has written the trace.
+        .process_group(0);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Failure::new(format!("cannot start the collector: {e}")))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+            return Ok(child);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(Failure::new(format!(
+                "the collector exited at start ({status})"
+            )));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Err(Failure::new(
+                "the collector did not start listening within 10 s",
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn stop_collector(mut child: Child) -> Option<String> {
+    if let Ok(Some(status)) = child.try_wait() {
+        return Some(describe(status));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    Some("it did not stop within 15 s and was killed".into())
+}
+
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (_, Some(sig)) => format!("killed by signal {sig}"),
+        (Some(code), _) => format!("exited with {code}"),
+        _ => status.to_string(),
+    }
+}
+
+/// Runs `command` under a private collector and builds the report.
+pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome, Failure> {
+    let Some((program, rest)) = command.split_first() else {
+        return Err(Failure::new(
+            "no command given (usage: oomtrace run -- CMD...)",
+        ));
+    };
+    let dir = locate::private_dir()?;
+    let socket = dir.join("collector.sock");
+    let collector = spawn_collector(&socket, &session.output)?;
+    let mut preload: OsString = session.lib.clone().into_os_string();
+    if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        preload.push(":");
+        preload.push(existing);
+    }
+    let mut cmd = Command::new(program);
+    cmd.args(rest)
+        .env("LD_PRELOAD", &preload)
+        .env("OOMTRACE_SOCKET", &socket);
+    for (k, v) in &session.env {
+        cmd.env(k, v);
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = stop_collector(collector);
+            let _ = std::fs::remove_dir_all(&dir);
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            return Err(
+                Failure::new(format!("cannot run `{}`: {e}", program.to_string_lossy()))
+                    .with_code(code),
+            );
+        }
+    };
+    signals::supervise(child.id() as i32);
+    let status = loop {
+        match child.wait() {
+            Ok(s) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Failure::new(format!("cannot wait for the command: {e}"))),
+        }
+    };
+    let collector_died = stop_collector(collector);
+    let _ = std::fs::remove_dir_all(&dir);
+    let report = Trace::load(&session.output)
+        .map(|trace| {
+            report::build(
+                &trace,
+                &ReportOptions {
+                    top: 10,
+                    path: session.output.display().to_string(),
+                    symbolize: true,
+                },
+            )
+        })
+        .map_err(Failure::from);
+    Ok(Outcome {
+        status,
+        collector_died,
+        report,
+    })
+}

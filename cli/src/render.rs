@@ -1,0 +1,213 @@
+//! The text report: `full` for `oomtrace report` and the demo, `summary` for the end of `run`.
+
+use std::fmt::Write;
+
+use oomtrace_collector::report::{fmt_bytes, Finding, ProcessReport, Report};
+use oomtrace_collector::symbolize::FrameInfo;
+
+/// Frames shown per stack in text (the JSON has them all).
+const TEXT_FRAMES: usize = 8;
+
+fn frame_text(f: &FrameInfo) -> String {
+    let func = if f.function.is_empty() {
+        "??"
+    } else {
+        &f.function
+    };
+    let file = f.file.rsplit('/').next().unwrap_or(&f.file);
+    match (file.is_empty(), f.module.is_empty()) {
+        (false, _) if f.line > 0 => format!("{func}  {file}:{}", f.line),
+        (false, _) => format!("{func}  {file}"),
+        (true, false) => format!("{func}  [{} +{}]", f.module, f.offset),
+        (true, true) => format!("{func}  [{}]", f.address),
+    }
+}
+
+/// Startup frames that say nothing about the program.
+fn is_runtime_start(f: &FrameInfo) -> bool {
+    matches!(
+        f.function.as_str(),
+        "__libc_start_call_main"
+            | "__libc_start_main"
+            | "_start"
+            | "__libc_start_main_impl"
+            | "start_thread"
+            | "clone3"
+            | "__clone3"
+    )
+}
+
+fn stack_text(out: &mut String, stack: &[FrameInfo], indent: &str) {
+    if stack.is_empty() {
+        let _ = writeln!(out, "{indent}(no stack recorded)");
+        return;
+    }
+    let shown: Vec<&FrameInfo> = stack.iter().filter(|f| !is_runtime_start(f)).collect();
+    for (i, f) in shown.iter().take(TEXT_FRAMES).enumerate() {
+        let lead = if i == 0 { "at " } else { "   " };
+        let _ = writeln!(out, "{indent}{lead}{}", frame_text(f));
+    }
+    if shown.len() > TEXT_FRAMES {
+        let _ = writeln!(
+            out,
+            "{indent}   ... {} more frames",
+            shown.len() - TEXT_FRAMES
+        );
+    }
+}
+
+fn device_name(d: i16) -> String {
+    if d < 0 {
+        "host (pinned)".into()
+    } else {
+        format!("device {d}")
+    }
+}
+
+fn process_text(out: &mut String, p: &ProcessReport) {
+    let lost = if p.lost_events > 0 {
+        format!(", {} LOST", p.lost_events)
+    } else {
+        String::new()
+    };
+    let steps = if p.steps > 0 {
+        format!(", {} steps", p.steps)
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        out,
+        "  pid {}  {}\n      {}, {:.2} s{steps}, {} events{lost}",
+        p.pid, p.command, p.status, p.duration_s, p.events
+    );
+    for d in &p.devices {
+        let cap = d
+            .capacity_bytes
+            .map(|c| format!("   capacity {}", fmt_bytes(c)))
+            .unwrap_or_default();
+        let failed = if d.failed_allocations > 0 {
+            format!("   {} failed", d.failed_allocations)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "      {:<14} peak {:>11}   live at exit {:>11} in {}{cap}{failed}",
+            device_name(d.device),
+            fmt_bytes(d.peak_bytes),
+            fmt_bytes(d.live_at_exit_bytes),
+            d.live_at_exit_count
+        );
+    }
+    if p.unmatched_frees > 0 {
+        let _ = writeln!(
+            out,
+            "      {} frees of pointers never seen allocated (allocated before tracing, or lost)",
+            p.unmatched_frees
+        );
+    }
+}
+
+fn oom_text(out: &mut String, f: &Finding, with_holders: bool) {
+    let _ = writeln!(out, "  pid {}: {}", f.pid, f.message);
+    stack_text(out, &f.stack, "      ");
+    if let (true, Some(o)) = (with_holders, &f.oom) {
+        if !o.top_sites.is_empty() {
+            let _ = writeln!(out, "    memory held at that moment by:");
+            for s in &o.top_sites {
+                let top = s
+                    .stack
+                    .iter()
+                    .find(|fr| !fr.function.is_empty())
+                    .or(s.stack.first())
+                    .map(frame_text)
+                    .unwrap_or_else(|| "(no stack)".into());
+                let _ = writeln!(
+                    out,
+                    "      {:>11} in {:>5}  {top}",
+                    fmt_bytes(s.bytes),
+                    s.count
+                );
+            }
+        }
+    }
+}
+
+/// The whole text report.
+pub fn full(r: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "oomtrace report: {}", r.trace.path);
+    if !r.trace.complete {
+        let _ = writeln!(out, "  (incomplete trace: see the warning above)");
+    }
+    let _ = writeln!(out, "\nProcesses ({})", r.processes.len());
+    for p in &r.processes {
+        process_text(&mut out, p);
+    }
+    let ooms: Vec<&Finding> = r.findings.iter().filter(|f| f.kind == "oom").collect();
+    if !ooms.is_empty() {
+        let _ = writeln!(out, "\nOut of memory ({})", ooms.len());
+        for (i, f) in ooms.iter().enumerate() {
+            // The first failure tells the story; later ones are usually retries.
+            oom_text(&mut out, f, i == 0);
+        }
+    }
+    let live: Vec<&Finding> = r
+        .findings
+        .iter()
+        .filter(|f| f.kind == "live_at_exit")
+        .collect();
+    if live.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nNothing was still allocated when the processes ended."
+        );
+    } else {
+        let _ = writeln!(out, "\nStill live at exit, by call site");
+        for (i, f) in live.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "  {:>2}. {} in {} ({}), {}, pid {}",
+                i + 1,
+                fmt_bytes(f.bytes),
+                f.count,
+                f.api,
+                device_name(f.device),
+                f.pid
+            );
+            stack_text(&mut out, &f.stack, "        ");
+        }
+    }
+    out
+}
+
+/// A few lines for the end of `oomtrace run`.
+pub fn summary(r: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "\noomtrace summary");
+    for p in &r.processes {
+        process_text(&mut out, p);
+    }
+    if let Some(f) = r.findings.iter().find(|f| f.kind == "oom") {
+        let _ = writeln!(out, "  first out-of-memory:");
+        oom_text(&mut out, f, false);
+    }
+    for f in r
+        .findings
+        .iter()
+        .filter(|f| f.kind == "live_at_exit")
+        .take(3)
+    {
+        let _ = writeln!(
+            out,
+            "  live at exit: {} in {} ({}), {}, pid {}",
+            fmt_bytes(f.bytes),
+            f.count,
+            f.api,
+            device_name(f.device),
+            f.pid
+        );
+        stack_text(&mut out, &f.stack[..f.stack.len().min(3)], "      ");
+    }
+    out
+}

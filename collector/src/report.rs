@@ -1,0 +1,338 @@
+//! The report: the `--json` contract of DESIGN §4 (version 1), built from a `Trace`.
+//!
+//! Field names are pinned by the contract; extra fields are allowed, renames are not.
+//! Findings open with OOMs (what a user asks first after a crash), then the call sites that
+//! still held memory when each process ended.
+
+use serde::Serialize;
+
+use crate::state::{EndState, Process, HOST_DEVICE};
+use crate::symbolize::{FrameInfo, StackSymbolizer};
+use crate::trace::Trace;
+use oomtrace_proto::wire::GoodbyeReason;
+
+pub const REPORT_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub version: u32,
+    pub trace: TraceInfo,
+    pub processes: Vec<ProcessReport>,
+    pub findings: Vec<Finding>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TraceInfo {
+    pub path: String,
+    pub producer: String,
+    /// The writer finished cleanly.
+    pub complete: bool,
+    /// The file ends inside a record (its writer was killed or is still writing).
+    pub truncated: bool,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ProcessReport {
+    pub pid: u32,
+    pub ppid: u32,
+    pub command: String,
+    pub exe: String,
+    /// exited | exited (_exit) | detached | ended without goodbye | running | protocol error
+    pub status: String,
+    pub events: u64,
+    /// Events the shim could not deliver, all devices (see each device for its share).
+    pub lost_events: u64,
+    pub lost_frees: u64,
+    pub lost_stacks: u64,
+    /// Frees of pointers this trace never saw allocated (allocated before tracing, or lost).
+    pub unmatched_frees: u64,
+    pub failed_frees: u64,
+    pub steps: u64,
+    pub duration_s: f64,
+    pub devices: Vec<DeviceReport>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceReport {
+    /// CUDA device ordinal; -1 holds pinned host memory.
+    pub device: i16,
+    /// "device" (GPU memory: plain, managed and VMM physical) or "host_pinned".
+    pub memory: &'static str,
+    pub peak_bytes: u64,
+    pub live_at_exit_bytes: u64,
+    pub live_at_exit_count: u64,
+    pub events: u64,
+    pub lost_events: u64,
+    pub allocations: u64,
+    pub frees: u64,
+    pub failed_allocations: u64,
+    pub bytes_allocated: u64,
+    pub capacity_bytes: Option<u64>,
+    pub free_bytes: Option<u64>,
+    pub reserved_va_bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Finding {
+    /// leak | fragmentation | oom | threshold | live_at_exit
+    pub kind: &'static str,
+    /// error | warning | info (leaks: suspected | likely | confirmed)
+    pub level: &'static str,
+    pub pid: u32,
+    pub device: i16,
+    pub bytes: u64,
+    pub growth_bytes_per_step: Option<f64>,
+    pub steps: Option<u64>,
+    /// Innermost frame first: the code that called the allocation API.
+    pub stack: Vec<FrameInfo>,
+    /// One sentence for a human.
+    pub message: String,
+    /// Allocations involved (live ones for live_at_exit).
+    pub count: u64,
+    /// The allocation API seen at this site.
+    pub api: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom: Option<OomDetail>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct OomDetail {
+    pub requested_bytes: u64,
+    pub result: i32,
+    pub free_bytes: Option<u64>,
+    pub total_bytes: Option<u64>,
+    /// Tracked live bytes on the device when the allocation failed.
+    pub live_bytes: u64,
+    pub time_s: f64,
+    /// The largest holders at that instant.
+    pub top_sites: Vec<SiteShare>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SiteShare {
+    pub bytes: u64,
+    pub count: u64,
+    pub stack: Vec<FrameInfo>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ReportOptions {
+    /// Call sites per process and device in the live-at-exit list.
+    pub top: usize,
+    pub path: String,
+    /// Symbolize stacks from the module files (off in tests that check raw frames).
+    pub symbolize: bool,
+}
+
+/// "1.50 GiB", "512 B".
+pub fn fmt_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[i])
+    }
+}
+
+fn status(p: &Process) -> String {
+    match p.end {
+        EndState::Exited(Some(GoodbyeReason::Exit)) | EndState::Exited(None) => "exited".into(),
+        EndState::Exited(Some(GoodbyeReason::UnderscoreExit)) => "exited (_exit)".into(),
+        EndState::Exited(Some(GoodbyeReason::Detach)) => "detached".into(),
+        EndState::Abrupt => "ended without goodbye (killed or crashed)".into(),
+        EndState::Running => "running when the trace ended".into(),
+        EndState::ProtocolError => "dropped (protocol error)".into(),
+    }
+}
+
+fn result_name(rc: i32) -> &'static str {
+    match rc {
+        2 => "out of memory",
+        1 => "invalid value",
+        3 => "not initialized",
+        201 => "invalid context",
+        _ => "error",
+    }
+}
+
+pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
+    let mut sym = StackSymbolizer::new();
+    let mut stack_of = |p: &Process, site| {
+        if opts.symbolize {
+            sym.site(p, site)
+        } else {
+            p.sites
+                .get(site.0 as usize)
+                .map(|fs| {
+                    fs.iter()
+                        .map(|f| FrameInfo {
+                            address: format!("{:#x}", f.addr),
+                            ..Default::default()
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        }
+    };
+    let mut processes = Vec::new();
+    let mut ooms = Vec::new();
+    let mut live = Vec::new();
+    for p in &trace.processes {
+        let devices = p
+            .devices
+            .iter()
+            .filter(|(_, d)| d.allocations > 0 || d.failed_allocations > 0 || d.capacity.is_some())
+            .map(|(&device, d)| DeviceReport {
+                device,
+                memory: if device == HOST_DEVICE {
+                    "host_pinned"
+                } else {
+                    "device"
+                },
+                peak_bytes: d.peak_bytes,
+                live_at_exit_bytes: d.live_bytes,
+                live_at_exit_count: d.live_count,
+                events: d.events,
+                lost_events: p.lost_on(device),
+                allocations: d.allocations,
+                frees: d.frees,
+                failed_allocations: d.failed_allocations,
+                bytes_allocated: d.bytes_allocated,
+                capacity_bytes: d.capacity,
+                free_bytes: d.last_free,
+                reserved_va_bytes: d.reserved_va_bytes,
+            })
+            .collect();
+        processes.push(ProcessReport {
+            pid: p.pid(),
+            ppid: p.hello.ppid,
+            command: p.command(),
+            exe: p.hello.exe.clone(),
+            status: status(p),
+            events: p.events,
+            lost_events: p.lost.events,
+            lost_frees: p.lost.frees,
+            lost_stacks: p.lost.stacks,
+            unmatched_frees: p.unmatched_frees,
+            failed_frees: p.failed_frees,
+            steps: p.markers,
+            duration_s: p.last_ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
+            devices,
+        });
+        for o in &p.ooms {
+            let top_sites = o
+                .top_sites
+                .iter()
+                .map(|&(site, bytes, count)| SiteShare {
+                    bytes,
+                    count,
+                    stack: stack_of(p, site),
+                })
+                .collect();
+            let free = match (o.free_bytes, o.total_bytes) {
+                (Some(f), Some(t)) => format!(" with {} free of {}", fmt_bytes(f), fmt_bytes(t)),
+                _ => String::new(),
+            };
+            ooms.push(Finding {
+                kind: "oom",
+                level: "error",
+                pid: p.pid(),
+                device: o.device,
+                bytes: o.size,
+                growth_bytes_per_step: None,
+                steps: None,
+                stack: stack_of(p, o.site),
+                message: format!(
+                    "{} of {} failed ({}) on device {}{}; {} tracked live",
+                    o.api.name(),
+                    fmt_bytes(o.size),
+                    result_name(o.result),
+                    o.device,
+                    free,
+                    fmt_bytes(o.live_bytes)
+                ),
+                count: 1,
+                api: o.api.name().into(),
+                oom: Some(OomDetail {
+                    requested_bytes: o.size,
+                    result: o.result,
+                    free_bytes: o.free_bytes,
+                    total_bytes: o.total_bytes,
+                    live_bytes: o.live_bytes,
+                    time_s: o.ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
+                    top_sites,
+                }),
+            });
+        }
+        for &device in p.devices.keys() {
+            for (site, bytes, count) in p.top_sites(device, opts.top) {
+                let api = p
+                    .site_stats
+                    .get(&(site, device))
+                    .and_then(|s| s.api)
+                    .map(|a| a.name())
+                    .unwrap_or("?");
+                let place = if device == HOST_DEVICE {
+                    "pinned host memory".to_string()
+                } else {
+                    format!("device {device}")
+                };
+                live.push(Finding {
+                    kind: "live_at_exit",
+                    level: "info",
+                    pid: p.pid(),
+                    device,
+                    bytes,
+                    growth_bytes_per_step: None,
+                    steps: None,
+                    stack: stack_of(p, site),
+                    message: format!(
+                        "{} in {count} allocation{} ({api}) still live on {place} when the process ended",
+                        fmt_bytes(bytes),
+                        if count == 1 { "" } else { "s" }
+                    ),
+                    count,
+                    api: api.into(),
+                    oom: None,
+                });
+            }
+        }
+    }
+    live.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
+    let mut findings = ooms;
+    findings.extend(live);
+    Report {
+        version: REPORT_VERSION,
+        trace: TraceInfo {
+            path: opts.path.clone(),
+            producer: trace.header.producer.clone(),
+            complete: trace.complete,
+            truncated: matches!(
+                trace.tail,
+                oomtrace_proto::trace_file::Tail::Truncated { .. }
+            ),
+            warnings: trace.warnings.clone(),
+        },
+        processes,
+        findings,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_are_human() {
+        assert_eq!(fmt_bytes(512), "512 B");
+        assert_eq!(fmt_bytes(1536), "1.50 KiB");
+        assert_eq!(fmt_bytes(3 << 30), "3.00 GiB");
+    }
+}

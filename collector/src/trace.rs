@@ -1,0 +1,194 @@
+//! A whole trace: every process of a `.oomt` file (or of a running collector), rebuilt by
+//! replaying the file's records in order. Streams the file: memory follows the live state,
+//! not the file size.
+
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::Path;
+
+use oomtrace_proto::trace_file::{CloseReason, FileHeader, Record, Tail, TraceReader};
+use oomtrace_proto::wire::{self, Frame};
+use rustc_hash::FxHashMap;
+
+use crate::state::{EndState, Process};
+use crate::Error;
+
+#[derive(Debug)]
+pub struct Trace {
+    pub header: FileHeader,
+    /// Processes in the order their connections opened.
+    pub processes: Vec<Process>,
+    by_conn: FxHashMap<u32, usize>,
+    /// The writer finished cleanly (an `End` record).
+    pub complete: bool,
+    pub tail: Tail,
+    /// Things a reader should know (truncation, protocol errors), one sentence each.
+    pub warnings: Vec<String>,
+}
+
+impl Trace {
+    pub fn new(header: FileHeader) -> Trace {
+        Trace {
+            header,
+            processes: Vec::new(),
+            by_conn: FxHashMap::default(),
+            complete: false,
+            tail: Tail::Open,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Reads a trace file. A truncated tail is not an error (see `tail` and `warnings`);
+    /// a bad header or a damaged record is.
+    pub fn load(path: &Path) -> Result<Trace, Error> {
+        let f = File::open(path).map_err(|e| Error::Open {
+            path: path.to_path_buf(),
+            source: e.to_string(),
+        })?;
+        Trace::read(BufReader::with_capacity(1 << 20, f)).map_err(|e| match e {
+            Error::Format(inner) => Error::BadTrace {
+                path: path.to_path_buf(),
+                source: inner,
+            },
+            other => other,
+        })
+    }
+
+    pub fn read<R: Read>(r: R) -> Result<Trace, Error> {
+        let mut reader = TraceReader::new(r)?;
+        let mut trace = Trace::new(reader.header.clone());
+        while let Some(rec) = reader.next_record()? {
+            trace.apply_record(rec)?;
+        }
+        trace.tail = reader.tail();
+        if let Tail::Truncated { offset, bytes } = trace.tail {
+            trace.warnings.push(format!(
+                "the trace ends in the middle of a record at byte {offset} ({bytes} bytes of it present): \
+                 its writer was killed or is still writing; everything before it is reported"
+            ));
+        } else if !trace.complete {
+            trace.warnings.push(
+                "the trace has no end marker: its collector was killed or is still running".into(),
+            );
+        }
+        Ok(trace)
+    }
+
+    pub fn apply_record(&mut self, rec: Record) -> Result<(), Error> {
+        match rec {
+            Record::ConnOpen { .. } => {}
+            Record::Chunk { conn, frames } => self.apply_chunk(conn, &frames)?,
+            Record::ConnClose {
+                conn,
+                reason,
+                message,
+                ..
+            } => {
+                if let Some(&i) = self.by_conn.get(&conn) {
+                    let p = &mut self.processes[i];
+                    match reason {
+                        CloseReason::Clean | CloseReason::Abrupt => {
+                            if p.end == EndState::Running {
+                                p.end = EndState::Abrupt;
+                            }
+                        }
+                        CloseReason::ProtocolError => {
+                            p.end = EndState::ProtocolError;
+                            self.warnings.push(format!(
+                                "process {} was dropped for a protocol error: {message}",
+                                p.pid()
+                            ));
+                        }
+                        CloseReason::CollectorShutdown => {}
+                    }
+                }
+            }
+            Record::End { .. } => self.complete = true,
+            Record::Unknown { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// Applies whole wire frames of connection `conn`.
+    pub fn apply_chunk(&mut self, conn: u32, frames: &[u8]) -> Result<(), Error> {
+        for frame in wire::frames(frames) {
+            let frame = frame?;
+            match (&frame, self.by_conn.get(&conn)) {
+                (Frame::Hello(h), None) => {
+                    self.by_conn.insert(conn, self.processes.len());
+                    self.processes.push(Process::new(conn, h.clone()));
+                }
+                (_, Some(&i)) => self.processes[i].apply(&frame),
+                (_, None) => {
+                    return Err(Error::Format(oomtrace_proto::Error::Malformed(
+                        "a connection's first frame is not a Hello",
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a process tracked elsewhere (the live collector hands its processes over).
+    pub fn push_process(&mut self, p: Process) {
+        self.by_conn.insert(p.conn, self.processes.len());
+        self.processes.push(p);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oomtrace_proto::trace_file as tf;
+    use oomtrace_proto::wire::{encode, GoodbyeReason, Hello};
+    use oomtrace_proto::{Api, Event, EventKind};
+
+    fn file(goodbye: bool) -> Vec<u8> {
+        let mut f = Vec::new();
+        tf::write_header(&mut f, 1, "test").unwrap();
+        tf::write_conn_open(&mut f, 3, 1, 1).unwrap();
+        let mut frames = Vec::new();
+        encode::hello(
+            &mut frames,
+            &Hello {
+                pid: 77,
+                argv: vec!["app".into()],
+                ..Default::default()
+            },
+        );
+        let mut e = Event::new(EventKind::Alloc, Api::cudaMalloc);
+        e.ptr = 0x10;
+        e.size = 4096;
+        e.device = 0;
+        encode::events(&mut frames, &[e]);
+        if goodbye {
+            encode::goodbye(&mut frames, GoodbyeReason::Exit, 1);
+        }
+        tf::write_chunk(&mut f, 3, &frames, true).unwrap();
+        tf::write_conn_close(&mut f, 3, 2, tf::CloseReason::Clean, "").unwrap();
+        tf::write_end(&mut f, 3, 1).unwrap();
+        f
+    }
+
+    #[test]
+    fn replays_processes() {
+        let t = Trace::read(&file(true)[..]).unwrap();
+        assert!(t.complete && t.warnings.is_empty());
+        let p = &t.processes[0];
+        assert_eq!(p.pid(), 77);
+        assert_eq!(p.devices[&0].live_bytes, 4096);
+        assert_eq!(p.end, EndState::Exited(Some(GoodbyeReason::Exit)));
+        let t = Trace::read(&file(false)[..]).unwrap();
+        assert_eq!(t.processes[0].end, EndState::Abrupt);
+    }
+
+    #[test]
+    fn truncated_file_keeps_what_was_written() {
+        let full = file(true);
+        let t = Trace::read(&full[..full.len() - 3]).unwrap();
+        assert!(!t.complete);
+        assert_eq!(t.processes[0].devices[&0].live_bytes, 4096);
+        assert!(matches!(t.tail, Tail::Truncated { .. }));
+        assert_eq!(t.warnings.len(), 1);
+    }
+}

@@ -1,0 +1,210 @@
+//! Every `OOMTRACE_*` variable the shim reads: one table, parsed once at lazy init.
+//!
+//! A bad value never stops the host: it gets one warning line and the default.
+
+use std::ffi::CStr;
+
+use crate::log;
+
+/// One environment variable: its name, default and the line the README shows for it.
+pub struct Var {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub doc: &'static str,
+}
+
+/// The shim's variables. `tests/it` checks that the README documents each of them.
+pub const VARS: &[Var] = &[
+    Var {
+        name: "OOMTRACE_SOCKET",
+        default: "",
+        doc: "Unix socket of a running collector (`oomtrace run` sets it). Unset: the shim starts its own collector, which writes `oomtrace.<pid>.oomt` in the working directory.",
+    },
+    Var {
+        name: "OOMTRACE_OUTPUT",
+        default: "oomtrace.%p.oomt",
+        doc: "Trace file written when the shim starts its own collector or falls back to writing directly; `%p` becomes the pid.",
+    },
+    Var {
+        name: "OOMTRACE_DISABLE",
+        default: "0",
+        doc: "`1`: forward every CUDA call untouched and record nothing.",
+    },
+    Var {
+        name: "OOMTRACE_STACKS",
+        default: "native",
+        doc: "`native`: record the native call stack of every allocation (DWARF unwinding, works without frame pointers); `off`: no stacks.",
+    },
+    Var {
+        name: "OOMTRACE_STACK_DEPTH",
+        default: "64",
+        doc: "Most frames kept per stack (1 to 128).",
+    },
+    Var {
+        name: "OOMTRACE_BUFFER",
+        default: "65536",
+        doc: "Capacity of the in-process event queue, in events (1024 to 4194304). When it is full, allocations are counted as lost; frees wait briefly first.",
+    },
+    Var {
+        name: "OOMTRACE_COLLECTOR",
+        default: "",
+        doc: "The `oomtrace` binary the shim starts when no socket is set (default: next to liboomtrace.so, then `PATH`).",
+    },
+    Var {
+        name: "OOMTRACE_LOG",
+        default: "0",
+        doc: "`1`: the shim says on stderr what it does (collector, fallback file, losses). Default: only warnings, at most one per kind.",
+    },
+];
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub socket: Option<String>,
+    pub output: String,
+    pub disabled: bool,
+    pub stacks: bool,
+    pub stack_depth: usize,
+    pub buffer: usize,
+    pub collector: Option<String>,
+    pub verbose: bool,
+}
+
+/// Most frames a stack may have; bounds the per-thread scratch buffers.
+pub const MAX_STACK_DEPTH: usize = 128;
+
+fn getenv(name: &str) -> Option<String> {
+    let mut buf = [0u8; 64];
+    let n = name.len().min(63);
+    buf[..n].copy_from_slice(&name.as_bytes()[..n]);
+    // SAFETY: buf is NUL-terminated; getenv returns NULL or a C string that we copy at once.
+    let p = unsafe { libc::getenv(buf.as_ptr().cast()) };
+    if p.is_null() {
+        return None;
+    }
+    let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+    if s.is_empty() {
+        None
+    } else {
+        Some(s)
+    }
+}
+
+fn flag(name: &str, default: bool) -> bool {
+    match getenv(name).as_deref() {
+        None => default,
+        Some("1" | "true" | "yes" | "on") => true,
+        Some("0" | "false" | "no" | "off") => false,
+        Some(other) => {
+            log::warn(&format!("ignoring {name}={other:?} (expected 0 or 1)"));
+            default
+        }
+    }
+}
+
+fn number(name: &str, default: usize, min: usize, max: usize) -> usize {
+    match getenv(name) {
+        None => default,
+        Some(s) => match s.trim().parse::<usize>() {
+            Ok(v) if (min..=max).contains(&v) => v,
+            _ => {
+                log::warn(&format!(
+                    "ignoring {name}={s:?} (expected a number from {min} to {max}); using {default}"
+                ));
+                default
+            }
+        },
+    }
+}
+
+impl Config {
+    pub fn from_env() -> Config {
+        let stacks = match getenv("OOMTRACE_STACKS").as_deref() {
+            None | Some("native") | Some("1") | Some("on") => true,
+            Some("off") | Some("0") | Some("none") => false,
+            Some(other) => {
+                log::warn(&format!(
+                    "ignoring OOMTRACE_STACKS={other:?} (expected native or off)"
+                ));
+                true
+            }
+        };
+        Config {
+            socket: getenv("OOMTRACE_SOCKET"),
+            output: getenv("OOMTRACE_OUTPUT").unwrap_or_else(|| "oomtrace.%p.oomt".into()),
+            disabled: flag("OOMTRACE_DISABLE", false),
+            stacks,
+            stack_depth: number("OOMTRACE_STACK_DEPTH", 64, 1, MAX_STACK_DEPTH),
+            buffer: number("OOMTRACE_BUFFER", 65536, 1024, 1 << 22),
+            collector: getenv("OOMTRACE_COLLECTOR"),
+            verbose: flag("OOMTRACE_LOG", false),
+        }
+    }
+
+    /// The output path with `%p` replaced by `pid`.
+    pub fn output_for(&self, pid: u32) -> String {
+        self.output.replace("%p", &pid.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_var_is_documented_and_prefixed() {
+        for v in VARS {
+            assert!(v.name.starts_with("OOMTRACE_"), "{}", v.name);
+            assert!(!v.doc.is_empty());
+        }
+    }
+
+    /// The README documents every variable (and mentions no other), CI runs the README's test
+    /// command, and simcuda defines every function we hook (so the tests can reach each one).
+    /// Lives here because this crate owns both lists.
+    #[test]
+    fn readme_ci_and_simcuda_agree_with_the_tables() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap();
+        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        // OOMTRACE_LIB is the CLI's own (cli/src/locate.rs).
+        let known: Vec<&str> = VARS
+            .iter()
+            .map(|v| v.name)
+            .chain(["OOMTRACE_LIB"])
+            .collect();
+        for name in &known {
+            assert!(readme.contains(name), "README lacks {name}");
+        }
+        for word in readme.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("OOMTRACE_") {
+                assert!(known.contains(&word), "README mentions unknown {word}");
+            }
+        }
+        let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();
+        assert!(
+            readme.contains("cargo test --workspace"),
+            "README test command"
+        );
+        assert!(
+            ci.contains("cargo test --workspace"),
+            ".ci/run runs the README test command"
+        );
+        let sim = std::fs::read_to_string(root.join("simcuda/src/libcuda.c")).unwrap()
+            + &std::fs::read_to_string(root.join("simcuda/src/libcudart.c")).unwrap();
+        for h in crate::hooks::HOOKS.iter() {
+            let name = h.name_str();
+            assert!(
+                sim.contains(&format!("{name}(")),
+                "simcuda does not define {name}"
+            );
+        }
+    }
+
+    #[test]
+    fn output_placeholder() {
+        let mut c = Config::from_env();
+        c.output = "trace.%p.oomt".into();
+        assert_eq!(c.output_for(42), "trace.42.oomt");
+    }
+}

@@ -1,0 +1,103 @@
+//! The rules every hook obeys: forward-only when tracing is off, one event per allocation
+//! (the outermost hook records), and no panic ever crosses into the host.
+//!
+//! A hook that fails inside oomtrace switches the whole process to forward-only mode and says
+//! so once; the real CUDA call always runs exactly once, outside any `catch_unwind`, so that a
+//! bug in recording can never repeat or skip an allocation.
+
+use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+use crate::{lifecycle, log};
+
+/// Tracing has not started in this process (or was reset by fork).
+pub const MODE_UNINIT: u8 = 0;
+/// Hooks record events.
+pub const MODE_RECORDING: u8 = 1;
+/// Hooks only forward (disabled by config, after an internal error, or while exiting).
+pub const MODE_FORWARD: u8 = 2;
+
+pub static MODE: AtomicU8 = AtomicU8::new(MODE_UNINIT);
+
+thread_local! {
+    /// >0 while this thread is inside a recording hook. A `cudaMalloc` that reaches
+    /// `cuMemAlloc_v2` through our wrapper is then recorded once, by the outer hook.
+    /// `const` and without `Drop`: usable during thread teardown, never "destroyed".
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Called first by every recording hook. True: record this call (and `leave` afterwards).
+#[inline]
+pub fn enter() -> bool {
+    let mode = MODE.load(Ordering::Acquire);
+    if mode != MODE_RECORDING && (mode != MODE_UNINIT || !lifecycle::start()) {
+        return false;
+    }
+    DEPTH
+        .try_with(|d| {
+            if d.get() != 0 {
+                false
+            } else {
+                d.set(1);
+                true
+            }
+        })
+        .unwrap_or(false)
+}
+
+#[inline]
+pub fn leave() {
+    let _ = DEPTH.try_with(|d| d.set(0));
+}
+
+/// True while the current thread is inside a recording hook (used by code that must not
+/// record twice, such as the pluggable allocator entry points).
+pub fn nested() -> bool {
+    DEPTH.try_with(|d| d.get() != 0).unwrap_or(true)
+}
+
+/// Runs oomtrace code that must not unwind into the host. A panic disables tracing.
+#[inline]
+pub fn catch<T>(f: impl FnOnce() -> T) -> Option<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => Some(v),
+        Err(_) => {
+            disable("internal error while recording; this process continues untraced");
+            None
+        }
+    }
+}
+
+static DISABLED_SAID: AtomicBool = AtomicBool::new(false);
+
+/// Switches this process to forward-only mode and says why, once.
+pub fn disable(why: &str) {
+    MODE.store(MODE_FORWARD, Ordering::Release);
+    log::warn_once(&DISABLED_SAID, why);
+}
+
+/// What a hook records around its real call. `new` only stores arguments (it cannot fail);
+/// `before` and `after` may do anything, under `catch`.
+pub trait Recorder {
+    fn before(&mut self) {}
+    fn after(&mut self, _rc: std::ffi::c_int) {}
+}
+
+#[inline]
+pub fn before<R: Recorder>(r: &mut R) {
+    catch(|| r.before());
+}
+
+#[inline]
+pub fn after<R: Recorder>(r: &mut R, rc: std::ffi::c_int) {
+    catch(|| r.after(rc));
+}
+
+/// Installed once at start: oomtrace's own copy of std must not print backtraces into the
+/// host's stderr (a host with RUST_BACKTRACE=1 would otherwise get one per caught panic).
+pub fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        log::info(&format!("internal panic: {info}"));
+    }));
+}

@@ -1,0 +1,260 @@
+//! Expands the hook table (`table.rs`) into exported wrappers, real-pointer slots and the
+//! `HOOKS` list that the resolvers (`resolve.rs`) consult.
+//!
+//! Each recorded wrapper: resolve the real function (cold path once), forward untouched unless
+//! this is the outermost recording hook, then `before` -> real call (exactly once) -> `after`.
+
+pub mod record;
+mod table;
+
+use std::ffi::{c_int, CStr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use oomtrace_proto::Api;
+
+pub use table::*;
+
+/// How a hooked function is reached, which decides how its real pointer is found and whether
+/// the resolvers may hand out its wrapper.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// Exported by libcuda; substituted in `dlsym` and `cuGetProcAddress` answers.
+    Driver,
+    /// `cuGetProcAddress[_v2]`: exported by libcuda; substituted in `dlsym` answers.
+    DriverResolver,
+    /// Exported by libcudart; reached only through symbol binding (see resolve.rs for why
+    /// `dlsym` answers are left alone).
+    Runtime,
+    /// `cudaGetDriverEntryPoint*`; reached through symbol binding.
+    RuntimeResolver,
+}
+
+/// The name under which `cuGetProcAddress` knows a driver function: a base name, the CUDA
+/// version that introduced this exact ABI, and whether it is the per-thread-stream twin.
+#[derive(Clone, Copy, Debug)]
+pub struct GpaName {
+    pub base: &'static str,
+    pub since: u32,
+    pub ptsz: bool,
+}
+
+/// One hooked function.
+pub struct Hook {
+    /// The exact exported symbol.
+    pub name: &'static CStr,
+    pub api: Api,
+    pub family: Family,
+    pub gpa: Option<GpaName>,
+    /// Address of our exported wrapper.
+    pub wrapper: *const (),
+    /// The real function, 0 until resolved. Never one of our own wrappers.
+    real: AtomicUsize,
+}
+
+// SAFETY: `wrapper` is the address of a function; it is never written.
+unsafe impl Sync for Hook {}
+
+impl Hook {
+    pub const fn new(
+        name: &'static CStr,
+        api: Api,
+        family: Family,
+        gpa: Option<GpaName>,
+        wrapper: *const (),
+    ) -> Hook {
+        Hook {
+            name,
+            api,
+            family,
+            gpa,
+            wrapper,
+            real: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn name_str(&self) -> &'static str {
+        self.name.to_str().unwrap_or("?")
+    }
+
+    /// The real function, resolving it on first use.
+    #[inline]
+    pub fn real(&self) -> Option<*const ()> {
+        let p = self.real.load(Ordering::Acquire);
+        if p != 0 {
+            return Some(p as *const ());
+        }
+        crate::resolve::resolve_slot(self)
+    }
+
+    /// The real pointer if one is known, without resolving.
+    pub fn known_real(&self) -> usize {
+        self.real.load(Ordering::Acquire)
+    }
+
+    /// Records `p` as this hook's real function unless one is already known. Returns the
+    /// pointer now in the slot. Our own wrappers are refused (a slot holding a wrapper would
+    /// call itself forever).
+    pub fn offer_real(&self, p: usize) -> usize {
+        if p == 0 || crate::resolve::is_ours(p) {
+            return self.known_real();
+        }
+        match self
+            .real
+            .compare_exchange(0, p, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => p,
+            Err(existing) => existing,
+        }
+    }
+
+    /// What a wrapper returns when the real function cannot be found at all (the host would
+    /// not have linked without it, so this is only reached in broken installations).
+    pub fn unresolved(&self) -> c_int {
+        crate::resolve::warn_unresolved(self);
+        crate::cuda::ERROR_SYMBOL_NOT_FOUND
+    }
+}
+
+pub fn by_name(name: &[u8]) -> Option<&'static Hook> {
+    HOOKS.iter().find(|h| h.name.to_bytes() == name)
+}
+
+macro_rules! family {
+    (Driver) => {
+        Family::Driver
+    };
+    (DriverPtsz) => {
+        Family::Driver
+    };
+    (DriverResolver) => {
+        Family::DriverResolver
+    };
+    (Runtime) => {
+        Family::Runtime
+    };
+    (RuntimeResolver) => {
+        Family::RuntimeResolver
+    };
+}
+
+macro_rules! gpa {
+    (Runtime) => {
+        None
+    };
+    (RuntimeResolver) => {
+        None
+    };
+    (DriverPtsz, $base:literal, $since:literal) => {
+        Some(GpaName {
+            base: $base,
+            since: $since,
+            ptsz: true,
+        })
+    };
+    ($fam:ident, $base:literal, $since:literal) => {
+        Some(GpaName {
+            base: $base,
+            since: $since,
+            ptsz: false,
+        })
+    };
+}
+
+macro_rules! c_name {
+    ($name:ident) => {
+        // SAFETY: the literal ends with exactly one NUL and has no other.
+        unsafe { CStr::from_bytes_with_nul_unchecked(concat!(stringify!($name), "\0").as_bytes()) }
+    };
+}
+
+/// See table.rs for the syntax.
+macro_rules! hook_table {
+    (
+        recorded {
+            $( $name:ident : $fam:ident $( ($base:literal, $since:literal) )?
+               ( $( $arg:ident : $ty:ty ),* ) => $rec:ident ( $( $rarg:expr ),* ) ; )*
+        }
+        custom {
+            $( $cname:ident : $cfam:ident $( ($cbase:literal, $csince:literal) )? => $cpath:path ; )*
+        }
+    ) => {
+        /// Dense index of each hooked function in `HOOKS`.
+        #[allow(non_camel_case_types)]
+        #[repr(usize)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum HookId { $( $name, )* $( $cname, )* }
+
+        /// Every hooked function, in `HookId` order.
+        pub static HOOKS: [Hook; [$( stringify!($name), )* $( stringify!($cname), )*].len()] = [
+            $( Hook::new(c_name!($name), Api::$name, family!($fam), gpa!($fam $(, $base, $since)?),
+                         $name as *const ()), )*
+            $( Hook::new(c_name!($cname), Api::Unknown, family!($cfam), gpa!($cfam $(, $cbase, $csince)?),
+                         $cpath as *const ()), )*
+        ];
+
+        $(
+            #[unsafe(no_mangle)]
+            #[allow(non_snake_case)]
+            pub unsafe extern "C" fn $name( $( $arg : $ty ),* ) -> c_int {
+                type Real = unsafe extern "C" fn( $( $ty ),* ) -> c_int;
+                let hook = &HOOKS[HookId::$name as usize];
+                let Some(p) = hook.real() else { return hook.unresolved() };
+                // SAFETY: `p` was resolved for this exact symbol, whose C signature is this one.
+                let real: Real = unsafe { core::mem::transmute::<*const (), Real>(p) };
+                if !crate::guard::enter() {
+                    return unsafe { real( $( $arg ),* ) };
+                }
+                let mut rec = record::$rec::new(Api::$name, $( $rarg ),* );
+                crate::guard::before(&mut rec);
+                let rc = unsafe { real( $( $arg ),* ) };
+                crate::guard::after(&mut rec, rc);
+                crate::guard::leave();
+                rc
+            }
+        )*
+    };
+}
+
+pub(crate) use {c_name, family, gpa, hook_table};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_match_their_api() {
+        for (i, h) in HOOKS.iter().enumerate() {
+            assert_eq!(
+                HOOKS.iter().position(|o| o.name == h.name),
+                Some(i),
+                "{} listed twice",
+                h.name_str()
+            );
+            if h.api != Api::Unknown {
+                assert_eq!(h.api.name(), h.name_str());
+            }
+            match h.family {
+                Family::Driver | Family::DriverResolver => assert!(h.gpa.is_some()),
+                Family::Runtime | Family::RuntimeResolver => assert!(h.gpa.is_none()),
+            }
+        }
+    }
+
+    #[test]
+    fn gpa_names_are_unique_per_version_and_stream_mode() {
+        for a in HOOKS.iter() {
+            for b in HOOKS.iter() {
+                if let (Some(x), Some(y)) = (a.gpa, b.gpa) {
+                    if a.name != b.name {
+                        assert!(
+                            !(x.base == y.base && x.since == y.since && x.ptsz == y.ptsz),
+                            "{} and {} claim the same cuGetProcAddress name",
+                            a.name_str(),
+                            b.name_str()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,433 @@
+//! Recorders: turn a hooked call's arguments and result into events.
+//!
+//! Order rule (as heaptrack does for malloc): anything that gives memory back is recorded
+//! *before* the real call, anything that hands memory out *after* it returns. Then when another
+//! thread gets the same address back, its event is queued after ours, and the collector never
+//! sees an allocation of an address that is still live.
+
+use std::ffi::{c_int, c_void};
+
+use oomtrace_proto::{Api, Event, EventKind, MemoryClass, DEVICE_UNKNOWN};
+
+use crate::cuda::{CUmemAllocationProp, CU_MEM_LOCATION_TYPE_DEVICE};
+use crate::guard::Recorder;
+use crate::{lifecycle, resolve, stack, transport};
+
+/// An out-parameter holding a pointer-sized value (CUdeviceptr or void*).
+pub trait OutPtr: Copy {
+    /// The value the real call stored, or 0 if the pointer is NULL.
+    ///
+    /// # Safety
+    /// Only after the real call succeeded: it then wrote this out-parameter.
+    unsafe fn get(self) -> u64;
+}
+impl OutPtr for *mut u64 {
+    unsafe fn get(self) -> u64 {
+        if self.is_null() {
+            0
+        } else {
+            // SAFETY: per the trait contract.
+            unsafe { self.read() }
+        }
+    }
+}
+impl OutPtr for *mut *mut c_void {
+    unsafe fn get(self) -> u64 {
+        if self.is_null() {
+            0
+        } else {
+            // SAFETY: per the trait contract.
+            unsafe { self.read() as u64 }
+        }
+    }
+}
+
+/// Sends `ev` stamped with thread and time; removals go reliably (a lost free would become a
+/// phantom leak), everything else best-effort with loss counted.
+fn emit(mut ev: Event) {
+    let Some(st) = lifecycle::state() else { return };
+    ev.tid = lifecycle::tid();
+    ev.ts_ns = crate::clock::ticks();
+    match ev.kind() {
+        Some(EventKind::Free | EventKind::PhysRelease | EventKind::Unmap | EventKind::VaFree) => {
+            transport::send_reliable_event(st, ev)
+        }
+        _ => transport::send_event(st, ev),
+    }
+}
+
+fn device_of(api: Api) -> i16 {
+    if api.memory_class() == MemoryClass::HostPinned {
+        DEVICE_UNKNOWN
+    } else {
+        resolve::current_device()
+    }
+}
+
+/// After a device is first seen in this process, and after every failed allocation, record
+/// what the device itself reports: capacity for the report, free memory for OOM forensics.
+fn record_mem_info(device: i16) {
+    if device < 0 {
+        return;
+    }
+    if let Some((free, total)) = resolve::mem_get_info() {
+        let mut ev = Event::new(EventKind::MemInfo, Api::cuMemGetInfo_v2);
+        ev.ptr = free;
+        ev.size = total;
+        ev.device = device;
+        emit(ev);
+    }
+}
+
+fn first_sight(device: i16) {
+    if let Some(st) = lifecycle::state() {
+        if st.first_sight_of_device(device) {
+            record_mem_info(device);
+        }
+    }
+}
+
+fn alloc_done(api: Api, rc: c_int, ptr: u64, size: u64, aux: u64, extra: u64) {
+    let device = device_of(api);
+    if rc == 0 {
+        // cudaMalloc(&p, 0) succeeds with p = NULL: nothing was allocated.
+        if ptr == 0 {
+            return;
+        }
+        first_sight(device);
+        let mut ev = Event::new(EventKind::Alloc, api);
+        ev.ptr = ptr;
+        ev.size = size;
+        ev.aux = aux;
+        ev.extra = extra;
+        ev.device = device;
+        ev.stack = stack::capture();
+        emit(ev);
+    } else {
+        let mut ev = Event::new(EventKind::AllocFailed, api);
+        ev.size = size;
+        ev.aux = aux;
+        ev.extra = extra;
+        ev.device = device;
+        ev.result = rc;
+        ev.stack = stack::capture();
+        emit(ev);
+        record_mem_info(device);
+    }
+}
+
+/// Allocations that return the pointer through an out-parameter.
+pub struct AllocOut<P: OutPtr> {
+    api: Api,
+    out: P,
+    size: u64,
+    aux: u64,
+    extra: u64,
+}
+
+impl<P: OutPtr> AllocOut<P> {
+    pub fn new(api: Api, out: P, size: u64, aux: u64, extra: u64) -> Self {
+        AllocOut {
+            api,
+            out,
+            size,
+            aux,
+            extra,
+        }
+    }
+}
+
+impl<P: OutPtr> Recorder for AllocOut<P> {
+    fn after(&mut self, rc: c_int) {
+        // SAFETY: read only after success.
+        let ptr = if rc == 0 {
+            unsafe { self.out.get() }
+        } else {
+            0
+        };
+        alloc_done(self.api, rc, ptr, self.size, self.aux, self.extra);
+    }
+}
+
+/// Pitched allocations: the size is pitch x height, known only afterwards.
+pub struct AllocPitch<P: OutPtr> {
+    api: Api,
+    out: P,
+    pitch: *mut usize,
+    height: usize,
+}
+
+impl<P: OutPtr> AllocPitch<P> {
+    pub fn new(api: Api, out: P, pitch: *mut usize, height: usize) -> Self {
+        AllocPitch {
+            api,
+            out,
+            pitch,
+            height,
+        }
+    }
+}
+
+impl<P: OutPtr> Recorder for AllocPitch<P> {
+    fn after(&mut self, rc: c_int) {
+        let pitch = if rc == 0 && !self.pitch.is_null() {
+            // SAFETY: written by the successful real call.
+            unsafe { self.pitch.read() }
+        } else {
+            0
+        };
+        // SAFETY: read only after success.
+        let ptr = if rc == 0 {
+            unsafe { self.out.get() }
+        } else {
+            0
+        };
+        let size = (pitch as u64).saturating_mul(self.height as u64);
+        alloc_done(self.api, rc, ptr, size, 0, 0);
+    }
+}
+
+/// Anything that gives memory or address space back: recorded before the real call.
+pub struct Release {
+    api: Api,
+    kind: EventKind,
+    ptr: u64,
+    size: u64,
+    aux: u64,
+}
+
+impl Release {
+    pub fn new(api: Api, kind: EventKind, ptr: u64, size: u64, aux: u64) -> Self {
+        Release {
+            api,
+            kind,
+            ptr,
+            size,
+            aux,
+        }
+    }
+}
+
+impl Recorder for Release {
+    fn before(&mut self) {
+        // cudaFree(NULL) is how programs initialise the runtime; nothing is freed.
+        if self.ptr == 0 {
+            return;
+        }
+        let mut ev = Event::new(self.kind, self.api);
+        ev.ptr = self.ptr;
+        ev.size = self.size;
+        ev.aux = self.aux;
+        emit(ev);
+    }
+
+    fn after(&mut self, rc: c_int) {
+        if rc != 0 && self.ptr != 0 {
+            let mut ev = Event::new(EventKind::FreeFailed, self.api);
+            ev.ptr = self.ptr;
+            ev.result = rc;
+            emit(ev);
+        }
+    }
+}
+
+/// `cuMemCreate`: physical memory on the device named in `prop`.
+pub struct PhysCreate {
+    api: Api,
+    out: *mut u64,
+    size: u64,
+    prop: *const CUmemAllocationProp,
+}
+
+impl PhysCreate {
+    pub fn new(api: Api, out: *mut u64, size: u64, prop: *const CUmemAllocationProp) -> Self {
+        PhysCreate {
+            api,
+            out,
+            size,
+            prop,
+        }
+    }
+}
+
+impl Recorder for PhysCreate {
+    fn after(&mut self, rc: c_int) {
+        let device = if self.prop.is_null() {
+            DEVICE_UNKNOWN
+        } else {
+            // SAFETY: the caller passed a valid prop (the real call read it too).
+            let loc = unsafe { (*self.prop).location };
+            if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+                loc.id as i16
+            } else {
+                DEVICE_UNKNOWN
+            }
+        };
+        let mut ev = if rc == 0 {
+            first_sight(device);
+            let mut ev = Event::new(EventKind::PhysCreate, self.api);
+            // SAFETY: the call succeeded.
+            ev.ptr = unsafe { self.out.get() };
+            ev
+        } else {
+            let mut ev = Event::new(EventKind::AllocFailed, self.api);
+            ev.result = rc;
+            ev
+        };
+        ev.size = self.size;
+        ev.device = device;
+        ev.stack = stack::capture();
+        emit(ev);
+        if rc != 0 {
+            record_mem_info(device);
+        }
+    }
+}
+
+/// `cuMemRetainAllocationHandle`: one more reference to the handle mapped at `addr`.
+pub struct Retain {
+    api: Api,
+    out: *mut u64,
+    addr: *mut c_void,
+}
+
+impl Retain {
+    pub fn new(api: Api, out: *mut u64, addr: *mut c_void) -> Self {
+        Retain { api, out, addr }
+    }
+}
+
+impl Recorder for Retain {
+    fn after(&mut self, rc: c_int) {
+        if rc == 0 {
+            let mut ev = Event::new(EventKind::PhysRetain, self.api);
+            // SAFETY: the call succeeded.
+            ev.ptr = unsafe { self.out.get() };
+            ev.aux = self.addr as u64;
+            emit(ev);
+        }
+    }
+}
+
+/// `cuMemMap`: a VA range now backed by (part of) a handle.
+pub struct Mapped {
+    api: Api,
+    va: u64,
+    size: u64,
+    handle: u64,
+    offset: u64,
+}
+
+impl Mapped {
+    pub fn new(api: Api, va: u64, size: u64, handle: u64, offset: u64) -> Self {
+        Mapped {
+            api,
+            va,
+            size,
+            handle,
+            offset,
+        }
+    }
+}
+
+impl Recorder for Mapped {
+    fn after(&mut self, rc: c_int) {
+        if rc == 0 {
+            let mut ev = Event::new(EventKind::Map, self.api);
+            ev.ptr = self.va;
+            ev.size = self.size;
+            ev.aux = self.handle;
+            ev.extra = self.offset;
+            emit(ev);
+        }
+    }
+}
+
+/// `cuMemAddressReserve`: address space, not memory; kept so mappings can be explained.
+pub struct Reserve {
+    api: Api,
+    out: *mut u64,
+    size: u64,
+    alignment: u64,
+}
+
+impl Reserve {
+    pub fn new(api: Api, out: *mut u64, size: u64, alignment: u64) -> Self {
+        Reserve {
+            api,
+            out,
+            size,
+            alignment,
+        }
+    }
+}
+
+impl Recorder for Reserve {
+    fn after(&mut self, rc: c_int) {
+        if rc == 0 {
+            let mut ev = Event::new(EventKind::VaReserve, self.api);
+            // SAFETY: the call succeeded.
+            ev.ptr = unsafe { self.out.get() };
+            ev.size = self.size;
+            ev.extra = self.alignment;
+            ev.device = resolve::current_device();
+            emit(ev);
+        }
+    }
+}
+
+/// `cuMemGetInfo_v2` (read only): what the program itself saw.
+pub struct MemInfo {
+    api: Api,
+    free: *mut usize,
+    total: *mut usize,
+}
+
+impl MemInfo {
+    pub fn new(api: Api, free: *mut usize, total: *mut usize) -> Self {
+        MemInfo { api, free, total }
+    }
+}
+
+impl Recorder for MemInfo {
+    fn after(&mut self, rc: c_int) {
+        if rc != 0 || self.free.is_null() || self.total.is_null() {
+            return;
+        }
+        let mut ev = Event::new(EventKind::MemInfo, self.api);
+        // SAFETY: written by the successful real call.
+        ev.ptr = unsafe { self.free.read() } as u64;
+        ev.size = unsafe { self.total.read() } as u64;
+        ev.device = resolve::current_device();
+        emit(ev);
+    }
+}
+
+/// `cuInit`: marks when CUDA came up, and whether it worked.
+pub struct Init {
+    api: Api,
+}
+
+impl Init {
+    pub fn new(api: Api) -> Self {
+        Init { api }
+    }
+}
+
+impl Recorder for Init {
+    fn after(&mut self, rc: c_int) {
+        let mut ev = Event::new(EventKind::Init, self.api);
+        ev.result = rc;
+        emit(ev);
+    }
+}
+
+/// `oomtrace_mark`: a step boundary with its label and call site.
+pub fn marker(label: &str) {
+    let Some(st) = lifecycle::state() else { return };
+    let mut ev = Event::new(EventKind::Marker, Api::oomtrace_mark);
+    ev.tid = lifecycle::tid();
+    ev.ts_ns = crate::clock::ticks();
+    ev.stack = stack::capture();
+    transport::send_marker(st, ev, label);
+}

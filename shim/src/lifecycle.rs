@@ -1,0 +1,235 @@
+//! Lazy start on the first hook, reset in fork children, flush at exit.
+//!
+//! Nothing runs from a constructor of ours: hooks can fire before our constructor (libraries
+//! linked by the executable run theirs first) and inside `dlopen` under the loader lock, so
+//! init is lazy, uses only const-initialized statics, and never waits for the drain thread.
+//! The state lives behind a pointer that the fork child simply forgets (leaking the parent's
+//! queue, which may hold the parent's undrained events and locks held by threads that do not
+//! exist in the child); the child's next hook starts afresh as its own pid. `OnceLock` would
+//! not do: a fork while another thread is inside it leaves the child stuck forever.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use oomtrace_proto::wire::GoodbyeReason;
+
+use crate::config::Config;
+use crate::guard::{self, MODE, MODE_FORWARD, MODE_RECORDING, MODE_UNINIT};
+use crate::log;
+use crate::stack::Stacks;
+use crate::transport::{self, Msg, Shared};
+
+/// Everything a traced process has; one per process image (fork children build their own).
+pub struct State {
+    pub config: Config,
+    pub pid: u32,
+    pub tx: Sender<Msg>,
+    pub shared: Shared,
+    stacks: OnceLock<Stacks>,
+    seen_devices: AtomicU64,
+}
+
+impl State {
+    /// Stack state, built on the first stack capture (processes with stacks off never
+    /// enumerate modules).
+    pub fn stacks(&self) -> &Stacks {
+        self.stacks.get_or_init(|| Stacks::new(self))
+    }
+
+    /// True the first time `device` is seen in this process.
+    pub fn first_sight_of_device(&self, device: i16) -> bool {
+        if !(0..64).contains(&device) {
+            return false;
+        }
+        let bit = 1u64 << device;
+        self.seen_devices.fetch_or(bit, Ordering::Relaxed) & bit == 0
+    }
+}
+
+static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
+const INIT_NONE: u8 = 0;
+const INIT_RUNNING: u8 = 1;
+const INIT_DONE: u8 = 2;
+static INIT: AtomicU8 = AtomicU8::new(INIT_NONE);
+static HOOKS_REGISTERED: AtomicBool = AtomicBool::new(false);
+static FINISHED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    static TID: Cell<u32> = const { Cell::new(0) };
+    static IN_INIT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The current process's state, if tracing started.
+#[inline]
+pub fn state() -> Option<&'static State> {
+    let p = STATE.load(Ordering::Acquire);
+    // SAFETY: a published State is leaked, never freed.
+    unsafe { p.as_ref() }
+}
+
+/// The kernel thread id, cached per thread.
+#[inline]
+pub fn tid() -> u32 {
+    TID.try_with(|t| {
+        let v = t.get();
+        if v != 0 {
+            return v;
+        }
+        // SAFETY: gettid has no preconditions.
+        let v = unsafe { libc::gettid() } as u32;
+        t.set(v);
+        v
+    })
+    .unwrap_or_else(|_| unsafe { libc::gettid() } as u32)
+}
+
+/// Starts tracing in this process (first hook). True if hooks should record.
+#[cold]
+pub fn start() -> bool {
+    loop {
+        match INIT.compare_exchange(INIT_NONE, INIT_RUNNING, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                let _ = IN_INIT.try_with(|f| f.set(true));
+                let ok = guard::catch(init).unwrap_or(false);
+                let _ = IN_INIT.try_with(|f| f.set(false));
+                if !ok && MODE.load(Ordering::Acquire) == MODE_UNINIT {
+                    MODE.store(MODE_FORWARD, Ordering::Release);
+                }
+                INIT.store(INIT_DONE, Ordering::Release);
+                return ok;
+            }
+            Err(INIT_DONE) => return MODE.load(Ordering::Acquire) == MODE_RECORDING,
+            Err(_) => {
+                if IN_INIT.try_with(|f| f.get()).unwrap_or(true) {
+                    return false; // a hook reached from inside init itself
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+fn init() -> bool {
+    // Registered before anything slow, so that a fork during the rest of init still resets.
+    register_process_hooks();
+    let config = Config::from_env();
+    log::set_verbose(config.verbose);
+    if config.disabled {
+        MODE.store(MODE_FORWARD, Ordering::Release);
+        return false;
+    }
+    // SAFETY: getauxval has no preconditions.
+    if unsafe { libc::getauxval(libc::AT_SECURE) } != 0 {
+        // setuid/setgid program: never follow paths from the environment, never spawn.
+        MODE.store(MODE_FORWARD, Ordering::Release);
+        return false;
+    }
+    guard::install_panic_hook();
+    let (tx, rx) = crossbeam_channel::bounded(config.buffer);
+    let st: &'static State = Box::leak(Box::new(State {
+        shared: Shared::new(config.buffer),
+        // SAFETY: getpid has no preconditions.
+        pid: unsafe { libc::getpid() } as u32,
+        config,
+        tx,
+        stacks: OnceLock::new(),
+        seen_devices: AtomicU64::new(0),
+    }));
+    STATE.store(st as *const State as *mut State, Ordering::Release);
+    if !transport::spawn_drainer(st, rx) {
+        guard::disable("cannot start the drain thread; this process continues untraced");
+        return false;
+    }
+    MODE.store(MODE_RECORDING, Ordering::Release);
+    true
+}
+
+fn register_process_hooks() {
+    if HOOKS_REGISTERED.swap(true, Ordering::AcqRel) {
+        return; // atfork and atexit registrations survive fork: once per process tree
+    }
+    // SAFETY: registering plain extern "C" functions that never unwind.
+    unsafe {
+        libc::pthread_atfork(None, None, Some(atfork_child));
+        libc::atexit(at_exit);
+    }
+}
+
+/// In the child of `fork`: forget the parent's state; the next hook starts afresh.
+extern "C" fn atfork_child() {
+    STATE.store(std::ptr::null_mut(), Ordering::Release);
+    INIT.store(INIT_NONE, Ordering::Release);
+    MODE.store(MODE_UNINIT, Ordering::Release);
+    FINISHED.store(false, Ordering::Release);
+    let _ = TID.try_with(|t| t.set(0));
+    let _ = IN_INIT.try_with(|f| f.set(false));
+    transport::close_inherited_sink();
+}
+
+extern "C" fn at_exit() {
+    finish(GoodbyeReason::Exit, Duration::from_millis(2500));
+}
+
+/// Flushes and says goodbye (bounded wait). Hooks forward only from here on.
+pub fn finish(reason: GoodbyeReason, timeout: Duration) {
+    let Some(st) = state() else { return };
+    // SAFETY: getpid has no preconditions. A vfork child shares our memory but is another
+    // process: it must not touch the parent's drain thread.
+    if unsafe { libc::getpid() } as u32 != st.pid {
+        return;
+    }
+    if FINISHED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    MODE.store(MODE_FORWARD, Ordering::Release);
+    guard::catch(|| transport::shutdown(st, reason, timeout));
+}
+
+/// `oomtrace_flush`: everything recorded so far reaches the collector (bounded wait).
+pub fn flush() -> bool {
+    match state() {
+        Some(st) if MODE.load(Ordering::Acquire) == MODE_RECORDING => {
+            transport::flush(st, Duration::from_secs(2))
+        }
+        _ => false,
+    }
+}
+
+type ExitFn = unsafe extern "C" fn(std::ffi::c_int) -> !;
+
+fn real_exit(name: &std::ffi::CStr, status: std::ffi::c_int) -> ! {
+    let p = crate::resolve::real_dlsym(libc::RTLD_NEXT, name);
+    if !p.is_null()
+        && !crate::resolve::is_ours(p as usize)
+        && !std::ptr::eq(p as *const (), _exit as *const ())
+    {
+        // SAFETY: glibc's _exit/_Exit.
+        unsafe { std::mem::transmute::<*mut std::ffi::c_void, ExitFn>(p)(status) }
+    }
+    // SAFETY: terminating the process is all that is left to do.
+    unsafe {
+        libc::syscall(libc::SYS_exit_group, status);
+    }
+    loop {
+        std::hint::spin_loop();
+    }
+}
+
+/// `_exit` skips atexit handlers (Python's `os._exit`, multiprocessing workers): flush here,
+/// briefly, then exit for real.
+#[unsafe(no_mangle)]
+pub extern "C" fn _exit(status: std::ffi::c_int) -> ! {
+    let _ =
+        std::panic::catch_unwind(|| finish(GoodbyeReason::UnderscoreExit, Duration::from_secs(1)));
+    real_exit(c"_exit", status)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn _Exit(status: std::ffi::c_int) -> ! {
+    let _ =
+        std::panic::catch_unwind(|| finish(GoodbyeReason::UnderscoreExit, Duration::from_secs(1)));
+    real_exit(c"_Exit", status)
+}

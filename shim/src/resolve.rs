@@ -1,0 +1,535 @@
+//! Finding real functions, and handing out our wrappers where a program looks functions up
+//! at run time (`dlsym`, `cuGetProcAddress[_v2]`, `cudaGetDriverEntryPoint*`).
+//!
+//! Rules (research/cuda-hooking.md §6.2-6.3, prototype-measurements.md §2):
+//! - Call the real resolver with the caller's exact arguments. Substitute only when the real
+//!   answer is a function we wrap, identified by exact ABI: either it is the address libcuda
+//!   exports under that exact name, or the driver gives the same address when asked for the
+//!   candidate's own introduction version (so a newer `_v3` ABI is never mistaken for `_v2`).
+//!   Never invent a pointer the real lookup did not give.
+//! - `dlsym`: a naked trampoline that tail-jumps into glibc, so glibc still sees the original
+//!   caller (RTLD_NEXT and RTLD_DEFAULT are resolved relative to the caller's return address).
+//!   Never substitute for pseudo-handles; only for real handles and driver symbols that the
+//!   real lookup found in a `libcuda.so*`.
+//! - Runtime (`cuda*`) functions are not substituted in `dlsym` answers: several libcudart
+//!   copies can be loaded at once and our one slot per symbol could route a call to the wrong
+//!   copy. Their driver calls go through our driver wrappers anyway.
+//! - Our own lookups never go through our exported `dlsym`: they use the saved real one.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use crate::cuda::*;
+use crate::hooks::{Family, Hook, HookId, HOOKS};
+use crate::{guard, log};
+
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// glibc's `dlsym`. Read by the trampoline's tail jump; filled by `dlsym_filter` on the first
+/// call (before the jump), so it is never 0 when jumped through.
+static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+
+fn init_real_dlsym() -> usize {
+    let cur = REAL_DLSYM.load(Ordering::Acquire);
+    if cur != 0 {
+        return cur;
+    }
+    // GLIBC_2.34 is the current version; 2.2.5 is x86-64's base version (older glibc). On
+    // glibc >= 2.34 both name the same function. Never the public dlsym (it would be us) and
+    // never _dl_sym (GLIBC_PRIVATE, gone from some builds).
+    for ver in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+        // SAFETY: dlvsym is not interposed by oomtrace; all arguments are valid C strings.
+        let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), ver.as_ptr()) };
+        if !p.is_null() {
+            REAL_DLSYM.store(p as usize, Ordering::Release);
+            return p as usize;
+        }
+    }
+    0
+}
+
+/// glibc's `dlsym`, for oomtrace's own lookups. `handle` is passed through, never read.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+pub fn real_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    let p = init_real_dlsym();
+    if p == 0 {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: p is glibc's dlsym.
+    unsafe { std::mem::transmute::<usize, DlsymFn>(p)(handle, name.as_ptr()) }
+}
+
+/// `dlsym`, exported. The filter decides in Rust; the jump keeps the caller's identity.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "endbr64",
+        "push rdi",
+        "push rsi",
+        // Entry rsp is 8 mod 16; two pushes and 8 more make the call 16-byte aligned.
+        "sub rsp, 8",
+        "call {filter}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jnz 2f",
+        // Not ours: glibc's dlsym runs as if called directly by our caller.
+        "jmp qword ptr [rip + {real}]",
+        "2:",
+        "ret",
+        filter = sym dlsym_filter,
+        real = sym REAL_DLSYM,
+    )
+}
+
+thread_local! {
+    /// Set while the filter itself looks things up, so nested lookups pass straight through.
+    static IN_FILTER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Returns our wrapper for `symbol` when `handle` is a real handle and the real lookup finds
+/// a driver function we wrap; NULL means "let glibc answer".
+extern "C" fn dlsym_filter(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    // Must work before anything else is initialised and must not allocate on the common path:
+    // our own std calls dlsym (e.g. while spawning a thread) from inside our init.
+    if init_real_dlsym() == 0 {
+        return std::ptr::null_mut();
+    }
+    if handle.is_null() || handle == libc::RTLD_NEXT || symbol.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: dlsym's contract: symbol is a C string.
+    let name = unsafe { CStr::from_ptr(symbol) };
+    if !name.to_bytes().starts_with(b"cu") {
+        return std::ptr::null_mut();
+    }
+    let nested = IN_FILTER.try_with(|f| f.replace(true)).unwrap_or(true);
+    if nested {
+        return std::ptr::null_mut();
+    }
+    let out = guard::catch(|| substitute_dlsym(handle, name)).unwrap_or(std::ptr::null_mut());
+    let _ = IN_FILTER.try_with(|f| f.set(false));
+    out
+}
+
+fn substitute_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    let Some(hook) = crate::hooks::by_name(name.to_bytes()) else {
+        return std::ptr::null_mut();
+    };
+    if !matches!(hook.family, Family::Driver | Family::DriverResolver) {
+        return std::ptr::null_mut();
+    }
+    let p = real_dlsym(handle, name);
+    if p.is_null() || is_ours(p as usize) || !provided_by(p, b"libcuda.so") {
+        return std::ptr::null_mut();
+    }
+    if hook.offer_real(p as usize) == 0 {
+        return std::ptr::null_mut();
+    }
+    hook.wrapper as *mut c_void
+}
+
+/// True if `p` lies in an object whose file name starts with `prefix`.
+fn provided_by(p: *mut c_void, prefix: &[u8]) -> bool {
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads p; info is a valid out-parameter.
+    if unsafe { libc::dladdr(p, &mut info) } == 0 || info.dli_fname.is_null() {
+        return false;
+    }
+    let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
+    let base = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+    base.starts_with(prefix)
+}
+
+/// True for the address of one of our exported wrappers.
+pub fn is_ours(p: usize) -> bool {
+    HOOKS.iter().any(|h| h.wrapper as usize == p) || p == dlsym as *const () as usize
+}
+
+static LIBCUDA: AtomicUsize = AtomicUsize::new(0);
+
+/// A handle to the loaded `libcuda.so.1`, or NULL if it is not loaded (we never load it).
+/// Programs that dlopen the driver RTLD_LOCAL (like libcudart) hide it from RTLD_NEXT.
+pub fn libcuda_handle() -> *mut c_void {
+    let h = LIBCUDA.load(Ordering::Acquire);
+    if h != 0 {
+        return h as *mut c_void;
+    }
+    // SAFETY: plain dlopen with NOLOAD: only finds an already loaded driver.
+    let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if !h.is_null() {
+        LIBCUDA.store(h as usize, Ordering::Release);
+    }
+    h
+}
+
+/// A loaded libcudart found by file name, for runtime symbols that RTLD_NEXT cannot see
+/// (a libcudart that is only a local dependency of a dlopened extension).
+fn loaded_cudart_symbol(name: &CStr) -> *mut c_void {
+    let mut found = std::ptr::null_mut();
+    for path in crate::stack::modules::loaded_paths() {
+        let base = path.rsplit('/').next().unwrap_or(&path);
+        if !base.starts_with("libcudart.so") {
+            continue;
+        }
+        let Ok(c) = std::ffi::CString::new(path.clone()) else {
+            continue;
+        };
+        // SAFETY: NOLOAD: takes a reference to an already loaded object, which keeps the
+        // pointer we return valid (the reference is deliberately never dropped).
+        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        if h.is_null() {
+            continue;
+        }
+        let p = real_dlsym(h, name);
+        if !p.is_null() && !is_ours(p as usize) {
+            found = p;
+            break;
+        }
+    }
+    found
+}
+
+/// Cold path of `Hook::real`: find the function a symbol-bound call would have reached.
+pub fn resolve_slot(hook: &Hook) -> Option<*const ()> {
+    let mut p = real_dlsym(libc::RTLD_NEXT, hook.name);
+    if p.is_null() || is_ours(p as usize) {
+        p = match hook.family {
+            Family::Driver | Family::DriverResolver => {
+                let h = libcuda_handle();
+                if h.is_null() {
+                    std::ptr::null_mut()
+                } else {
+                    real_dlsym(h, hook.name)
+                }
+            }
+            Family::Runtime | Family::RuntimeResolver => loaded_cudart_symbol(hook.name),
+        };
+    }
+    if p.is_null() || is_ours(p as usize) {
+        return None;
+    }
+    match hook.offer_real(p as usize) {
+        0 => None,
+        v => Some(v as *const ()),
+    }
+}
+
+static UNRESOLVED_SAID: AtomicBool = AtomicBool::new(false);
+
+pub fn warn_unresolved(hook: &Hook) {
+    log::warn_once(
+        &UNRESOLVED_SAID,
+        &format!(
+            "cannot find the real {} (is the CUDA library loaded?); returning an error to the caller",
+            hook.name_str()
+        ),
+    );
+}
+
+/// A driver function oomtrace calls itself (read-only queries), cached.
+fn driver_fn(slot: &AtomicUsize, name: &CStr) -> usize {
+    let p = slot.load(Ordering::Acquire);
+    if p != 0 {
+        return p;
+    }
+    let h = libcuda_handle();
+    let mut p = if h.is_null() {
+        std::ptr::null_mut()
+    } else {
+        real_dlsym(h, name)
+    };
+    if p.is_null() {
+        p = real_dlsym(libc::RTLD_NEXT, name);
+    }
+    if p.is_null() || is_ours(p as usize) {
+        return 0;
+    }
+    slot.store(p as usize, Ordering::Release);
+    p as usize
+}
+
+static CTX_GET_DEVICE: AtomicUsize = AtomicUsize::new(0);
+static MEM_GET_INFO: AtomicUsize = AtomicUsize::new(0);
+
+/// The device of the calling thread's current context, or -1.
+pub fn current_device() -> i16 {
+    let p = driver_fn(&CTX_GET_DEVICE, c"cuCtxGetDevice");
+    if p == 0 {
+        return oomtrace_proto::DEVICE_UNKNOWN;
+    }
+    let mut dev: CUdevice = -1;
+    // SAFETY: p is the driver's cuCtxGetDevice.
+    let rc = unsafe { std::mem::transmute::<usize, CuCtxGetDeviceFn>(p)(&mut dev) };
+    if rc == CUDA_SUCCESS && (0..i16::MAX as i32).contains(&dev) {
+        dev as i16
+    } else {
+        oomtrace_proto::DEVICE_UNKNOWN
+    }
+}
+
+/// (free, total) bytes of the current device, as the driver reports them.
+pub fn mem_get_info() -> Option<(u64, u64)> {
+    let p = driver_fn(&MEM_GET_INFO, c"cuMemGetInfo_v2");
+    if p == 0 {
+        return None;
+    }
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: p is the driver's cuMemGetInfo_v2.
+    let rc = unsafe { std::mem::transmute::<usize, CuMemGetInfoFn>(p)(&mut free, &mut total) };
+    (rc == CUDA_SUCCESS).then_some((free as u64, total as u64))
+}
+
+/// Asks the real driver resolver for `name` at `version` with `flags`.
+fn real_gpa(name: &CStr, version: c_int, flags: u64) -> usize {
+    let mut out: *mut c_void = std::ptr::null_mut();
+    if let Some(p) = HOOKS[HookId::cuGetProcAddress_v2 as usize].real() {
+        let mut status: c_int = 0;
+        // SAFETY: the slot holds the driver's cuGetProcAddress_v2 (CUDA 12 ABI).
+        let f = unsafe { std::mem::transmute::<*const (), CuGetProcAddressV2Fn>(p) };
+        let rc = unsafe { f(name.as_ptr(), &mut out, version, flags, &mut status) };
+        if rc != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS {
+            return 0;
+        }
+    } else if let Some(p) = HOOKS[HookId::cuGetProcAddress as usize].real() {
+        // SAFETY: the slot holds the driver's cuGetProcAddress (CUDA 11.3 ABI).
+        let f = unsafe { std::mem::transmute::<*const (), CuGetProcAddressFn>(p) };
+        if unsafe { f(name.as_ptr(), &mut out, version, flags) } != CUDA_SUCCESS {
+            return 0;
+        }
+    }
+    out as usize
+}
+
+static UNIDENTIFIED_SAID: AtomicBool = AtomicBool::new(false);
+
+/// Which of our driver hooks the resolver answer `p` for `name` is, by exact ABI.
+fn identify(p: usize, name: &CStr, version: c_int) -> Option<&'static Hook> {
+    let base = name.to_str().ok()?;
+    let mut named = false;
+    for hook in HOOKS.iter() {
+        let Some(gpa) = hook.gpa else { continue };
+        if gpa.base != base {
+            continue;
+        }
+        named = true;
+        if (version as i64) < gpa.since as i64 {
+            continue;
+        }
+        // The address libcuda exports under this exact name.
+        let h = libcuda_handle();
+        if !h.is_null() && real_dlsym(h, hook.name) as usize == p {
+            return Some(hook);
+        }
+        // The address the driver gives for this exact ABI.
+        let flags = if gpa.ptsz {
+            CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+        } else {
+            CU_GET_PROC_ADDRESS_LEGACY_STREAM
+        };
+        let since = std::ffi::CString::new(gpa.base).ok()?;
+        if real_gpa(&since, gpa.since as c_int, flags) == p {
+            return Some(hook);
+        }
+    }
+    if named {
+        log::info(&format!(
+            "could not identify the driver's answer for {base} at version {version}; left it unwrapped"
+        ));
+        UNIDENTIFIED_SAID.store(true, Ordering::Relaxed);
+    }
+    None
+}
+
+/// After a successful resolver call: replace `*pfn` with our wrapper of the same exact ABI.
+fn substitute_answer(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int) {
+    if symbol.is_null() || pfn.is_null() {
+        return;
+    }
+    // SAFETY: the real resolver succeeded, so pfn was written; symbol is a C string.
+    let p = unsafe { *pfn } as usize;
+    if p == 0 || is_ours(p) {
+        return;
+    }
+    let name = unsafe { CStr::from_ptr(symbol) };
+    if !name.to_bytes().starts_with(b"cu") {
+        return;
+    }
+    if let Some(hook) = identify(p, name, version) {
+        if hook.offer_real(p) != 0 {
+            // SAFETY: pfn is the caller's out-parameter.
+            unsafe { *pfn = hook.wrapper as *mut c_void };
+        }
+    }
+}
+
+fn real_of(id: HookId) -> Option<*const ()> {
+    HOOKS[id as usize].real()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: cuuint64_t,
+) -> CUresult {
+    let Some(p) = real_of(HookId::cuGetProcAddress) else {
+        return HOOKS[HookId::cuGetProcAddress as usize].unresolved();
+    };
+    // SAFETY: the slot holds the driver's function of this exact ABI.
+    let real = unsafe { std::mem::transmute::<*const (), CuGetProcAddressFn>(p) };
+    let rc = unsafe { real(symbol, pfn, cuda_version, flags) };
+    if rc == CUDA_SUCCESS {
+        guard::catch(|| substitute_answer(symbol, pfn, cuda_version));
+    }
+    rc
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: cuuint64_t,
+    symbol_status: *mut c_int,
+) -> CUresult {
+    let Some(p) = real_of(HookId::cuGetProcAddress_v2) else {
+        return HOOKS[HookId::cuGetProcAddress_v2 as usize].unresolved();
+    };
+    // SAFETY: as above.
+    let real = unsafe { std::mem::transmute::<*const (), CuGetProcAddressV2Fn>(p) };
+    let rc = unsafe { real(symbol, pfn, cuda_version, flags, symbol_status) };
+    let found = symbol_status.is_null() || unsafe { *symbol_status } == CU_GET_PROC_ADDRESS_SUCCESS;
+    if rc == CUDA_SUCCESS && found {
+        guard::catch(|| substitute_answer(symbol, pfn, cuda_version));
+    }
+    rc
+}
+
+// The runtime resolvers (CUDA 12 signatures). CUDA 11.x had a 3-argument
+// cudaGetDriverEntryPoint: the 4th register is then garbage, which is forwarded untouched and
+// never read here. Their version is the runtime's own, unknown to us: `identify` then checks
+// every candidate against the driver's answer for that candidate's exact ABI.
+type EntryPointFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, u64, *mut c_int) -> c_int;
+type EntryPointByVersionFn =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, u32, u64, *mut c_int) -> c_int;
+
+unsafe fn entry_point(
+    id: HookId,
+    symbol: *const c_char,
+    func_ptr: *mut *mut c_void,
+    flags: u64,
+    status: *mut c_int,
+) -> c_int {
+    let Some(p) = real_of(id) else {
+        return HOOKS[id as usize].unresolved();
+    };
+    // SAFETY: the slot holds the runtime's function of this exact ABI.
+    let real = unsafe { std::mem::transmute::<*const (), EntryPointFn>(p) };
+    let rc = unsafe { real(symbol, func_ptr, flags, status) };
+    if rc == 0 {
+        guard::catch(|| substitute_answer(symbol, func_ptr, c_int::MAX));
+    }
+    rc
+}
+
+unsafe fn entry_point_by_version(
+    id: HookId,
+    symbol: *const c_char,
+    func_ptr: *mut *mut c_void,
+    version: u32,
+    flags: u64,
+    status: *mut c_int,
+) -> c_int {
+    let Some(p) = real_of(id) else {
+        return HOOKS[id as usize].unresolved();
+    };
+    // SAFETY: as above.
+    let real = unsafe { std::mem::transmute::<*const (), EntryPointByVersionFn>(p) };
+    let rc = unsafe { real(symbol, func_ptr, version, flags, status) };
+    if rc == 0 {
+        let v = c_int::try_from(version).unwrap_or(c_int::MAX);
+        guard::catch(|| substitute_answer(symbol, func_ptr, v));
+    }
+    rc
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaGetDriverEntryPoint(
+    symbol: *const c_char,
+    func_ptr: *mut *mut c_void,
+    flags: u64,
+    status: *mut c_int,
+) -> c_int {
+    unsafe {
+        entry_point(
+            HookId::cudaGetDriverEntryPoint,
+            symbol,
+            func_ptr,
+            flags,
+            status,
+        )
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaGetDriverEntryPoint_ptsz(
+    symbol: *const c_char,
+    func_ptr: *mut *mut c_void,
+    flags: u64,
+    status: *mut c_int,
+) -> c_int {
+    unsafe {
+        entry_point(
+            HookId::cudaGetDriverEntryPoint_ptsz,
+            symbol,
+            func_ptr,
+            flags,
+            status,
+        )
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaGetDriverEntryPointByVersion(
+    symbol: *const c_char,
+    func_ptr: *mut *mut c_void,
+    version: u32,
+    flags: u64,
+    status: *mut c_int,
+) -> c_int {
+    unsafe {
+        entry_point_by_version(
+            HookId::cudaGetDriverEntryPointByVersion,
+            symbol,
+            func_ptr,
+            version,
+            flags,
+            status,
+        )
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaGetDriverEntryPointByVersion_ptsz(
+    symbol: *const c_char,
+    func_ptr: *mut *mut c_void,
+    version: u32,
+    flags: u64,
+    status: *mut c_int,
+) -> c_int {
+    unsafe {
+        entry_point_by_version(
+            HookId::cudaGetDriverEntryPointByVersion_ptsz,
+            symbol,
+            func_ptr,
+            version,
+            flags,
+            status,
+        )
+    }
+}

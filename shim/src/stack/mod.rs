@@ -1,0 +1,500 @@
+//! Native call stacks: DWARF unwinding with cached rules (framehop), correct in code built
+//! without frame pointers, interned per thread so each distinct stack crosses the socket once.
+//!
+//! Hot path (a stack seen before on this thread): read pc/sp/bp, unwind with framehop's
+//! per-thread rule cache, hash the return addresses, hit the per-thread table -> StackId.
+//! Cold path (a new stack): make sure every module in it is known to the unwinder and to the
+//! collector (its unwind tables copied, a `ModuleDef` sent), unwind again if that changed
+//! anything, then send a `StackDef` and remember it.
+//!
+//! Symbolization never happens here: the collector and CLI map addresses to lines.
+
+pub mod modules;
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use framehop::{
+    ExplicitModuleSectionInfo, MayAllocateDuringUnwind, Module, UnwindRegsNative, Unwinder,
+};
+use oomtrace_proto::StackId;
+
+use crate::config::MAX_STACK_DEPTH;
+use crate::lifecycle::{self, State};
+use crate::transport::{self, Msg};
+use modules::{LoadCounts, LoadedModule};
+
+type NativeUnwinder = framehop::UnwinderNative<Vec<u8>, MayAllocateDuringUnwind>;
+type NativeCache = framehop::CacheNative<MayAllocateDuringUnwind>;
+
+/// Slots of the per-thread table of stacks already sent (direct-mapped, power of two).
+/// 4096 x 16 bytes = 64 KiB per thread; a training loop has far fewer distinct stacks.
+const INTERN_SLOTS: usize = 4096;
+
+/// What unwinding threads read; replaced as a whole when modules change.
+pub struct Snapshot {
+    unwinder: NativeUnwinder,
+    /// Ranges of modules whose tables are in `unwinder` and whose `ModuleDef` was sent.
+    active: Vec<(u64, u64)>,
+    /// Ranges of every module known at the last enumeration.
+    known: Vec<(u64, u64)>,
+    counts: LoadCounts,
+    /// Range of liboomtrace itself: its frames are dropped from stacks.
+    own: (u64, u64),
+}
+
+fn in_ranges(ranges: &[(u64, u64)], a: u64) -> bool {
+    // Sorted by start; few dozen entries: binary search on start.
+    let i = ranges.partition_point(|r| r.0 <= a);
+    i > 0 && a < ranges[i - 1].1
+}
+
+struct Entry {
+    module: LoadedModule,
+    /// Set once the module is active (tables loaded, ModuleDef sent).
+    id: Option<u32>,
+}
+
+struct Registry {
+    entries: Vec<Entry>,
+    counts: LoadCounts,
+    unwinder: NativeUnwinder,
+    next_module_id: u32,
+    own: (u64, u64),
+}
+
+/// Per-process stack state (part of `lifecycle::State`, rebuilt after fork).
+pub struct Stacks {
+    registry: Mutex<Registry>,
+    snapshot: Mutex<Arc<Snapshot>>,
+    snapshot_gen: AtomicU64,
+    /// Bumped when an active module goes away: stacks interned before may now be ambiguous.
+    intern_gen: AtomicU64,
+    next_stack_id: AtomicU32,
+}
+
+impl Registry {
+    fn snapshot(&self) -> Snapshot {
+        let mut active: Vec<(u64, u64)> = self
+            .entries
+            .iter()
+            .filter(|e| e.id.is_some())
+            .map(|e| (e.module.start, e.module.end))
+            .collect();
+        active.sort_unstable();
+        let mut known: Vec<(u64, u64)> = self
+            .entries
+            .iter()
+            .map(|e| (e.module.start, e.module.end))
+            .collect();
+        known.sort_unstable();
+        Snapshot {
+            unwinder: self.unwinder.clone(),
+            active,
+            known,
+            counts: self.counts,
+            own: self.own,
+        }
+    }
+
+    /// Loads the unwind tables of entry `i` and announces it to the collector.
+    fn activate(&mut self, st: &State, i: usize) {
+        let id = self.next_module_id;
+        self.next_module_id += 1;
+        let e = &mut self.entries[i];
+        e.id = Some(id);
+        let m = &e.module;
+        let mut info = ExplicitModuleSectionInfo::<Vec<u8>> {
+            base_svma: 0,
+            ..Default::default()
+        };
+        if let Some((lo, hi)) = m.text.first().copied() {
+            info.text_svma = Some(lo - m.bias..hi - m.bias);
+        }
+        if let Some(t) = modules::unwind_tables(m) {
+            info.eh_frame_hdr_svma = Some(
+                t.eh_frame_hdr_avma - m.bias
+                    ..t.eh_frame_hdr_avma - m.bias + t.eh_frame_hdr.len() as u64,
+            );
+            info.eh_frame_svma =
+                Some(t.eh_frame_avma - m.bias..t.eh_frame_avma - m.bias + t.eh_frame.len() as u64);
+            info.eh_frame_hdr = Some(t.eh_frame_hdr);
+            info.eh_frame = Some(t.eh_frame);
+        }
+        self.unwinder
+            .add_module(Module::new(m.path.clone(), m.start..m.end, m.bias, info));
+        transport::send_reliable(st, Msg::Module(Box::new(m.def(id))));
+    }
+
+    /// Re-reads the loaded modules; returns true if an active module went away.
+    fn rescan(&mut self, st: &State) -> bool {
+        let (mods, counts) = modules::enumerate();
+        let mut removed_active = false;
+        let mut kept = Vec::with_capacity(mods.len());
+        for old in self.entries.drain(..) {
+            if mods
+                .iter()
+                .any(|m| m.start == old.module.start && m.path == old.module.path)
+            {
+                kept.push(old);
+            } else if let Some(id) = old.id {
+                self.unwinder.remove_module(old.module.start);
+                transport::send_reliable(st, Msg::ModuleGone(id));
+                removed_active = true;
+            }
+        }
+        for m in mods {
+            if !kept
+                .iter()
+                .any(|e| e.module.start == m.start && e.module.path == m.path)
+            {
+                kept.push(Entry {
+                    module: m,
+                    id: None,
+                });
+            }
+        }
+        self.entries = kept;
+        self.counts = counts;
+        removed_active
+    }
+}
+
+impl Stacks {
+    pub fn new(st: &State) -> Stacks {
+        let (mods, counts) = modules::enumerate();
+        let here = capture as *const () as u64;
+        let own = mods
+            .iter()
+            .find(|m| m.contains(here))
+            .map(|m| (m.start, m.end))
+            .unwrap_or((0, 0));
+        let mut reg = Registry {
+            entries: mods
+                .into_iter()
+                .map(|module| Entry { module, id: None })
+                .collect(),
+            counts,
+            unwinder: NativeUnwinder::new(),
+            next_module_id: 1,
+            own,
+        };
+        // Our own tables are needed to unwind out of the hook's frames.
+        if let Some(i) = reg.entries.iter().position(|e| e.module.contains(here)) {
+            reg.activate(st, i);
+        }
+        let snap = Arc::new(reg.snapshot());
+        Stacks {
+            registry: Mutex::new(reg),
+            snapshot: Mutex::new(snap),
+            snapshot_gen: AtomicU64::new(1),
+            intern_gen: AtomicU64::new(1),
+            next_stack_id: AtomicU32::new(1),
+        }
+    }
+
+    fn current(&self) -> (u64, Arc<Snapshot>) {
+        let snap = match self.snapshot.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        (self.snapshot_gen.load(Ordering::Acquire), snap)
+    }
+
+    /// Makes every frame's module active (rescanning if the loader changed). Returns true if
+    /// the snapshot changed, so the caller should unwind again.
+    fn cover(&self, st: &State, frames: &[u64]) -> bool {
+        let Ok(mut reg) = self.registry.lock() else {
+            return false;
+        };
+        let mut changed = false;
+        let needs_rescan = frames.iter().any(|&f| {
+            let a = f.wrapping_sub(1);
+            !reg.entries.iter().any(|e| e.module.contains(a))
+        }) && modules::load_counts() != reg.counts;
+        if needs_rescan {
+            if reg.rescan(st) {
+                self.intern_gen.fetch_add(1, Ordering::AcqRel);
+            }
+            changed = true;
+        }
+        for &f in frames {
+            let a = f.wrapping_sub(1);
+            if let Some(i) = reg
+                .entries
+                .iter()
+                .position(|e| e.id.is_none() && e.module.contains(a))
+            {
+                reg.activate(st, i);
+                changed = true;
+            }
+        }
+        if changed {
+            let snap = Arc::new(reg.snapshot());
+            if let Ok(mut g) = self.snapshot.lock() {
+                *g = snap;
+            }
+            self.snapshot_gen.fetch_add(1, Ordering::AcqRel);
+        }
+        changed
+    }
+}
+
+impl Snapshot {
+    /// True if no frame needs a module that is known but not yet active, and no frame lies
+    /// outside every known module while the loader's counters say something changed.
+    fn covers(&self, frames: &[u64]) -> bool {
+        let mut unknown = false;
+        for &f in frames {
+            let a = f.wrapping_sub(1);
+            if in_ranges(&self.active, a) {
+                continue;
+            }
+            if in_ranges(&self.known, a) {
+                return false;
+            }
+            unknown = true;
+        }
+        !unknown || modules::load_counts() == self.counts
+    }
+}
+
+struct ThreadStacks {
+    /// The `State` this belongs to; a new State (after fork) means start over.
+    owner: usize,
+    snapshot_gen: u64,
+    snapshot: Arc<Snapshot>,
+    cache: Box<NativeCache>,
+    intern_gen: u64,
+    interned: Box<[(u64, u32)]>,
+    stack_lo: u64,
+    stack_hi: u64,
+}
+
+thread_local! {
+    static THREAD: RefCell<Option<ThreadStacks>> = const { RefCell::new(None) };
+}
+
+fn stack_bounds() -> (u64, u64) {
+    // SAFETY: standard pthread attribute dance on the calling thread.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return (0, 0);
+        }
+        let mut addr: *mut libc::c_void = std::ptr::null_mut();
+        let mut size: libc::size_t = 0;
+        let ok = libc::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0;
+        libc::pthread_attr_destroy(&mut attr);
+        if ok {
+            (addr as u64, addr as u64 + size as u64)
+        } else {
+            (0, 0)
+        }
+    }
+}
+
+impl ThreadStacks {
+    fn new(st: &State) -> ThreadStacks {
+        let (snapshot_gen, snapshot) = st.stacks().current();
+        let (stack_lo, stack_hi) = stack_bounds();
+        ThreadStacks {
+            owner: st as *const State as usize,
+            snapshot_gen,
+            snapshot,
+            cache: Box::new(NativeCache::new()),
+            intern_gen: st.stacks().intern_gen.load(Ordering::Acquire),
+            interned: vec![(0u64, 0u32); INTERN_SLOTS].into_boxed_slice(),
+            stack_lo,
+            stack_hi,
+        }
+    }
+
+    /// Return addresses of the caller's stack, innermost first, without oomtrace's frames.
+    fn unwind(&mut self, pc: u64, sp: u64, bp: u64, depth: usize, out: &mut [u64]) -> usize {
+        let (lo, hi) = (sp, self.stack_hi);
+        if sp < self.stack_lo || sp >= hi {
+            return 0; // on a stack we do not know the bounds of (signal or fiber stack)
+        }
+        let mut read = |addr: u64| -> Result<u64, ()> {
+            if addr >= lo && addr.wrapping_add(8) <= hi && addr & 7 == 0 {
+                // SAFETY: inside this thread's stack, below its top and above the current sp.
+                Ok(unsafe { (addr as *const u64).read() })
+            } else {
+                Err(())
+            }
+        };
+        let own = self.snapshot.own;
+        let mut it = self.snapshot.unwinder.iter_frames(
+            pc,
+            UnwindRegsNative::new(pc, sp, bp),
+            &mut *self.cache,
+            &mut read,
+        );
+        let mut n = 0;
+        let mut in_own = true;
+        let mut guard = 0;
+        while let Ok(Some(frame)) = it.next() {
+            guard += 1;
+            if guard > MAX_STACK_DEPTH + 32 {
+                break;
+            }
+            let a = frame.address();
+            if in_own && own.0 <= a && a < own.1 {
+                continue;
+            }
+            in_own = false;
+            out[n] = a;
+            n += 1;
+            if n >= depth {
+                break;
+            }
+        }
+        n
+    }
+}
+
+/// Mixes the return addresses in four independent lanes (a single dependent multiply chain
+/// was measurably slower in the prototype), then avalanches.
+fn hash_frames(frames: &[u64]) -> u64 {
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut h = [
+        0x243F_6A88_85A3_08D3u64,
+        0x1319_8A2E_0370_7344,
+        0xA409_3822_299F_31D0,
+        0x082E_FA98_EC4E_6C89,
+    ];
+    for chunk in frames.chunks(4) {
+        for (lane, f) in h.iter_mut().zip(chunk) {
+            *lane = (*lane ^ f).wrapping_mul(K).rotate_left(31);
+        }
+    }
+    let mut x = h[0] ^ h[1].rotate_left(17) ^ h[2].rotate_left(31) ^ h[3].rotate_left(47);
+    x ^= frames.len() as u64;
+    // splitmix64 finalizer
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The calling thread's native stack as an interned id (0 if stacks are off or unavailable).
+#[inline(never)]
+pub fn capture() -> StackId {
+    let Some(st) = lifecycle::state() else {
+        return StackId::NONE;
+    };
+    if !st.config.stacks {
+        return StackId::NONE;
+    }
+    let (pc, sp, bp): (u64, u64, u64);
+    // Registers of this very frame: unwinding starts here and runs in deeper frames, so the
+    // part of the stack it reads (this frame and its callers) stays untouched meanwhile.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        core::arch::asm!(
+            "lea {pc}, [rip]",
+            "mov {sp}, rsp",
+            "mov {bp}, rbp",
+            pc = out(reg) pc,
+            sp = out(reg) sp,
+            bp = out(reg) bp,
+            options(nomem, nostack, preserves_flags)
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        return StackId::NONE;
+    }
+    THREAD
+        .try_with(|cell| {
+            let Ok(mut slot) = cell.try_borrow_mut() else {
+                return StackId::NONE; // re-entered from a signal handler
+            };
+            if slot.as_ref().map(|t| t.owner) != Some(st as *const State as usize) {
+                *slot = Some(ThreadStacks::new(st));
+            }
+            match slot.as_mut() {
+                Some(ts) => intern(st, ts, pc, sp, bp),
+                None => StackId::NONE,
+            }
+        })
+        .unwrap_or(StackId::NONE)
+}
+
+fn intern(st: &State, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> StackId {
+    let stacks = st.stacks();
+    let gen = stacks.snapshot_gen.load(Ordering::Acquire);
+    if gen != ts.snapshot_gen {
+        let (g, s) = stacks.current();
+        ts.snapshot_gen = g;
+        ts.snapshot = s;
+    }
+    let igen = stacks.intern_gen.load(Ordering::Acquire);
+    if igen != ts.intern_gen {
+        ts.interned.fill((0, 0));
+        ts.intern_gen = igen;
+    }
+    let depth = st.config.stack_depth;
+    let mut frames = [0u64; MAX_STACK_DEPTH];
+    let mut n = ts.unwind(pc, sp, bp, depth, &mut frames);
+    if n == 0 {
+        return StackId::NONE;
+    }
+    let mut h = hash_frames(&frames[..n]);
+    let slot = (h as usize) & (INTERN_SLOTS - 1);
+    if ts.interned[slot].0 == h && ts.interned[slot].1 != 0 {
+        return StackId(ts.interned[slot].1);
+    }
+    // New on this thread. Make sure the unwinder and the collector know every module in it;
+    // if that changed anything, this unwind may have used fallback rules: do it again.
+    if !ts.snapshot.covers(&frames[..n]) && stacks.cover(st, &frames[..n]) {
+        let (g, s) = stacks.current();
+        ts.snapshot_gen = g;
+        ts.snapshot = s;
+        n = ts.unwind(pc, sp, bp, depth, &mut frames);
+        if n == 0 {
+            return StackId::NONE;
+        }
+        h = hash_frames(&frames[..n]);
+        let slot = (h as usize) & (INTERN_SLOTS - 1);
+        if ts.interned[slot].0 == h && ts.interned[slot].1 != 0 {
+            return StackId(ts.interned[slot].1);
+        }
+    }
+    let id = stacks.next_stack_id.fetch_add(1, Ordering::Relaxed);
+    let msg = Msg::Stack {
+        id,
+        frames: frames[..n].to_vec().into_boxed_slice(),
+    };
+    if !transport::send_reliable(st, msg) {
+        // Not remembered: the next occurrence tries again rather than pointing at a stack
+        // the collector never received.
+        st.shared.count_lost_stack();
+        return StackId::NONE;
+    }
+    let slot = (h as usize) & (INTERN_SLOTS - 1);
+    ts.interned[slot] = (h, id);
+    StackId(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_separates_order_and_length() {
+        let a = hash_frames(&[1, 2, 3, 4, 5]);
+        assert_ne!(a, hash_frames(&[2, 1, 3, 4, 5]));
+        assert_ne!(a, hash_frames(&[1, 2, 3, 4]));
+        assert_ne!(hash_frames(&[0]), hash_frames(&[0, 0]));
+        assert_eq!(a, hash_frames(&[1, 2, 3, 4, 5]));
+    }
+
+    #[test]
+    fn ranges_lookup() {
+        let r = [(10, 20), (30, 40)];
+        assert!(in_ranges(&r, 10) && in_ranges(&r, 19) && in_ranges(&r, 35));
+        assert!(!in_ranges(&r, 9) && !in_ranges(&r, 20) && !in_ranges(&r, 45));
+    }
+}

@@ -1,0 +1,143 @@
+//! Compiles the scenario programs (`scenarios/*.c`) against the simulated CUDA from the
+//! `simcuda` crate into `$OUT_DIR/bin`. Scenarios are built without frame pointers: the
+//! stacks the tests check must come from DWARF unwinding.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+struct Target {
+    out: &'static str,
+    sources: &'static [&'static str],
+    /// Extra compiler/linker flags.
+    flags: &'static [&'static str],
+}
+
+const CUDART: &[&str] = &["-l:libcudart.so.12", "-ldl", "-lpthread"];
+
+const TARGETS: &[Target] = &[
+    Target {
+        out: "runtime_basic",
+        sources: &["runtime_basic.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "vmm_growth",
+        sources: &["vmm_growth.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "async_pool",
+        sources: &["async_pool.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "pinned_host",
+        sources: &["pinned_host.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "threads",
+        sources: &["threads.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "fork_child",
+        sources: &["fork_child.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "slow_loop",
+        sources: &["slow_loop.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "oom",
+        sources: &["oom.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "bench_pairs",
+        sources: &["bench_pairs.c"],
+        flags: &["-O2", "-l:libcudart.so.12", "-ldl"],
+    },
+    Target {
+        out: "driver_resolve",
+        sources: &["driver_resolve.c"],
+        flags: &["-l:libcuda.so.1", "-ldl"],
+    },
+    Target {
+        out: "libext_static.so",
+        sources: &["ext_static.c"],
+        flags: &["-shared", "-fPIC", "-ldl"],
+    },
+    Target {
+        out: "static_ext_main",
+        sources: &["static_ext_main.c"],
+        flags: &["-ldl"],
+    },
+    Target {
+        out: "libwrap_puts.so",
+        sources: &["libwrap_puts.c"],
+        flags: &["-shared", "-fPIC", "-ldl"],
+    },
+    Target {
+        out: "libplugin_dep.so",
+        sources: &["plugin_dep.c"],
+        flags: &["-shared", "-fPIC"],
+    },
+    Target {
+        out: "libplugin_local.so",
+        sources: &["plugin_local.c"],
+        // --no-as-needed: the dependency is only reached through dlsym, never by a symbol reference.
+        flags: &[
+            "-shared",
+            "-fPIC",
+            "-L$BIN",
+            "-Wl,--no-as-needed",
+            "-lplugin_dep",
+            "-Wl,-rpath,$ORIGIN",
+            "-ldl",
+        ],
+    },
+    Target {
+        out: "dlsym_caller",
+        sources: &["dlsym_caller.c"],
+        flags: &["-L$BIN", "-lwrap_puts", "-Wl,-rpath,$ORIGIN", "-ldl"],
+    },
+];
+
+fn main() {
+    let lib_dir = std::env::var("DEP_SIMCUDA_LIB_DIR").expect("simcuda exports lib_dir");
+    let include_dir =
+        std::env::var("DEP_SIMCUDA_INCLUDE_DIR").expect("simcuda exports include_dir");
+    let bin = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("bin");
+    std::fs::create_dir_all(&bin).expect("create bin dir");
+    let src = Path::new("scenarios");
+    println!("cargo:rerun-if-changed=scenarios");
+    let cc = cc::Build::new().get_compiler();
+    for t in TARGETS {
+        let mut cmd = Command::new(cc.path());
+        cmd.args(["-g", "-O1", "-fomit-frame-pointer", "-Wall", "-std=gnu11"])
+            .arg(format!("-I{include_dir}"))
+            .arg(format!("-I{}", src.display()))
+            .arg(format!("-L{lib_dir}"))
+            .arg("-o")
+            .arg(bin.join(t.out));
+        for s in t.sources {
+            cmd.arg(src.join(s));
+        }
+        for f in t.flags {
+            cmd.arg(f.replace("$BIN", &bin.display().to_string()));
+        }
+        let status = cmd
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", cc.path().display()));
+        assert!(
+            status.success(),
+            "building scenario {} failed: {cmd:?}",
+            t.out
+        );
+    }
+    println!("cargo:rustc-env=OOMTRACE_SCENARIO_BIN={}", bin.display());
+    println!("cargo:rustc-env=OOMTRACE_SIM_LIB={lib_dir}");
+}

@@ -1,0 +1,123 @@
+use oomtrace_tests::*;
+
+fn oomtrace(args: &[&str]) -> std::process::Output {
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.args(args);
+    output_within(cmd, TIMEOUT)
+}
+
+/// Bad input: exactly one line on stderr, starting "oomtrace:", a non-zero exit, no panic.
+fn assert_one_line_error(out: &std::process::Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("oomtrace: "), "{err}");
+    assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+fn good_trace() -> std::path::PathBuf {
+    run_traced("runtime_basic", &[], &[]).trace
+}
+
+#[test]
+fn corrupt_and_foreign_files_give_one_clear_line() {
+    let dir = scratch("corrupt");
+    let garbage = dir.join("garbage.oomt");
+    std::fs::write(&garbage, b"this is not a trace at all").unwrap();
+    assert_one_line_error(
+        &oomtrace(&["report", garbage.to_str().unwrap()]),
+        "bad magic",
+    );
+
+    let mut bytes = std::fs::read(good_trace()).unwrap();
+    bytes[8] = 99; // format version
+    let future = dir.join("future.oomt");
+    std::fs::write(&future, &bytes).unwrap();
+    assert_one_line_error(
+        &oomtrace(&["report", future.to_str().unwrap()]),
+        "version 99",
+    );
+
+    let mut bytes = std::fs::read(good_trace()).unwrap();
+    let n = bytes.len();
+    for b in &mut bytes[n / 2..n / 2 + 64] {
+        *b ^= 0x5a;
+    }
+    let flipped = dir.join("flipped.oomt");
+    std::fs::write(&flipped, &bytes).unwrap();
+    assert_one_line_error(
+        &oomtrace(&["report", "--json", flipped.to_str().unwrap()]),
+        "corrupt",
+    );
+
+    assert_one_line_error(&oomtrace(&["report", "/nonexistent.oomt"]), "cannot open");
+}
+
+#[test]
+fn truncated_traces_report_what_was_written() {
+    let bytes = std::fs::read(good_trace()).unwrap();
+    let dir = scratch("truncated");
+    // Cut inside the last records (the end marker and the connection close).
+    let cut = dir.join("cut.oomt");
+    std::fs::write(&cut, &bytes[..bytes.len() - 7]).unwrap();
+    let out = oomtrace(&["report", cut.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("warning"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("keep_weights"));
+    let r = report_json(&cut);
+    assert_eq!(r["trace"]["truncated"], true);
+    assert_eq!(device(processes(&r)[0], 0)["live_at_exit_bytes"], 28 * MIB);
+}
+
+#[test]
+fn bad_flags_and_missing_programs_are_one_line() {
+    assert_one_line_error(&oomtrace(&["report", "--bogus", "x"]), "--bogus");
+    assert_one_line_error(&oomtrace(&["frobnicate"]), "frobnicate");
+    let out = oomtrace(&["run", "--", "/nonexistent/program"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(127), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("cannot run"), "{err}");
+}
+
+#[test]
+fn json_report_has_the_documented_fields() {
+    let r = report_json(&good_trace());
+    assert_eq!(r["version"], 1);
+    let p = processes(&r)[0];
+    for k in ["pid", "command", "devices"] {
+        assert!(!p[k].is_null(), "process.{k}");
+    }
+    let d = device(p, 0);
+    for k in [
+        "device",
+        "peak_bytes",
+        "live_at_exit_bytes",
+        "events",
+        "lost_events",
+    ] {
+        assert!(d[k].is_number(), "device.{k}");
+    }
+    let f = findings(&r, "live_at_exit")[0];
+    for k in [
+        "kind",
+        "level",
+        "pid",
+        "device",
+        "bytes",
+        "growth_bytes_per_step",
+        "steps",
+        "stack",
+    ] {
+        assert!(f.get(k).is_some(), "finding.{k}");
+    }
+    for k in ["function", "file", "line", "module"] {
+        assert!(f["stack"][0].get(k).is_some(), "frame.{k}");
+    }
+    assert!(p["command"].as_str().unwrap().contains("runtime_basic"));
+}

@@ -1,0 +1,174 @@
+use std::process::Stdio;
+use std::time::Duration;
+
+use oomtrace_tests::*;
+
+#[test]
+fn eight_threads_with_cross_thread_frees_are_accounted_exactly() {
+    let t = run_traced("threads", &[], &[]);
+    assert!(t.status.success(), "{}", t.stderr);
+    let p = processes(&t.report)[0];
+    assert_eq!(p["lost_events"], 0, "{p}");
+    assert_eq!(p["unmatched_frees"], 0);
+    let d0 = device(p, 0);
+    // Each thread t keeps 10 blocks of (t+1) x 64 KiB: 10 x 64 KiB x (1+...+8).
+    assert_eq!(d0["live_at_exit_bytes"], 10 * 64 * 1024 * 36);
+    assert_eq!(d0["live_at_exit_count"], 80);
+    assert_eq!(d0["allocations"], 8 * 2000);
+    assert_eq!(d0["frees"], 8 * 1990);
+    let pid = p["pid"].as_u64().unwrap();
+    assert_eq!(
+        live_by_function(&t.report).get(&(pid, "allocate_blocks".into())),
+        Some(&(10 * 64 * 1024 * 36))
+    );
+}
+
+#[test]
+fn fork_child_reports_as_its_own_process_and_nothing_hangs() {
+    let t = run_traced("fork_child", &[], &[]);
+    assert!(t.status.success(), "{}", t.stderr);
+    assert!(
+        t.stdout.contains("child ok") && t.stdout.contains("child exit 0"),
+        "{}",
+        t.stdout
+    );
+    let procs = processes(&t.report);
+    assert_eq!(procs.len(), 2, "{:#}", t.report["processes"]);
+    let parent = procs
+        .iter()
+        .find(|p| p["status"] == "exited")
+        .expect("parent");
+    let child = procs
+        .iter()
+        .find(|p| p["status"] == "exited (_exit)")
+        .expect("child left with _exit");
+    assert_eq!(child["ppid"], parent["pid"]);
+    assert_eq!(device(parent, 0)["live_at_exit_bytes"], 3 * MIB);
+    assert_eq!(device(child, 0)["live_at_exit_bytes"], 5 * MIB);
+    let live = live_by_function(&t.report);
+    assert_eq!(
+        live.get(&(child["pid"].as_u64().unwrap(), "child_keep".into())),
+        Some(&(5 * MIB))
+    );
+    // The child inherits nothing of the parent's tracked state.
+    assert_eq!(device(child, 0)["allocations"], 1);
+}
+
+#[test]
+fn exit_code_of_the_program_passes_through_run() {
+    let t = run_traced("runtime_basic", &["42"], &[]);
+    assert_eq!(t.status.code(), Some(42), "{}", t.stderr);
+    // A program killed by a signal: 128 + signal, as a shell reports it.
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.current_dir(scratch("signal"))
+        .args(["run", "--", "sh", "-c", "kill -TERM $$"]);
+    let out = output_within(cmd, TIMEOUT);
+    assert_eq!(out.status.code(), Some(128 + 15));
+}
+
+#[test]
+fn collector_killed_mid_run_leaves_the_program_running_with_its_own_exit_code() {
+    let dir = scratch("collector-kill");
+    let socket = dir.join("c.sock");
+    let trace = dir.join("c.oomt");
+    let mut collector = base_command(oomtrace_bin())
+        .args(["collect", "--quiet", "--socket"])
+        .arg(&socket)
+        .arg("--output")
+        .arg(&trace)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("collector");
+    let start = std::time::Instant::now();
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "collector did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut app = base_command(scenario("slow_loop"));
+    app.arg("3")
+        .env("LD_PRELOAD", shim())
+        .env("OOMTRACE_SOCKET", &socket);
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1000));
+        collector.kill().expect("SIGKILL the collector");
+        collector.wait().expect("reap");
+    });
+    let out = output_within(app, TIMEOUT);
+    killer.join().unwrap();
+    assert_eq!(out.status.code(), Some(7), "the program's own exit code");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "slow_loop: done (allocated)\n"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("oomtrace: lost the collector"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    // What the collector wrote before it died is still a readable trace.
+    let r = report_json(&trace);
+    assert_eq!(processes(&r).len(), 1);
+    assert!(device(processes(&r)[0], 0)["allocations"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn plain_ld_preload_starts_its_own_collector_and_leaves_a_trace_file() {
+    let dir = scratch("plain-preload");
+    let mut cmd = base_command(scenario("runtime_basic"));
+    cmd.current_dir(&dir)
+        .env("LD_PRELOAD", shim())
+        .env("OOMTRACE_COLLECTOR", oomtrace_bin());
+    let out = output_within(cmd, TIMEOUT);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "runtime_basic: ok\n");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "",
+        "plain LD_PRELOAD prints nothing"
+    );
+    let traces: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "oomt"))
+        .collect();
+    assert_eq!(traces.len(), 1, "{traces:?}");
+    let name = traces[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        name.starts_with("oomtrace.") && name.ends_with(".oomt"),
+        "{name}"
+    );
+    // The program returned only after its data was on disk.
+    let r = report_json(&traces[0]);
+    assert_eq!(device(processes(&r)[0], 0)["live_at_exit_bytes"], 28 * MIB);
+}
+
+#[test]
+fn without_a_collector_the_shim_writes_the_trace_itself_and_says_so_once() {
+    let dir = scratch("fallback");
+    let mut cmd = base_command(scenario("runtime_basic"));
+    cmd.current_dir(&dir)
+        .env("LD_PRELOAD", shim())
+        .env("PATH", "/usr/bin:/bin")
+        .env("OOMTRACE_COLLECTOR", "/nonexistent/oomtrace")
+        .env("OOMTRACE_OUTPUT", dir.join("direct.oomt"));
+    let out = output_within(cmd, TIMEOUT);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("writing the trace directly to"), "{err}");
+    let r = report_json(&dir.join("direct.oomt"));
+    assert_eq!(device(processes(&r)[0], 0)["live_at_exit_bytes"], 28 * MIB);
+}
+
+#[test]
+fn oomtrace_disable_forwards_everything_and_records_nothing() {
+    let t = run_traced("runtime_basic", &[], &[("OOMTRACE_DISABLE", "1")]);
+    assert!(t.status.success());
+    assert_eq!(processes(&t.report).len(), 0);
+}

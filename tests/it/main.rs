@@ -1,0 +1,12 @@
+//! The integration suite: one binary, each module a family of scenarios run through the real
+//! shim, collector and CLI on the simulated CUDA.
+
+/// Every way an allocation reaches the driver: runtime, static runtime via cuGetProcAddress,
+/// VMM, stream-ordered pools, pinned host, direct driver calls, OOM; and dlsym semantics.
+mod paths;
+
+/// Threads, fork, exit paths, a collector that dies, exit codes, the three ways in.
+mod lifecycle;
+
+/// Reports from good, truncated and corrupt traces; bad input; README agreement.
+mod cli;

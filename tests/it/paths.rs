@@ -1,0 +1,232 @@
+use oomtrace_tests::*;
+
+/// Plain run and traced run print the same and exit the same.
+fn assert_same_behaviour(name: &str, args: &[&str], env: &[(&str, &str)], traced: &Traced) {
+    let plain = run_plain(name, args, env);
+    assert_eq!(
+        plain.status.code(),
+        traced.status.code(),
+        "exit code changed"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout),
+        traced.stdout,
+        "stdout changed"
+    );
+}
+
+#[test]
+fn runtime_path_one_event_per_allocation_with_call_sites() {
+    let t = run_traced("runtime_basic", &[], &[]);
+    assert!(t.status.success(), "{}", t.stderr);
+    assert_same_behaviour("runtime_basic", &[], &[], &t);
+    let procs = processes(&t.report);
+    assert_eq!(procs.len(), 1);
+    let d0 = device(procs[0], 0);
+    assert_eq!(d0["live_at_exit_bytes"], 28 * MIB);
+    assert_eq!(d0["live_at_exit_count"], 4);
+    // cudaMalloc reaches cuMemAlloc_v2 through our wrapper: still one event each.
+    assert_eq!(d0["allocations"], 3 + 1 + 100);
+    assert_eq!(d0["frees"], 100);
+    assert_eq!(d0["peak_bytes"], 29 * MIB);
+    assert_eq!(procs[0]["lost_events"], 0);
+    let live = live_by_function(&t.report);
+    let pid = procs[0]["pid"].as_u64().unwrap();
+    assert_eq!(
+        live.get(&(pid, "keep_weights".into())),
+        Some(&(24 * MIB)),
+        "{live:?}"
+    );
+    assert_eq!(
+        live.get(&(pid, "keep_cache".into())),
+        Some(&(4 * MIB)),
+        "{live:?}"
+    );
+    let weights = findings(&t.report, "live_at_exit")
+        .into_iter()
+        .find(|f| functions(f).first().map(String::as_str) == Some("keep_weights"))
+        .expect("keep_weights finding");
+    assert_eq!(weights["api"], "cudaMalloc");
+    assert_eq!(weights["count"], 3);
+    let top = &weights["stack"][0];
+    assert!(
+        top["file"].as_str().unwrap().ends_with("runtime_basic.c"),
+        "{top}"
+    );
+    assert!(top["line"].as_u64().unwrap() > 0);
+    assert_eq!(top["module"], "runtime_basic");
+    // The scenario is built without frame pointers: main is only reachable by DWARF unwinding.
+    assert!(
+        functions(weights).contains(&"main".to_string()),
+        "{:?}",
+        functions(weights)
+    );
+}
+
+#[test]
+fn static_runtime_extension_loaded_rtld_local_is_seen_through_cu_get_proc_address() {
+    let ext = scenario("libext_static.so");
+    let t = run_traced("static_ext_main", &[ext.to_str().unwrap()], &[]);
+    assert!(t.status.success(), "{}", t.stderr);
+    assert_same_behaviour("static_ext_main", &[ext.to_str().unwrap()], &[], &t);
+    let live = live_by_function(&t.report);
+    let pid = processes(&t.report)[0]["pid"].as_u64().unwrap();
+    assert_eq!(
+        live.get(&(pid, "ext_leaky_alloc".into())),
+        Some(&(10 * MIB)),
+        "{live:?}"
+    );
+    assert!(!live.keys().any(|(_, f)| f == "ext_scratch"), "{live:?}");
+    let f = findings(&t.report, "live_at_exit")[0];
+    assert_eq!(f["api"], "cuMemAlloc_v2");
+    assert_eq!(f["stack"][0]["module"], "libext_static.so");
+    let d0 = device(processes(&t.report)[0], 0);
+    assert_eq!(d0["allocations"], 10);
+    assert_eq!(d0["frees"], 5);
+}
+
+#[test]
+fn vmm_growth_counts_physical_memory_while_mapped() {
+    let t = run_traced("vmm_growth", &[], &[]);
+    assert!(t.status.success(), "{}", t.stderr);
+    let p = processes(&t.report)[0];
+    let d0 = device(p, 0);
+    assert_eq!(d0["live_at_exit_bytes"], 12 * MIB, "{d0}");
+    assert_eq!(d0["peak_bytes"], 20 * MIB);
+    assert_eq!(d0["reserved_va_bytes"], 128 * MIB);
+    let live = live_by_function(&t.report);
+    let pid = p["pid"].as_u64().unwrap();
+    assert_eq!(
+        live.get(&(pid, "grow_segment".into())),
+        Some(&(12 * MIB)),
+        "{live:?}"
+    );
+    assert_eq!(findings(&t.report, "live_at_exit")[0]["api"], "cuMemCreate");
+    assert_eq!(p["steps"], 10, "oomtrace_mark markers");
+}
+
+#[test]
+fn async_allocations_and_ptsz_twins_keep_their_stream_semantics() {
+    let t = run_traced("async_pool", &[], &[]);
+    assert!(t.status.success(), "{}", t.stderr);
+    assert_same_behaviour("async_pool", &[], &[], &t);
+    let p = processes(&t.report)[0];
+    assert_eq!(device(p, 0)["live_at_exit_bytes"], 18 * MIB);
+    let mut by_api = std::collections::BTreeMap::<String, u64>::new();
+    for f in findings(&t.report, "live_at_exit") {
+        *by_api
+            .entry(f["api"].as_str().unwrap().to_string())
+            .or_default() += f["bytes"].as_u64().unwrap();
+    }
+    assert_eq!(
+        by_api.get("cudaMallocAsync"),
+        Some(&(6 * MIB)),
+        "{by_api:?}"
+    );
+    assert_eq!(
+        by_api.get("cudaMallocAsync_ptsz"),
+        Some(&(5 * MIB)),
+        "{by_api:?}"
+    );
+    assert_eq!(
+        by_api.get("cuMemAllocFromPoolAsync_ptsz"),
+        Some(&(7 * MIB)),
+        "{by_api:?}"
+    );
+}
+
+#[test]
+fn pinned_host_memory_is_reported_apart_from_device_memory() {
+    let t = run_traced("pinned_host", &[], &[]);
+    assert!(t.status.success(), "{}", t.stderr);
+    let p = processes(&t.report)[0];
+    let host = device(p, -1);
+    assert_eq!(host["memory"], "host_pinned");
+    assert_eq!(host["live_at_exit_bytes"], 5 * MIB);
+    assert_eq!(host["peak_bytes"], 9 * MIB);
+    assert_eq!(device(p, 0)["live_at_exit_bytes"], MIB);
+    let pid = p["pid"].as_u64().unwrap();
+    assert_eq!(
+        live_by_function(&t.report).get(&(pid, "keep_pinned".into())),
+        Some(&(5 * MIB))
+    );
+}
+
+#[test]
+fn driver_resolver_semantics_are_unchanged_and_every_path_is_recorded() {
+    let t = run_traced("driver_resolve", &[], &[]);
+    assert!(t.status.success(), "{}", t.stderr);
+    assert_same_behaviour("driver_resolve", &[], &[], &t);
+    assert!(
+        t.stdout.contains("cuMemAlloc@2000: rc=0 status=0 call=801"),
+        "{}",
+        t.stdout
+    );
+    let live = live_by_function(&t.report);
+    let pid = processes(&t.report)[0]["pid"].as_u64().unwrap();
+    assert_eq!(
+        live.get(&(pid, "direct_alloc".into())),
+        Some(&MIB),
+        "{live:?}"
+    );
+    assert_eq!(
+        live.get(&(pid, "via_gpa_ptsz".into())),
+        Some(&(2 * MIB)),
+        "{live:?}"
+    );
+    assert_eq!(
+        live.get(&(pid, "via_self_lookup".into())),
+        Some(&(3 * MIB)),
+        "{live:?}"
+    );
+    let apis: Vec<&str> = findings(&t.report, "live_at_exit")
+        .iter()
+        .map(|f| f["api"].as_str().unwrap())
+        .collect();
+    assert!(apis.contains(&"cuMemAllocAsync_ptsz"), "{apis:?}");
+    // The capacity the program saw is in the report.
+    assert_eq!(
+        device(processes(&t.report)[0], 0)["capacity_bytes"],
+        16u64 << 30
+    );
+}
+
+#[test]
+fn dlsym_keeps_caller_relative_lookups() {
+    let dir = std::path::Path::new(SCENARIO_BIN);
+    let plain = run_plain("dlsym_caller", &[dir.to_str().unwrap()], &[]);
+    let t = run_traced("dlsym_caller", &[dir.to_str().unwrap()], &[]);
+    assert_eq!(plain.status.code(), Some(0));
+    assert_eq!(t.status.code(), Some(0), "{}", t.stderr);
+    let expected = String::from_utf8_lossy(&plain.stdout);
+    assert!(expected.contains("plugin probe: 42"), "{expected}");
+    assert!(
+        expected.contains("[wrapped] puts through the wrapper"),
+        "{expected}"
+    );
+    assert_eq!(t.stdout, expected);
+}
+
+#[test]
+fn oom_is_recorded_with_the_failing_size_and_device_state() {
+    let env = [("SIMCUDA_MEMORY", "1GiB")];
+    let t = run_traced("oom", &[], &env);
+    assert!(t.status.success(), "{}", t.stderr);
+    assert_same_behaviour("oom", &[], &env, &t);
+    let ooms = findings(&t.report, "oom");
+    assert_eq!(ooms.len(), 1, "{:#}", t.report["findings"]);
+    let o = ooms[0];
+    assert_eq!(o["bytes"], 768 * MIB);
+    assert_eq!(o["device"], 0);
+    assert_eq!(o["level"], "error");
+    assert_eq!(functions(o)[0], "too_big");
+    assert_eq!(o["oom"]["total_bytes"], 1u64 << 30);
+    assert_eq!(o["oom"]["free_bytes"], (1024 - 600) * MIB);
+    assert_eq!(o["oom"]["live_bytes"], 600 * MIB);
+    let holder = &o["oom"]["top_sites"][0];
+    assert_eq!(holder["bytes"], 600 * MIB);
+    assert_eq!(holder["stack"][0]["function"], "hold");
+    // OOM findings open the report.
+    assert_eq!(t.report["findings"][0]["kind"], "oom");
+    assert_eq!(device(processes(&t.report)[0], 0)["failed_allocations"], 1);
+}

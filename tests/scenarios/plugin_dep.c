@@ -1,0 +1,1 @@
+int plugin_dep_value(void) { return 42; }
