@@ -36,12 +36,13 @@ pub fn unix_ns() -> u64 {
 }
 
 /// Maps ticks to monotonic nanoseconds: `ns = ns0 + (ticks - t0) * rate`, with the rate
-/// measured between the origin and the latest calibration point.
+/// measured between the origin and the latest calibration point and kept as a 32.32 fixed
+/// point multiplier (a multiply and a shift per event instead of a 128-bit division).
 pub struct Calibration {
     t0: u64,
     ns0: u64,
-    t1: u64,
-    ns1: u64,
+    /// Nanoseconds per tick << 32; 0 until at least 1 ms has been measured.
+    mult: u64,
 }
 
 impl Default for Calibration {
@@ -52,36 +53,33 @@ impl Default for Calibration {
 
 impl Calibration {
     pub fn new() -> Calibration {
-        let t0 = ticks();
-        let ns0 = monotonic_ns();
         Calibration {
-            t0,
-            ns0,
-            t1: t0,
-            ns1: ns0,
+            t0: ticks(),
+            ns0: monotonic_ns(),
+            mult: 0,
         }
     }
 
     /// Takes a new calibration point; cheap enough to call every drain round.
     pub fn refresh(&mut self) {
-        self.t1 = ticks();
-        self.ns1 = monotonic_ns();
+        let dt = ticks().wrapping_sub(self.t0);
+        let dns = monotonic_ns().saturating_sub(self.ns0);
+        if dt > 0 && dns >= 1_000_000 {
+            self.mult = ((u128::from(dns) << 32) / u128::from(dt)).min(u128::from(u64::MAX)) as u64;
+        }
     }
 
     pub fn to_ns(&self, t: u64) -> u64 {
         if cfg!(not(target_arch = "x86_64")) {
             return t;
         }
-        let dt = self.t1.wrapping_sub(self.t0);
-        let dns = self.ns1.saturating_sub(self.ns0);
-        if dt == 0 || dns < 1_000_000 {
-            // Less than 1 ms measured: assume ~1 tick per ns until we know better (only the
-            // first events of a process are stamped this way).
-            return self.ns0 + t.saturating_sub(self.t0);
+        let elapsed = t.wrapping_sub(self.t0);
+        if self.mult == 0 || elapsed > (1 << 62) {
+            // Less than 1 ms measured yet (only the first events of a process), or a tick from
+            // before the origin: assume ~1 tick per ns.
+            return self.ns0.wrapping_add(elapsed.min(1 << 40));
         }
-        let elapsed = t.wrapping_sub(self.t0) as i64;
-        let ns = (elapsed as i128 * dns as i128) / dt as i128;
-        (self.ns0 as i128 + ns).max(0) as u64
+        self.ns0 + ((u128::from(elapsed) * u128::from(self.mult)) >> 32) as u64
     }
 }
 

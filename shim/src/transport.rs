@@ -154,10 +154,11 @@ impl Shared {
         }
     }
 
-    /// Wakes an idle drain thread once the queue is a quarter full.
+    /// Wakes an idle drain thread once the queue is a quarter full. The length is read only
+    /// when the drain thread sleeps: it lives on cache lines the drain thread is writing.
     #[inline]
-    fn nudge(&self, queued: usize) {
-        if self.drainer_idle.load(Ordering::Relaxed) && queued * 4 >= self.capacity {
+    fn nudge(&self, tx: &crossbeam_channel::Sender<Msg>) {
+        if self.drainer_idle.load(Ordering::Relaxed) && tx.len() * 4 >= self.capacity {
             self.wake();
         }
     }
@@ -167,7 +168,7 @@ impl Shared {
 #[inline]
 pub fn send_event(st: &State, ev: Event) {
     match st.tx.try_send(Msg::Event(ev)) {
-        Ok(()) => st.shared.nudge(st.tx.len()),
+        Ok(()) => st.shared.nudge(&st.tx),
         Err(_) => st.shared.count_lost(&ev),
     }
 }
@@ -176,7 +177,7 @@ pub fn send_event(st: &State, ev: Event) {
 pub fn send_reliable(st: &State, msg: Msg) -> bool {
     match st.tx.try_send(msg) {
         Ok(()) => {
-            st.shared.nudge(st.tx.len());
+            st.shared.nudge(&st.tx);
             true
         }
         Err(TrySendError::Full(msg)) => {

@@ -1,8 +1,12 @@
 //! Native call stacks: DWARF unwinding with cached rules (framehop), correct in code built
 //! without frame pointers, interned per thread so each distinct stack crosses the socket once.
 //!
-//! Hot path (a stack seen before on this thread): read pc/sp/bp, unwind with framehop's
-//! per-thread rule cache, hash the return addresses, hit the per-thread table -> StackId.
+//! Hot path (the same call path as a recent allocation on this thread): read pc/sp/bp; a small
+//! per-thread table keyed by (sp, bp) remembers the stack slots the last unwind read its
+//! return addresses from; if every slot still holds the same return address, the stack is the
+//! same and its id is reused (a few dozen loads, no DWARF at all). Otherwise: unwind with
+//! framehop (DWARF rules cached per address), hash the return addresses, look the hash up in
+//! the per-thread table of stacks already sent -> StackId.
 //! Cold path (a new stack): make sure every module in it is known to the unwinder and to the
 //! collector (its unwind tables copied, a `ModuleDef` sent), unwind again if that changed
 //! anything, then send a `StackDef` and remember it.
@@ -16,7 +20,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use framehop::{
-    ExplicitModuleSectionInfo, MayAllocateDuringUnwind, Module, UnwindRegsNative, Unwinder,
+    ExplicitModuleSectionInfo, FrameAddress, MayAllocateDuringUnwind, Module, UnwindRegsNative,
+    Unwinder,
 };
 use oomtrace_proto::StackId;
 
@@ -31,6 +36,24 @@ type NativeCache = framehop::CacheNative<MayAllocateDuringUnwind>;
 /// Slots of the per-thread table of stacks already sent (direct-mapped, power of two).
 /// 4096 x 16 bytes = 64 KiB per thread; a training loop has far fewer distinct stacks.
 const INTERN_SLOTS: usize = 4096;
+
+/// Recent stacks remembered with their slots (round robin). A training step allocates from a
+/// handful of call paths; 8 covers them without making a miss expensive to scan.
+const VERIFIED_ENTRIES: usize = 8;
+
+/// Frames unwound at most, ours included (a few hook frames precede the caller's).
+const RAW_DEPTH: usize = MAX_STACK_DEPTH + 16;
+
+/// A stack as unwound from (sp, bp) at the capture point: every return address and the stack
+/// slot it was read from (on x86-64 always CFA - 8).
+struct Verified {
+    sp: u64,
+    bp: u64,
+    n: usize,
+    raw: [u64; RAW_DEPTH],
+    slots: [u64; RAW_DEPTH],
+    id: u32,
+}
 
 /// What unwinding threads read; replaced as a whole when modules change.
 pub struct Snapshot {
@@ -268,6 +291,8 @@ struct ThreadStacks {
     cache: Box<NativeCache>,
     intern_gen: u64,
     interned: Box<[(u64, u32)]>,
+    verified: Vec<Verified>,
+    next_verified: usize,
     stack_lo: u64,
     stack_hi: u64,
 }
@@ -306,53 +331,101 @@ impl ThreadStacks {
             cache: Box::new(NativeCache::new()),
             intern_gen: st.stacks().intern_gen.load(Ordering::Acquire),
             interned: vec![(0u64, 0u32); INTERN_SLOTS].into_boxed_slice(),
+            verified: Vec::with_capacity(VERIFIED_ENTRIES),
+            next_verified: 0,
             stack_lo,
             stack_hi,
         }
     }
 
-    /// Return addresses of the caller's stack, innermost first, without oomtrace's frames.
-    fn unwind(&mut self, pc: u64, sp: u64, bp: u64, depth: usize, out: &mut [u64]) -> usize {
-        let (lo, hi) = (sp, self.stack_hi);
-        if sp < self.stack_lo || sp >= hi {
+    fn readable(&self, sp: u64, addr: u64) -> bool {
+        addr >= sp && addr.wrapping_add(8) <= self.stack_hi && addr & 7 == 0
+    }
+
+    /// Unwinds from (pc, sp, bp): return addresses and their slots, innermost first, oomtrace's
+    /// own frames included. Returns the number of frames (0 if this stack cannot be read).
+    fn unwind(&mut self, pc: u64, sp: u64, bp: u64, v: &mut Verified) -> usize {
+        v.n = 0;
+        if sp < self.stack_lo || sp >= self.stack_hi {
             return 0; // on a stack we do not know the bounds of (signal or fiber stack)
         }
+        let hi = self.stack_hi;
         let mut read = |addr: u64| -> Result<u64, ()> {
-            if addr >= lo && addr.wrapping_add(8) <= hi && addr & 7 == 0 {
+            if addr >= sp && addr.wrapping_add(8) <= hi && addr & 7 == 0 {
                 // SAFETY: inside this thread's stack, below its top and above the current sp.
                 Ok(unsafe { (addr as *const u64).read() })
             } else {
                 Err(())
             }
         };
-        let own = self.snapshot.own;
-        let mut it = self.snapshot.unwinder.iter_frames(
-            pc,
-            UnwindRegsNative::new(pc, sp, bp),
-            &mut *self.cache,
-            &mut read,
-        );
-        let mut n = 0;
-        let mut in_own = true;
-        let mut guard = 0;
-        while let Ok(Some(frame)) = it.next() {
-            guard += 1;
-            if guard > MAX_STACK_DEPTH + 32 {
-                break;
-            }
-            let a = frame.address();
-            if in_own && own.0 <= a && a < own.1 {
-                continue;
-            }
-            in_own = false;
-            out[n] = a;
-            n += 1;
-            if n >= depth {
-                break;
+        let mut regs = UnwindRegsNative::new(pc, sp, bp);
+        let mut frame = FrameAddress::from_instruction_pointer(pc);
+        v.raw[0] = pc;
+        v.slots[0] = 0;
+        let mut n = 1;
+        while n < RAW_DEPTH {
+            let prev_sp = regs.sp();
+            match self
+                .snapshot
+                .unwinder
+                .unwind_frame(frame, &mut regs, &mut *self.cache, &mut read)
+            {
+                Ok(Some(ra)) => {
+                    // The stack must move up, or a corrupt frame could loop forever.
+                    if regs.sp() <= prev_sp {
+                        break;
+                    }
+                    v.raw[n] = ra;
+                    v.slots[n] = regs.sp().wrapping_sub(8);
+                    n += 1;
+                    match FrameAddress::from_return_address(ra) {
+                        Some(f) => frame = f,
+                        None => break,
+                    }
+                }
+                _ => break,
             }
         }
+        v.n = n;
         n
     }
+
+    /// The id of a recent stack from (sp, bp) whose return addresses are all still in place.
+    fn verified_hit(&self, sp: u64, bp: u64) -> Option<u32> {
+        'entry: for v in &self.verified {
+            if v.sp != sp || v.bp != bp || v.id == 0 {
+                continue;
+            }
+            for i in 1..v.n {
+                let slot = v.slots[i];
+                // SAFETY: checked to lie in this thread's stack above the current sp.
+                if !self.readable(sp, slot) || unsafe { (slot as *const u64).read() } != v.raw[i] {
+                    continue 'entry;
+                }
+            }
+            return Some(v.id);
+        }
+        None
+    }
+
+    fn remember(&mut self, v: Verified) {
+        if self.verified.len() < VERIFIED_ENTRIES {
+            self.verified.push(v);
+        } else {
+            self.verified[self.next_verified] = v;
+            self.next_verified = (self.next_verified + 1) % VERIFIED_ENTRIES;
+        }
+    }
+}
+
+/// The caller's return addresses: `raw` without oomtrace's own leading frames, at most `depth`.
+fn caller_frames<'a>(v: &'a Verified, own: (u64, u64), depth: usize) -> &'a [u64] {
+    let skip = v.raw[..v.n]
+        .iter()
+        .take_while(|&&a| own.0 <= a && a < own.1)
+        .count();
+    let end = v.n.min(skip + depth);
+    &v.raw[skip..end]
 }
 
 /// Mixes the return addresses in four independent lanes (a single dependent multiply chain
@@ -433,48 +506,63 @@ fn intern(st: &State, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> Stack
     let igen = stacks.intern_gen.load(Ordering::Acquire);
     if igen != ts.intern_gen {
         ts.interned.fill((0, 0));
+        ts.verified.clear();
         ts.intern_gen = igen;
     }
+    if let Some(id) = ts.verified_hit(sp, bp) {
+        return StackId(id);
+    }
     let depth = st.config.stack_depth;
-    let mut frames = [0u64; MAX_STACK_DEPTH];
-    let mut n = ts.unwind(pc, sp, bp, depth, &mut frames);
-    if n == 0 {
+    let mut v = Box::new(Verified {
+        sp,
+        bp,
+        n: 0,
+        raw: [0; RAW_DEPTH],
+        slots: [0; RAW_DEPTH],
+        id: 0,
+    });
+    if ts.unwind(pc, sp, bp, &mut v) == 0 {
         return StackId::NONE;
     }
-    let mut h = hash_frames(&frames[..n]);
-    let slot = (h as usize) & (INTERN_SLOTS - 1);
-    if ts.interned[slot].0 == h && ts.interned[slot].1 != 0 {
-        return StackId(ts.interned[slot].1);
-    }
+    let own = ts.snapshot.own;
     // New on this thread. Make sure the unwinder and the collector know every module in it;
     // if that changed anything, this unwind may have used fallback rules: do it again.
-    if !ts.snapshot.covers(&frames[..n]) && stacks.cover(st, &frames[..n]) {
+    let needs_cover = !ts.snapshot.covers(caller_frames(&v, own, depth));
+    if needs_cover && stacks.cover(st, caller_frames(&v, own, depth)) {
         let (g, s) = stacks.current();
         ts.snapshot_gen = g;
         ts.snapshot = s;
-        n = ts.unwind(pc, sp, bp, depth, &mut frames);
-        if n == 0 {
+        if ts.unwind(pc, sp, bp, &mut v) == 0 {
             return StackId::NONE;
         }
-        h = hash_frames(&frames[..n]);
-        let slot = (h as usize) & (INTERN_SLOTS - 1);
-        if ts.interned[slot].0 == h && ts.interned[slot].1 != 0 {
-            return StackId(ts.interned[slot].1);
-        }
     }
-    let id = stacks.next_stack_id.fetch_add(1, Ordering::Relaxed);
-    let msg = Msg::Stack {
-        id,
-        frames: frames[..n].to_vec().into_boxed_slice(),
-    };
-    if !transport::send_reliable(st, msg) {
-        // Not remembered: the next occurrence tries again rather than pointing at a stack
-        // the collector never received.
-        st.shared.count_lost_stack();
+    let frames = caller_frames(&v, own, depth);
+    if frames.is_empty() {
         return StackId::NONE;
     }
+    let h = hash_frames(frames);
     let slot = (h as usize) & (INTERN_SLOTS - 1);
-    ts.interned[slot] = (h, id);
+    let id = if ts.interned[slot].0 == h && ts.interned[slot].1 != 0 {
+        ts.interned[slot].1
+    } else {
+        let id = stacks.next_stack_id.fetch_add(1, Ordering::Relaxed);
+        let msg = Msg::Stack {
+            id,
+            frames: frames.to_vec().into_boxed_slice(),
+        };
+        if !transport::send_reliable(st, msg) {
+            // Not remembered: the next occurrence tries again rather than pointing at a stack
+            // the collector never received.
+            st.shared.count_lost_stack();
+            return StackId::NONE;
+        }
+        ts.interned[slot] = (h, id);
+        id
+    };
+    v.id = id;
+    // Verification re-reads every slot, so only stacks that ended cleanly inside the readable
+    // stack are worth remembering.
+    ts.remember(*v);
     StackId(id)
 }
 
