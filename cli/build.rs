@@ -12,6 +12,7 @@ fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     let src = PathBuf::from("demo/train_demo.c");
     println!("cargo:rerun-if-changed={}", src.display());
+    println!("cargo:rerun-if-changed=build.rs");
     let compiler = cc::Build::new().get_compiler();
     let target = out.join("train_demo");
     // No frame pointers on purpose: the demo shows stacks recovered by DWARF unwinding.

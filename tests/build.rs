@@ -76,6 +76,21 @@ const TARGETS: &[Target] = &[
         flags: &["-ldl"],
     },
     Target {
+        out: "libext_dyn.so",
+        sources: &["ext_dyn.c"],
+        flags: &["-shared", "-fPIC", "-l:libcudart.so.12", "-ldl"],
+    },
+    Target {
+        out: "dyn_ext_main",
+        sources: &["dyn_ext_main.c"],
+        flags: &["-ldl"],
+    },
+    Target {
+        out: "multi_device",
+        sources: &["multi_device.c"],
+        flags: CUDART,
+    },
+    Target {
         out: "libwrap_puts.so",
         sources: &["libwrap_puts.c"],
         flags: &["-shared", "-fPIC", "-ldl"],
@@ -114,6 +129,7 @@ fn main() {
     std::fs::create_dir_all(&bin).expect("create bin dir");
     let src = Path::new("scenarios");
     println!("cargo:rerun-if-changed=scenarios");
+    println!("cargo:rerun-if-changed=build.rs");
     let cc = cc::Build::new().get_compiler();
     for t in TARGETS {
         let mut cmd = Command::new(cc.path());

@@ -230,3 +230,58 @@ fn oom_is_recorded_with_the_failing_size_and_device_state() {
     assert_eq!(t.report["findings"][0]["kind"], "oom");
     assert_eq!(device(processes(&t.report)[0], 0)["failed_allocations"], 1);
 }
+
+#[test]
+fn runtime_of_an_rtld_local_extension_and_its_constructor_are_traced() {
+    let ext = scenario("libext_dyn.so");
+    let t = run_traced("dyn_ext_main", &[ext.to_str().unwrap()], &[]);
+    assert!(t.status.success(), "{}", t.stderr);
+    assert_same_behaviour("dyn_ext_main", &[ext.to_str().unwrap()], &[], &t);
+    let live = live_by_function(&t.report);
+    let pid = processes(&t.report)[0]["pid"].as_u64().unwrap();
+    // Allocated inside dlopen, by the extension's constructor: lazy start under the loader lock.
+    assert_eq!(
+        live.get(&(pid, "ctor_alloc".into())),
+        Some(&MIB),
+        "{live:?}"
+    );
+    assert_eq!(
+        live.get(&(pid, "dyn_ext_alloc".into())),
+        Some(&(8 * MIB)),
+        "{live:?}"
+    );
+    assert_eq!(
+        live.get(&(pid, "dyn_ext_driver_alloc".into())),
+        Some(&(3 * MIB)),
+        "{live:?}"
+    );
+    let apis: std::collections::BTreeSet<&str> = findings(&t.report, "live_at_exit")
+        .iter()
+        .map(|f| f["api"].as_str().unwrap())
+        .collect();
+    // The runtime hook recorded the cudaMalloc calls (one event each), the driver hook the
+    // function obtained through cudaGetDriverEntryPoint.
+    assert_eq!(
+        apis,
+        ["cuMemAlloc_v2", "cudaMalloc"].into_iter().collect(),
+        "{apis:?}"
+    );
+    assert_eq!(device(processes(&t.report)[0], 0)["allocations"], 6);
+}
+
+#[test]
+fn each_device_is_reported_on_its_own() {
+    let env = [("SIMCUDA_DEVICES", "2")];
+    let t = run_traced("multi_device", &[], &env);
+    assert!(t.status.success(), "{} {}", t.stdout, t.stderr);
+    assert_same_behaviour("multi_device", &[], &env, &t);
+    let p = processes(&t.report)[0];
+    assert_eq!(device(p, 0)["live_at_exit_bytes"], 2 * MIB);
+    assert_eq!(device(p, 1)["live_at_exit_bytes"], 3 * MIB);
+    assert_eq!(device(p, 1)["peak_bytes"], 10 * MIB);
+    let on1 = findings(&t.report, "live_at_exit")
+        .into_iter()
+        .find(|f| f["device"] == 1)
+        .expect("device 1 finding");
+    assert_eq!(functions(on1)[0], "on_device1");
+}

@@ -83,7 +83,8 @@ impl Hook {
         if p != 0 {
             return Some(p as *const ());
         }
-        crate::resolve::resolve_slot(self)
+        // Cold path, and it reaches into the loader: never let a bug there unwind into C.
+        crate::guard::catch(|| crate::resolve::resolve_slot(self)).flatten()
     }
 
     /// The real pointer if one is known, without resolving.

@@ -419,7 +419,7 @@ impl ThreadStacks {
 }
 
 /// The caller's return addresses: `raw` without oomtrace's own leading frames, at most `depth`.
-fn caller_frames<'a>(v: &'a Verified, own: (u64, u64), depth: usize) -> &'a [u64] {
+fn caller_frames(v: &Verified, own: (u64, u64), depth: usize) -> &[u64] {
     let skip = v.raw[..v.n]
         .iter()
         .take_while(|&&a| own.0 <= a && a < own.1)
