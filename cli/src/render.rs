@@ -56,6 +56,16 @@ fn stack_text(out: &mut String, stack: &[FrameInfo], indent: &str) {
     }
 }
 
+fn duration(secs: f64) -> String {
+    if secs < 1.0 {
+        format!("{:.0} ms", secs * 1000.0)
+    } else if secs < 120.0 {
+        format!("{secs:.2} s")
+    } else {
+        format!("{:.0} min {:.0} s", (secs / 60.0).floor(), secs % 60.0)
+    }
+}
+
 fn device_name(d: i16) -> String {
     if d < 0 {
         "host (pinned)".into()
@@ -77,8 +87,12 @@ fn process_text(out: &mut String, p: &ProcessReport) {
     };
     let _ = writeln!(
         out,
-        "  pid {}  {}\n      {}, {:.2} s{steps}, {} events{lost}",
-        p.pid, p.command, p.status, p.duration_s, p.events
+        "  pid {}  {}\n      {}, {}{steps}, {} events{lost}",
+        p.pid,
+        p.command,
+        p.status,
+        duration(p.duration_s),
+        p.events
     );
     for d in &p.devices {
         let cap = d

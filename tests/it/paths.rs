@@ -55,12 +55,21 @@ fn runtime_path_one_event_per_allocation_with_call_sites() {
     );
     assert!(top["line"].as_u64().unwrap() > 0);
     assert_eq!(top["module"], "runtime_basic");
-    // The scenario is built without frame pointers: main is only reachable by DWARF unwinding.
-    assert!(
-        functions(weights).contains(&"main".to_string()),
-        "{:?}",
-        functions(weights)
+    // Built without frame pointers: only DWARF unwinding gets through main and libc to the
+    // entry point, and keep_weights is the process's first stack (modules are loaded into the
+    // unwinder as the first unwind reaches them, one after the other).
+    let names = functions(weights);
+    assert_eq!(names[1], "main", "{names:?}");
+    assert_eq!(
+        names.last().map(String::as_str),
+        Some("_start"),
+        "{names:?}"
     );
+    assert!(weights["stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f["module"] == "libc.so.6"));
 }
 
 #[test]

@@ -526,9 +526,15 @@ fn intern(st: &State, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> Stack
     }
     let own = ts.snapshot.own;
     // New on this thread. Make sure the unwinder and the collector know every module in it;
-    // if that changed anything, this unwind may have used fallback rules: do it again.
-    let needs_cover = !ts.snapshot.covers(caller_frames(&v, own, depth));
-    if needs_cover && stacks.cover(st, caller_frames(&v, own, depth)) {
+    // if that changed anything, this unwind may have used fallback rules: do it again. Each
+    // round can reach deeper (a newly loaded module lets the unwind continue into its caller's
+    // module), so repeat until nothing changes; a stack crosses few modules.
+    for _ in 0..16 {
+        if ts.snapshot.covers(caller_frames(&v, own, depth))
+            || !stacks.cover(st, caller_frames(&v, own, depth))
+        {
+            break;
+        }
         let (g, s) = stacks.current();
         ts.snapshot_gen = g;
         ts.snapshot = s;
