@@ -35,6 +35,8 @@ pub struct Options {
     pub first_client_timeout: Duration,
     /// LZ4-compress chunks in the trace file.
     pub compress: bool,
+    /// Never overwrite: if `output` exists, write `name.1.oomt`, `name.2.oomt`, ... instead.
+    pub no_clobber: bool,
 }
 
 impl Options {
@@ -46,6 +48,7 @@ impl Options {
             idle_grace: Duration::from_millis(1000),
             first_client_timeout: Duration::from_secs(60),
             compress: true,
+            no_clobber: false,
         }
     }
 }
@@ -77,6 +80,31 @@ pub fn create_private(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
+/// Creates a new file at `path` (mode 0600) or, if it exists, at the first free numbered
+/// variant of it. Returns the file and the path used.
+pub fn create_new_private(path: &Path) -> std::io::Result<(File, PathBuf)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut candidate = path.to_path_buf();
+    for n in 1..10_000 {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&candidate)
+        {
+            Ok(f) => return Ok((f, candidate)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                candidate = trace_file::numbered_path(path, n)
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        "no free file name",
+    ))
+}
+
 fn now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -105,7 +133,16 @@ impl Collector {
             use std::os::unix::fs::PermissionsExt;
             let _ = std::fs::set_permissions(&opts.socket, std::fs::Permissions::from_mode(0o600));
         }
-        let mut file = create_private(&opts.output).map_err(|e| Error::Output {
+        let mut opts = opts;
+        let mut file = if opts.no_clobber {
+            create_new_private(&opts.output).map(|(f, p)| {
+                opts.output = p;
+                f
+            })
+        } else {
+            create_private(&opts.output)
+        }
+        .map_err(|e| Error::Output {
             path: opts.output.clone(),
             source: e.to_string(),
         })?;

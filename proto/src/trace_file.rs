@@ -117,6 +117,20 @@ pub enum Tail {
     Truncated { offset: u64, bytes: u64 },
 }
 
+/// `dir/stem.N.ext`: where a trace goes when `path` is taken and must not be overwritten
+/// (processes sharing an output name each keep their own file).
+pub fn numbered_path(path: &std::path::Path, n: u32) -> std::path::PathBuf {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.{n}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.{n}"),
+    };
+    path.with_file_name(name)
+}
+
 pub fn write_header<W: Write>(w: &mut W, created_unix_ns: u64, producer: &str) -> io::Result<()> {
     let mut rest = Vec::new();
     let mut wr = Writer { buf: &mut rest };
@@ -423,6 +437,16 @@ mod tests {
             out.push(rec);
         }
         Ok((out, r.tail()))
+    }
+
+    #[test]
+    fn numbered_paths() {
+        use std::path::Path;
+        assert_eq!(
+            numbered_path(Path::new("/t/oomtrace.12.oomt"), 1),
+            Path::new("/t/oomtrace.12.1.oomt")
+        );
+        assert_eq!(numbered_path(Path::new("trace"), 2), Path::new("trace.2"));
     }
 
     #[test]

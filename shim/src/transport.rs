@@ -627,9 +627,10 @@ impl Drainer {
 
     /// No collector: write the trace file ourselves, in the same format a collector writes.
     fn fall_back(&mut self, why: &str) {
-        let path = self.st.config.output_for(self.st.pid);
-        match open_private(Path::new(&path)) {
-            Ok(mut f) => {
+        let wanted = self.st.config.output_for(self.st.pid);
+        match open_private(Path::new(&wanted)) {
+            Ok((mut f, path)) => {
+                let path = path.display().to_string();
                 let mut first = Vec::new();
                 encode::hello(&mut first, &self.hello);
                 let ok = trace_file::write_header(&mut f, clock::unix_ns(), "liboomtrace (direct)")
@@ -651,7 +652,7 @@ impl Drainer {
             }
             Err(e) => {
                 self.drop_out();
-                self.detach(&format!("{why}; and cannot create {path}: {e}"));
+                self.detach(&format!("{why}; and cannot create {wanted}: {e}"));
             }
         }
     }
@@ -717,16 +718,30 @@ fn send_all(s: &UnixStream, mut buf: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Creates `path` for writing with mode 0600 (traces hold code paths and addresses).
-fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
+/// Creates a new file for writing with mode 0600 (traces hold code paths and addresses): at
+/// `path`, or if that exists at `stem.1.ext`, `stem.2.ext`, ... (never overwrite a trace).
+fn open_private(path: &Path) -> std::io::Result<(std::fs::File, PathBuf)> {
     use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(path)
+    let mut candidate = path.to_path_buf();
+    for n in 1..10_000 {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&candidate)
+        {
+            Ok(f) => return Ok((f, candidate)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                candidate = trace_file::numbered_path(path, n)
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        "no free file name",
+    ))
 }
 
 /// The `oomtrace` binary: `OOMTRACE_COLLECTOR`, else next to liboomtrace.so, else on PATH.
@@ -810,6 +825,9 @@ fn spawn_collector(st: &State) -> Result<PathBuf, String> {
         .arg(&output)
         .arg("--detach")
         .arg("--exit-when-idle")
+        // Processes sharing an output name (exec under the same pid, several ranks with one
+        // OOMTRACE_OUTPUT) each get their own file instead of overwriting each other's.
+        .arg("--no-clobber")
         .arg("--quiet")
         .env_remove("LD_PRELOAD")
         .env_remove("OOMTRACE_SOCKET")

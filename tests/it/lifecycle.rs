@@ -172,3 +172,24 @@ fn oomtrace_disable_forwards_everything_and_records_nothing() {
     assert!(t.status.success());
     assert_eq!(processes(&t.report).len(), 0);
 }
+
+#[test]
+fn processes_sharing_an_output_name_never_overwrite_each_other() {
+    let dir = scratch("no-clobber");
+    for args in [&[][..], &["3"][..]] {
+        let mut cmd = base_command(scenario("runtime_basic"));
+        cmd.current_dir(&dir)
+            .args(args)
+            .env("LD_PRELOAD", shim())
+            .env("OOMTRACE_COLLECTOR", oomtrace_bin())
+            .env("OOMTRACE_OUTPUT", "job.oomt");
+        output_within(cmd, TIMEOUT);
+    }
+    for name in ["job.oomt", "job.1.oomt"] {
+        let r = report_json(&dir.join(name));
+        assert_eq!(processes(&r).len(), 1, "{name}");
+    }
+    let first = report_json(&dir.join("job.oomt"));
+    let second = report_json(&dir.join("job.1.oomt"));
+    assert_ne!(processes(&first)[0]["pid"], processes(&second)[0]["pid"]);
+}

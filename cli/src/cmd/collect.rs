@@ -27,6 +27,9 @@ pub struct Args {
     /// Print nothing (errors still go to stderr).
     #[arg(long)]
     pub quiet: bool,
+    /// If the output file exists, write NAME.1.oomt (NAME.2.oomt, ...) instead of replacing it.
+    #[arg(long)]
+    pub no_clobber: bool,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
@@ -35,6 +38,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         .unwrap_or_else(|| PathBuf::from(format!("oomtrace.{}.oomt", std::process::id())));
     let mut opts = Options::new(args.socket, output);
     opts.exit_when_idle = args.exit_when_idle;
+    opts.no_clobber = args.no_clobber;
     if !args.exit_when_idle {
         opts.idle_grace = Duration::from_secs(1);
     }
