@@ -41,7 +41,7 @@ pub fn unix_ns() -> u64 {
 pub struct Calibration {
     t0: u64,
     ns0: u64,
-    /// Nanoseconds per tick << 32; 0 until at least 1 ms has been measured.
+    /// Nanoseconds per tick << 32; 0 until at least 10 µs have been measured.
     mult: u64,
 }
 
@@ -64,7 +64,10 @@ impl Calibration {
     pub fn refresh(&mut self) {
         let dt = ticks().wrapping_sub(self.t0);
         let dns = monotonic_ns().saturating_sub(self.ns0);
-        if dt > 0 && dns >= 1_000_000 {
+        // The drain thread refreshes before converting, so every tick it converts is older
+        // than the newest calibration point: from 10 µs on the rate error is below 0.1 %,
+        // and only events of the first 10 µs of a process use the guess below.
+        if dt > 0 && dns >= 10_000 {
             self.mult = ((u128::from(dns) << 32) / u128::from(dt)).min(u128::from(u64::MAX)) as u64;
         }
     }
@@ -75,8 +78,8 @@ impl Calibration {
         }
         let elapsed = t.wrapping_sub(self.t0);
         if self.mult == 0 || elapsed > (1 << 62) {
-            // Less than 1 ms measured yet (only the first events of a process), or a tick from
-            // before the origin: assume ~1 tick per ns.
+            // Less than 10 µs measured yet, or a tick from before the origin: assume ~1 tick
+            // per ns.
             return self.ns0.wrapping_add(elapsed.min(1 << 40));
         }
         self.ns0 + ((u128::from(elapsed) * u128::from(self.mult)) >> 32) as u64
