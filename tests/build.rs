@@ -86,6 +86,11 @@ const TARGETS: &[Target] = &[
         flags: &["-ldl"],
     },
     Target {
+        out: "pitch_managed",
+        sources: &["pitch_managed.c"],
+        flags: CUDART,
+    },
+    Target {
         out: "multi_device",
         sources: &["multi_device.c"],
         flags: CUDART,

@@ -632,6 +632,32 @@ mod tests {
         assert_eq!(o.top_sites, vec![(SiteId(0), 1000, 1)]);
     }
 
+    /// Memory follows live allocations and sites, never the number of events.
+    #[test]
+    fn state_stays_bounded_over_a_million_events() {
+        let mut p = proc();
+        for s in 1..=4u32 {
+            p.define_stack(StackId(s), &[0x1000 * u64::from(s), 0x2000]);
+        }
+        for i in 0..500_000u64 {
+            let ptr = 0x7000_0000 + (i % 64) * 4096; // the driver reuses addresses
+            let mut a = ev(EventKind::Alloc, Api::cudaMalloc, ptr, 4096);
+            a.stack = StackId((i % 4) as u32 + 1);
+            p.apply_event(&a);
+            p.apply_event(&ev(EventKind::Free, Api::cudaFree, ptr, 0));
+        }
+        assert_eq!(p.events, 1_000_000);
+        assert!(p.live.is_empty());
+        assert_eq!(p.sites.len(), 5);
+        assert!(p.site_stats.len() <= 5);
+        assert!(
+            p.live.capacity() < 1024,
+            "live table never held more than a few entries"
+        );
+        assert_eq!(p.devices[&0].live_bytes, 0);
+        assert_eq!(p.devices[&0].peak_bytes, 4096);
+    }
+
     #[test]
     fn pinned_host_memory_is_kept_apart() {
         let mut p = proc();

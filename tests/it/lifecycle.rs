@@ -193,3 +193,60 @@ fn processes_sharing_an_output_name_never_overwrite_each_other() {
     let second = report_json(&dir.join("job.1.oomt"));
     assert_ne!(processes(&first)[0]["pid"], processes(&second)[0]["pid"]);
 }
+
+#[test]
+fn one_standalone_collector_serves_many_processes_at_once() {
+    let dir = scratch("many");
+    let socket = dir.join("many.sock");
+    let trace = dir.join("many.oomt");
+    let collector = base_command(oomtrace_bin())
+        .args(["collect", "--quiet", "--socket"])
+        .arg(&socket)
+        .arg("--output")
+        .arg(&trace)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("collector");
+    let start = std::time::Instant::now();
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "collector did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Four processes at the same time, plus one client that speaks garbage.
+    let mut garbage = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    std::io::Write::write_all(&mut garbage, b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    let apps: Vec<_> = (0..4)
+        .map(|_| {
+            let mut c = base_command(scenario("threads"));
+            c.env("LD_PRELOAD", shim())
+                .env("OOMTRACE_SOCKET", &socket)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            c.spawn().expect("app")
+        })
+        .collect();
+    for mut a in apps {
+        assert!(a.wait().unwrap().success());
+    }
+    drop(garbage);
+    // SIGTERM: the collector finishes the file and exits 0.
+    unsafe { libc::kill(collector.id() as i32, libc::SIGTERM) };
+    let out = collector.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = report_json(&trace);
+    assert_eq!(r["trace"]["complete"], true);
+    let procs = processes(&r);
+    assert_eq!(procs.len(), 4, "the garbage client is not a process");
+    for p in procs {
+        assert_eq!(p["status"], "exited");
+        assert_eq!(device(p, 0)["live_at_exit_bytes"], 10 * 64 * 1024 * 36);
+    }
+}

@@ -294,3 +294,34 @@ fn each_device_is_reported_on_its_own() {
         .expect("device 1 finding");
     assert_eq!(functions(on1)[0], "on_device1");
 }
+
+#[test]
+fn pitched_and_managed_allocations_count_their_real_size() {
+    let t = run_traced("pitch_managed", &[], &[]);
+    assert!(t.status.success(), "{}", t.stderr);
+    let p = processes(&t.report)[0];
+    assert_eq!(device(p, 0)["live_at_exit_bytes"], 102_400 + 30_720 + MIB);
+    let pid = p["pid"].as_u64().unwrap();
+    let live = live_by_function(&t.report);
+    assert_eq!(
+        live.get(&(pid, "keep_pitched".into())),
+        Some(&102_400),
+        "{live:?}"
+    );
+    assert_eq!(
+        live.get(&(pid, "keep_pitched_driver".into())),
+        Some(&30_720),
+        "{live:?}"
+    );
+    assert_eq!(
+        live.get(&(pid, "keep_managed".into())),
+        Some(&MIB),
+        "{live:?}"
+    );
+    let apis: std::collections::BTreeSet<&str> = findings(&t.report, "live_at_exit")
+        .iter()
+        .map(|f| f["api"].as_str().unwrap())
+        .collect();
+    let expected = ["cudaMallocPitch", "cuMemAllocPitch_v2", "cudaMallocManaged"];
+    assert_eq!(apis, expected.into_iter().collect(), "{apis:?}");
+}
