@@ -80,31 +80,6 @@ pub fn create_private(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
-/// Creates a new file at `path` (mode 0600) or, if it exists, at the first free numbered
-/// variant of it. Returns the file and the path used.
-pub fn create_new_private(path: &Path) -> std::io::Result<(File, PathBuf)> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut candidate = path.to_path_buf();
-    for n in 1..10_000 {
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&candidate)
-        {
-            Ok(f) => return Ok((f, candidate)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                candidate = trace_file::numbered_path(path, n)
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Err(std::io::Error::new(
-        std::io::ErrorKind::AlreadyExists,
-        "no free file name",
-    ))
-}
-
 fn now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -135,7 +110,7 @@ impl Collector {
         }
         let mut opts = opts;
         let mut file = if opts.no_clobber {
-            create_new_private(&opts.output).map(|(f, p)| {
+            trace_file::create_new(&opts.output).map(|(f, p)| {
                 opts.output = p;
                 f
             })

@@ -131,6 +131,32 @@ pub fn numbered_path(path: &std::path::Path, n: u32) -> std::path::PathBuf {
     path.with_file_name(name)
 }
 
+/// Creates a new trace file with mode 0600 (traces hold code paths and addresses) at `path`
+/// or, if that exists, at the first free `numbered_path`: a trace is never overwritten.
+/// Returns the file and the path used.
+pub fn create_new(path: &std::path::Path) -> io::Result<(std::fs::File, std::path::PathBuf)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut candidate = path.to_path_buf();
+    for n in 1..10_000 {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&candidate)
+        {
+            Ok(f) => return Ok((f, candidate)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                candidate = numbered_path(path, n)
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        "no free file name",
+    ))
+}
+
 pub fn write_header<W: Write>(w: &mut W, created_unix_ns: u64, producer: &str) -> io::Result<()> {
     let mut rest = Vec::new();
     let mut wr = Writer { buf: &mut rest };

@@ -628,7 +628,8 @@ impl Drainer {
     /// No collector: write the trace file ourselves, in the same format a collector writes.
     fn fall_back(&mut self, why: &str) {
         let wanted = self.st.config.output_for(self.st.pid);
-        match open_private(Path::new(&wanted)) {
+        // Never overwrite a trace (std opens files close-on-exec).
+        match trace_file::create_new(Path::new(&wanted)) {
             Ok((mut f, path)) => {
                 let path = path.display().to_string();
                 let mut first = Vec::new();
@@ -716,32 +717,6 @@ fn send_all(s: &UnixStream, mut buf: &[u8]) -> std::io::Result<()> {
         buf = &buf[n as usize..];
     }
     Ok(())
-}
-
-/// Creates a new file for writing with mode 0600 (traces hold code paths and addresses): at
-/// `path`, or if that exists at `stem.1.ext`, `stem.2.ext`, ... (never overwrite a trace).
-fn open_private(path: &Path) -> std::io::Result<(std::fs::File, PathBuf)> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut candidate = path.to_path_buf();
-    for n in 1..10_000 {
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&candidate)
-        {
-            Ok(f) => return Ok((f, candidate)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                candidate = trace_file::numbered_path(path, n)
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Err(std::io::Error::new(
-        std::io::ErrorKind::AlreadyExists,
-        "no free file name",
-    ))
 }
 
 /// The `oomtrace` binary: `OOMTRACE_COLLECTOR`, else next to liboomtrace.so, else on PATH.

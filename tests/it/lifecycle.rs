@@ -71,23 +71,7 @@ fn collector_killed_mid_run_leaves_the_program_running_with_its_own_exit_code() 
     let dir = scratch("collector-kill");
     let socket = dir.join("c.sock");
     let trace = dir.join("c.oomt");
-    let mut collector = base_command(oomtrace_bin())
-        .args(["collect", "--quiet", "--socket"])
-        .arg(&socket)
-        .arg("--output")
-        .arg(&trace)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("collector");
-    let start = std::time::Instant::now();
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "collector did not listen"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut collector = start_collector(&socket, &trace);
     let mut app = base_command(scenario("slow_loop"));
     app.arg("3")
         .env("LD_PRELOAD", shim())
@@ -199,23 +183,7 @@ fn one_standalone_collector_serves_many_processes_at_once() {
     let dir = scratch("many");
     let socket = dir.join("many.sock");
     let trace = dir.join("many.oomt");
-    let collector = base_command(oomtrace_bin())
-        .args(["collect", "--quiet", "--socket"])
-        .arg(&socket)
-        .arg("--output")
-        .arg(&trace)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("collector");
-    let start = std::time::Instant::now();
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "collector did not listen"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let collector = start_collector(&socket, &trace);
     // Four processes at the same time, plus one client that speaks garbage.
     let mut garbage = std::os::unix::net::UnixStream::connect(&socket).unwrap();
     std::io::Write::write_all(&mut garbage, b"GET / HTTP/1.1\r\n\r\n").unwrap();

@@ -111,6 +111,29 @@ pub fn output_within(mut cmd: Command, timeout: Duration) -> Output {
     out
 }
 
+/// A standalone `oomtrace collect --quiet` on `socket`, writing `trace`; returns once it
+/// listens.
+pub fn start_collector(socket: &Path, trace: &Path) -> std::process::Child {
+    let child = base_command(oomtrace_bin())
+        .args(["collect", "--quiet", "--socket"])
+        .arg(socket)
+        .arg("--output")
+        .arg(trace)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the collector");
+    let start = Instant::now();
+    while std::os::unix::net::UnixStream::connect(socket).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "collector did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
 /// The result of `oomtrace run`.
 pub struct Traced {
     pub status: ExitStatus,
