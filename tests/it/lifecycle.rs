@@ -218,3 +218,28 @@ fn one_standalone_collector_serves_many_processes_at_once() {
         assert_eq!(device(p, 0)["live_at_exit_bytes"], 10 * 64 * 1024 * 36);
     }
 }
+
+#[test]
+fn stack_depth_and_stacks_off_are_honoured() {
+    let t = run_traced("runtime_basic", &[], &[("OOMTRACE_STACK_DEPTH", "2")]);
+    for f in findings(&t.report, "live_at_exit") {
+        assert_eq!(functions(f).len(), 2, "{:?}", functions(f));
+        assert_eq!(functions(f)[1], "main");
+    }
+    let t = run_traced("runtime_basic", &[], &[("OOMTRACE_STACKS", "off")]);
+    let live = findings(&t.report, "live_at_exit");
+    // Without stacks every allocation shares the unknown site, but the accounting is the same.
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0]["bytes"], 28 * MIB);
+    assert!(functions(live[0]).is_empty());
+    // A bad value: one warning, the default, and the program runs as always.
+    let t = run_traced("runtime_basic", &[], &[("OOMTRACE_STACK_DEPTH", "lots")]);
+    assert!(t.status.success());
+    assert_eq!(
+        t.stderr.matches("ignoring OOMTRACE_STACK_DEPTH").count(),
+        1,
+        "{}",
+        t.stderr
+    );
+    assert_eq!(findings(&t.report, "live_at_exit").len(), 2);
+}

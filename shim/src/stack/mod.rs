@@ -343,8 +343,9 @@ impl ThreadStacks {
     }
 
     /// Unwinds from (pc, sp, bp): return addresses and their slots, innermost first, oomtrace's
-    /// own frames included. Returns the number of frames (0 if this stack cannot be read).
-    fn unwind(&mut self, pc: u64, sp: u64, bp: u64, v: &mut Verified) -> usize {
+    /// own frames included, stopping after `depth` frames of the caller's. Returns the number of
+    /// frames (0 if this stack cannot be read).
+    fn unwind(&mut self, pc: u64, sp: u64, bp: u64, depth: usize, v: &mut Verified) -> usize {
         v.n = 0;
         if sp < self.stack_lo || sp >= self.stack_hi {
             return 0; // on a stack we do not know the bounds of (signal or fiber stack)
@@ -358,12 +359,14 @@ impl ThreadStacks {
                 Err(())
             }
         };
+        let own = self.snapshot.own;
         let mut regs = UnwindRegsNative::new(pc, sp, bp);
         let mut frame = FrameAddress::from_instruction_pointer(pc);
         v.raw[0] = pc;
         v.slots[0] = 0;
         let mut n = 1;
-        while n < RAW_DEPTH {
+        let mut callers = 0;
+        while n < RAW_DEPTH && callers < depth {
             let prev_sp = regs.sp();
             match self
                 .snapshot
@@ -378,6 +381,9 @@ impl ThreadStacks {
                     v.raw[n] = ra;
                     v.slots[n] = regs.sp().wrapping_sub(8);
                     n += 1;
+                    if callers > 0 || !(own.0 <= ra && ra < own.1) {
+                        callers += 1;
+                    }
                     match FrameAddress::from_return_address(ra) {
                         Some(f) => frame = f,
                         None => break,
@@ -521,7 +527,7 @@ fn intern(st: &State, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> Stack
         slots: [0; RAW_DEPTH],
         id: 0,
     });
-    if ts.unwind(pc, sp, bp, &mut v) == 0 {
+    if ts.unwind(pc, sp, bp, depth, &mut v) == 0 {
         return StackId::NONE;
     }
     let own = ts.snapshot.own;
@@ -538,7 +544,7 @@ fn intern(st: &State, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> Stack
         let (g, s) = stacks.current();
         ts.snapshot_gen = g;
         ts.snapshot = s;
-        if ts.unwind(pc, sp, bp, &mut v) == 0 {
+        if ts.unwind(pc, sp, bp, depth, &mut v) == 0 {
             return StackId::NONE;
         }
     }
