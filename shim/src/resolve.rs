@@ -304,21 +304,18 @@ fn real_gpa(name: &CStr, version: c_int, flags: u64) -> usize {
     out as usize
 }
 
-static UNIDENTIFIED_SAID: AtomicBool = AtomicBool::new(false);
-
 /// Which of our driver hooks the resolver answer `p` for `name` is, by exact ABI.
 fn identify(p: usize, name: &CStr, version: c_int) -> Option<&'static Hook> {
     let base = name.to_str().ok()?;
-    let mut named = false;
+    // Whether some hook of this name has an ABI old enough for `version`: an answer for an
+    // older ABI (the 32-bit cuMemAlloc of CUDA 2.0, say) is not ours to wrap.
+    let mut eligible = false;
     for hook in HOOKS.iter() {
         let Some(gpa) = hook.gpa else { continue };
-        if gpa.base != base {
+        if gpa.base != base || (version as i64) < gpa.since as i64 {
             continue;
         }
-        named = true;
-        if (version as i64) < gpa.since as i64 {
-            continue;
-        }
+        eligible = true;
         // The address libcuda exports under this exact name.
         let h = libcuda_handle();
         if !h.is_null() && real_dlsym(h, hook.name) as usize == p {
@@ -335,11 +332,12 @@ fn identify(p: usize, name: &CStr, version: c_int) -> Option<&'static Hook> {
             return Some(hook);
         }
     }
-    if named {
+    if eligible {
+        // Not an ABI we know under this name (a newer _v3, or a driver whose answers differ
+        // per version): forwarding it untouched is safe; its allocations are not seen.
         log::info(&format!(
             "could not identify the driver's answer for {base} at version {version}; left it unwrapped"
         ));
-        UNIDENTIFIED_SAID.store(true, Ordering::Relaxed);
     }
     None
 }
