@@ -26,6 +26,8 @@ use crate::transport::{self, Msg, Shared};
 pub struct State {
     pub config: Config,
     pub pid: u32,
+    /// The collector this process started at init (plain LD_PRELOAD): its socket, or why not.
+    pub own_collector: Option<Result<std::path::PathBuf, String>>,
     pub tx: Sender<Msg>,
     pub shared: Shared,
     stacks: OnceLock<Stacks>,
@@ -128,8 +130,17 @@ fn init() -> bool {
         return false;
     }
     guard::install_panic_hook();
+    // Plain LD_PRELOAD: start the collector now, before this hook returns, so that a child
+    // forked right after already knows where its parent's collector listens. Costs ~10-30 ms
+    // once per process, at its first CUDA call (CUDA's own init takes far longer).
+    let own_collector = if config.socket.is_none() && transport::inherited_socket().is_none() {
+        Some(transport::start_own_collector(&config))
+    } else {
+        None
+    };
     let (tx, rx) = crossbeam_channel::bounded(config.buffer);
     let st: &'static State = Box::leak(Box::new(State {
+        own_collector,
         shared: Shared::new(config.buffer),
         // SAFETY: getpid has no preconditions.
         pid: unsafe { libc::getpid() } as u32,

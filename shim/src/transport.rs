@@ -244,6 +244,19 @@ pub static SINK_FD: AtomicI32 = AtomicI32::new(-1);
 /// they report to the same collector.
 static AUTO_SOCKET: OnceLock<PathBuf> = OnceLock::new();
 
+/// The collector socket a fork parent started, if any.
+pub fn inherited_socket() -> Option<&'static PathBuf> {
+    AUTO_SOCKET.get()
+}
+
+/// Spawns this process's own collector (see `spawn_collector`) and records its socket for
+/// children forked from now on.
+pub fn start_own_collector(config: &crate::config::Config) -> Result<PathBuf, String> {
+    let path = spawn_collector(config)?;
+    let _ = AUTO_SOCKET.set(path.clone());
+    Ok(path)
+}
+
 /// Starts the drain thread with all signals blocked, so signals meant for the program are
 /// never delivered to it.
 pub fn spawn_drainer(st: &'static State, rx: Receiver<Msg>) -> bool {
@@ -270,11 +283,25 @@ pub fn spawn_drainer(st: &'static State, rx: Receiver<Msg>) -> bool {
     }
 }
 
+/// Where the collector socket came from, which decides how long to keep trying it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SocketSource {
+    /// `OOMTRACE_SOCKET`: `oomtrace run` or a standalone collector; tried for 1 s.
+    Configured,
+    /// The collector our fork parent started: tried once, then we start our own.
+    Inherited,
+    /// A collector we started (it was listening before the spawn returned); tried for 5 s.
+    Spawned,
+}
+
+/// Why there is no collector to connect to: fall back to writing the file at once.
+struct NoCollector(String);
+
 enum Sink {
     /// Not connected yet; events accumulate in `out` (bounded).
     Connecting {
-        socket: Option<PathBuf>,
-        spawned: bool,
+        /// None: start a collector first. Err: none could be started.
+        socket: Option<Result<(PathBuf, SocketSource), NoCollector>>,
         deadline: Instant,
         next_try: Instant,
     },
@@ -324,12 +351,13 @@ fn read_cmdline() -> Vec<String> {
 
 impl Drainer {
     fn new(st: &'static State, rx: Receiver<Msg>) -> Drainer {
-        let socket = st
-            .config
-            .socket
-            .as_ref()
-            .map(PathBuf::from)
-            .or_else(|| AUTO_SOCKET.get().cloned());
+        let socket = match (&st.config.socket, &st.own_collector, AUTO_SOCKET.get()) {
+            (Some(p), _, _) => Some(Ok((PathBuf::from(p), SocketSource::Configured))),
+            (None, Some(Ok(p)), _) => Some(Ok((p.clone(), SocketSource::Spawned))),
+            (None, Some(Err(e)), _) => Some(Err(NoCollector(e.clone()))),
+            (None, None, Some(p)) => Some(Ok((p.clone(), SocketSource::Inherited))),
+            (None, None, None) => None,
+        };
         let now = Instant::now();
         let hello = Hello {
             pid: st.pid,
@@ -351,9 +379,12 @@ impl Drainer {
             st,
             rx,
             sink: Sink::Connecting {
+                deadline: now
+                    + match socket {
+                        Some(Ok((_, SocketSource::Spawned))) => Duration::from_secs(5),
+                        _ => Duration::from_secs(1),
+                    },
                 socket,
-                spawned: false,
-                deadline: now + Duration::from_secs(5),
                 next_try: now,
             },
             out: Vec::with_capacity(WRITE_CHUNK + 4096),
@@ -553,62 +584,52 @@ impl Drainer {
         );
     }
 
-    /// Moves `Connecting` forward: spawn a collector if needed, try to connect, and after the
-    /// deadline fall back to writing the trace file directly. `finishing` = at exit: keep
-    /// trying until the deadline instead of returning.
+    /// Moves `Connecting` forward: start a collector if there is none, try to connect, and
+    /// when that cannot work fall back to writing the trace file directly. `finishing` = at
+    /// exit: one last attempt, then the fallback at once (the program is waiting).
     fn progress_connection(&mut self, finishing: bool) {
-        loop {
-            let Sink::Connecting {
-                socket,
-                spawned,
-                deadline,
-                next_try,
-            } = &mut self.sink
-            else {
+        let Sink::Connecting {
+            socket,
+            deadline,
+            next_try,
+        } = &mut self.sink
+        else {
+            return;
+        };
+        let now = Instant::now();
+        if now < *next_try && !finishing {
+            return;
+        }
+        if socket.is_none() {
+            // Our fork parent's collector has gone (below): start our own.
+            *socket = Some(
+                start_own_collector(&self.st.config)
+                    .map(|p| (p, SocketSource::Spawned))
+                    .map_err(NoCollector),
+            );
+            *deadline = Instant::now() + Duration::from_secs(5);
+        }
+        let (path, source) = match socket {
+            Some(Ok((path, source))) => (path.clone(), *source),
+            Some(Err(NoCollector(e))) => {
+                let why = format!("could not start a collector: {e}");
+                self.fall_back(&why);
                 return;
-            };
-            let now = Instant::now();
-            if now < *next_try {
-                if !finishing {
-                    return;
-                }
-                std::thread::sleep(*next_try - now);
-                continue;
             }
-            if socket.is_none() && !*spawned {
-                *spawned = true;
-                match spawn_collector(self.st) {
-                    Ok(path) => {
-                        let _ = AUTO_SOCKET.set(path.clone());
-                        *socket = Some(path);
-                    }
-                    Err(e) => {
-                        self.fall_back(&format!("could not start a collector: {e}"));
-                        return;
-                    }
-                }
+            None => return,
+        };
+        match UnixStream::connect(&path) {
+            Ok(stream) => self.connected(stream),
+            // Our fork parent's collector has gone: start our own.
+            Err(_) if source == SocketSource::Inherited => {
+                *socket = None;
+                *next_try = now;
             }
-            let Some(path) = socket.clone() else {
-                self.fall_back("no collector socket");
-                return;
-            };
-            match UnixStream::connect(&path) {
-                Ok(stream) => {
-                    self.connected(stream);
-                    return;
-                }
-                Err(e) => {
-                    if now >= *deadline {
-                        let why = format!("cannot connect to {}: {e}", path.display());
-                        self.fall_back(&why);
-                        return;
-                    }
-                    *next_try = now + Duration::from_millis(20);
-                    if !finishing {
-                        return;
-                    }
-                }
+            Err(e) if finishing || now >= *deadline => {
+                let why = format!("cannot connect to the collector at {}: {e}", path.display());
+                self.fall_back(&why);
             }
+            Err(_) => *next_try = now + Duration::from_millis(20),
         }
     }
 
@@ -659,6 +680,8 @@ impl Drainer {
     }
 
     fn finish(&mut self, reason: GoodbyeReason) {
+        // Twice: an inherited socket that fails turns into starting our own collector.
+        self.progress_connection(true);
         self.progress_connection(true);
         self.push_lost_if_changed();
         self.close_events();
@@ -778,9 +801,8 @@ fn private_dir() -> std::io::Result<PathBuf> {
 /// Starts `oomtrace collect --detach` for this process and returns its socket. The collector
 /// daemonizes once its socket is listening, so the command returning means it is ready, and it
 /// is never left as a child of the program (whose own `wait` calls must not see it).
-fn spawn_collector(st: &State) -> Result<PathBuf, String> {
-    let exe = st
-        .config
+fn spawn_collector(config: &crate::config::Config) -> Result<PathBuf, String> {
+    let exe = config
         .collector
         .as_ref()
         .map(PathBuf::from)
@@ -788,7 +810,8 @@ fn spawn_collector(st: &State) -> Result<PathBuf, String> {
         .ok_or("no `oomtrace` binary next to liboomtrace.so or on PATH (set OOMTRACE_COLLECTOR)")?;
     let dir = private_dir().map_err(|e| format!("cannot create a private directory: {e}"))?;
     let socket = dir.join("collector.sock");
-    let output = st.config.output_for(st.pid);
+    // SAFETY: getpid has no preconditions.
+    let output = config.output_for(unsafe { libc::getpid() } as u32);
     let output = std::env::current_dir()
         .map(|d| d.join(&output))
         .unwrap_or_else(|_| PathBuf::from(&output));

@@ -243,3 +243,39 @@ fn stack_depth_and_stacks_off_are_honoured() {
     );
     assert_eq!(findings(&t.report, "live_at_exit").len(), 2);
 }
+
+#[test]
+fn a_socket_nobody_listens_on_falls_back_to_the_file_at_once() {
+    let dir = scratch("no-listener");
+    let mut cmd = base_command(scenario("runtime_basic"));
+    cmd.current_dir(&dir)
+        .env("LD_PRELOAD", shim())
+        .env("OOMTRACE_SOCKET", dir.join("nobody.sock"))
+        .env("OOMTRACE_OUTPUT", dir.join("direct.oomt"));
+    let out = output_within(cmd, TIMEOUT);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("cannot connect to the collector"), "{err}");
+    let r = report_json(&dir.join("direct.oomt"));
+    assert_eq!(device(processes(&r)[0], 0)["live_at_exit_bytes"], 28 * MIB);
+}
+
+#[test]
+fn plain_ld_preload_fork_child_reports_to_the_parents_collector() {
+    let dir = scratch("plain-fork");
+    let mut cmd = base_command(scenario("fork_child"));
+    cmd.current_dir(&dir)
+        .env("LD_PRELOAD", shim())
+        .env("OOMTRACE_COLLECTOR", oomtrace_bin());
+    let out = output_within(cmd, TIMEOUT);
+    assert!(out.status.success());
+    let traces: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "oomt"))
+        .collect();
+    assert_eq!(traces.len(), 1, "{traces:?}");
+    let r = report_json(&traces[0]);
+    assert_eq!(processes(&r).len(), 2, "{:#}", r["processes"]);
+}
