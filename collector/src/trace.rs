@@ -66,10 +66,22 @@ impl Trace {
                 "the trace ends in the middle of a record at byte {offset} ({bytes} bytes of it present): \
                  its writer was killed or is still writing; everything before it is reported"
             ));
-        } else if !trace.complete {
-            trace.warnings.push(
-                "the trace has no end marker: its collector was killed or is still running".into(),
-            );
+        }
+        // Without an end marker the writer may still be running (a collector waits a moment
+        // for late children) or was killed; that matters only for processes whose stream has
+        // not ended.
+        if !trace.complete {
+            for p in trace
+                .processes
+                .iter()
+                .filter(|p| p.end == EndState::Running)
+            {
+                trace.warnings.push(format!(
+                    "process {} was still connected when the trace ends (its collector is still \
+                     running or was killed): its last events may be missing",
+                    p.pid()
+                ));
+            }
         }
         Ok(trace)
     }
