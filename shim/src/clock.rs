@@ -38,6 +38,7 @@ pub fn unix_ns() -> u64 {
 /// Maps ticks to monotonic nanoseconds: `ns = ns0 + (ticks - t0) * rate`, with the rate
 /// measured between the origin and the latest calibration point and kept as a 32.32 fixed
 /// point multiplier (a multiply and a shift per event instead of a 128-bit division).
+#[derive(Clone)]
 pub struct Calibration {
     t0: u64,
     ns0: u64,
@@ -52,6 +53,7 @@ impl Default for Calibration {
 }
 
 impl Calibration {
+    /// The origin is taken now: create it before the first event is stamped.
     pub fn new() -> Calibration {
         Calibration {
             t0: ticks(),
@@ -64,10 +66,9 @@ impl Calibration {
     pub fn refresh(&mut self) {
         let dt = ticks().wrapping_sub(self.t0);
         let dns = monotonic_ns().saturating_sub(self.ns0);
-        // The drain thread refreshes before converting, so every tick it converts is older
-        // than the newest calibration point: from 10 µs on the rate error is below 0.1 %,
-        // and only events of the first 10 µs of a process use the guess below.
-        if dt > 0 && dns >= 10_000 {
+        // From 10 µs on the rate error is below 0.1 %; only events of the first 10 µs of a
+        // process are converted with the guess below.
+        if dt > 0 && dt < (1 << 62) && dns >= 10_000 {
             self.mult = ((u128::from(dns) << 32) / u128::from(dt)).min(u128::from(u64::MAX)) as u64;
         }
     }
@@ -76,19 +77,35 @@ impl Calibration {
         if cfg!(not(target_arch = "x86_64")) {
             return t;
         }
-        let elapsed = t.wrapping_sub(self.t0);
-        if self.mult == 0 || elapsed > (1 << 62) {
-            // Less than 10 µs measured yet, or a tick from before the origin: assume ~1 tick
-            // per ns.
-            return self.ns0.wrapping_add(elapsed.min(1 << 40));
-        }
-        self.ns0 + ((u128::from(elapsed) * u128::from(self.mult)) >> 32) as u64
+        // Signed: a tick may precede the origin by a little (another thread's hook).
+        let elapsed = t.wrapping_sub(self.t0) as i64;
+        let delta: i128 = if self.mult == 0 {
+            i128::from(elapsed) // no rate yet: assume ~1 tick per ns
+        } else {
+            (i128::from(elapsed) * i128::from(self.mult)) >> 32
+        };
+        (i128::from(self.ns0) + delta).clamp(0, i128::from(u64::MAX)) as u64
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ticks_before_the_origin_map_just_before_it() {
+        let early = ticks();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let mut c = Calibration::new();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        c.refresh();
+        let ns = c.to_ns(early);
+        assert!(
+            ns < c.ns0 && c.ns0 - ns < 10_000_000,
+            "{ns} vs origin {}",
+            c.ns0
+        );
+    }
 
     #[test]
     fn calibrated_ticks_track_the_monotonic_clock() {

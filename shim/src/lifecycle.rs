@@ -30,6 +30,8 @@ pub struct State {
     pub own_collector: Option<Result<std::path::PathBuf, String>>,
     pub tx: Sender<Msg>,
     pub shared: Shared,
+    /// The clock origin, taken before this process's first event was stamped.
+    pub clock_origin: crate::clock::Calibration,
     stacks: OnceLock<Stacks>,
     seen_devices: AtomicU64,
 }
@@ -142,6 +144,7 @@ fn init() -> bool {
     let st: &'static State = Box::leak(Box::new(State {
         own_collector,
         shared: Shared::new(config.buffer),
+        clock_origin: crate::clock::Calibration::new(),
         // SAFETY: getpid has no preconditions.
         pid: unsafe { libc::getpid() } as u32,
         config,

@@ -329,6 +329,9 @@ struct Drainer {
     events_in_frame: u32,
     seq: u64,
     cal: Calibration,
+    /// Timestamps go out non-decreasing in queue order (the order events happened in):
+    /// refining the tick rate must not make a later event look earlier.
+    last_ts: u64,
     hello: Hello,
     last_lost: Lost,
     lost_checked: Instant,
@@ -392,7 +395,8 @@ impl Drainer {
             events_at: None,
             events_in_frame: 0,
             seq: 0,
-            cal: Calibration::new(),
+            cal: st.clock_origin.clone(),
+            last_ts: 0,
             hello,
             last_lost: Lost::default(),
             lost_checked: now,
@@ -480,7 +484,7 @@ impl Drainer {
                 }
                 self.seq += 1;
                 ev.seq = self.seq;
-                ev.ts_ns = self.cal.to_ns(ev.ts_ns);
+                ev.ts_ns = self.monotonic(ev.ts_ns);
                 encode::push_event(&mut self.out, &ev);
                 self.out_events += 1;
                 self.events_in_frame += 1;
@@ -503,12 +507,17 @@ impl Drainer {
             Msg::Marker { ev, label } => {
                 self.close_events();
                 self.seq += 1;
-                let ts = self.cal.to_ns(ev.ts_ns);
+                let ts = self.monotonic(ev.ts_ns);
                 encode::marker(&mut self.out, self.seq, ts, ev.tid, ev.stack, &label);
                 self.out_events += 1;
             }
             Msg::Flush(_) | Msg::Shutdown(..) => {}
         }
+    }
+
+    fn monotonic(&mut self, ticks: u64) -> u64 {
+        self.last_ts = self.last_ts.max(self.cal.to_ns(ticks));
+        self.last_ts
     }
 
     fn maybe_send_lost(&mut self) {

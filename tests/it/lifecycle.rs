@@ -279,3 +279,13 @@ fn plain_ld_preload_fork_child_reports_to_the_parents_collector() {
     let r = report_json(&traces[0]);
     assert_eq!(processes(&r).len(), 2, "{:#}", r["processes"]);
 }
+
+#[test]
+fn timestamps_span_the_run() {
+    // slow_loop allocates for 1 s by its own clock: the first and last events span most of it.
+    // (A clock origin taken after the first event once put that event 1099 s in the future.)
+    let t = run_traced("slow_loop", &["1"], &[]);
+    assert_eq!(t.status.code(), Some(7));
+    let secs = processes(&t.report)[0]["duration_s"].as_f64().unwrap();
+    assert!((0.9..60.0).contains(&secs), "duration_s = {secs}");
+}
