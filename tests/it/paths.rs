@@ -325,3 +325,36 @@ fn pitched_and_managed_allocations_count_their_real_size() {
     let expected = ["cudaMallocPitch", "cuMemAllocPitch_v2", "cudaMallocManaged"];
     assert_eq!(apis, expected.into_iter().collect(), "{apis:?}");
 }
+
+#[test]
+fn python_ctypes_allocations_unwind_through_the_interpreter() {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/py_ctypes.py");
+    let dir = scratch("py");
+    let json = dir.join("r.json");
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.current_dir(&dir)
+        .args(["run", "--json"])
+        .arg(&json)
+        .args(["-o", "py.oomt", "--", "python3"])
+        .arg(&script);
+    let out = output_within(cmd, TIMEOUT);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "py ok\n");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    let live = findings(&r, "live_at_exit");
+    assert_eq!(live.len(), 1, "{live:#?}");
+    assert_eq!(live[0]["bytes"], 3 * MIB);
+    assert_eq!(live[0]["api"], "cuMemAlloc_v2");
+    let names = functions(live[0]);
+    assert_eq!(names[0], "cudaMalloc");
+    assert!(names.iter().any(|n| n == "ffi_call"), "{names:?}");
+    assert!(
+        names.iter().any(|n| n.starts_with("_PyEval_EvalFrame")),
+        "{names:?}"
+    );
+}
