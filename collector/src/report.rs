@@ -280,9 +280,9 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
                     .map(|a| a.name())
                     .unwrap_or("?");
                 let place = if device == HOST_DEVICE {
-                    "pinned host memory".to_string()
+                    "in pinned host memory".to_string()
                 } else {
-                    format!("device {device}")
+                    format!("on device {device}")
                 };
                 live.push(Finding {
                     kind: "live_at_exit",
@@ -294,7 +294,7 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
                     steps: None,
                     stack: stack_of(p, site),
                     message: format!(
-                        "{} in {count} allocation{} ({api}) still live on {place} when the process ended",
+                        "{} in {count} allocation{} ({api}) still live {place} when the process ended",
                         fmt_bytes(bytes),
                         if count == 1 { "" } else { "s" }
                     ),

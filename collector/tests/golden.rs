@@ -1,0 +1,200 @@
+//! Golden files: `fixtures/v1-basic.oomt` is a version-1 trace written by the encoders below,
+//! and `fixtures/v1-basic.json` the report read back from it. If the writer's bytes change, or
+//! the reader or report interpret version-1 bytes differently, these fail: bump the format
+//! version instead of silently changing what old traces mean.
+//!
+//! Regenerate both after an intended change: `UPDATE_GOLDEN=1 cargo test -p oomtrace-collector --test golden`.
+
+use oomtrace_collector::report::{build, ReportOptions};
+use oomtrace_collector::trace::Trace;
+use oomtrace_proto::trace_file as tf;
+use oomtrace_proto::wire::{encode, GoodbyeReason, Hello, Lost, ModuleDef};
+use oomtrace_proto::{Api, Event, EventKind, StackId};
+
+const MIB: u64 = 1 << 20;
+
+fn ev(kind: EventKind, api: Api, seq: u64, ptr: u64, size: u64, stack: u32) -> Event {
+    let mut e = Event::new(kind, api);
+    e.seq = seq;
+    e.ts_ns = 1_000_000_000 + seq * 1_000_000;
+    e.ptr = ptr;
+    e.size = size;
+    e.stack = StackId(stack);
+    e.tid = 4242;
+    e.device = 0;
+    e
+}
+
+/// One process: a leak site, a freed temporary, a VMM page, pinned host memory, an OOM.
+fn fixture() -> Vec<u8> {
+    let mut f = Vec::new();
+    tf::write_header(&mut f, 1_700_000_000_000_000_000, "golden").unwrap();
+    tf::write_conn_open(&mut f, 1, 1_700_000_000_000_000_001, 1).unwrap();
+    let mut w = Vec::new();
+    encode::hello(
+        &mut w,
+        &Hello {
+            pid: 1234,
+            ppid: 1,
+            start_unix_ns: 1_700_000_000_000_000_000,
+            flags: 1,
+            shim_version: "0.1.0".into(),
+            exe: "/app/train".into(),
+            argv: vec!["/app/train".into(), "--epochs".into(), "2".into()],
+        },
+    );
+    encode::module_def(
+        &mut w,
+        &ModuleDef {
+            id: 1,
+            start: 0x40_0000,
+            end: 0x50_0000,
+            bias: 0,
+            build_id: vec![0xab; 20],
+            path: "/app/train".into(),
+        },
+    );
+    encode::stack_def(&mut w, StackId(1), &[0x40_1234, 0x40_2000]);
+    encode::stack_def(&mut w, StackId(2), &[0x40_3000, 0x40_2000]);
+    let mut info = ev(
+        EventKind::MemInfo,
+        Api::cuMemGetInfo_v2,
+        1,
+        15 << 30,
+        16 << 30,
+        0,
+    );
+    info.ptr = 15 * 1024 * MIB;
+    let mut vmm_map = ev(
+        EventKind::Map,
+        Api::cuMemMap,
+        6,
+        0x7000_0000_0000,
+        2 * MIB,
+        0,
+    );
+    vmm_map.aux = 0x51;
+    let mut host = ev(
+        EventKind::Alloc,
+        Api::cudaMallocHost,
+        7,
+        0x7f00_0000_0000,
+        4 * MIB,
+        2,
+    );
+    host.device = -1;
+    let mut oom = ev(EventKind::AllocFailed, Api::cudaMalloc, 9, 0, 64 << 30, 2);
+    oom.result = 2;
+    let mut after = ev(EventKind::MemInfo, Api::cuMemGetInfo_v2, 10, 0, 16 << 30, 0);
+    after.ptr = 14 * 1024 * MIB;
+    encode::events(
+        &mut w,
+        &[
+            info,
+            ev(
+                EventKind::Alloc,
+                Api::cudaMalloc,
+                2,
+                0x6000_0000_0000,
+                8 * MIB,
+                1,
+            ),
+            ev(
+                EventKind::Alloc,
+                Api::cudaMalloc,
+                3,
+                0x6000_0080_0000,
+                8 * MIB,
+                1,
+            ),
+            ev(
+                EventKind::Alloc,
+                Api::cudaMalloc,
+                4,
+                0x6000_0100_0000,
+                MIB,
+                2,
+            ),
+            ev(EventKind::PhysCreate, Api::cuMemCreate, 5, 0x51, 2 * MIB, 2),
+            vmm_map,
+            host,
+            ev(EventKind::Free, Api::cudaFree, 8, 0x6000_0100_0000, 0, 0),
+            oom,
+            after,
+        ],
+    );
+    encode::marker(&mut w, 11, 1_011_000_000, 4242, StackId(1), "step");
+    encode::lost(
+        &mut w,
+        &Lost {
+            events: 3,
+            frees: 1,
+            stacks: 0,
+            by_device: vec![(0, 2), (-1, 1)],
+        },
+    );
+    encode::goodbye(&mut w, GoodbyeReason::Exit, 11);
+    tf::write_chunk(&mut f, 1, &w, false).unwrap();
+    tf::write_conn_close(
+        &mut f,
+        1,
+        1_700_000_000_000_000_002,
+        tf::CloseReason::Clean,
+        "",
+    )
+    .unwrap();
+    tf::write_end(&mut f, 1_700_000_000_000_000_003, 1).unwrap();
+    f
+}
+
+fn fixture_path(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn update() -> bool {
+    std::env::var_os("UPDATE_GOLDEN").is_some()
+}
+
+/// The committed trace (rewritten first when updating, so both tests see the new one).
+fn golden_trace() -> std::path::PathBuf {
+    let path = fixture_path("v1-basic.oomt");
+    if update() {
+        std::fs::write(&path, fixture()).unwrap();
+    }
+    path
+}
+
+#[test]
+fn writer_bytes_are_stable() {
+    let path = golden_trace();
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        fixture(),
+        "the v1 writer changed its bytes"
+    );
+}
+
+#[test]
+fn version_1_traces_read_to_the_same_report() {
+    let trace = Trace::load(&golden_trace()).unwrap();
+    let report = build(
+        &trace,
+        &ReportOptions {
+            top: 10,
+            path: "v1-basic.oomt".into(),
+            symbolize: false,
+        },
+    );
+    let got = serde_json::to_string_pretty(&report).unwrap() + "\n";
+    let path = fixture_path("v1-basic.json");
+    if update() {
+        std::fs::write(&path, &got).unwrap();
+    }
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        got,
+        "the report of a v1 trace changed"
+    );
+}
