@@ -100,10 +100,7 @@ fn collector_killed_mid_run_leaves_the_program_running_with_its_own_exit_code() 
 #[test]
 fn plain_ld_preload_starts_its_own_collector_and_leaves_a_trace_file() {
     let dir = scratch("plain-preload");
-    let mut cmd = base_command(scenario("runtime_basic"));
-    cmd.current_dir(&dir)
-        .env("LD_PRELOAD", shim())
-        .env("OOMTRACE_COLLECTOR", oomtrace_bin());
+    let cmd = preloaded("runtime_basic", &dir);
     let out = output_within(cmd, TIMEOUT);
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), "runtime_basic: ok\n");
@@ -112,11 +109,7 @@ fn plain_ld_preload_starts_its_own_collector_and_leaves_a_trace_file() {
         "",
         "plain LD_PRELOAD prints nothing"
     );
-    let traces: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "oomt"))
-        .collect();
+    let traces = traces_in(&dir);
     assert_eq!(traces.len(), 1, "{traces:?}");
     let name = traces[0]
         .file_name()
@@ -161,12 +154,8 @@ fn oomtrace_disable_forwards_everything_and_records_nothing() {
 fn processes_sharing_an_output_name_never_overwrite_each_other() {
     let dir = scratch("no-clobber");
     for args in [&[][..], &["3"][..]] {
-        let mut cmd = base_command(scenario("runtime_basic"));
-        cmd.current_dir(&dir)
-            .args(args)
-            .env("LD_PRELOAD", shim())
-            .env("OOMTRACE_COLLECTOR", oomtrace_bin())
-            .env("OOMTRACE_OUTPUT", "job.oomt");
+        let mut cmd = preloaded("runtime_basic", &dir);
+        cmd.args(args).env("OOMTRACE_OUTPUT", "job.oomt");
         output_within(cmd, TIMEOUT);
     }
     for name in ["job.oomt", "job.1.oomt"] {
@@ -264,17 +253,10 @@ fn a_socket_nobody_listens_on_falls_back_to_the_file_at_once() {
 #[test]
 fn plain_ld_preload_fork_child_reports_to_the_parents_collector() {
     let dir = scratch("plain-fork");
-    let mut cmd = base_command(scenario("fork_child"));
-    cmd.current_dir(&dir)
-        .env("LD_PRELOAD", shim())
-        .env("OOMTRACE_COLLECTOR", oomtrace_bin());
+    let cmd = preloaded("fork_child", &dir);
     let out = output_within(cmd, TIMEOUT);
     assert!(out.status.success());
-    let traces: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "oomt"))
-        .collect();
+    let traces = traces_in(&dir);
     assert_eq!(traces.len(), 1, "{traces:?}");
     let r = report_json(&traces[0]);
     assert_eq!(processes(&r).len(), 2, "{:#}", r["processes"]);

@@ -83,6 +83,27 @@ pub fn base_command(program: impl AsRef<OsStr>) -> Command {
     c
 }
 
+/// A scenario under plain `LD_PRELOAD` in `dir` (no `oomtrace run`): the shim starts its own
+/// collector, this build's `oomtrace`.
+pub fn preloaded(name: &str, dir: &Path) -> Command {
+    let mut cmd = base_command(scenario(name));
+    cmd.current_dir(dir)
+        .env("LD_PRELOAD", shim())
+        .env("OOMTRACE_COLLECTOR", oomtrace_bin());
+    cmd
+}
+
+/// The `.oomt` files in `dir`.
+pub fn traces_in(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "oomt"))
+        .collect();
+    v.sort();
+    v
+}
+
 /// Runs to completion or kills it after `timeout` and panics: hangs fail loudly.
 pub fn output_within(mut cmd: Command, timeout: Duration) -> Output {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
