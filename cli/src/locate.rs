@@ -84,30 +84,6 @@ pub fn extract_embedded(bytes: &[u8]) -> Result<PathBuf, Failure> {
     Ok(lib)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn embedded_library_is_extracted_once_into_a_private_directory() {
-        let cache =
-            std::env::temp_dir().join(format!("oomtrace-cache-test-{}", std::process::id()));
-        // SAFETY of set_var: this is the only test in this binary that reads XDG_CACHE_HOME.
-        unsafe { std::env::set_var("XDG_CACHE_HOME", &cache) };
-        let lib = extract_embedded(b"\x7fELF not really").unwrap();
-        assert_eq!(std::fs::read(&lib).unwrap(), b"\x7fELF not really");
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(lib.parent().unwrap())
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o700);
-        assert_eq!(extract_embedded(b"\x7fELF not really").unwrap(), lib);
-        assert_ne!(extract_embedded(b"another build").unwrap(), lib);
-        let _ = std::fs::remove_dir_all(&cache);
-    }
-}
-
 fn absolute(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
 }
@@ -130,4 +106,28 @@ pub fn private_dir() -> Result<PathBuf, Failure> {
     Err(Failure::new(
         "cannot create a private directory in the temp dir",
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_library_is_extracted_once_into_a_private_directory() {
+        let cache =
+            std::env::temp_dir().join(format!("oomtrace-cache-test-{}", std::process::id()));
+        // SAFETY of set_var: this is the only test in this binary that reads XDG_CACHE_HOME.
+        unsafe { std::env::set_var("XDG_CACHE_HOME", &cache) };
+        let lib = extract_embedded(b"\x7fELF not really").unwrap();
+        assert_eq!(std::fs::read(&lib).unwrap(), b"\x7fELF not really");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(lib.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        assert_eq!(extract_embedded(b"\x7fELF not really").unwrap(), lib);
+        assert_ne!(extract_embedded(b"another build").unwrap(), lib);
+        let _ = std::fs::remove_dir_all(&cache);
+    }
 }
