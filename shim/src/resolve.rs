@@ -15,6 +15,11 @@
 //!   copies can be loaded at once and our one slot per symbol could route a call to the wrong
 //!   copy. Their driver calls go through our driver wrappers anyway.
 //! - Our own lookups never go through our exported `dlsym`: they use the saved real one.
+//! - `dlvsym` is deliberately not interposed. libcuda defines no symbol versions but has a
+//!   VERSYM table (it references versioned glibc symbols), and glibc's `dlvsym` returns NULL
+//!   for every versioned lookup in such an object (checked on glibc 2.36): no working program
+//!   reaches a driver function through it, so interposing it would only add risk. (libcudart
+//!   imports `dlvsym` for its libc lookups.)
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
