@@ -91,6 +91,23 @@ const TARGETS: &[Target] = &[
         flags: CUDART,
     },
     Target {
+        out: "libext_rt13.so",
+        sources: &["ext_rt13.c"],
+        flags: &[
+            "-shared",
+            "-fPIC",
+            "-L$BIN",
+            "-l:libcudart.so.13",
+            "-Wl,-rpath,$ORIGIN",
+            "-ldl",
+        ],
+    },
+    Target {
+        out: "two_runtimes",
+        sources: &["two_runtimes.c"],
+        flags: CUDART,
+    },
+    Target {
         out: "multi_device",
         sources: &["multi_device.c"],
         flags: CUDART,
@@ -126,6 +143,37 @@ const TARGETS: &[Target] = &[
     },
 ];
 
+/// A second copy of the simulated runtime with another soname and version node, as a wheel
+/// built for another CUDA release would bring (`libcudart.so.13`).
+fn build_runtime_13(cc: &Path, bin: &Path, include_dir: &str) {
+    let src = Path::new("../simcuda/src");
+    println!(
+        "cargo:rerun-if-changed={}",
+        src.join("libcudart.c").display()
+    );
+    let map = bin.join("libcudart13.map");
+    let text = std::fs::read_to_string(src.join("libcudart.map")).expect("libcudart.map");
+    std::fs::write(&map, text.replace("libcudart.so.12", "libcudart.so.13")).expect("write map");
+    let status = Command::new(cc)
+        .args([
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-g",
+            "-fvisibility=hidden",
+            "-Wl,-soname,libcudart.so.13",
+        ])
+        .arg(format!("-Wl,--version-script={}", map.display()))
+        .arg(format!("-I{include_dir}"))
+        .arg("-o")
+        .arg(bin.join("libcudart.so.13"))
+        .arg(src.join("libcudart.c"))
+        .args(["-ldl", "-lpthread"])
+        .status()
+        .expect("run the C compiler");
+    assert!(status.success(), "building libcudart.so.13 failed");
+}
+
 fn main() {
     let lib_dir = std::env::var("DEP_SIMCUDA_LIB_DIR").expect("simcuda exports lib_dir");
     let include_dir =
@@ -136,6 +184,7 @@ fn main() {
     println!("cargo:rerun-if-changed=scenarios");
     println!("cargo:rerun-if-changed=build.rs");
     let cc = cc::Build::new().get_compiler();
+    build_runtime_13(cc.path(), &bin, &include_dir);
     for t in TARGETS {
         let mut cmd = Command::new(cc.path());
         cmd.args(["-g", "-O1", "-fomit-frame-pointer", "-Wall", "-std=gnu11"])

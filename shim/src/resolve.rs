@@ -11,9 +11,12 @@
 //!   caller (RTLD_NEXT and RTLD_DEFAULT are resolved relative to the caller's return address).
 //!   Never substitute for pseudo-handles; only for real handles and driver symbols that the
 //!   real lookup found in a `libcuda.so*`.
-//! - Runtime (`cuda*`) functions are not substituted in `dlsym` answers: several libcudart
-//!   copies can be loaded at once and our one slot per symbol could route a call to the wrong
-//!   copy. Their driver calls go through our driver wrappers anyway.
+//! - Runtime (`cuda*`) functions: several libcudart copies can be loaded at once (torch's
+//!   `.so.13` next to another wheel's `.so.12`), and calls from both bind to our one export.
+//!   Each call therefore carries its caller's address (a trampoline passes it) and goes to the
+//!   function the caller's own dependency scope provides (`resolve_for_caller`). They are not
+//!   substituted in `dlsym` answers: the caller asked a specific handle, and their driver
+//!   calls reach our driver wrappers anyway.
 //! - Our own lookups never go through our exported `dlsym`: they use the saved real one.
 //! - `dlvsym` is deliberately not interposed. libcuda defines no symbol versions but has a
 //!   VERSYM table (it references versioned glibc symbols), and glibc's `dlvsym` returns NULL
@@ -223,6 +226,52 @@ pub fn resolve_slot(hook: &Hook) -> Option<*const ()> {
     }
 }
 
+/// Serializes the cold path that fills the per-caller tables.
+static CALLER_TABLES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The runtime function a call from return address `caller` would have bound to without us:
+/// the caller module's own dependency scope first (an extension's private libcudart), then
+/// the global one. Remembered per calling module.
+pub fn resolve_for_caller(hook: &Hook, caller: u64) -> Option<*const ()> {
+    let _serial = CALLER_TABLES.lock().unwrap_or_else(|p| p.into_inner());
+    let (mods, _) = crate::stack::modules::enumerate();
+    let Some(module) = mods.iter().find(|m| m.contains(caller)) else {
+        return hook.real();
+    };
+    let mut p: *mut c_void = std::ptr::null_mut();
+    if let Ok(path) = std::ffi::CString::new(module.path.clone()) {
+        // SAFETY: NOLOAD: a handle to the already loaded caller, released right after.
+        let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        if !h.is_null() {
+            p = real_dlsym(h, hook.name);
+            // SAFETY: drops only our own reference.
+            unsafe { libc::dlclose(h) };
+        }
+    }
+    let real = if p.is_null() || is_ours(p as usize) {
+        // The caller sees the global scope (the main program, or a library without its own
+        // runtime): what symbol binding would have found after us.
+        hook.real()? as usize
+    } else {
+        // Keep the runtime copy that provides it loaded even if the caller is unloaded, so a
+        // remembered pointer can never dangle.
+        pin_provider(p);
+        p as usize
+    };
+    hook.remember_caller(module.start, module.end, real);
+    Some(real as *const ())
+}
+
+/// Takes a reference on the object that contains `p` (never dropped).
+fn pin_provider(p: *mut c_void) {
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads p.
+    if unsafe { libc::dladdr(p, &mut info) } != 0 && !info.dli_fname.is_null() {
+        // SAFETY: NOLOAD on an object that is loaded.
+        unsafe { libc::dlopen(info.dli_fname, libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    }
+}
+
 static UNRESOLVED_SAID: AtomicBool = AtomicBool::new(false);
 
 pub fn warn_unresolved(hook: &Hook) {
@@ -413,25 +462,28 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     rc
 }
 
-// The runtime resolvers (CUDA 12 signatures). CUDA 11.x had a 3-argument
-// cudaGetDriverEntryPoint: the 4th register is then garbage, which is forwarded untouched and
-// never read here. Their version is the runtime's own, unknown to us: `identify` then checks
-// every candidate against the driver's answer for that candidate's exact ABI.
+// The runtime resolvers (CUDA 12 signatures), as caller-first trampolines like the other
+// runtime wrappers (see hooks/mod.rs). CUDA 11.x had a 3-argument cudaGetDriverEntryPoint:
+// the 4th register is then garbage, which is forwarded untouched and never read here. Their
+// version is the runtime's own, unknown to us: `identify` then checks every candidate against
+// the driver's answer for that candidate's exact ABI.
 type EntryPointFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, u64, *mut c_int) -> c_int;
 type EntryPointByVersionFn =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, u32, u64, *mut c_int) -> c_int;
 
 unsafe fn entry_point(
     id: HookId,
+    caller: usize,
     symbol: *const c_char,
     func_ptr: *mut *mut c_void,
     flags: u64,
     status: *mut c_int,
 ) -> c_int {
-    let Some(p) = real_of(id) else {
-        return HOOKS[id as usize].unresolved();
+    let hook = &HOOKS[id as usize];
+    let Some(p) = hook.real_for(caller) else {
+        return hook.unresolved();
     };
-    // SAFETY: the slot holds the runtime's function of this exact ABI.
+    // SAFETY: the runtime's function of this exact ABI.
     let real = unsafe { std::mem::transmute::<*const (), EntryPointFn>(p) };
     let rc = unsafe { real(symbol, func_ptr, flags, status) };
     if rc == 0 {
@@ -442,14 +494,16 @@ unsafe fn entry_point(
 
 unsafe fn entry_point_by_version(
     id: HookId,
+    caller: usize,
     symbol: *const c_char,
     func_ptr: *mut *mut c_void,
     version: u32,
     flags: u64,
     status: *mut c_int,
 ) -> c_int {
-    let Some(p) = real_of(id) else {
-        return HOOKS[id as usize].unresolved();
+    let hook = &HOOKS[id as usize];
+    let Some(p) = hook.real_for(caller) else {
+        return hook.unresolved();
     };
     // SAFETY: as above.
     let real = unsafe { std::mem::transmute::<*const (), EntryPointByVersionFn>(p) };
@@ -461,78 +515,28 @@ unsafe fn entry_point_by_version(
     rc
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cudaGetDriverEntryPoint(
-    symbol: *const c_char,
-    func_ptr: *mut *mut c_void,
-    flags: u64,
-    status: *mut c_int,
-) -> c_int {
-    unsafe {
-        entry_point(
-            HookId::cudaGetDriverEntryPoint,
-            symbol,
-            func_ptr,
-            flags,
-            status,
-        )
-    }
+/// Exports `$name` as a caller-first trampoline into `$imp`, which calls `$inner` with the
+/// hook's id and the caller's address.
+macro_rules! runtime_resolver {
+    ($name:ident, $imp:ident => $inner:ident, ($($arg:ident: $ty:ty),*)) => {
+        #[unsafe(naked)]
+        #[unsafe(no_mangle)]
+        #[allow(unused_variables)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
+            crate::hooks::caller_first_trampoline!($imp)
+        }
+
+        unsafe extern "C" fn $imp(caller: usize, $($arg: $ty),*) -> c_int {
+            unsafe { $inner(HookId::$name, caller, $($arg),*) }
+        }
+    };
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cudaGetDriverEntryPoint_ptsz(
-    symbol: *const c_char,
-    func_ptr: *mut *mut c_void,
-    flags: u64,
-    status: *mut c_int,
-) -> c_int {
-    unsafe {
-        entry_point(
-            HookId::cudaGetDriverEntryPoint_ptsz,
-            symbol,
-            func_ptr,
-            flags,
-            status,
-        )
-    }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cudaGetDriverEntryPointByVersion(
-    symbol: *const c_char,
-    func_ptr: *mut *mut c_void,
-    version: u32,
-    flags: u64,
-    status: *mut c_int,
-) -> c_int {
-    unsafe {
-        entry_point_by_version(
-            HookId::cudaGetDriverEntryPointByVersion,
-            symbol,
-            func_ptr,
-            version,
-            flags,
-            status,
-        )
-    }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cudaGetDriverEntryPointByVersion_ptsz(
-    symbol: *const c_char,
-    func_ptr: *mut *mut c_void,
-    version: u32,
-    flags: u64,
-    status: *mut c_int,
-) -> c_int {
-    unsafe {
-        entry_point_by_version(
-            HookId::cudaGetDriverEntryPointByVersion_ptsz,
-            symbol,
-            func_ptr,
-            version,
-            flags,
-            status,
-        )
-    }
-}
+runtime_resolver!(cudaGetDriverEntryPoint, entry_point_imp => entry_point,
+    (symbol: *const c_char, func_ptr: *mut *mut c_void, flags: u64, status: *mut c_int));
+runtime_resolver!(cudaGetDriverEntryPoint_ptsz, entry_point_ptsz_imp => entry_point,
+    (symbol: *const c_char, func_ptr: *mut *mut c_void, flags: u64, status: *mut c_int));
+runtime_resolver!(cudaGetDriverEntryPointByVersion, entry_point_by_version_imp => entry_point_by_version,
+    (symbol: *const c_char, func_ptr: *mut *mut c_void, version: u32, flags: u64, status: *mut c_int));
+runtime_resolver!(cudaGetDriverEntryPointByVersion_ptsz, entry_point_by_version_ptsz_imp => entry_point_by_version,
+    (symbol: *const c_char, func_ptr: *mut *mut c_void, version: u32, flags: u64, status: *mut c_int));

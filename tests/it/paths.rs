@@ -358,3 +358,29 @@ fn python_ctypes_allocations_unwind_through_the_interpreter() {
         "{names:?}"
     );
 }
+
+#[test]
+fn each_caller_reaches_its_own_runtime_when_two_are_loaded() {
+    let ext = scenario("libext_rt13.so");
+    let args = [ext.to_str().unwrap()];
+    let t = run_traced("two_runtimes", &args, &[]);
+    assert!(t.status.success(), "{}", t.stderr);
+    assert_same_behaviour("two_runtimes", &args, &[], &t);
+    assert!(
+        t.stdout.contains("saw its failure: error 2"),
+        "{}",
+        t.stdout
+    );
+    let live = live_by_function(&t.report);
+    let pid = processes(&t.report)[0]["pid"].as_u64().unwrap();
+    assert_eq!(
+        live.get(&(pid, "main_alloc".into())),
+        Some(&MIB),
+        "{live:?}"
+    );
+    assert_eq!(
+        live.get(&(pid, "rt13_alloc".into())),
+        Some(&(2 * MIB)),
+        "{live:?}"
+    );
+}

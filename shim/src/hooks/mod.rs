@@ -8,7 +8,7 @@ pub mod record;
 mod table;
 
 use std::ffi::{c_int, CStr};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use oomtrace_proto::Api;
 
@@ -38,6 +38,27 @@ pub struct GpaName {
     pub ptsz: bool,
 }
 
+/// Calling modules remembered per runtime hook. A process has few modules that call the CUDA
+/// runtime directly (libc10_cuda, an extension or two); beyond these, the cold path runs.
+pub const CALLER_SLOTS: usize = 8;
+
+/// A calling module's address range and the function its own dependency scope resolves.
+pub struct CallerSlot {
+    start: AtomicU64,
+    end: AtomicU64,
+    real: AtomicUsize,
+}
+
+impl CallerSlot {
+    const fn new() -> CallerSlot {
+        CallerSlot {
+            start: AtomicU64::new(0),
+            end: AtomicU64::new(0),
+            real: AtomicUsize::new(0),
+        }
+    }
+}
+
 /// One hooked function.
 pub struct Hook {
     /// The exact exported symbol.
@@ -49,6 +70,11 @@ pub struct Hook {
     pub wrapper: *const (),
     /// The real function, 0 until resolved. Never one of our own wrappers.
     real: AtomicUsize,
+    /// Runtime hooks: the real function per calling module (several libcudart copies can be
+    /// loaded; each caller must reach the one it would have bound to). Append-only: slots
+    /// below `callers_len` are complete and never change.
+    callers: [CallerSlot; CALLER_SLOTS],
+    callers_len: AtomicUsize,
 }
 
 // SAFETY: `wrapper` is the address of a function; it is never written.
@@ -69,6 +95,8 @@ impl Hook {
             gpa,
             wrapper,
             real: AtomicUsize::new(0),
+            callers: [const { CallerSlot::new() }; CALLER_SLOTS],
+            callers_len: AtomicUsize::new(0),
         }
     }
 
@@ -85,6 +113,35 @@ impl Hook {
         }
         // Cold path, and it reaches into the loader: never let a bug there unwind into C.
         crate::guard::catch(|| crate::resolve::resolve_slot(self)).flatten()
+    }
+
+    /// The real function for a call made from return address `caller` (runtime hooks).
+    #[inline]
+    pub fn real_for(&self, caller: usize) -> Option<*const ()> {
+        let n = self.callers_len.load(Ordering::Acquire);
+        let caller = caller as u64;
+        for slot in &self.callers[..n.min(CALLER_SLOTS)] {
+            if slot.start.load(Ordering::Relaxed) <= caller
+                && caller < slot.end.load(Ordering::Relaxed)
+            {
+                return Some(slot.real.load(Ordering::Relaxed) as *const ());
+            }
+        }
+        crate::guard::catch(|| crate::resolve::resolve_for_caller(self, caller)).flatten()
+    }
+
+    /// Remembers that calls from [start, end) go to `real` (cold path, serialized by the
+    /// caller; full tables simply stop remembering).
+    pub fn remember_caller(&self, start: u64, end: u64, real: usize) {
+        let n = self.callers_len.load(Ordering::Acquire);
+        if n >= CALLER_SLOTS {
+            return;
+        }
+        let slot = &self.callers[n];
+        slot.start.store(start, Ordering::Relaxed);
+        slot.end.store(end, Ordering::Relaxed);
+        slot.real.store(real, Ordering::Relaxed);
+        self.callers_len.store(n + 1, Ordering::Release);
     }
 
     /// The real pointer if one is known, without resolving.
@@ -193,13 +250,53 @@ macro_rules! hook_table {
                          $cpath as *const ()), )*
         ];
 
-        $(
-            #[unsafe(no_mangle)]
-            #[allow(non_snake_case)]
-            pub unsafe extern "C" fn $name( $( $arg : $ty ),* ) -> c_int {
+        $( wrapper!($fam, $name, ( $( $arg : $ty ),* ), $rec, ( $( $rarg ),* )); )*
+    };
+}
+
+/// Moves the six integer argument registers up by one and puts the caller's return address
+/// first, then tail-jumps: `imp(caller, a0, ..., a4)` returns straight to our caller. Only for
+/// functions of at most five integer or pointer arguments (checked where it is used).
+macro_rules! caller_first_trampoline {
+    ($imp:path) => {
+        core::arch::naked_asm!(
+            "endbr64",
+            "mov r9, r8",
+            "mov r8, rcx",
+            "mov rcx, rdx",
+            "mov rdx, rsi",
+            "mov rsi, rdi",
+            "mov rdi, [rsp]",
+            "jmp {imp}",
+            imp = sym $imp,
+        )
+    };
+}
+
+/// One exported wrapper. Runtime wrappers are trampolines that pass the caller's address to
+/// `<name>::imp`, which picks the real function of the caller's own libcudart.
+macro_rules! wrapper {
+    (Runtime, $name:ident, ( $( $arg:ident : $ty:ty ),* ), $rec:ident, ( $( $rarg:expr ),* )) => {
+        #[unsafe(naked)]
+        #[unsafe(no_mangle)]
+        #[allow(non_snake_case, unused_variables)]
+        pub unsafe extern "C" fn $name( $( $arg : $ty ),* ) -> c_int {
+            crate::hooks::caller_first_trampoline!($name::imp)
+        }
+
+        #[allow(non_snake_case)]
+        mod $name {
+            use super::*;
+
+            const _: () = assert!(
+                [$( stringify!($arg) ),*].len() <= 5,
+                "the caller-first trampoline passes at most five arguments in registers"
+            );
+
+            pub(super) unsafe extern "C" fn imp(caller: usize, $( $arg : $ty ),* ) -> c_int {
                 type Real = unsafe extern "C" fn( $( $ty ),* ) -> c_int;
                 let hook = &HOOKS[HookId::$name as usize];
-                let Some(p) = hook.real() else { return hook.unresolved() };
+                let Some(p) = hook.real_for(caller) else { return hook.unresolved() };
                 // SAFETY: `p` was resolved for this exact symbol, whose C signature is this one.
                 let real: Real = unsafe { core::mem::transmute::<*const (), Real>(p) };
                 if !crate::guard::enter() {
@@ -212,11 +309,31 @@ macro_rules! hook_table {
                 crate::guard::leave();
                 rc
             }
-        )*
+        }
+    };
+    ($fam:ident, $name:ident, ( $( $arg:ident : $ty:ty ),* ), $rec:ident, ( $( $rarg:expr ),* )) => {
+        #[unsafe(no_mangle)]
+        #[allow(non_snake_case)]
+        pub unsafe extern "C" fn $name( $( $arg : $ty ),* ) -> c_int {
+            type Real = unsafe extern "C" fn( $( $ty ),* ) -> c_int;
+            let hook = &HOOKS[HookId::$name as usize];
+            let Some(p) = hook.real() else { return hook.unresolved() };
+            // SAFETY: `p` was resolved for this exact symbol, whose C signature is this one.
+            let real: Real = unsafe { core::mem::transmute::<*const (), Real>(p) };
+            if !crate::guard::enter() {
+                return unsafe { real( $( $arg ),* ) };
+            }
+            let mut rec = record::$rec::new(Api::$name, $( $rarg ),* );
+            crate::guard::before(&mut rec);
+            let rc = unsafe { real( $( $arg ),* ) };
+            crate::guard::after(&mut rec, rc);
+            crate::guard::leave();
+            rc
+        }
     };
 }
 
-pub(crate) use {c_name, family, gpa, hook_table};
+pub(crate) use {c_name, caller_first_trampoline, family, gpa, hook_table, wrapper};
 
 #[cfg(test)]
 mod tests {
