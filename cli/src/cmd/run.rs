@@ -189,6 +189,8 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
         Err(e) => {
             let _ = stop_collector(collector);
             let _ = std::fs::remove_dir_all(&dir);
+            // Nothing ran: leave no empty trace behind.
+            let _ = std::fs::remove_file(&session.output);
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
