@@ -824,7 +824,7 @@ fn spawn_collector(config: &crate::config::Config) -> Result<PathBuf, String> {
     let output = std::env::current_dir()
         .map(|d| d.join(&output))
         .unwrap_or_else(|_| PathBuf::from(&output));
-    let result = std::process::Command::new(&exe)
+    let started = std::process::Command::new(&exe)
         .arg("collect")
         .arg("--socket")
         .arg(&socket)
@@ -841,16 +841,23 @@ fn spawn_collector(config: &crate::config::Config) -> Result<PathBuf, String> {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
-    if !result.status.success() {
-        let msg = String::from_utf8_lossy(&result.stderr);
-        let line = msg.lines().next().unwrap_or("").trim().to_string();
-        return Err(format!(
-            "{} exited with {}: {line}",
-            exe.display(),
-            result.status
-        ));
+        .output();
+    let failure = match started {
+        Err(e) => Some(format!("cannot run {}: {e}", exe.display())),
+        Ok(r) if !r.status.success() => {
+            let msg = String::from_utf8_lossy(&r.stderr);
+            let line = msg.lines().next().unwrap_or("").trim().to_string();
+            Some(format!(
+                "{} exited with {}: {line}",
+                exe.display(),
+                r.status
+            ))
+        }
+        Ok(_) => None,
+    };
+    if let Some(why) = failure {
+        let _ = std::fs::remove_dir_all(&dir);
+        return Err(why);
     }
     log::info(&format!(
         "started a collector writing {} (socket {})",

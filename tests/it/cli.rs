@@ -80,13 +80,17 @@ fn bad_flags_and_missing_programs_are_one_line() {
     assert_one_line_error(&oomtrace(&["frobnicate"]), "frobnicate");
     let dir = scratch("no-program");
     let mut cmd = base_command(oomtrace_bin());
-    cmd.current_dir(&dir).args(["run", "--", "/nonexistent/program"]);
+    cmd.current_dir(&dir)
+        .args(["run", "--", "/nonexistent/program"]);
     let out = output_within(cmd, TIMEOUT);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(127), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("cannot run"), "{err}");
-    assert!(traces_in(&dir).is_empty(), "a program that never ran leaves no trace");
+    assert!(
+        traces_in(&dir).is_empty(),
+        "a program that never ran leaves no trace"
+    );
 }
 
 #[test]

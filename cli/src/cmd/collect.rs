@@ -55,7 +55,20 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         );
     }
     let output = collector.options().output.clone();
+    let socket = collector.options().socket.clone();
     let trace = collector.serve(&signals::STOP)?;
+    if args.detach {
+        // Started by the shim, which made a private oomtrace-XXXXXX directory for the socket:
+        // remove it once empty (remove_dir never removes a directory that is not).
+        if let Some(dir) = socket.parent() {
+            if dir
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("oomtrace-"))
+            {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
+    }
     if !args.quiet && !args.detach {
         let report = oomtrace_collector::report::build(
             &trace,
