@@ -273,6 +273,26 @@ macro_rules! caller_first_trampoline {
     };
 }
 
+/// The body every recording wrapper shares: find the real function, forward untouched unless
+/// this is the outermost recording hook, else `before` -> real call (exactly once) -> `after`.
+macro_rules! call_recorded {
+    ($hook:ident, $real:expr, $name:ident, ( $( $arg:ident : $ty:ty ),* ), $rec:ident, ( $( $rarg:expr ),* )) => {{
+        type Real = unsafe extern "C" fn( $( $ty ),* ) -> c_int;
+        let Some(p) = $real else { return $hook.unresolved() };
+        // SAFETY: `p` was resolved for this exact symbol, whose C signature is this one.
+        let real: Real = unsafe { core::mem::transmute::<*const (), Real>(p) };
+        if !crate::guard::enter() {
+            return unsafe { real( $( $arg ),* ) };
+        }
+        let mut rec = record::$rec::new(Api::$name, $( $rarg ),* );
+        crate::guard::before(&mut rec);
+        let rc = unsafe { real( $( $arg ),* ) };
+        crate::guard::after(&mut rec, rc);
+        crate::guard::leave();
+        rc
+    }};
+}
+
 /// One exported wrapper. Runtime wrappers are trampolines that pass the caller's address to
 /// `<name>::imp`, which picks the real function of the caller's own libcudart.
 macro_rules! wrapper {
@@ -294,20 +314,8 @@ macro_rules! wrapper {
             );
 
             pub(super) unsafe extern "C" fn imp(caller: usize, $( $arg : $ty ),* ) -> c_int {
-                type Real = unsafe extern "C" fn( $( $ty ),* ) -> c_int;
                 let hook = &HOOKS[HookId::$name as usize];
-                let Some(p) = hook.real_for(caller) else { return hook.unresolved() };
-                // SAFETY: `p` was resolved for this exact symbol, whose C signature is this one.
-                let real: Real = unsafe { core::mem::transmute::<*const (), Real>(p) };
-                if !crate::guard::enter() {
-                    return unsafe { real( $( $arg ),* ) };
-                }
-                let mut rec = record::$rec::new(Api::$name, $( $rarg ),* );
-                crate::guard::before(&mut rec);
-                let rc = unsafe { real( $( $arg ),* ) };
-                crate::guard::after(&mut rec, rc);
-                crate::guard::leave();
-                rc
+                crate::hooks::call_recorded!(hook, hook.real_for(caller), $name, ( $( $arg : $ty ),* ), $rec, ( $( $rarg ),* ))
             }
         }
     };
@@ -315,25 +323,13 @@ macro_rules! wrapper {
         #[unsafe(no_mangle)]
         #[allow(non_snake_case)]
         pub unsafe extern "C" fn $name( $( $arg : $ty ),* ) -> c_int {
-            type Real = unsafe extern "C" fn( $( $ty ),* ) -> c_int;
             let hook = &HOOKS[HookId::$name as usize];
-            let Some(p) = hook.real() else { return hook.unresolved() };
-            // SAFETY: `p` was resolved for this exact symbol, whose C signature is this one.
-            let real: Real = unsafe { core::mem::transmute::<*const (), Real>(p) };
-            if !crate::guard::enter() {
-                return unsafe { real( $( $arg ),* ) };
-            }
-            let mut rec = record::$rec::new(Api::$name, $( $rarg ),* );
-            crate::guard::before(&mut rec);
-            let rc = unsafe { real( $( $arg ),* ) };
-            crate::guard::after(&mut rec, rc);
-            crate::guard::leave();
-            rc
+            crate::hooks::call_recorded!(hook, hook.real(), $name, ( $( $arg : $ty ),* ), $rec, ( $( $rarg ),* ))
         }
     };
 }
 
-pub(crate) use {c_name, caller_first_trampoline, family, gpa, hook_table, wrapper};
+pub(crate) use {c_name, call_recorded, caller_first_trampoline, family, gpa, hook_table, wrapper};
 
 #[cfg(test)]
 mod tests {
