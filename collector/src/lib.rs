@@ -9,6 +9,9 @@
 //!
 //! Never links CUDA. Symbolization happens here (or in the CLI), never in the traced process.
 
+pub mod detect;
+pub mod epoch;
+pub mod live;
 pub mod report;
 pub mod server;
 pub mod state;

@@ -6,6 +6,7 @@
 
 use serde::Serialize;
 
+use crate::detect::Evidence;
 use crate::state::{EndState, Process, HOST_DEVICE};
 use crate::symbolize::{FrameInfo, StackSymbolizer};
 use crate::trace::Trace;
@@ -50,7 +51,23 @@ pub struct ProcessReport {
     pub failed_frees: u64,
     pub steps: u64,
     pub duration_s: f64,
+    /// How the detectors cut the run into steps.
+    pub epochs: EpochReport,
     pub devices: Vec<DeviceReport>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EpochReport {
+    /// markers | auto | windows | none
+    pub source: &'static str,
+    pub count: u32,
+    /// With `auto`: allocations per step of the anchor call site.
+    pub period_allocations: Option<f64>,
+    pub median_step_s: Option<f64>,
+    /// The first step of the current source (earlier ones were cut another way).
+    pub stable_since: u32,
+    /// The first step whose allocations can count as a leak's generations.
+    pub warmup_end: u32,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -92,6 +109,12 @@ pub struct Finding {
     pub count: u64,
     /// The allocation API seen at this site.
     pub api: String,
+    /// The likely cause, in a sentence.
+    pub hint: String,
+    pub growth_bytes_per_s: Option<f64>,
+    /// The numbers behind a detector's finding (leak, growth, fragmentation, threshold).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<Evidence>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oom: Option<OomDetail>,
 }
@@ -152,13 +175,19 @@ fn status(p: &Process) -> String {
     }
 }
 
-fn result_name(rc: i32) -> &'static str {
-    match rc {
-        2 => "out of memory",
-        1 => "invalid value",
-        3 => "not initialized",
-        201 => "invalid context",
-        _ => "error",
+/// Why memory might still be live at exit, from what the trace can tell.
+fn live_hint(p: &Process, device: i16, site: crate::state::SiteId) -> String {
+    let leaking = p.detect.growth.is_leak(site, device);
+    if leaking {
+        "This call site is also reported as a leak: its memory grew step by step.".into()
+    } else if p.end != EndState::Exited(Some(GoodbyeReason::Exit))
+        && p.end != EndState::Exited(None)
+    {
+        "The process did not exit normally, so memory it would have freed may be listed.".into()
+    } else {
+        "Never freed before exit. Harmless if it was meant to live until the end (weights, \
+         caches); the driver reclaims it at exit. A leak shows as growth across steps instead."
+            .into()
     }
 }
 
@@ -182,7 +211,7 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
         }
     };
     let mut processes = Vec::new();
-    let mut ooms = Vec::new();
+    let mut detected = Vec::new();
     let mut live = Vec::new();
     for p in &trace.processes {
         let devices = p
@@ -224,51 +253,59 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
             failed_frees: p.failed_frees,
             steps: p.markers,
             duration_s: p.last_ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
+            epochs: EpochReport {
+                source: p.clock.source.name(),
+                count: p.clock.epoch,
+                period_allocations: p.clock.period_allocs(),
+                median_step_s: p.clock.median_duration_s(),
+                stable_since: p.clock.stable_since,
+                warmup_end: p.clock.stable_since + crate::detect::growth::WARMUP,
+            },
             devices,
         });
-        for o in &p.ooms {
-            let top_sites = o
-                .top_sites
-                .iter()
-                .map(|&(site, bytes, count)| SiteShare {
-                    bytes,
-                    count,
-                    stack: stack_of(p, site),
-                })
-                .collect();
-            let free = match (o.free_bytes, o.total_bytes) {
-                (Some(f), Some(t)) => format!(" with {} free of {}", fmt_bytes(f), fmt_bytes(t)),
-                _ => String::new(),
-            };
-            ooms.push(Finding {
-                kind: "oom",
-                level: "error",
-                pid: p.pid(),
-                device: o.device,
-                bytes: o.size,
-                growth_bytes_per_step: None,
-                steps: None,
-                stack: stack_of(p, o.site),
-                message: format!(
-                    "{} of {} failed ({}) on device {}{}; {} tracked live",
-                    o.api.name(),
-                    fmt_bytes(o.size),
-                    result_name(o.result),
-                    o.device,
-                    free,
-                    fmt_bytes(o.live_bytes)
-                ),
-                count: 1,
-                api: o.api.name().into(),
-                oom: Some(OomDetail {
+        let ctx = p.context();
+        for f in p.detect.findings(&ctx) {
+            let oom = f
+                .record
+                .and_then(|i| p.detect.oom.records.get(i))
+                .map(|o| OomDetail {
                     requested_bytes: o.size,
                     result: o.result,
                     free_bytes: o.free_bytes,
                     total_bytes: o.total_bytes,
                     live_bytes: o.live_bytes,
                     time_s: o.ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
-                    top_sites,
-                }),
+                    top_sites: o
+                        .top_sites
+                        .iter()
+                        .map(|&(site, bytes, count)| SiteShare {
+                            bytes,
+                            count,
+                            stack: stack_of(p, site),
+                        })
+                        .collect(),
+                });
+            let stack = if f.site.0 == 0 {
+                Vec::new()
+            } else {
+                stack_of(p, f.site)
+            };
+            detected.push(Finding {
+                kind: f.kind,
+                level: f.level.name(),
+                pid: p.pid(),
+                device: f.device,
+                bytes: f.bytes,
+                growth_bytes_per_step: f.growth_bytes_per_step,
+                steps: f.steps,
+                stack,
+                message: f.message,
+                count: f.count,
+                api: f.api.map(|a| a.name()).unwrap_or("").into(),
+                hint: f.hint,
+                growth_bytes_per_s: f.growth_bytes_per_s,
+                evidence: f.evidence,
+                oom,
             });
         }
         for &device in p.devices.keys() {
@@ -300,13 +337,25 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
                     ),
                     count,
                     api: api.into(),
+                    hint: live_hint(p, device, site),
+                    growth_bytes_per_s: None,
+                    evidence: None,
                     oom: None,
                 });
             }
         }
     }
     live.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
-    let mut findings = ooms;
+    // OOMs open the report, then leaks, fragmentation, thresholds and bounded growth.
+    let rank = |f: &Finding| match f.kind {
+        "oom" => 0,
+        "leak" => 1,
+        "fragmentation" => 2,
+        "threshold" => 3,
+        _ => 4,
+    };
+    detected.sort_by_key(|f| rank(f));
+    let mut findings = detected;
     findings.extend(live);
     Report {
         version: REPORT_VERSION,

@@ -37,6 +37,8 @@ pub struct Options {
     pub compress: bool,
     /// Never overwrite: if `output` exists, write `name.1.oomt`, `name.2.oomt`, ... instead.
     pub no_clobber: bool,
+    /// Print each new finding on stderr as it happens.
+    pub live: bool,
 }
 
 impl Options {
@@ -49,6 +51,7 @@ impl Options {
             first_client_timeout: Duration::from_secs(60),
             compress: true,
             no_clobber: false,
+            live: false,
         }
     }
 }
@@ -168,6 +171,7 @@ impl Collector {
             last_close: Mutex::new(Instant::now()),
             finished: Mutex::new(Vec::new()),
             shutting_down: AtomicBool::new(false),
+            live: opts.live,
         });
         let next_conn = AtomicU32::new(1);
         let started = Instant::now();
@@ -264,6 +268,7 @@ struct Shared {
     last_close: Mutex<Instant>,
     finished: Mutex<Vec<Process>>,
     shutting_down: AtomicBool,
+    live: bool,
 }
 
 fn write_loop(
@@ -346,6 +351,8 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
     let mut goodbye = false;
     let mut opened = false;
     let mut chunk = vec![0u8; 256 << 10];
+    let mut printed = 0usize;
+    let mut sym: Option<crate::symbolize::StackSymbolizer> = None;
     let close = |reason: CloseReason, msg: String| {
         let _ = wtx.send(WriterMsg::Close(conn, reason, msg));
     };
@@ -389,7 +396,7 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
                             failure = Some("the first frame is not a Hello".to_string());
                             break;
                         }
-                        (_, Some(p)) => p.apply(&frame),
+                        (_, Some(p)) => p.apply_guarded(&frame),
                     }
                     if matches!(frame, Frame::Goodbye { .. }) {
                         goodbye = true;
@@ -401,6 +408,17 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
                     failure = Some(e.to_string());
                     break;
                 }
+            }
+        }
+        if let Some(p) = process.as_ref().filter(|_| shared.live) {
+            let alerts = &p.detect.alerts.list;
+            if alerts.len() > printed {
+                let sym = sym.get_or_insert_with(crate::symbolize::StackSymbolizer::new);
+                let mut err = std::io::stderr().lock();
+                for a in &alerts[printed..] {
+                    let _ = writeln!(err, "{}", crate::live::line(p, a, sym));
+                }
+                printed = alerts.len();
             }
         }
         if used > 0 {

@@ -17,6 +17,10 @@ use oomtrace_proto::wire::{Frame, GoodbyeReason, Hello, Lost, ModuleDef};
 use oomtrace_proto::{Api, Event, EventKind, MemoryClass, StackId, DEVICE_UNKNOWN};
 use rustc_hash::FxHashMap;
 
+pub use crate::detect::oom::OomRecord;
+use crate::detect::{AllocObs, Context, Detectors};
+use crate::epoch::EpochClock;
+
 /// A deduplicated call site within one process. 0 = no stack recorded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SiteId(pub u32);
@@ -34,8 +38,8 @@ pub struct LiveAlloc {
     pub site: SiteId,
     pub api: Api,
     pub ts_ns: u64,
-    /// Number of step markers seen before this allocation.
-    pub step: u64,
+    /// The epoch it was born in.
+    pub epoch: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -43,6 +47,8 @@ pub struct PhysHandle {
     pub size: u64,
     pub device: i16,
     pub site: SiteId,
+    pub epoch: u32,
+    pub ts_ns: u64,
     pub refs: u32,
     pub mappings: u32,
 }
@@ -103,26 +109,6 @@ pub struct Module {
     pub gone: bool,
 }
 
-/// An allocation the driver refused, with the state at that instant.
-#[derive(Clone, Debug)]
-pub struct OomRecord {
-    pub seq: u64,
-    pub ts_ns: u64,
-    pub api: Api,
-    pub result: i32,
-    pub device: i16,
-    pub size: u64,
-    pub site: SiteId,
-    pub tid: u32,
-    /// What the driver reported right after the failure.
-    pub free_bytes: Option<u64>,
-    pub total_bytes: Option<u64>,
-    /// Tracked live bytes on the device at the failure.
-    pub live_bytes: u64,
-    /// The largest holders on that device at the failure: (site, live bytes, live count).
-    pub top_sites: Vec<(SiteId, u64, u64)>,
-}
-
 /// How a process's stream ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EndState {
@@ -136,8 +122,6 @@ pub enum EndState {
     ProtocolError,
 }
 
-/// How many OOM records a process keeps in full (a retry storm must not grow memory).
-const MAX_OOM_RECORDS: usize = 64;
 /// How many sites an OOM record lists.
 const OOM_TOP_SITES: usize = 10;
 
@@ -165,9 +149,12 @@ pub struct Process {
     pub unmatched_frees: u64,
     pub failed_frees: u64,
     pub unknown_stacks: u64,
-    pub ooms: Vec<OomRecord>,
-    pub oom_count: u64,
     pub markers: u64,
+    /// Epoch boundaries (markers, an auto-detected period, or windows).
+    pub clock: EpochClock,
+    pub detect: Detectors,
+    /// Cleared if a detector ever fails (a bug): accounting and the trace go on without them.
+    pub detection: bool,
     pub last_marker: Option<String>,
     pub first_ts_ns: u64,
     pub last_ts_ns: u64,
@@ -197,9 +184,10 @@ impl Process {
             unmatched_frees: 0,
             failed_frees: 0,
             unknown_stacks: 0,
-            ooms: Vec::new(),
-            oom_count: 0,
             markers: 0,
+            clock: EpochClock::default(),
+            detect: Detectors::default(),
+            detection: true,
             last_marker: None,
             first_ts_ns: 0,
             last_ts_ns: 0,
@@ -218,6 +206,20 @@ impl Process {
             self.hello.exe.clone()
         } else {
             self.hello.argv.join(" ")
+        }
+    }
+
+    /// Applies one frame; a panic inside (a detector bug) switches detection off for this
+    /// process instead of losing it: its accounting and its trace go on.
+    pub fn apply_guarded(&mut self, frame: &Frame<'_>) {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.apply(frame)));
+        if r.is_err() && self.detection {
+            self.detection = false;
+            eprintln!(
+                "oomtrace: internal error in the detectors for process {}; going on without \
+                 leak detection for it (please report this)",
+                self.pid()
+            );
         }
     }
 
@@ -240,9 +242,9 @@ impl Process {
             Frame::Marker {
                 seq, ts_ns, label, ..
             } => {
-                self.markers += 1;
                 self.last_marker = Some(label.clone());
                 self.touch(*seq, *ts_ns);
+                self.on_marker(*ts_ns);
             }
             Frame::Lost(l) => self.lost = l.clone(),
             Frame::Goodbye { reason, last_seq } => {
@@ -313,7 +315,45 @@ impl Process {
         self.devices.entry(d).or_default()
     }
 
-    fn add_live(&mut self, device: i16, site: SiteId, size: u64, ts: u64, api: Api) {
+    /// A step marker ends the current epoch.
+    fn on_marker(&mut self, ts: u64) {
+        self.markers += 1;
+        if !self.detection {
+            return;
+        }
+        self.clock.on_marker(ts);
+        self.end_epoch(ts);
+    }
+
+    /// Runs the detectors' per-epoch work for the epoch the clock just closed.
+    fn end_epoch(&mut self, ts: u64) {
+        let ctx = Context {
+            epoch: self.clock.epoch.saturating_sub(1),
+            ts_ns: ts,
+            clock: &self.clock,
+            devices: &self.devices,
+        };
+        self.detect.on_epoch_end(&ctx);
+    }
+
+    /// The detectors' view of this process now (for a report).
+    pub fn context(&self) -> Context<'_> {
+        Context {
+            epoch: self.clock.epoch,
+            ts_ns: self.last_ts_ns,
+            clock: &self.clock,
+            devices: &self.devices,
+        }
+    }
+
+    /// A new live allocation: totals, site aggregates, the epoch clock and the detectors.
+    /// Returns the epoch it is born in.
+    fn add_live(&mut self, device: i16, site: SiteId, size: u64, ts: u64, api: Api) -> u32 {
+        let before = self.devices.get(&device).map_or(0, |d| d.live_bytes);
+        if self.detection && self.clock.on_alloc(site, ts, before) {
+            self.end_epoch(ts);
+        }
+        let epoch = self.clock.epoch;
         let dev = self.device(device);
         dev.live_bytes += size;
         dev.live_count += 1;
@@ -330,9 +370,25 @@ impl Process {
         s.allocations += 1;
         s.peak_bytes = s.peak_bytes.max(s.live_bytes);
         s.api = Some(api);
+        let dev = &self.devices[&device];
+        if !self.detection {
+            return epoch;
+        }
+        self.detect.on_alloc(&AllocObs {
+            device,
+            site,
+            size,
+            api,
+            epoch,
+            ts_ns: ts,
+            device_live: dev.live_bytes,
+            capacity: dev.capacity,
+        });
+        epoch
     }
 
-    fn remove_live(&mut self, device: i16, site: SiteId, size: u64) {
+    #[allow(clippy::too_many_arguments)]
+    fn remove_live(&mut self, device: i16, site: SiteId, size: u64, api: Api, birth: u32, ts: u64) {
         let dev = self.device(device);
         dev.live_bytes = dev.live_bytes.saturating_sub(size);
         dev.live_count = dev.live_count.saturating_sub(1);
@@ -341,14 +397,29 @@ impl Process {
             s.live_bytes = s.live_bytes.saturating_sub(size);
             s.live_count = s.live_count.saturating_sub(1);
         }
+        if !self.detection {
+            return;
+        }
+        let dev = &self.devices[&device];
+        let obs = AllocObs {
+            device,
+            site,
+            size,
+            api,
+            epoch: self.clock.epoch,
+            ts_ns: ts,
+            device_live: dev.live_bytes,
+            capacity: dev.capacity,
+        };
+        self.detect.on_free(&obs, birth);
     }
 
     /// Frees a VMM handle's physical memory once nothing holds it.
-    fn maybe_release_handle(&mut self, handle: u64) {
+    fn maybe_release_handle(&mut self, handle: u64, ts: u64) {
         let done = matches!(self.handles.get(&handle), Some(h) if h.refs == 0 && h.mappings == 0);
         if done {
             if let Some(h) = self.handles.remove(&handle) {
-                self.remove_live(h.device, h.site, h.size);
+                self.remove_live(h.device, h.site, h.size, Api::cuMemCreate, h.epoch, ts);
             }
         }
     }
@@ -371,12 +442,11 @@ impl Process {
                 let device = Self::device_for_class(api, ev.device);
                 if let Some(old) = self.live.remove(&ev.ptr) {
                     // The free of the previous owner of this address was lost.
-                    self.remove_live(old.device, old.site, old.size);
+                    self.remove_live(old.device, old.site, old.size, old.api, old.epoch, ev.ts_ns);
                 }
                 let site = self.site_of(ev.stack);
                 self.device(device).events += 1;
-                self.add_live(device, site, ev.size, ev.ts_ns, api);
-                let step = self.markers;
+                let epoch = self.add_live(device, site, ev.size, ev.ts_ns, api);
                 self.live.insert(
                     ev.ptr,
                     LiveAlloc {
@@ -385,14 +455,14 @@ impl Process {
                         site,
                         api,
                         ts_ns: ev.ts_ns,
-                        step,
+                        epoch,
                     },
                 );
             }
             EventKind::Free => match self.live.remove(&ev.ptr) {
                 Some(a) => {
                     self.device(a.device).events += 1;
-                    self.remove_live(a.device, a.site, a.size);
+                    self.remove_live(a.device, a.site, a.size, a.api, a.epoch, ev.ts_ns);
                 }
                 None => self.unmatched_frees += 1,
             },
@@ -405,39 +475,41 @@ impl Process {
                 dev.failed_allocations += 1;
                 let live_bytes = dev.live_bytes;
                 if ev.result == OUT_OF_MEMORY {
-                    self.oom_count += 1;
-                    if self.ooms.len() < MAX_OOM_RECORDS {
-                        let top_sites = self.top_sites(device, OOM_TOP_SITES);
-                        self.ooms.push(OomRecord {
-                            seq: ev.seq,
-                            ts_ns: ev.ts_ns,
-                            api,
-                            result: ev.result,
-                            device,
-                            size: ev.size,
-                            site,
-                            tid: ev.tid,
-                            free_bytes: None,
-                            total_bytes: None,
-                            live_bytes,
-                            top_sites,
-                        });
-                    }
+                    let top_sites = self.top_sites(device, OOM_TOP_SITES);
+                    let record = OomRecord {
+                        seq: ev.seq,
+                        ts_ns: ev.ts_ns,
+                        epoch: self.clock.epoch,
+                        api,
+                        result: ev.result,
+                        device,
+                        size: ev.size,
+                        site,
+                        tid: ev.tid,
+                        free_bytes: None,
+                        total_bytes: None,
+                        live_bytes,
+                        top_sites,
+                        recovered: None,
+                    };
+                    self.detect.oom.on_failure(record, &mut self.detect.alerts);
                 }
             }
             EventKind::PhysCreate => {
                 let site = self.site_of(ev.stack);
                 self.device(ev.device).events += 1;
                 if let Some(old) = self.handles.remove(&ev.ptr) {
-                    self.remove_live(old.device, old.site, old.size);
+                    self.remove_live(old.device, old.site, old.size, api, old.epoch, ev.ts_ns);
                 }
-                self.add_live(ev.device, site, ev.size, ev.ts_ns, api);
+                let epoch = self.add_live(ev.device, site, ev.size, ev.ts_ns, api);
                 self.handles.insert(
                     ev.ptr,
                     PhysHandle {
                         size: ev.size,
                         device: ev.device,
                         site,
+                        epoch,
+                        ts_ns: ev.ts_ns,
                         refs: 1,
                         mappings: 0,
                     },
@@ -456,7 +528,7 @@ impl Process {
                     }
                     None => self.unmatched_frees += 1,
                 }
-                self.maybe_release_handle(ev.ptr);
+                self.maybe_release_handle(ev.ptr, ev.ts_ns);
             }
             EventKind::Map => {
                 if let Some(h) = self.handles.get_mut(&ev.aux) {
@@ -491,7 +563,7 @@ impl Process {
                             dev.events += 1;
                             dev.mapped_bytes = dev.mapped_bytes.saturating_sub(m.size);
                         }
-                        self.maybe_release_handle(m.handle);
+                        self.maybe_release_handle(m.handle, ev.ts_ns);
                     }
                 }
             }
@@ -511,15 +583,13 @@ impl Process {
                     dev.capacity = Some(ev.size);
                     dev.last_free = Some(ev.ptr);
                     // The reading the shim takes right after a failure belongs to it.
-                    if let Some(oom) = self.ooms.iter_mut().rev().find(|o| {
-                        o.device == ev.device && o.tid == ev.tid && o.free_bytes.is_none()
-                    }) {
-                        oom.free_bytes = Some(ev.ptr);
-                        oom.total_bytes = Some(ev.size);
+                    let d = &mut self.detect;
+                    if let Some(r) = d.oom.on_meminfo(ev.device, ev.tid, ev.ptr, ev.size) {
+                        d.fragmentation.on_failure_info(r, &mut d.alerts);
                     }
                 }
             }
-            EventKind::Marker => self.markers += 1,
+            EventKind::Marker => self.on_marker(ev.ts_ns),
             EventKind::Init => self.cuda_initialized |= ev.result == 0,
         }
     }
@@ -624,7 +694,7 @@ mod tests {
         let mut info = ev(EventKind::MemInfo, Api::cuMemGetInfo_v2, 300, 4096);
         info.tid = 9;
         p.apply_event(&info);
-        let o = &p.ooms[0];
+        let o = &p.detect.oom.records[0];
         assert_eq!(
             (o.size, o.live_bytes, o.free_bytes, o.total_bytes),
             (5000, 1000, Some(300), Some(4096))

@@ -130,7 +130,7 @@ impl Trace {
                     self.by_conn.insert(conn, self.processes.len());
                     self.processes.push(Process::new(conn, h.clone()));
                 }
-                (_, Some(&i)) => self.processes[i].apply(&frame),
+                (_, Some(&i)) => self.processes[i].apply_guarded(&frame),
                 (_, None) => {
                     return Err(Error::Format(oomtrace_proto::Error::Malformed(
                         "a connection's first frame is not a Hello",

@@ -1,0 +1,776 @@
+//! Leaks: call sites whose memory keeps surviving, one new generation per epoch
+//! (research/detection.md §5; thresholds from its §5.3, validated there on a toy model).
+//!
+//! Per (site, device), O(1) per event: live bytes and count, live allocations by birth epoch
+//! ("generations"), live sizes. Once per epoch, for sites that are live or had events: one
+//! sample (live bytes at the boundary, which is the trough when markers sit after the
+//! optimizer step), then the rules:
+//!
+//! - **suspected**: ≥ 3 new surviving generations in the last 4 epochs and live bytes rose in
+//!   ≥ 3 of the last 4 transitions.
+//! - **likely**: over a window of 8, 16 or 32 epochs (at least 6 samples), Mann-Kendall
+//!   p·3 < 0.01 (Bonferroni over the three scales), a positive Theil-Sen slope, ≥ 1 MiB of
+//!   growth and ≥ 3 new surviving generations inside the window.
+//! - **confirmed**: likely over ≥ 10 samples with p·3 < 0.001, and the high-water mark still
+//!   being raised at the site's own cadence.
+//! - **downgrades**: growth that slows down (second-half slope < ¼ of the first half over 16
+//!   epochs: a bounded cache filling up), or growth made of sizes never live twice (a cache
+//!   keyed by shape) is capped at suspected; a site whose high-water mark has not moved for
+//!   max(8, 3 × its usual gap) epochs is resolved.
+//!
+//! Warm-up: trends use only samples taken since the epoch clock became stable, and the first
+//! `WARMUP` epochs after that never count as generations, so lazily created optimizer state, autotuning and the first eval are
+//! one-offs, never leaks. Levels only rise on evidence and only fall through a downgrade or
+//! resolution, so a finding does not flap with noise.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+use super::stats::{self, mann_kendall, theil_sen};
+use super::{
+    fmt_rate, Alert, Alerts, AllocObs, Change, Context, Detector, Evidence, Finding, Level,
+};
+use crate::report::fmt_bytes;
+use crate::state::SiteId;
+use oomtrace_proto::{Api, MemoryClass};
+
+pub const WARMUP: u32 = 3;
+/// A generation counts as surviving once it is this many epochs old (deferred frees,
+/// gradient accumulation, async frees).
+const LAG: u32 = 2;
+const MIN_GROWTH: f64 = (1u64 << 20) as f64;
+const WINDOWS: [usize; 3] = [8, 16, 32];
+const ALPHA_LIKELY: f64 = 0.01;
+const ALPHA_CONFIRMED: f64 = 0.001;
+const SERIES: usize = 32;
+/// Birth-epoch buckets per site; older ones merge (a long leak must not grow memory).
+const MAX_GENERATIONS: usize = 64;
+const MAX_SIZES: usize = 4096;
+const HISTORY: usize = 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Class {
+    Leak,
+    /// Growth that slowed down: a cache filling up to its capacity.
+    Bounded,
+    /// Growth made of sizes never live twice: a cache keyed by shape.
+    ShapeKeyed,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Generation {
+    count: u32,
+    bytes: u64,
+    /// Epochs merged into this bucket (1 unless old buckets were coarsened).
+    epochs: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    epoch: u32,
+    live: u64,
+    gens: u32,
+}
+
+/// The statistics of the window that decided a level.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Trend {
+    pub window: usize,
+    pub mann_kendall_s: i64,
+    pub z: f64,
+    /// One-sided, Bonferroni-corrected over the three window scales.
+    pub p_value: f64,
+    pub slope_bytes_per_step: f64,
+    /// Sen's 95 % confidence interval of the slope.
+    pub slope_ci: [f64; 2],
+    pub growth_bytes: f64,
+    pub new_generations: u32,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LevelChange {
+    pub level: &'static str,
+    pub step: u32,
+    pub time_s: f64,
+}
+
+/// The evidence of a leak finding in the JSON report.
+#[derive(Clone, Debug, Serialize)]
+pub struct LeakEvidence {
+    pub class: Class,
+    pub trend: Option<Trend>,
+    pub slope_bytes_per_s: Option<f64>,
+    /// Distinct epochs whose allocations at this site are still live (after warm-up).
+    pub surviving_epochs: u32,
+    pub live_count: u64,
+    pub first_seen_step: u32,
+    pub first_seen_s: f64,
+    /// The oldest epoch with a live allocation at this site.
+    pub onset_step: u32,
+    pub onset_s: Option<f64>,
+    pub detected_step: Option<u32>,
+    pub detected_s: Option<f64>,
+    pub steps_to_oom: Option<f64>,
+    pub time_to_oom_s: Option<f64>,
+    /// Live bytes at the last epoch boundaries, oldest first.
+    pub samples: Vec<u64>,
+    pub history: Vec<LevelChange>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Site {
+    live: u64,
+    count: u64,
+    births: BTreeMap<u32, Generation>,
+    sizes: FxHashMap<u64, u32>,
+    series: VecDeque<Sample>,
+    hwm: u64,
+    hwm_epoch: u32,
+    raise_gaps: VecDeque<u32>,
+    first_epoch: u32,
+    first_ts: u64,
+    api: Api,
+    dirty: bool,
+    level: Option<Level>,
+    max_level: Option<Level>,
+    class: Class,
+    resolved: bool,
+    detected: Option<(u32, u64)>,
+    trend: Option<Trend>,
+    history: Vec<LevelChange>,
+}
+
+impl Site {
+    fn new(a: &AllocObs) -> Site {
+        Site {
+            live: 0,
+            count: 0,
+            births: BTreeMap::new(),
+            sizes: FxHashMap::default(),
+            series: VecDeque::with_capacity(SERIES),
+            hwm: 0,
+            hwm_epoch: a.epoch,
+            raise_gaps: VecDeque::new(),
+            first_epoch: a.epoch,
+            first_ts: a.ts_ns,
+            api: a.api,
+            dirty: true,
+            level: None,
+            max_level: None,
+            class: Class::Leak,
+            resolved: false,
+            detected: None,
+            trend: None,
+            history: Vec::new(),
+        }
+    }
+
+    /// Distinct birth epochs in `from..=upto` among live allocations.
+    fn generations(&self, from: u32, upto: u32) -> u32 {
+        if upto < from {
+            return 0;
+        }
+        self.births
+            .range(from..=upto)
+            .map(|(_, g)| g.epochs.min(g.count))
+            .sum()
+    }
+
+    fn coarsen(&mut self) {
+        while self.births.len() > MAX_GENERATIONS {
+            let mut it = self.births.keys();
+            let (Some(&a), Some(&b)) = (it.next(), it.next()) else {
+                return;
+            };
+            let older = self.births.remove(&a).unwrap_or_default();
+            let newer = self.births.remove(&b).unwrap_or_default();
+            self.births.insert(
+                a,
+                Generation {
+                    count: older.count + newer.count,
+                    bytes: older.bytes + newer.bytes,
+                    epochs: older.epochs + newer.epochs,
+                },
+            );
+        }
+    }
+
+    /// Share of live allocations whose size no other live allocation here has.
+    fn distinct_size_share(&self) -> f64 {
+        if self.count == 0 {
+            return 0.0;
+        }
+        self.sizes.values().filter(|&&c| c == 1).count() as f64 / self.count as f64
+    }
+
+    fn usual_gap(&self) -> f64 {
+        let mut g: Vec<f64> = self.raise_gaps.iter().map(|&x| f64::from(x)).collect();
+        stats::median(&mut g)
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct GrowthDetector {
+    pub(crate) sites: FxHashMap<(SiteId, i16), Site>,
+}
+
+impl GrowthDetector {
+    /// Whether the site is reported as a leak now.
+    pub fn is_leak(&self, site: SiteId, device: i16) -> bool {
+        self.sites.get(&(site, device)).is_some_and(|s| {
+            !s.resolved && s.class == Class::Leak && s.level >= Some(Level::Likely)
+        })
+    }
+}
+
+impl Detector for GrowthDetector {
+    fn on_alloc(&mut self, a: &AllocObs, _out: &mut Alerts) {
+        let s = self
+            .sites
+            .entry((a.site, a.device))
+            .or_insert_with(|| Site::new(a));
+        s.live += a.size;
+        s.count += 1;
+        s.api = a.api;
+        s.dirty = true;
+        let g = s.births.entry(a.epoch).or_insert(Generation {
+            epochs: 1,
+            ..Default::default()
+        });
+        g.count += 1;
+        g.bytes += a.size;
+        s.coarsen();
+        if s.sizes.len() < MAX_SIZES || s.sizes.contains_key(&a.size) {
+            *s.sizes.entry(a.size).or_default() += 1;
+        }
+    }
+
+    fn on_free(&mut self, a: &AllocObs, birth: u32) {
+        let Some(s) = self.sites.get_mut(&(a.site, a.device)) else {
+            return;
+        };
+        s.live = s.live.saturating_sub(a.size);
+        s.count = s.count.saturating_sub(1);
+        s.dirty = true;
+        // The bucket holding `birth` (a merged bucket starts at or before it).
+        if let Some((&k, g)) = s.births.range_mut(..=birth).next_back() {
+            g.count = g.count.saturating_sub(1);
+            g.bytes = g.bytes.saturating_sub(a.size);
+            if g.count == 0 {
+                s.births.remove(&k);
+            }
+        }
+        if let Some(c) = s.sizes.get_mut(&a.size) {
+            *c -= 1;
+            if *c == 0 {
+                s.sizes.remove(&a.size);
+            }
+        }
+    }
+
+    fn on_epoch_end(&mut self, ctx: &Context<'_>, out: &mut Alerts) {
+        let e = ctx.epoch;
+        let warm = warmup_end(ctx);
+        for (&(site, device), s) in self.sites.iter_mut() {
+            if !(s.dirty || s.count > 0 || s.level.is_some()) {
+                continue;
+            }
+            s.dirty = false;
+            let gens = s.generations(warm, e.saturating_sub(LAG));
+            if s.series.len() == SERIES {
+                s.series.pop_front();
+            }
+            s.series.push_back(Sample {
+                epoch: e,
+                live: s.live,
+                gens,
+            });
+            if s.live > s.hwm {
+                if s.hwm > 0 {
+                    if s.raise_gaps.len() == 8 {
+                        s.raise_gaps.pop_front();
+                    }
+                    s.raise_gaps.push_back(e.saturating_sub(s.hwm_epoch));
+                }
+                s.hwm = s.live;
+                s.hwm_epoch = e;
+                s.resolved = false;
+            }
+            // The cheap pre-filter (research §5.3): a site that did not rise, gained no
+            // surviving generation and is not flagged has nothing new to test.
+            let n = s.series.len();
+            let rose = n >= 2
+                && (s.series[n - 1].live > s.series[n - 2].live
+                    || s.series[n - 1].gens > s.series[n - 2].gens);
+            if !rose && s.level.is_none() {
+                continue;
+            }
+            let before = (s.level, s.class, s.resolved);
+            evaluate(s, e, ctx.clock.stable_since);
+            let after = (s.level, s.class, s.resolved);
+            if before == after {
+                continue;
+            }
+            let change = if s.resolved && !before.2 {
+                Change::Resolved
+            } else if s.class != Class::Leak && before.1 == Class::Leak {
+                Change::Downgraded
+            } else if s.level > before.0 && s.level >= Some(Level::Likely) {
+                if before.0 >= Some(Level::Likely) {
+                    Change::Upgraded
+                } else {
+                    Change::New
+                }
+            } else {
+                continue;
+            };
+            if change == Change::New && s.detected.is_none() {
+                s.detected = Some((e, ctx.ts_ns));
+            }
+            let name = match change {
+                Change::Resolved => "resolved",
+                _ => s.level.map(Level::name).unwrap_or("none"),
+            };
+            if s.history.len() < HISTORY {
+                s.history.push(LevelChange {
+                    level: name,
+                    step: e,
+                    time_s: seconds(ctx, ctx.ts_ns),
+                });
+            }
+            if s.max_level >= Some(Level::Likely) {
+                out.push(Alert {
+                    finding: finding(site, device, s, ctx),
+                    change,
+                    epoch: e,
+                    ts_ns: ctx.ts_ns,
+                });
+            }
+        }
+    }
+
+    fn findings(&self, ctx: &Context<'_>) -> Vec<Finding> {
+        let mut v: Vec<Finding> = self
+            .sites
+            .iter()
+            .filter(|(_, s)| s.max_level >= Some(Level::Likely))
+            .map(|(&(site, device), s)| finding(site, device, s, ctx))
+            .collect();
+        v.sort_by(|a, b| {
+            b.level
+                .cmp(&a.level)
+                .then(b.bytes.cmp(&a.bytes))
+                .then(a.site.cmp(&b.site))
+        });
+        v
+    }
+}
+
+/// The rules of the module comment, at the end of epoch `e`.
+fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
+    let post: Vec<Sample> = s
+        .series
+        .iter()
+        .copied()
+        .filter(|x| x.epoch >= stable_since)
+        .collect();
+    let k = post.len();
+    if k < 5 {
+        return;
+    }
+    let last = post[k - 1];
+    let rises = post[k - 5..]
+        .windows(2)
+        .filter(|w| w[1].live > w[0].live)
+        .count();
+    let suspected = last.gens.saturating_sub(post[k - 5].gens) >= 3 && rises >= 3;
+    let mut best: Option<Trend> = None;
+    let mut seen = 0;
+    for w in WINDOWS {
+        let n = w.min(k);
+        if n < 6 || n == seen {
+            continue;
+        }
+        seen = n;
+        let win = &post[k - n..];
+        let x: Vec<f64> = win.iter().map(|s| s.live as f64).collect();
+        let mk = mann_kendall(&x);
+        let Some(ts) = theil_sen(&x, mk.var, 0.95) else {
+            continue;
+        };
+        let trend = Trend {
+            window: n,
+            mann_kendall_s: mk.s,
+            z: mk.z,
+            p_value: (mk.p * WINDOWS.len() as f64).min(1.0),
+            slope_bytes_per_step: ts.slope,
+            slope_ci: [ts.low, ts.high],
+            growth_bytes: x[n - 1] - x[0],
+            new_generations: win[n - 1].gens.saturating_sub(win[0].gens),
+        };
+        let passes = trend.p_value < ALPHA_LIKELY
+            && trend.slope_bytes_per_step > 0.0
+            && trend.growth_bytes >= MIN_GROWTH
+            && trend.new_generations >= 3;
+        if passes && best.is_none_or(|b| trend.p_value < b.p_value) {
+            best = Some(trend);
+        }
+    }
+    let usual = s.usual_gap();
+    let since_raise = e.saturating_sub(s.hwm_epoch);
+    let mut level = match best {
+        Some(t)
+            if t.window >= 10
+                && t.p_value < ALPHA_CONFIRMED
+                && f64::from(since_raise) <= (2.0 * usual).max(2.0) =>
+        {
+            Some(Level::Confirmed)
+        }
+        Some(_) => Some(Level::Likely),
+        None if suspected => Some(Level::Suspected),
+        None => None,
+    };
+    if let Some(t) = best {
+        s.trend = Some(t);
+    }
+    // Levels rise on evidence and fall only through the rules below.
+    level = level.max(s.level);
+    if s.max_level >= Some(Level::Likely) && f64::from(since_raise) > (3.0 * usual).max(8.0) {
+        s.resolved = true;
+        s.level = None;
+        return;
+    }
+    if k >= 16 {
+        let x: Vec<f64> = post[k - 16..].iter().map(|s| s.live as f64).collect();
+        let slope = |h: &[f64]| theil_sen(h, mann_kendall(h).var, 0.95).map(|t| t.slope);
+        if let (Some(b1), Some(b2)) = (slope(&x[..8]), slope(&x[8..])) {
+            if b1 > 0.0 && b2 < 0.25 * b1 {
+                s.class = Class::Bounded;
+            } else if s.class == Class::Bounded && b2 >= 0.25 * b1 && b2 > 0.0 {
+                s.class = Class::Leak;
+            }
+        }
+    }
+    if s.count >= 4 && s.distinct_size_share() >= 0.8 {
+        s.class = Class::ShapeKeyed;
+    }
+    if s.class != Class::Leak {
+        level = level.min(Some(Level::Suspected));
+    }
+    s.level = level;
+    s.max_level = s.max_level.max(level);
+}
+
+/// The first epoch that counts: `WARMUP` epochs after the clock became stable.
+pub fn warmup_end(ctx: &Context<'_>) -> u32 {
+    ctx.clock.stable_since + WARMUP
+}
+
+fn seconds(ctx: &Context<'_>, ts: u64) -> f64 {
+    ctx.clock
+        .start_of(0)
+        .map(|t0| ts.saturating_sub(t0) as f64 / 1e9)
+        .unwrap_or(0.0)
+}
+
+fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
+    let per_step = s.trend.map(|t| t.slope_bytes_per_step);
+    let per_s = match (per_step, ctx.clock.median_duration_s()) {
+        (Some(b), Some(d)) if d > 0.0 => Some(b / d),
+        _ => None,
+    };
+    let onset = s.births.keys().next().copied().unwrap_or(s.first_epoch);
+    let (steps_to_oom, time_to_oom_s) = match (per_step, ctx.devices.get(&device)) {
+        (Some(b), Some(d)) if b > 0.0 && !s.resolved => match d.capacity {
+            Some(cap) => {
+                let steps = cap.saturating_sub(d.live_bytes) as f64 / b;
+                (
+                    Some(steps),
+                    ctx.clock.median_duration_s().map(|t| steps * t),
+                )
+            }
+            None => (None, None),
+        },
+        _ => (None, None),
+    };
+    let kind = if s.resolved || s.class != Class::Leak || s.level < Some(Level::Likely) {
+        "growth"
+    } else {
+        "leak"
+    };
+    let level = if kind == "growth" {
+        Level::Info
+    } else {
+        s.level.unwrap_or(Level::Suspected)
+    };
+    let steps = u64::from(ctx.epoch.saturating_sub(onset));
+    let rate = per_step
+        .map(|b| fmt_rate(b, per_s))
+        .unwrap_or_else(|| "growing".into());
+    let message = match (kind, s.resolved, s.class) {
+        ("leak", _, _) => format!(
+            "{} leak: {rate}, {} held in {} allocations surviving from {} different steps",
+            level.name(),
+            fmt_bytes(s.live),
+            s.count,
+            s.generations(warmup_end(ctx), ctx.epoch.saturating_sub(LAG))
+                .max(1)
+        ),
+        (_, true, _) => format!(
+            "grew ({rate}) and then stopped for {} steps; {} held now",
+            ctx.epoch.saturating_sub(s.hwm_epoch),
+            fmt_bytes(s.live)
+        ),
+        (_, _, Class::ShapeKeyed) => format!(
+            "grew ({rate}) with allocations of sizes never live twice; {} held in {} allocations",
+            fmt_bytes(s.live),
+            s.count
+        ),
+        _ => format!(
+            "grew ({rate}) but the growth is slowing down; {} held now",
+            fmt_bytes(s.live)
+        ),
+    };
+    Finding {
+        kind,
+        level,
+        device,
+        site,
+        bytes: s.live,
+        growth_bytes_per_step: per_step,
+        growth_bytes_per_s: per_s,
+        steps: Some(steps),
+        count: s.count,
+        api: Some(s.api),
+        message,
+        hint: hint(s, kind),
+        evidence: Some(Evidence::Leak(LeakEvidence {
+            class: s.class,
+            trend: s.trend,
+            slope_bytes_per_s: per_s,
+            surviving_epochs: s.generations(warmup_end(ctx), ctx.epoch.saturating_sub(LAG)),
+            live_count: s.count,
+            first_seen_step: s.first_epoch,
+            first_seen_s: seconds(ctx, s.first_ts),
+            onset_step: onset,
+            onset_s: ctx.clock.start_of(onset).map(|t| seconds(ctx, t)),
+            detected_step: s.detected.map(|d| d.0),
+            detected_s: s.detected.map(|d| seconds(ctx, d.1)),
+            steps_to_oom,
+            time_to_oom_s,
+            samples: s.series.iter().map(|x| x.live).collect(),
+            history: s.history.clone(),
+        })),
+        record: None,
+    }
+}
+
+/// The likely cause. What the site's API says is certain; what lies above it is a guess and
+/// is worded as one.
+fn hint(s: &Site, kind: &str) -> String {
+    if kind == "growth" {
+        return match (s.resolved, s.class) {
+            (_, Class::ShapeKeyed) => "Every live allocation here has a size no other has: a \
+                cache keyed by shape or sequence length (rotary tables, per-shape workspaces or \
+                CUDA graphs). It grows with the number of distinct shapes, not with steps."
+                .into(),
+            _ => "The growth stopped: a cache filling up to its capacity (an LRU, per-shape \
+                  graphs, a warm-up pool), not a leak. If it is too large, cap the cache."
+                .into(),
+        };
+    }
+    match s.api {
+        Api::oomtrace_malloc => "Tensors allocated here survive every step: Python keeps a \
+            reference across iterations (a list that gets .append(output), a running total \
+            `total_loss += loss` that keeps each step's graph, outputs kept for logging). Store \
+            .detach() or .item() instead, or clear the container."
+            .into(),
+        Api::cuMemCreate => "Physical memory created through the CUDA virtual-memory API is \
+            never released (cuMemCreate without cuMemRelease/cuMemUnmap): PyTorch's expandable \
+            segments growing with its cache, or NCCL/another library mapping new buffers each \
+            step. Under PyTorch, run with --torch to see which tensors keep it."
+            .into(),
+        Api::cuMemAllocAsync | Api::cudaMallocAsync | Api::cuMemAllocFromPoolAsync => {
+            "Stream-ordered allocations (cudaMallocAsync) made here are never returned with \
+             cudaFreeAsync: memory allocated outside PyTorch's tensors (an extension or \
+             library), or a PyTorch cache growing under the cudaMallocAsync backend."
+                .into()
+        }
+        api if api.memory_class() == MemoryClass::HostPinned => "Pinned host memory allocated \
+            here is never freed (cudaHostAlloc/cudaMallocHost without cudaFreeHost): data \
+            loader or staging buffers kept per step."
+            .into(),
+        _ => "Device memory allocated here with the CUDA API is never freed. If this is a \
+              CUDA extension or library (not PyTorch's allocator), a cudaFree is missing on \
+              some path; if the stack is inside PyTorch's caching allocator, its cache grows \
+              because tensors are kept across steps (run with --torch to see which)."
+            .into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::detect::{Detector, Level};
+    use crate::state::{Process, SiteId};
+    use oomtrace_proto::wire::{Frame, Hello};
+    use oomtrace_proto::{Api, Event, EventKind, StackId};
+
+    const MIB: u64 = 1 << 20;
+
+    /// A process fed synthetic steps: each step calls `step(i, &mut alloc, &mut free)`, then
+    /// a marker.
+    struct Sim {
+        p: Process,
+        ts: u64,
+        next: u64,
+    }
+
+    impl Sim {
+        fn new() -> Sim {
+            let mut p = Process::new(1, Hello::default());
+            for s in 1..=8u32 {
+                p.apply(&Frame::StackDef {
+                    id: StackId(s),
+                    frames: vec![0x1000 * u64::from(s)],
+                });
+            }
+            Sim {
+                p,
+                ts: 1,
+                next: 0x1_0000_0000,
+            }
+        }
+        fn alloc(&mut self, stack: u32, size: u64) -> u64 {
+            self.ts += 1000;
+            self.next += 1 << 30;
+            let mut e = Event::new(EventKind::Alloc, Api::cudaMalloc);
+            e.ptr = self.next;
+            e.size = size;
+            e.device = 0;
+            e.stack = StackId(stack);
+            e.ts_ns = self.ts;
+            self.p.apply_event(&e);
+            self.next
+        }
+        fn free(&mut self, ptr: u64) {
+            self.ts += 1000;
+            let mut e = Event::new(EventKind::Free, Api::cudaFree);
+            e.ptr = ptr;
+            e.device = 0;
+            e.ts_ns = self.ts;
+            self.p.apply_event(&e);
+        }
+        fn mark(&mut self) {
+            self.ts += 1000;
+            self.p.apply(&Frame::Marker {
+                seq: 0,
+                ts_ns: self.ts,
+                tid: 0,
+                stack: StackId(0),
+                label: "step".into(),
+            });
+        }
+        fn leak_level(&self, stack: u32) -> Option<(&'static str, Level)> {
+            let ctx = self.p.context();
+            self.p
+                .detect
+                .growth
+                .findings(&ctx)
+                .into_iter()
+                .find(|f| f.site == SiteId(stack))
+                .map(|f| (f.kind, f.level))
+        }
+    }
+
+    /// One transient per step at site 1, so every step looks alike.
+    fn transient(sim: &mut Sim) {
+        let t = sim.alloc(1, 8 * MIB);
+        sim.free(t);
+    }
+
+    #[test]
+    fn a_long_leak_stays_confirmed_with_bounded_generations() {
+        let mut sim = Sim::new();
+        for _ in 0..300 {
+            transient(&mut sim);
+            sim.alloc(2, MIB);
+            sim.mark();
+        }
+        assert_eq!(sim.leak_level(2), Some(("leak", Level::Confirmed)));
+        let s = &sim.p.detect.growth.sites[&(SiteId(2), 0)];
+        assert!(
+            s.births.len() <= super::MAX_GENERATIONS,
+            "{}",
+            s.births.len()
+        );
+        assert!(s.series.len() <= super::SERIES);
+        assert_eq!(sim.leak_level(1), None);
+    }
+
+    #[test]
+    fn a_cache_that_fills_then_stops_is_resolved_not_a_leak() {
+        let mut sim = Sim::new();
+        for i in 0..80 {
+            transient(&mut sim);
+            if i < 20 {
+                sim.alloc(3, 2 * MIB);
+            }
+            sim.mark();
+        }
+        // It did look like a leak while filling; at the end it is reported as growth.
+        assert_eq!(sim.leak_level(3), Some(("growth", Level::Info)));
+        let kinds: Vec<_> = sim.p.detect.alerts.list.iter().map(|a| a.change).collect();
+        assert_eq!(
+            kinds.last(),
+            Some(&crate::detect::Change::Resolved),
+            "{kinds:?}"
+        );
+    }
+
+    #[test]
+    fn a_shape_keyed_cache_is_capped_at_suspected() {
+        let mut sim = Sim::new();
+        for i in 0..60u64 {
+            transient(&mut sim);
+            // A new sequence length each step: every live size is distinct.
+            sim.alloc(4, MIB + i * 4096);
+            sim.mark();
+        }
+        // Never reported: the sizes say "cache keyed by shape" before the trend says "leak".
+        assert_eq!(sim.leak_level(4), None);
+        let s = &sim.p.detect.growth.sites[&(SiteId(4), 0)];
+        assert_eq!(s.class, super::Class::ShapeKeyed);
+        assert!(s.level <= Some(Level::Suspected));
+    }
+
+    #[test]
+    fn one_off_steps_and_warm_up_are_never_leaks() {
+        let mut sim = Sim::new();
+        let mut big = None;
+        for i in 0..60 {
+            transient(&mut sim);
+            if i == 1 {
+                for _ in 0..16 {
+                    sim.alloc(5, 8 * MIB); // lazy optimizer state
+                }
+            }
+            if i < 4 {
+                sim.alloc(6, 4 * MIB); // warm-up workspaces
+            }
+            if i == 30 {
+                big = Some(sim.alloc(7, 512 * MIB));
+            }
+            if i == 31 {
+                sim.free(big.take().unwrap());
+            }
+            sim.mark();
+        }
+        for site in 5..=7 {
+            assert_eq!(sim.leak_level(site), None, "site {site}");
+        }
+        assert!(sim.p.detect.alerts.list.is_empty());
+    }
+}

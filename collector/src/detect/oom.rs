@@ -1,0 +1,234 @@
+//! OOM forensics: every allocation the driver refused, with the state at that instant
+//! (requested size, what the driver said was free, the largest holders), and whether the
+//! program recovered by freeing and retrying (what PyTorch's caching allocator does before
+//! it raises "CUDA out of memory").
+
+use super::{Alert, Alerts, AllocObs, Change, Context, Detector, Finding, Level};
+use crate::report::fmt_bytes;
+use crate::state::SiteId;
+use oomtrace_proto::Api;
+
+/// How many OOM records a process keeps in full (a retry storm must not grow memory).
+const MAX_RECORDS: usize = 64;
+/// A successful allocation of the same size this soon after a failure is its retry.
+const RETRY_WINDOW_NS: u64 = 10_000_000_000;
+
+/// An allocation the driver refused, with the state at that instant.
+#[derive(Clone, Debug)]
+pub struct OomRecord {
+    pub seq: u64,
+    pub ts_ns: u64,
+    pub epoch: u32,
+    pub api: Api,
+    pub result: i32,
+    pub device: i16,
+    pub size: u64,
+    pub site: SiteId,
+    pub tid: u32,
+    /// What the driver reported right after the failure.
+    pub free_bytes: Option<u64>,
+    pub total_bytes: Option<u64>,
+    /// Tracked live bytes on the device at the failure.
+    pub live_bytes: u64,
+    /// The largest holders on that device at the failure: (site, live bytes, live count).
+    pub top_sites: Vec<(SiteId, u64, u64)>,
+    /// Set when a free-then-retry of the same size succeeded.
+    pub recovered: Option<Retry>,
+}
+
+/// A failed allocation followed by frees and a successful allocation of the same size.
+#[derive(Clone, Copy, Debug)]
+pub struct Retry {
+    pub device: i16,
+    pub size: u64,
+    pub frees: u64,
+    pub freed_bytes: u64,
+    pub after_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    record: Option<usize>,
+    device: i16,
+    size: u64,
+    ts_ns: u64,
+    frees: u64,
+    freed_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct OomDetector {
+    pub records: Vec<OomRecord>,
+    /// All out-of-memory failures, kept in full or not.
+    pub count: u64,
+    pending: Option<Pending>,
+}
+
+impl OomDetector {
+    pub fn on_failure(&mut self, r: OomRecord, out: &mut Alerts) {
+        self.count += 1;
+        let record = (self.records.len() < MAX_RECORDS).then_some(self.records.len());
+        self.pending = Some(Pending {
+            record,
+            device: r.device,
+            size: r.size,
+            ts_ns: r.ts_ns,
+            frees: 0,
+            freed_bytes: 0,
+        });
+        // The first failure, and then every 10th: a retry storm must not flood stderr.
+        if self.count == 1 || self.count.is_multiple_of(10) {
+            out.push(Alert {
+                finding: finding_of(&r, self.count),
+                change: Change::New,
+                epoch: r.epoch,
+                ts_ns: r.ts_ns,
+            });
+        }
+        if record.is_some() {
+            self.records.push(r);
+        }
+    }
+
+    /// The driver's free/total reading taken right after a failure on thread `tid`.
+    pub fn on_meminfo(
+        &mut self,
+        device: i16,
+        tid: u32,
+        free: u64,
+        total: u64,
+    ) -> Option<&OomRecord> {
+        let r = self
+            .records
+            .iter_mut()
+            .rev()
+            .find(|o| o.device == device && o.tid == tid && o.free_bytes.is_none())?;
+        r.free_bytes = Some(free);
+        r.total_bytes = Some(total);
+        Some(r)
+    }
+
+    /// A successful allocation: the retry of the pending failure, if it matches.
+    pub fn take_retry(&mut self, a: &AllocObs) -> Option<Retry> {
+        let p = self.pending?;
+        if a.ts_ns.saturating_sub(p.ts_ns) > RETRY_WINDOW_NS {
+            self.pending = None;
+            return None;
+        }
+        if a.device != p.device || a.size != p.size || p.frees == 0 {
+            return None;
+        }
+        self.pending = None;
+        let retry = Retry {
+            device: p.device,
+            size: p.size,
+            frees: p.frees,
+            freed_bytes: p.freed_bytes,
+            after_ns: a.ts_ns.saturating_sub(p.ts_ns),
+        };
+        if let Some(i) = p.record {
+            self.records[i].recovered = Some(retry);
+        }
+        Some(retry)
+    }
+}
+
+impl Detector for OomDetector {
+    fn on_free(&mut self, a: &AllocObs, _birth: u32) {
+        if let Some(p) = self.pending.as_mut().filter(|p| p.device == a.device) {
+            p.frees += 1;
+            p.freed_bytes += a.size;
+        }
+    }
+
+    fn findings(&self, _ctx: &Context<'_>) -> Vec<Finding> {
+        self.records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let mut f = finding_of(r, i as u64 + 1);
+                f.record = Some(i);
+                f
+            })
+            .collect()
+    }
+}
+
+fn result_name(rc: i32) -> &'static str {
+    match rc {
+        2 => "out of memory",
+        1 => "invalid value",
+        3 => "not initialized",
+        201 => "invalid context",
+        _ => "error",
+    }
+}
+
+fn finding_of(r: &OomRecord, nth: u64) -> Finding {
+    let free = match (r.free_bytes, r.total_bytes) {
+        (Some(f), Some(t)) => format!(" with {} free of {}", fmt_bytes(f), fmt_bytes(t)),
+        _ => String::new(),
+    };
+    let (level, outcome, hint) = match r.recovered {
+        Some(rt) => (
+            Level::Warning,
+            format!(
+                "; it succeeded after {} free{} ({}) and a retry",
+                rt.frees,
+                if rt.frees == 1 { "" } else { "s" },
+                fmt_bytes(rt.freed_bytes)
+            ),
+            "The program freed memory and retried, as PyTorch's caching allocator does when \
+             its cache holds the memory a new block needs; each retry synchronizes the device. \
+             See the fragmentation finding."
+                .to_string(),
+        ),
+        None => (Level::Error, String::new(), oom_hint(r)),
+    };
+    Finding {
+        kind: "oom",
+        level,
+        device: r.device,
+        site: r.site,
+        bytes: r.size,
+        growth_bytes_per_step: None,
+        growth_bytes_per_s: None,
+        steps: None,
+        count: nth,
+        api: Some(r.api),
+        message: format!(
+            "{} of {} failed ({}) on device {}{}; {} tracked live{}",
+            r.api.name(),
+            fmt_bytes(r.size),
+            result_name(r.result),
+            r.device,
+            free,
+            fmt_bytes(r.live_bytes),
+            outcome
+        ),
+        hint,
+        evidence: None,
+        record: None,
+    }
+}
+
+fn oom_hint(r: &OomRecord) -> String {
+    match (r.free_bytes, r.top_sites.first()) {
+        (Some(free), _) if free >= r.size => format!(
+            "The driver reported {} free, enough for the request, yet it failed: the free \
+             memory is not in one piece (fragmentation). With PyTorch, \
+             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True avoids most of it.",
+            fmt_bytes(free)
+        ),
+        (_, Some(&(_, bytes, _))) if r.live_bytes > 0 && bytes * 2 >= r.live_bytes => format!(
+            "One call site held {} of the {} this process had live: look at it first (a leak \
+             finding below says whether it grew step by step).",
+            fmt_bytes(bytes),
+            fmt_bytes(r.live_bytes)
+        ),
+        _ => "The memory was spread over many call sites: the workload needs more than the \
+              device has (batch size, sequence length, model size), or another process holds \
+              part of the device."
+            .to_string(),
+    }
+}
