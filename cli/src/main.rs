@@ -59,6 +59,10 @@ impl<E: std::error::Error> From<E> for Failure {
 }
 
 fn main() -> ExitCode {
+    // A bug must still end in one line, never a backtrace over the user's output.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("oomtrace: internal error: {info} (please report this)");
+    }));
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -147,16 +147,56 @@ fn oom_text(out: &mut String, f: &Finding, with_holders: bool) {
     }
 }
 
-/// The whole text report.
+/// A detector's finding: what, the rate, the likely cause, where.
+fn detected_text(out: &mut String, f: &Finding, frames: usize) {
+    let tag = match f.kind {
+        "leak" => format!("{} leak", f.level),
+        "growth" => "bounded growth".to_string(),
+        kind => format!("{kind} {}", f.level),
+    };
+    let _ = writeln!(out, "  [{tag}] pid {}: {}", f.pid, f.message);
+    if let Some(t) = f
+        .evidence
+        .as_ref()
+        .and_then(|e| serde_json::to_value(e).ok())
+        .filter(|e| !e["trend"].is_null())
+    {
+        let tr = &t["trend"];
+        let _ = writeln!(
+            out,
+            "      evidence: {} steps, Mann-Kendall p = {:.1e}, slope 95 % CI [{}, {}]/step, \
+             surviving from {} steps, onset step {}",
+            tr["window"],
+            tr["p_value"].as_f64().unwrap_or(1.0),
+            fmt_bytes(tr["slope_ci"][0].as_f64().unwrap_or(0.0).max(0.0) as u64),
+            fmt_bytes(tr["slope_ci"][1].as_f64().unwrap_or(0.0).max(0.0) as u64),
+            t["surviving_epochs"],
+            t["onset_step"],
+        );
+        if let Some(s) = t["time_to_oom_s"].as_f64() {
+            let _ = writeln!(
+                out,
+                "      at this rate the device is full in {}",
+                duration(s)
+            );
+        }
+    }
+    let _ = writeln!(out, "      why: {}", f.hint);
+    if !f.stack.is_empty() {
+        stack_text(out, &f.stack[..f.stack.len().min(frames)], "      ");
+    }
+}
+
+fn is_detected(f: &Finding) -> bool {
+    matches!(f.kind, "leak" | "fragmentation" | "threshold" | "growth")
+}
+
+/// The whole text report. OOMs open it: after a crash that is the first question.
 pub fn full(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "oomtrace report: {}", r.trace.path);
     if !r.trace.complete {
         let _ = writeln!(out, "  (incomplete trace: see the warning above)");
-    }
-    let _ = writeln!(out, "\nProcesses ({})", r.processes.len());
-    for p in &r.processes {
-        process_text(&mut out, p);
     }
     let ooms: Vec<&Finding> = r.findings.iter().filter(|f| f.kind == "oom").collect();
     if !ooms.is_empty() {
@@ -164,7 +204,21 @@ pub fn full(r: &Report) -> String {
         for (i, f) in ooms.iter().enumerate() {
             // The first failure tells the story; later ones are usually retries.
             oom_text(&mut out, f, i == 0);
+            if i == 0 {
+                let _ = writeln!(out, "      why: {}", f.hint);
+            }
         }
+    }
+    let detected: Vec<&Finding> = r.findings.iter().filter(|f| is_detected(f)).collect();
+    if !detected.is_empty() {
+        let _ = writeln!(out, "\nFindings ({})", detected.len());
+        for f in detected {
+            detected_text(&mut out, f, TEXT_FRAMES);
+        }
+    }
+    let _ = writeln!(out, "\nProcesses ({})", r.processes.len());
+    for p in &r.processes {
+        process_text(&mut out, p);
     }
     let live: Vec<&Finding> = r
         .findings
@@ -205,6 +259,14 @@ pub fn summary(r: &Report) -> String {
     if let Some(f) = r.findings.iter().find(|f| f.kind == "oom") {
         let _ = writeln!(out, "  first out-of-memory:");
         oom_text(&mut out, f, false);
+    }
+    for f in r
+        .findings
+        .iter()
+        .filter(|f| is_detected(f) && f.kind != "growth")
+        .take(5)
+    {
+        detected_text(&mut out, f, 3);
     }
     for f in r
         .findings

@@ -27,6 +27,10 @@ pub struct Args {
     /// Print nothing (errors still go to stderr).
     #[arg(long)]
     pub quiet: bool,
+    /// Print each finding (leak, OOM, fragmentation, threshold) on stderr as it happens
+    /// [default: on unless --quiet or --detach].
+    #[arg(long)]
+    pub live: bool,
     /// If the output file exists, write NAME.1.oomt (NAME.2.oomt, ...) instead of replacing it.
     #[arg(long)]
     pub no_clobber: bool,
@@ -39,6 +43,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let mut opts = Options::new(args.socket, output);
     opts.exit_when_idle = args.exit_when_idle;
     opts.no_clobber = args.no_clobber;
+    opts.live = args.live || (!args.quiet && !args.detach);
     if !args.exit_when_idle {
         opts.idle_grace = Duration::from_secs(1);
     }

@@ -21,7 +21,7 @@ pub struct Args {
     /// Trace file to write [default: oomtrace.<pid>.oomt]
     #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Exit with 3 if a leak was confirmed (needs the growth detector; never fires before it lands).
+    /// Exit with 3 if a leak is confirmed at the end (when CMD itself succeeded).
     #[arg(long)]
     pub fail_on_leak: bool,
     /// Also write the JSON report to FILE.
@@ -85,6 +85,22 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         }
         Err(f) => eprintln!("oomtrace: no report: {}", f.message),
     }
+    if args.fail_on_leak && outcome.status.success() {
+        if let Ok(r) = &outcome.report {
+            let confirmed = r
+                .findings
+                .iter()
+                .filter(|f| f.kind == "leak" && f.level == "confirmed")
+                .count();
+            if confirmed > 0 {
+                eprintln!(
+                    "oomtrace: {confirmed} confirmed leak{}; exiting with 3 (--fail-on-leak)",
+                    if confirmed == 1 { "" } else { "s" }
+                );
+                return Ok(ExitCode::from(3));
+            }
+        }
+    }
     Ok(exit_code_of(outcome.status))
 }
 
@@ -106,6 +122,7 @@ fn spawn_collector(socket: &Path, output: &Path) -> Result<Child, Failure> {
         .arg("--output")
         .arg(output)
         .arg("--quiet")
+        .arg("--live")
         .env_remove("LD_PRELOAD")
         .env_remove("OOMTRACE_SOCKET")
         .stdin(Stdio::null())
