@@ -141,6 +141,102 @@ const TARGETS: &[Target] = &[
         sources: &["dlsym_caller.c"],
         flags: &["-L$BIN", "-lwrap_puts", "-Wl,-rpath,$ORIGIN", "-ldl"],
     },
+    // The leak-detector corpus (scenarios/corpus/README.md): one binary per file stem.
+    Target {
+        out: "libcorpus_ext.so",
+        sources: &["corpus/corpus_ext.c"],
+        flags: &["-shared", "-fPIC", "-l:libcudart.so.12", "-ldl"],
+    },
+    Target {
+        out: "leak_history",
+        sources: &["corpus/leak_history.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "leak_slow_sawtooth",
+        sources: &["corpus/leak_slow_sawtooth.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "leak_periodic",
+        sources: &["corpus/leak_periodic.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "leak_late",
+        sources: &["corpus/leak_late.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "leak_ext",
+        sources: &["corpus/leak_ext.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "leak_vmm",
+        sources: &["corpus/leak_vmm.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "leak_total_loss",
+        sources: &["corpus/leak_total_loss.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "leak_async",
+        sources: &["corpus/leak_async.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "clean_static",
+        sources: &["corpus/clean_static.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "clean_dynamic",
+        sources: &["corpus/clean_dynamic.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "clean_grad_accum",
+        sources: &["corpus/clean_grad_accum.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "clean_eval",
+        sources: &["corpus/clean_eval.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "clean_lru",
+        sources: &["corpus/clean_lru.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "clean_oneoff",
+        sources: &["corpus/clean_oneoff.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "clean_warmup",
+        sources: &["corpus/clean_warmup.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "clean_empty_cache",
+        sources: &["corpus/clean_empty_cache.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "bounded_cache",
+        sources: &["corpus/bounded_cache.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "frag_retry",
+        sources: &["corpus/frag_retry.c"],
+        flags: CUDART,
+    },
 ];
 
 /// A second copy of the simulated runtime with another soname and version node, as a wheel

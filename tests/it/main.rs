@@ -10,3 +10,7 @@ mod lifecycle;
 
 /// Reports from good, truncated and corrupt traces; bad input; README agreement.
 mod cli;
+
+/// The labeled leak-detection corpus: every leak found at its site within budget, with and
+/// without step markers; no clean look-alike reported as a leak.
+mod corpus;

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod corpus;
+
 /// Where scenario programs were built (tests/build.rs).
 pub const SCENARIO_BIN: &str = env!("OOMTRACE_SCENARIO_BIN");
 /// The simulated libcuda.so.1 and libcudart.so.12.
@@ -166,6 +168,11 @@ pub struct Traced {
 
 /// `oomtrace run --json J -o T -- scenario args...` with extra environment.
 pub fn run_traced(name: &str, args: &[&str], env: &[(&str, &str)]) -> Traced {
+    run_traced_with(name, &[], args, env)
+}
+
+/// `run_traced` with extra `oomtrace run` flags (before `--`).
+pub fn run_traced_with(name: &str, flags: &[&str], args: &[&str], env: &[(&str, &str)]) -> Traced {
     let dir = scratch(name);
     let trace = dir.join("trace.oomt");
     let json = dir.join("report.json");
@@ -176,6 +183,7 @@ pub fn run_traced(name: &str, args: &[&str], env: &[(&str, &str)]) -> Traced {
         .arg(&json)
         .arg("-o")
         .arg(&trace)
+        .args(flags)
         .arg("--")
         .arg(scenario(name))
         .args(args);

@@ -1,0 +1,162 @@
+//! Each corpus program through `oomtrace run`, with step markers and without (the epoch
+//! clock must then find the iteration itself), judged by `oomtrace_tests::corpus::score`:
+//! the report and the live stderr lines must name the leaking function within
+//! `BUDGET_EPOCHS` of onset, and clean look-alikes must produce no leak finding.
+
+use oomtrace_tests::corpus::{self, Label, BUDGET_EPOCHS};
+use oomtrace_tests::{findings, run_traced, run_traced_with};
+
+fn check(name: &str) {
+    let case = corpus::case(name);
+    for markers in [true, false] {
+        let env = corpus::env(case, markers);
+        let t = run_traced(name, &[], &env);
+        assert!(t.status.success(), "{name}: {:?}\n{}", t.status, t.stderr);
+        let s = corpus::score(case, markers, &t.report);
+        let mode = if markers { "markers" } else { "no markers" };
+        assert!(
+            s.failure.is_none(),
+            "{name} ({mode}, epochs from {}): {}\nstderr:\n{}",
+            s.epoch_source,
+            s.failure.unwrap_or_default(),
+            t.stderr
+        );
+        let expected_source = if markers { "markers" } else { "auto" };
+        if case.label != Label::Fragmentation {
+            assert_eq!(s.epoch_source, expected_source, "{name} ({mode})");
+        }
+        let live_leaks: Vec<&str> = t
+            .stderr
+            .lines()
+            .filter(|l| l.contains("likely leak]") || l.contains("confirmed leak]"))
+            .collect();
+        match case.label {
+            Label::Leak { function, .. } => {
+                assert!(
+                    live_leaks
+                        .iter()
+                        .any(|l| l.contains(function) && l.contains("/step")),
+                    "{name} ({mode}): no live line names {function}:\n{}",
+                    t.stderr
+                );
+                let f = findings(&t.report, "leak")
+                    .into_iter()
+                    .find(|f| oomtrace_tests::functions(f).iter().any(|n| n == function))
+                    .expect("leak finding");
+                let ev = &f["evidence"];
+                for field in ["trend", "surviving_epochs", "onset_step", "detected_step"] {
+                    assert!(
+                        !ev[field].is_null(),
+                        "{name}: evidence.{field} missing: {f}"
+                    );
+                }
+                assert!(f["growth_bytes_per_step"].as_f64().unwrap_or(0.0) >= 1.0e6);
+                assert!(!f["hint"].as_str().unwrap_or("").is_empty());
+                let ci = &ev["trend"]["slope_ci"];
+                assert!(ci[0].as_f64() <= ci[1].as_f64(), "{ci}");
+            }
+            Label::Clean => assert!(
+                live_leaks.is_empty(),
+                "{name} ({mode}): a clean run printed leak lines:\n{}",
+                t.stderr
+            ),
+            Label::Bounded | Label::Fragmentation => {}
+        }
+    }
+}
+
+macro_rules! corpus_tests {
+    ($($name:ident),* $(,)?) => {
+        $(#[test] fn $name() { check(stringify!($name)); })*
+        /// Every corpus program has a test here.
+        #[test]
+        fn every_case_is_tested() {
+            let tested = [$(stringify!($name)),*];
+            for c in corpus::CORPUS {
+                assert!(tested.contains(&c.name), "{} has no test", c.name);
+            }
+            assert!(corpus::CORPUS.len() >= 15);
+        }
+    };
+}
+
+corpus_tests!(
+    leak_history,
+    leak_slow_sawtooth,
+    leak_periodic,
+    leak_late,
+    leak_ext,
+    leak_vmm,
+    leak_total_loss,
+    leak_async,
+    clean_static,
+    clean_dynamic,
+    clean_grad_accum,
+    clean_eval,
+    clean_lru,
+    clean_oneoff,
+    clean_warmup,
+    clean_empty_cache,
+    bounded_cache,
+    frag_retry,
+);
+
+#[test]
+fn fail_on_leak_exits_3_only_for_a_confirmed_leak() {
+    let t = run_traced_with("leak_history", &["--fail-on-leak"], &[], &[]);
+    assert_eq!(t.status.code(), Some(3), "{}", t.stderr);
+    assert!(t.stderr.contains("--fail-on-leak"), "{}", t.stderr);
+    for clean in ["clean_static", "bounded_cache"] {
+        let t = run_traced_with(clean, &["--fail-on-leak"], &[], &[]);
+        assert_eq!(t.status.code(), Some(0), "{clean}: {}", t.stderr);
+    }
+}
+
+#[test]
+fn retries_are_fragmentation_and_recovered_failures_are_not_errors() {
+    let case = corpus::case("frag_retry");
+    let t = run_traced("frag_retry", &[], &corpus::env(case, true));
+    let frag = findings(&t.report, "fragmentation");
+    assert_eq!(frag.len(), 1, "{}", t.report);
+    assert!(frag[0]["evidence"]["retries"].as_u64().unwrap_or(0) >= 3);
+    assert!(frag[0]["message"].as_str().unwrap().contains("retrying"));
+    assert!(frag[0]["hint"]
+        .as_str()
+        .unwrap()
+        .contains("expandable_segments"));
+    let ooms = findings(&t.report, "oom");
+    assert!(!ooms.is_empty());
+    assert!(
+        ooms.iter().all(|o| o["level"] == "warning"),
+        "every failure was retried successfully: {ooms:?}"
+    );
+    // The report opens with the OOMs, then fragmentation.
+    assert_eq!(t.report["findings"][0]["kind"], "oom");
+    assert!(t.stderr.contains("[fragmentation"), "{}", t.stderr);
+}
+
+#[test]
+fn capacity_warnings_fire_once_per_threshold() {
+    // clean_oneoff peaks at 986 MiB: on a 1 GiB device that crosses 85, 90 and 95 %.
+    let case = corpus::case("clean_oneoff");
+    let mut env = corpus::env(case, true);
+    env.push(("SIMCUDA_MEMORY", "1073741824"));
+    let t = run_traced("clean_oneoff", &[], &env);
+    let th = findings(&t.report, "threshold");
+    assert_eq!(th.len(), 1, "{}", t.report);
+    assert_eq!(th[0]["evidence"]["percent"], 95);
+    assert_eq!(th[0]["level"], "error");
+    assert_eq!(th[0]["evidence"]["crossings"], 1);
+    let lines = t
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("oomtrace: [threshold"))
+        .count();
+    assert_eq!(lines, 3, "85, 90 and 95 %, once each:\n{}", t.stderr);
+    assert!(findings(&t.report, "leak").is_empty());
+}
+
+#[test]
+fn budget_is_the_design_target() {
+    assert_eq!(BUDGET_EPOCHS, 10);
+}

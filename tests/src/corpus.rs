@@ -1,0 +1,187 @@
+//! The labeled leak-detection corpus (`scenarios/corpus/`): what each program is, what the
+//! detector must say about it, and how to score a report against that. Shared by the
+//! integration test (`it/corpus.rs`, through `oomtrace run`) and the benchmark
+//! (`benches/detection.rs`), so both judge by the same rules.
+
+use serde_json::Value;
+
+use crate::{findings, functions};
+
+/// Steps each corpus program runs (its default `CORPUS_STEPS`).
+pub const STEPS: u32 = 60;
+/// A leak of ≥ 1 MiB/step must be found within this many epochs of its onset (DESIGN §5),
+/// counted from the end of warm-up when it starts earlier: growth during warm-up cannot be
+/// told apart from warm-up itself.
+pub const BUDGET_EPOCHS: u32 = 10;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Label {
+    /// Leaks at `function` from step `onset` on.
+    Leak { function: &'static str, onset: u32 },
+    /// Looks like growth, is not: no leak finding allowed.
+    Clean,
+    /// Grows, then stops: a leak alarm may come and go, none may remain.
+    Bounded,
+    /// Allocator retries: a fragmentation finding, no leak.
+    Fragmentation,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Case {
+    pub name: &'static str,
+    pub label: Label,
+    pub env: &'static [(&'static str, &'static str)],
+}
+
+const fn leak(name: &'static str, function: &'static str, onset: u32) -> Case {
+    Case {
+        name,
+        label: Label::Leak { function, onset },
+        env: &[],
+    }
+}
+
+const fn clean(name: &'static str) -> Case {
+    Case {
+        name,
+        label: Label::Clean,
+        env: &[],
+    }
+}
+
+pub const CORPUS: &[Case] = &[
+    leak("leak_history", "history_append", 0),
+    leak("leak_slow_sawtooth", "stash_metric", 0),
+    leak("leak_periodic", "cache_eval_output", 0),
+    leak("leak_late", "retain_after_switch", 30),
+    leak("leak_ext", "ext_workspace_leak", 0),
+    leak("leak_vmm", "grow_segment", 0),
+    leak("leak_total_loss", "forward_layer", 0),
+    leak("leak_async", "async_leak", 0),
+    clean("clean_static"),
+    clean("clean_dynamic"),
+    clean("clean_grad_accum"),
+    clean("clean_eval"),
+    clean("clean_lru"),
+    clean("clean_oneoff"),
+    clean("clean_warmup"),
+    clean("clean_empty_cache"),
+    Case {
+        name: "bounded_cache",
+        label: Label::Bounded,
+        env: &[],
+    },
+    Case {
+        name: "frag_retry",
+        label: Label::Fragmentation,
+        env: &[("SIMCUDA_MEMORY", "1073741824")],
+    },
+];
+
+pub fn case(name: &str) -> &'static Case {
+    CORPUS
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no corpus case {name}"))
+}
+
+/// The environment for one run: the case's own plus the marker switch.
+pub fn env(case: &Case, markers: bool) -> Vec<(&'static str, &'static str)> {
+    let mut v = case.env.to_vec();
+    v.push(("CORPUS_MARKERS", if markers { "1" } else { "0" }));
+    v
+}
+
+/// What the detector said about one run, judged against the label.
+#[derive(Clone, Debug)]
+pub struct Score {
+    pub case: &'static str,
+    pub markers: bool,
+    /// markers | auto | windows
+    pub epoch_source: String,
+    /// The leak was reported at its function.
+    pub found: bool,
+    /// Epochs from onset (or from the end of warm-up) to the first likely/confirmed level.
+    pub delay: Option<u32>,
+    /// Functions of leak findings that are not the labeled leak.
+    pub false_leaks: Vec<String>,
+    pub fragmentation: bool,
+    /// A problem with the run, in a sentence; None if it meets its label.
+    pub failure: Option<String>,
+}
+
+/// The innermost named function of a finding.
+fn site_name(f: &Value) -> String {
+    functions(f)
+        .into_iter()
+        .find(|n| !n.is_empty())
+        .unwrap_or_else(|| "??".into())
+}
+
+pub fn score(case: &Case, markers: bool, report: &Value) -> Score {
+    let process = &report["processes"][0];
+    let epochs = &process["epochs"];
+    let count = epochs["count"].as_u64().unwrap_or(0) as u32;
+    let warmup_end = epochs["warmup_end"].as_u64().unwrap_or(0) as u32;
+    let leaks = findings(report, "leak");
+    let mut s = Score {
+        case: case.name,
+        markers,
+        epoch_source: epochs["source"].as_str().unwrap_or("?").to_string(),
+        found: false,
+        delay: None,
+        false_leaks: Vec::new(),
+        fragmentation: !findings(report, "fragmentation").is_empty(),
+        failure: None,
+    };
+    let expected = match case.label {
+        Label::Leak { function, .. } => Some(function),
+        _ => None,
+    };
+    for f in &leaks {
+        let at = functions(f);
+        if expected.is_some_and(|e| at.iter().any(|n| n == e)) {
+            s.found = true;
+            let detected = f["evidence"]["detected_step"].as_u64().map(|d| d as u32);
+            if let (Some(d), Label::Leak { onset, .. }) = (detected, case.label) {
+                // Without markers, epochs start when the clock locked: the steps before it
+                // are not counted.
+                let onset_epoch = if markers {
+                    onset
+                } else {
+                    onset.saturating_sub(STEPS.saturating_sub(count))
+                };
+                let start = onset_epoch.max(warmup_end);
+                s.delay = Some(d.saturating_sub(start));
+            }
+        } else {
+            s.false_leaks.push(site_name(f));
+        }
+    }
+    s.failure = match case.label {
+        Label::Leak { function, .. } if !s.found => Some(format!("no leak finding at {function}")),
+        Label::Leak { .. } if s.delay.is_none_or(|d| d > BUDGET_EPOCHS) => Some(format!(
+            "found {} epochs after onset (budget {BUDGET_EPOCHS})",
+            s.delay.map_or("?".into(), |d| d.to_string())
+        )),
+        Label::Fragmentation if !s.fragmentation => Some("no fragmentation finding".into()),
+        _ if !s.false_leaks.is_empty() => Some(format!("leak findings at {:?}", s.false_leaks)),
+        _ => None,
+    };
+    s
+}
+
+/// Median of the detection delays of the runs that found their leak.
+pub fn median_delay(scores: &[Score]) -> Option<f64> {
+    let mut d: Vec<u32> = scores.iter().filter_map(|s| s.delay).collect();
+    if d.is_empty() {
+        return None;
+    }
+    d.sort_unstable();
+    let m = d.len();
+    Some(if m % 2 == 1 {
+        f64::from(d[m / 2])
+    } else {
+        f64::from(d[m / 2 - 1] + d[m / 2]) / 2.0
+    })
+}
