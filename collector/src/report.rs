@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use crate::detect::Evidence;
+use crate::detect::{growth, Evidence};
 use crate::state::{EndState, Process, HOST_DEVICE};
 use crate::symbolize::{FrameInfo, StackSymbolizer};
 use crate::trace::Trace;
@@ -175,6 +175,16 @@ fn status(p: &Process) -> String {
     }
 }
 
+/// Whether a site's stack passes through PyTorch's CUDA allocator.
+fn in_torch(p: &Process, site: crate::state::SiteId) -> bool {
+    p.sites.get(site.0 as usize).is_some_and(|frames| {
+        frames.iter().filter_map(|f| f.module).any(|m| {
+            let path = &p.modules[m].def.path;
+            path.contains("libc10_cuda") || path.contains("libtorch_cuda")
+        })
+    })
+}
+
 /// Why memory might still be live at exit, from what the trace can tell.
 fn live_hint(p: &Process, device: i16, site: crate::state::SiteId) -> String {
     let leaking = p.detect.growth.is_leak(site, device);
@@ -290,6 +300,11 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
             } else {
                 stack_of(p, f.site)
             };
+            let hint = if f.kind == "leak" && f.hint == growth::NATIVE_HINT && in_torch(p, f.site) {
+                growth::TORCH_CACHE_HINT.to_string()
+            } else {
+                f.hint
+            };
             detected.push(Finding {
                 kind: f.kind,
                 level: f.level.name(),
@@ -302,7 +317,7 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
                 message: f.message,
                 count: f.count,
                 api: f.api.map(|a| a.name()).unwrap_or("").into(),
-                hint: f.hint,
+                hint,
                 growth_bytes_per_s: f.growth_bytes_per_s,
                 evidence: f.evidence,
                 oom,

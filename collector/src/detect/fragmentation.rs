@@ -247,3 +247,115 @@ fn finding(device: i16, d: &DeviceFrag) -> Finding {
         record: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::detect::{Detector, Level};
+    use crate::state::{Process, OUT_OF_MEMORY};
+    use oomtrace_proto::wire::{Frame, Hello};
+    use oomtrace_proto::{Api, Event, EventKind, StackId};
+
+    const MIB: u64 = 1 << 20;
+
+    fn ev(kind: EventKind, api: Api, ptr: u64, size: u64, ts: u64) -> Event {
+        let mut e = Event::new(kind, api);
+        e.ptr = ptr;
+        e.size = size;
+        e.device = 0;
+        e.ts_ns = ts;
+        e
+    }
+
+    fn mark(p: &mut Process, ts: u64) {
+        p.apply(&Frame::Marker {
+            seq: 0,
+            ts_ns: ts,
+            tid: 0,
+            stack: StackId(0),
+            label: "step".into(),
+        });
+    }
+
+    fn frag(p: &Process) -> Vec<crate::detect::Finding> {
+        p.detect.fragmentation.findings(&p.context())
+    }
+
+    #[test]
+    fn reserved_creeping_while_tensors_stay_flat_is_fragmentation() {
+        let mut p = Process::new(1, Hello::default());
+        let mut ts = 1;
+        for step in 0..20u64 {
+            // A new 4 MiB segment every step (never returned) ...
+            ts += 10;
+            p.apply_event(&ev(
+                EventKind::Alloc,
+                Api::cudaMalloc,
+                0x1000_0000 + step * 0x100_0000,
+                4 * MIB,
+                ts,
+            ));
+            // ... while the tensors carved from it come and go at a flat 8 MiB.
+            ts += 10;
+            p.apply_event(&ev(
+                EventKind::Alloc,
+                Api::oomtrace_malloc,
+                0x9000_0000,
+                8 * MIB,
+                ts,
+            ));
+            ts += 10;
+            p.apply_event(&ev(EventKind::Free, Api::oomtrace_free, 0x9000_0000, 0, ts));
+            mark(&mut p, ts + 5);
+        }
+        let f = frag(&p);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(
+            f[0].message.contains("reserved memory grows"),
+            "{}",
+            f[0].message
+        );
+        assert!(f[0].growth_bytes_per_step.unwrap() >= 3.9 * MIB as f64);
+    }
+
+    #[test]
+    fn a_failure_with_enough_free_memory_is_fragmentation() {
+        let mut p = Process::new(1, Hello::default());
+        let mut fail = ev(EventKind::AllocFailed, Api::cudaMalloc, 0, 64 * MIB, 10);
+        fail.result = OUT_OF_MEMORY;
+        fail.tid = 3;
+        p.apply_event(&fail);
+        let mut info = ev(
+            EventKind::MemInfo,
+            Api::cuMemGetInfo_v2,
+            100 * MIB,
+            1024 * MIB,
+            11,
+        );
+        info.tid = 3;
+        p.apply_event(&info);
+        let f = frag(&p);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].level, Level::Error);
+        assert!(f[0].message.contains("free"), "{}", f[0].message);
+        // Without a retry it stays an OOM error too.
+        let oom = p.detect.oom.findings(&p.context());
+        assert_eq!(oom[0].level, Level::Error);
+        assert!(oom[0].hint.contains("not in one piece"));
+    }
+
+    #[test]
+    fn a_failure_without_enough_free_memory_is_not_fragmentation() {
+        let mut p = Process::new(1, Hello::default());
+        let mut fail = ev(EventKind::AllocFailed, Api::cudaMalloc, 0, 64 * MIB, 10);
+        fail.result = OUT_OF_MEMORY;
+        p.apply_event(&fail);
+        p.apply_event(&ev(
+            EventKind::MemInfo,
+            Api::cuMemGetInfo_v2,
+            10 * MIB,
+            1024 * MIB,
+            11,
+        ));
+        assert!(frag(&p).is_empty());
+    }
+}

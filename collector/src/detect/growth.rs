@@ -512,8 +512,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         .unwrap_or_else(|| "growing".into());
     let message = match (kind, s.resolved, s.class) {
         ("leak", _, _) => format!(
-            "{} leak: {rate}, {} held in {} allocations surviving from {} different steps",
-            level.name(),
+            "{rate}, {} held in {} allocations surviving from {} different steps",
             fmt_bytes(s.live),
             s.count,
             s.generations(warmup_end(ctx), ctx.epoch.saturating_sub(LAG))
@@ -568,6 +567,17 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
     }
 }
 
+/// A leak at a plain CUDA allocation outside PyTorch's allocator.
+pub const NATIVE_HINT: &str = "Device memory allocated here with the CUDA API is never freed, \
+    outside PyTorch's caching allocator: a CUDA extension or library (CuPy, NCCL, a custom \
+    kernel's workspace) misses a cudaFree on some path, or keeps a buffer per step.";
+
+/// A leak at a segment of PyTorch's caching allocator (its frames are in libc10_cuda).
+pub const TORCH_CACHE_HINT: &str = "PyTorch's caching allocator keeps reserving new segments \
+    here because the tensors it holds keep growing: Python keeps a reference across steps (a \
+    list that gets .append(output), `total_loss += loss` keeping each step's graph). \
+    torch.cuda.memory._record_memory_history() names the tensors; store .detach() or .item().";
+
 /// The likely cause. What the site's API says is certain; what lies above it is a guess and
 /// is worded as one.
 fn hint(s: &Site, kind: &str) -> String {
@@ -591,7 +601,7 @@ fn hint(s: &Site, kind: &str) -> String {
         Api::cuMemCreate => "Physical memory created through the CUDA virtual-memory API is \
             never released (cuMemCreate without cuMemRelease/cuMemUnmap): PyTorch's expandable \
             segments growing with its cache, or NCCL/another library mapping new buffers each \
-            step. Under PyTorch, run with --torch to see which tensors keep it."
+            step. Under PyTorch, torch.cuda.memory._record_memory_history() shows which tensors keep it."
             .into(),
         Api::cuMemAllocAsync | Api::cudaMallocAsync | Api::cuMemAllocFromPoolAsync => {
             "Stream-ordered allocations (cudaMallocAsync) made here are never returned with \
@@ -603,11 +613,7 @@ fn hint(s: &Site, kind: &str) -> String {
             here is never freed (cudaHostAlloc/cudaMallocHost without cudaFreeHost): data \
             loader or staging buffers kept per step."
             .into(),
-        _ => "Device memory allocated here with the CUDA API is never freed. If this is a \
-              CUDA extension or library (not PyTorch's allocator), a cudaFree is missing on \
-              some path; if the stack is inside PyTorch's caching allocator, its cache grows \
-              because tensors are kept across steps (run with --torch to see which)."
-            .into(),
+        _ => NATIVE_HINT.into(),
     }
 }
 
