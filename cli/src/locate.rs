@@ -43,6 +43,20 @@ pub fn shim_library() -> Result<PathBuf, Failure> {
     )))
 }
 
+/// `$XDG_CACHE_HOME/oomtrace/<version><tag>-<hash of contents>` (or `~/.cache/...`, or the
+/// temp dir): where files this binary carries are written once and kept.
+pub fn cache_dir(tag: &str, contents: &[&[u8]]) -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    let hash = contents
+        .iter()
+        .fold(0u64, |h, c| h.rotate_left(17) ^ fingerprint(c));
+    base.join("oomtrace")
+        .join(format!("{}{tag}-{hash:016x}", env!("CARGO_PKG_VERSION")))
+}
+
 /// FNV-1a: names the cache directory after the library's content, so that a new build never
 /// reuses an old copy and two builds never write the same file.
 fn fingerprint(bytes: &[u8]) -> u64 {
@@ -55,15 +69,7 @@ fn fingerprint(bytes: &[u8]) -> u64 {
 /// `~/.cache/...`, or the temp dir), once: a private 0700 directory, the file written under a
 /// temporary name and renamed, so concurrent first runs never see half a library.
 pub fn extract_embedded(bytes: &[u8]) -> Result<PathBuf, Failure> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    let dir = base.join("oomtrace").join(format!(
-        "{}-{:016x}",
-        env!("CARGO_PKG_VERSION"),
-        fingerprint(bytes)
-    ));
+    let dir = cache_dir("", &[bytes]);
     let lib = dir.join(LIB_NAME);
     if std::fs::metadata(&lib).is_ok_and(|m| m.len() == bytes.len() as u64) {
         return Ok(lib);

@@ -300,10 +300,24 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
             } else {
                 stack_of(p, f.site)
             };
-            let hint = if f.kind == "leak" && f.hint == growth::NATIVE_HINT && in_torch(p, f.site) {
-                growth::TORCH_CACHE_HINT.to_string()
-            } else {
-                f.hint
+            let leaked_at_oom = f.record.and_then(|i| p.detect.oom.records.get(i)).map(|o| {
+                o.top_sites
+                    .iter()
+                    .filter(|(site, _, _)| p.detect.growth.is_leak(*site, o.device))
+                    .map(|&(_, bytes, _)| bytes)
+                    .sum::<u64>()
+            });
+            let hint = match leaked_at_oom {
+                Some(leaked) if leaked > 0 => format!(
+                    "{} of the memory live at the failure was held by call sites that leak step \
+                     by step (see the leak findings): without them this allocation would have \
+                     had that much more room.",
+                    fmt_bytes(leaked)
+                ),
+                _ if f.kind == "leak" && f.hint == growth::NATIVE_HINT && in_torch(p, f.site) => {
+                    growth::TORCH_CACHE_HINT.to_string()
+                }
+                _ => f.hint,
             };
             detected.push(Finding {
                 kind: f.kind,

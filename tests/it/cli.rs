@@ -129,3 +129,37 @@ fn json_report_has_the_documented_fields() {
     }
     assert!(p["command"].as_str().unwrap().contains("runtime_basic"));
 }
+
+/// The newcomer's first command tells the demo's story: the planted leak found live and
+/// confirmed at its line, and the OOM it causes blamed on it.
+#[test]
+fn the_demo_finds_its_planted_leak_and_blames_the_oom_on_it() {
+    let dir = scratch("demo");
+    let trace = dir.join("demo.oomt");
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.current_dir(&dir)
+        .arg("demo")
+        .arg("--output")
+        .arg(&trace);
+    let out = output_within(cmd, TIMEOUT);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("[confirmed leak]") && l.contains("keep_history")),
+        "{text}"
+    );
+    let r = report_json(&trace);
+    assert_eq!(r["findings"][0]["kind"], "oom");
+    assert!(
+        r["findings"][0]["hint"].as_str().unwrap().contains("leak"),
+        "{}",
+        r["findings"][0]
+    );
+    let leaks = findings(&r, "leak");
+    assert_eq!(leaks.len(), 1, "{leaks:?}");
+    assert_eq!(leaks[0]["level"], "confirmed");
+    assert_eq!(functions(leaks[0])[0], "keep_history");
+    assert_eq!(leaks[0]["growth_bytes_per_step"], 16.0 * 1048576.0);
+}

@@ -37,9 +37,35 @@ fn install(dir: &Path) -> Result<PathBuf, Failure> {
     Ok(app)
 }
 
+/// The demo program and its simulated GPU, installed once into the cache directory and kept:
+/// `oomtrace report` on the demo's trace later needs the program's symbols. Installed into a
+/// private directory first, then renamed into place, so a concurrent demo never sees (or
+/// runs) half-written files.
+fn installed() -> Result<(PathBuf, PathBuf), Failure> {
+    let dir = locate::cache_dir("-demo", &[DEMO_APP, simcuda::LIBCUDA, simcuda::LIBCUDART]);
+    let app = dir.join("train_demo");
+    if app.is_file() {
+        return Ok((dir, app));
+    }
+    let fresh = locate::private_dir()?;
+    install(&fresh)?;
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    if std::fs::rename(&fresh, &dir).is_err() {
+        // Another demo won the race (or the cache is not writable): use theirs, or ours.
+        if app.is_file() {
+            let _ = std::fs::remove_dir_all(&fresh);
+        } else {
+            let app = fresh.join("train_demo");
+            return Ok((fresh, app));
+        }
+    }
+    Ok((dir, app))
+}
+
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
-    let dir = locate::private_dir()?;
-    let app = install(&dir)?;
+    let (dir, app) = installed()?;
     println!(
         "oomtrace demo: a training loop on a simulated {} GPU (no GPU needed)",
         args.device_memory
@@ -65,9 +91,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             ),
         ],
     };
-    let outcome = trace_command(&[app.into_os_string()], &session);
-    let _ = std::fs::remove_dir_all(&dir);
-    let outcome = outcome?;
+    let outcome = trace_command(&[app.into_os_string()], &session)?;
     let report = outcome.report?;
     println!();
     print!("{}", render::full(&report));
