@@ -304,8 +304,7 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
                 o.top_sites
                     .iter()
                     .filter(|(site, _, _)| p.detect.growth.is_leak(*site, o.device))
-                    .map(|&(_, bytes, _)| bytes)
-                    .sum::<u64>()
+                    .fold(0u64, |acc, &(_, bytes, _)| acc.saturating_add(bytes))
             });
             let hint = match leaked_at_oom {
                 Some(leaked) if leaked > 0 => format!(

@@ -355,18 +355,18 @@ impl Process {
         }
         let epoch = self.clock.epoch;
         let dev = self.device(device);
-        dev.live_bytes += size;
+        dev.live_bytes = dev.live_bytes.saturating_add(size);
         dev.live_count += 1;
         dev.allocations += 1;
-        dev.bytes_allocated += size;
+        dev.bytes_allocated = dev.bytes_allocated.saturating_add(size);
         if dev.live_bytes > dev.peak_bytes {
             dev.peak_bytes = dev.live_bytes;
             dev.peak_ts_ns = ts;
         }
         let s = self.site_stats.entry((site, device)).or_default();
-        s.live_bytes += size;
+        s.live_bytes = s.live_bytes.saturating_add(size);
         s.live_count += 1;
-        s.total_bytes += size;
+        s.total_bytes = s.total_bytes.saturating_add(size);
         s.allocations += 1;
         s.peak_bytes = s.peak_bytes.max(s.live_bytes);
         s.api = Some(api);
@@ -536,7 +536,7 @@ impl Process {
                     let d = h.device;
                     let dev = self.device(d);
                     dev.events += 1;
-                    dev.mapped_bytes += ev.size;
+                    dev.mapped_bytes = dev.mapped_bytes.saturating_add(ev.size);
                 }
                 self.mappings.insert(
                     ev.ptr,
@@ -569,7 +569,8 @@ impl Process {
             }
             EventKind::VaReserve => {
                 self.reservations.insert(ev.ptr, (ev.size, ev.device));
-                self.device(ev.device).reserved_va_bytes += ev.size;
+                let dev = self.device(ev.device);
+                dev.reserved_va_bytes = dev.reserved_va_bytes.saturating_add(ev.size);
             }
             EventKind::VaFree => {
                 if let Some((size, d)) = self.reservations.remove(&ev.ptr) {

@@ -134,6 +134,11 @@ fn fixture() -> Vec<u8> {
         },
     );
     encode::goodbye(&mut w, GoodbyeReason::Exit, 11);
+    if update() {
+        // The same frames seed the socket-decoder fuzz target (fuzz/).
+        let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds");
+        std::fs::write(seeds.join("wire_decoder/v1-basic.frames"), &w).unwrap();
+    }
     tf::write_chunk(&mut f, 1, &w, false).unwrap();
     tf::write_conn_close(
         &mut f,
@@ -162,6 +167,9 @@ fn golden_trace() -> std::path::PathBuf {
     let path = fixture_path("v1-basic.oomt");
     if update() {
         std::fs::write(&path, fixture()).unwrap();
+        let seed = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fuzz/seeds/trace_reader/v1-basic.oomt");
+        std::fs::copy(&path, seed).unwrap();
     }
     path
 }

@@ -125,7 +125,7 @@ impl Detector for FragmentationDetector {
     fn on_alloc(&mut self, a: &AllocObs, _out: &mut Alerts) {
         if is_tensor_level(a.api) {
             let d = self.devices.entry(a.device).or_default();
-            d.tensor_live += a.size;
+            d.tensor_live = d.tensor_live.saturating_add(a.size);
             d.tensor_peak_epoch = d.tensor_peak_epoch.max(d.tensor_live);
         }
     }

@@ -190,8 +190,8 @@ impl Site {
             self.births.insert(
                 a,
                 Generation {
-                    count: older.count + newer.count,
-                    bytes: older.bytes + newer.bytes,
+                    count: older.count.saturating_add(newer.count),
+                    bytes: older.bytes.saturating_add(newer.bytes),
                     epochs: older.epochs + newer.epochs,
                 },
             );
@@ -232,7 +232,7 @@ impl Detector for GrowthDetector {
             .sites
             .entry((a.site, a.device))
             .or_insert_with(|| Site::new(a));
-        s.live += a.size;
+        s.live = s.live.saturating_add(a.size);
         s.count += 1;
         s.api = a.api;
         s.dirty = true;
@@ -241,7 +241,7 @@ impl Detector for GrowthDetector {
             ..Default::default()
         });
         g.count += 1;
-        g.bytes += a.size;
+        g.bytes = g.bytes.saturating_add(a.size);
         s.coarsen();
         if s.sizes.len() < MAX_SIZES || s.sizes.contains_key(&a.size) {
             *s.sizes.entry(a.size).or_default() += 1;

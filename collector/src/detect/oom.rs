@@ -137,7 +137,7 @@ impl Detector for OomDetector {
     fn on_free(&mut self, a: &AllocObs, _birth: u32) {
         if let Some(p) = self.pending.as_mut().filter(|p| p.device == a.device) {
             p.frees += 1;
-            p.freed_bytes += a.size;
+            p.freed_bytes = p.freed_bytes.saturating_add(a.size);
         }
     }
 
@@ -220,12 +220,16 @@ fn oom_hint(r: &OomRecord) -> String {
              PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True avoids most of it.",
             fmt_bytes(free)
         ),
-        (_, Some(&(_, bytes, _))) if r.live_bytes > 0 && bytes * 2 >= r.live_bytes => format!(
-            "One call site held {} of the {} this process had live: look at it first (a leak \
+        (_, Some(&(_, bytes, _)))
+            if r.live_bytes > 0 && bytes.saturating_mul(2) >= r.live_bytes =>
+        {
+            format!(
+                "One call site held {} of the {} this process had live: look at it first (a leak \
              finding below says whether it grew step by step).",
-            fmt_bytes(bytes),
-            fmt_bytes(r.live_bytes)
-        ),
+                fmt_bytes(bytes),
+                fmt_bytes(r.live_bytes)
+            )
+        }
         _ => "The memory was spread over many call sites: the workload needs more than the \
               device has (batch size, sequence length, model size), or another process holds \
               part of the device."
