@@ -56,6 +56,11 @@ const TARGETS: &[Target] = &[
         flags: CUDART,
     },
     Target {
+        out: "soak",
+        sources: &["soak.c"],
+        flags: &["-O2", "-l:libcudart.so.12", "-ldl"],
+    },
+    Target {
         out: "bench_pairs",
         sources: &["bench_pairs.c"],
         flags: &["-O2", "-l:libcudart.so.12", "-ldl"],
@@ -235,6 +240,68 @@ const TARGETS: &[Target] = &[
     Target {
         out: "frag_retry",
         sources: &["corpus/frag_retry.c"],
+        flags: CUDART,
+    },
+    // The fault-injection suite (tests/it/faults.rs).
+    Target {
+        out: "fault_many_threads",
+        sources: &["faults/many_threads.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "fault_fork_busy",
+        sources: &["faults/fork_busy.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "fault_exit_thread",
+        sources: &["faults/exit_thread.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "fault_tls_dtor_free",
+        sources: &["faults/tls_dtor_free.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "libfault_plugin.so",
+        sources: &["faults/plugin.c"],
+        flags: &["-shared", "-fPIC", "-l:libcudart.so.12", "-ldl"],
+    },
+    Target {
+        out: "libfault_second.so",
+        sources: &["faults/plugin.c"],
+        flags: &[
+            "-DPREFIX=second",
+            "-shared",
+            "-fPIC",
+            "-l:libcudart.so.12",
+            "-ldl",
+        ],
+    },
+    Target {
+        out: "libfault_deep.so",
+        sources: &["faults/deep.c"],
+        flags: &["-shared", "-fPIC", "-l:libcudart.so.12", "-ldl"],
+    },
+    Target {
+        out: "fault_dlclose_main",
+        sources: &["faults/dlclose_main.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "fault_deepbind_main",
+        sources: &["faults/deepbind_main.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "fault_deepbind_nolink",
+        sources: &["faults/deepbind_main.c"],
+        flags: &["-DNO_CUDART", "-ldl"],
+    },
+    Target {
+        out: "fault_exec_self",
+        sources: &["faults/exec_self.c"],
         flags: CUDART,
     },
 ];

@@ -14,3 +14,10 @@ mod cli;
 /// The labeled leak-detection corpus: every leak found at its site within budget, with and
 /// without step markers; no clean look-alike reported as a leak.
 mod corpus;
+
+/// Fault injection: 16 threads, fork under load, exit from a thread, frees in thread-exit
+/// destructors, dlclose, RTLD_DEEPBIND, exec, a killed program, a stopped collector.
+mod faults;
+
+/// Private files and sockets; peers of another user refused.
+mod security;

@@ -1,0 +1,263 @@
+//! The collector side of DESIGN §5: ingest rate on one core, trace bytes per event, report
+//! time for 10^7 events, and collector memory over 10^8 events; each beside a baseline taken
+//! in the same run.
+//!
+//! `cargo bench -p oomtrace-tests --bench ingest` (env `EVENTS`, default 10^7; `BIG_EVENTS`,
+//! default 10^8, for the memory run, which needs `cargo build --release` first for the
+//! `oomtrace` binary). Prints `metric<TAB>value<TAB>baseline<TAB>target` lines, read by
+//! `scripts/bench.sh`.
+//!
+//! The stream is synthetic but shaped like a training loop: 64 call sites, 256 live
+//! allocations recycled, a step marker every 1000 events, batches of 512 events, so the
+//! detectors and the epoch clock do their real work.
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use oomtrace_collector::report::{self, ReportOptions};
+use oomtrace_collector::server::{Collector, Options};
+use oomtrace_collector::state::Process;
+use oomtrace_collector::trace::Trace;
+use oomtrace_proto::trace_file::TraceReader;
+use oomtrace_proto::wire::{self, encode, Frame, GoodbyeReason, Hello, Next};
+use oomtrace_proto::{Api, Event, EventKind, StackId};
+use oomtrace_tests::{oomtrace_bin, scratch};
+
+const BATCH: u64 = 512;
+
+/// Frames for events `from..to` of the synthetic stream (the first call adds the Hello and
+/// the stack definitions).
+fn stream(from: u64, to: u64, out: &mut Vec<u8>) {
+    if from == 0 {
+        encode::hello(
+            out,
+            &Hello {
+                pid: 4242,
+                argv: vec!["synthetic".into()],
+                ..Default::default()
+            },
+        );
+        for s in 1..=64u32 {
+            encode::stack_def(
+                out,
+                StackId(s),
+                &[0x40_0000 + u64::from(s) * 64, 0x40_1000, 0x40_2000],
+            );
+        }
+    }
+    let mut i = from;
+    while i < to {
+        let end = (i + BATCH).min(to);
+        let at = encode::begin_events(out);
+        for n in i..end {
+            // Pairs: even = alloc, odd = free of the same slot.
+            let slot = (n / 2) % 256;
+            let mut e = if n % 2 == 0 {
+                let mut e = Event::new(EventKind::Alloc, Api::cudaMalloc);
+                e.size = 4096 * (1 + (n / 2) % 64);
+                e.stack = StackId(((n / 2) % 64) as u32 + 1);
+                e
+            } else {
+                Event::new(EventKind::Free, Api::cudaFree)
+            };
+            e.ptr = 0x7000_0000_0000 + slot * 0x10_0000 + (n / 512) % 2;
+            e.seq = n + 1;
+            e.ts_ns = 1_000 + n * 100;
+            e.device = 0;
+            encode::push_event(out, &e);
+        }
+        encode::end_events(out, at);
+        if end / 1000 != i / 1000 {
+            encode::marker(out, end, 1_000 + end * 100, 1, StackId(0), "step");
+        }
+        i = end;
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn line(metric: &str, value: String, baseline: String, target: &str) {
+    println!("{metric}\t{value}\t{baseline}\t{target}");
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// VmHWM of a process, in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn main() {
+    let events = env_u64("EVENTS", 10_000_000);
+    let mut frames = Vec::with_capacity(events as usize * 66);
+    stream(0, events, &mut frames);
+
+    // 1. Ingest on one core: decode + per-process state + detectors; baseline: decode only.
+    let (mut decode, mut ingest) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let t = Instant::now();
+        let mut used = 0;
+        let mut n = 0u64;
+        while let Ok(Next::Frame(f, len)) = wire::next_frame(&frames[used..]) {
+            if let Frame::Events(b) = f {
+                n += b.iter().count() as u64;
+            }
+            used += len;
+        }
+        assert_eq!(n, events);
+        decode.push(events as f64 / t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let mut p: Option<Process> = None;
+        let mut used = 0;
+        while let Ok(Next::Frame(f, len)) = wire::next_frame(&frames[used..]) {
+            match (&f, p.as_mut()) {
+                (Frame::Hello(h), None) => p = Some(Process::new(1, h.clone())),
+                (_, Some(p)) => p.apply(&f),
+                _ => {}
+            }
+            used += len;
+        }
+        ingest.push(events as f64 / t.elapsed().as_secs_f64());
+        let p = p.expect("process");
+        assert_eq!(p.events, events);
+    }
+    line(
+        "ingest_events_per_s",
+        format!("{:.0}", median(ingest)),
+        format!("{:.0}", median(decode)),
+        ">= 5000000",
+    );
+
+    // 2. Through the socket into a trace file (a collector thread; this thread is the client).
+    let dir = scratch("ingest");
+    let socket = dir.join("c.sock");
+    let trace = dir.join("ingest.oomt");
+    let mut opts = Options::new(socket.clone(), trace.clone());
+    opts.exit_when_idle = true;
+    opts.idle_grace = Duration::from_millis(50);
+    let collector = Collector::bind(opts).expect("collector");
+    static STOP: AtomicBool = AtomicBool::new(false);
+    let server = std::thread::spawn(move || collector.serve(&STOP));
+    let t = Instant::now();
+    let mut c = UnixStream::connect(&socket).expect("connect");
+    c.write_all(&wire::stream_header()).unwrap();
+    c.write_all(&frames).unwrap();
+    let mut bye = Vec::new();
+    encode::goodbye(&mut bye, GoodbyeReason::Exit, events);
+    c.write_all(&bye).unwrap();
+    let mut ack = [0u8; 1];
+    let _ = std::io::Read::read(&mut c, &mut ack);
+    let socket_rate = events as f64 / t.elapsed().as_secs_f64();
+    server.join().expect("server").expect("serve");
+    line(
+        "socket_ingest_events_per_s",
+        format!("{socket_rate:.0}"),
+        "-".into(),
+        ">= 5000000",
+    );
+    let size = std::fs::metadata(&trace).expect("trace").len();
+    line(
+        "trace_bytes_per_event",
+        format!("{:.1}", size as f64 / events as f64),
+        format!("{:.1}", frames.len() as f64 / events as f64),
+        "(baseline: uncompressed wire bytes)",
+    );
+
+    // 3. Report time for the trace; baseline: reading its records without replay.
+    let (mut read, mut rep) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let t = Instant::now();
+        let mut r = TraceReader::new(std::fs::File::open(&trace).unwrap()).unwrap();
+        while r.next_record().unwrap().is_some() {}
+        read.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let tr = Trace::load(&trace).expect("load");
+        let _ = report::build(
+            &tr,
+            &ReportOptions {
+                top: 10,
+                path: String::new(),
+                symbolize: false,
+            },
+        );
+        rep.push(t.elapsed().as_secs_f64());
+    }
+    line(
+        &format!("report_s_for_{events}_events"),
+        format!("{:.2}", median(rep)),
+        format!("{:.2}", median(read)),
+        "(baseline: reading the file only)",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // 4. Collector memory over BIG_EVENTS through the real `oomtrace collect` process;
+    //    baseline: its memory after the first 1 % of them.
+    let big = env_u64("BIG_EVENTS", 100_000_000);
+    let bin = oomtrace_bin();
+    let dir = scratch("ingest-big");
+    let socket = dir.join("c.sock");
+    let mut child = std::process::Command::new(bin)
+        .args(["collect", "--quiet", "--socket"])
+        .arg(&socket)
+        .arg("--output")
+        .arg(dir.join("big.oomt"))
+        .spawn()
+        .expect("oomtrace collect");
+    while UnixStream::connect(&socket).is_err() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut c = UnixStream::connect(&socket).expect("connect");
+    c.write_all(&wire::stream_header()).unwrap();
+    let chunk = 1_000_000;
+    let mut buf = Vec::with_capacity(chunk as usize * 66);
+    let mut early = 0;
+    let t = Instant::now();
+    let mut sent = 0;
+    while sent < big {
+        buf.clear();
+        let to = (sent + chunk).min(big);
+        stream(sent, to, &mut buf);
+        c.write_all(&buf).unwrap();
+        sent = to;
+        if early == 0 && sent >= big / 100 {
+            std::thread::sleep(Duration::from_millis(200));
+            early = peak_rss_kib(child.id());
+        }
+    }
+    buf.clear();
+    encode::goodbye(&mut buf, GoodbyeReason::Exit, big);
+    c.write_all(&buf).unwrap();
+    let _ = std::io::Read::read(&mut c, &mut [0u8; 1]);
+    let peak = peak_rss_kib(child.id());
+    let secs = t.elapsed().as_secs_f64();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    line(
+        &format!("collector_peak_rss_kib_for_{big}_events"),
+        format!("{peak}"),
+        format!("{early}"),
+        &format!(
+            "bounded (baseline: after 1 %; {:.1} M events/s through the process)",
+            big as f64 / secs / 1e6
+        ),
+    );
+}
