@@ -225,6 +225,26 @@ impl Stacks {
         (self.snapshot_gen.load(Ordering::Acquire), snap)
     }
 
+    /// Rescans the loaded modules if the loader's counters moved since the last scan (a
+    /// dlclose, perhaps followed by another library at the same address: its frames would
+    /// otherwise fall inside a stale range and be unwound and attributed with the old tables).
+    fn refresh_if_loader_changed(&self, st: &State) {
+        let Ok(mut reg) = self.registry.lock() else {
+            return;
+        };
+        if modules::load_counts() == reg.counts {
+            return;
+        }
+        if reg.rescan(st) {
+            self.intern_gen.fetch_add(1, Ordering::AcqRel);
+        }
+        let snap = Arc::new(reg.snapshot());
+        if let Ok(mut g) = self.snapshot.lock() {
+            *g = snap;
+        }
+        self.snapshot_gen.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// Makes every frame's module active (rescanning if the loader changed). Returns true if
     /// the snapshot changed, so the caller should unwind again.
     fn cover(&self, st: &State, frames: &[u64]) -> bool {
@@ -503,6 +523,16 @@ pub fn capture() -> StackId {
 
 fn intern(st: &State, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> StackId {
     let stacks = st.stacks();
+    if let Some(id) = ts.verified_hit(sp, bp) {
+        if stacks.intern_gen.load(Ordering::Acquire) == ts.intern_gen {
+            return StackId(id);
+        }
+    }
+    // A miss: before unwinding, make sure no module was unloaded or replaced since the last
+    // scan (one dl_iterate_phdr call that stops at the first object; misses are rare).
+    if modules::load_counts() != ts.snapshot.counts {
+        stacks.refresh_if_loader_changed(st);
+    }
     let gen = stacks.snapshot_gen.load(Ordering::Acquire);
     if gen != ts.snapshot_gen {
         let (g, s) = stacks.current();
@@ -514,9 +544,6 @@ fn intern(st: &State, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> Stack
         ts.interned.fill((0, 0));
         ts.verified.clear();
         ts.intern_gen = igen;
-    }
-    if let Some(id) = ts.verified_hit(sp, bp) {
-        return StackId(id);
     }
     let depth = st.config.stack_depth;
     let mut v = Box::new(Verified {
