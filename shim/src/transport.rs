@@ -8,8 +8,15 @@
 //! - The drain thread polls with a short sleep rather than parking per event (a parked
 //!   receiver makes every send pay a futex wake: +280 ns/pair in the prototype); producers
 //!   wake it only when the queue is a quarter full.
+//! - The drain thread never blocks on a collector that does not read (stopped, or slower
+//!   than the program): each socket write waits at most 20 ms, and what the socket does not
+//!   take waits in the drain thread, up to 16 MiB (or twice the queue). Beyond that, new
+//!   events are counted lost there, each with its kind and device, while stack and module
+//!   definitions still go out. When the collector reads again, everything waiting and the
+//!   `Lost` counts (sent every 500 ms when they change) reach it.
 //! - If the collector goes away, the process keeps running at full speed; the drain thread
-//!   discards and counts. Losses travel to the collector in `Lost` frames.
+//!   discards and counts. At exit, if the end of the stream cannot get out within 2 s, the
+//!   shim says so on stderr: those counts cannot reach the collector any more.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -315,6 +322,15 @@ enum Sink {
 const PENDING_LIMIT: usize = 64 << 20;
 /// Writes happen at least this often when data is waiting.
 const WRITE_CHUNK: usize = 1 << 20;
+/// How long one write may wait for a collector that does not read (stopped, or slower than
+/// the program): the drain thread never blocks longer, so it keeps emptying the queue.
+const SOCKET_WRITE_WAIT: Duration = Duration::from_millis(20);
+/// Bytes kept while the collector takes nothing (at least; twice the event queue's size if
+/// that is more: a user who asked for a large buffer asked for that much slack); beyond,
+/// new events are counted lost.
+const STALLED_LIMIT: usize = 16 << 20;
+/// At exit, how long the end of the stream may take to get out.
+const FINISH_WRITE_WAIT: Duration = Duration::from_millis(2000);
 
 struct Drainer {
     st: &'static State,
@@ -322,6 +338,10 @@ struct Drainer {
     sink: Sink,
     /// Encoded frames not yet written.
     out: Vec<u8>,
+    /// Bytes already committed to the socket stream but not yet taken by the collector: a
+    /// frame partly sent must be completed before anything else, so these are never dropped
+    /// while connected.
+    unsent: Vec<u8>,
     /// Events in `out`, to count them if `out` is dropped.
     out_events: u64,
     /// Offset of the open Events frame in `out`.
@@ -391,6 +411,7 @@ impl Drainer {
                 next_try: now,
             },
             out: Vec::with_capacity(WRITE_CHUNK + 4096),
+            unsent: Vec::new(),
             out_events: 0,
             events_at: None,
             events_in_frame: 0,
@@ -421,7 +442,9 @@ impl Drainer {
                     }
                     other => self.encode(other),
                 }
-                if self.out.len() >= WRITE_CHUNK {
+                // While the collector takes nothing, writing per chunk would wait once per
+                // message; then frames gather in `out` until the round ends.
+                if self.out.len() >= WRITE_CHUNK && self.unsent.is_empty() {
                     self.write_out();
                 }
             }
@@ -444,8 +467,12 @@ impl Drainer {
             self.progress_connection(false);
             self.maybe_send_lost();
             self.write_out();
-            for d in flushes.drain(..) {
-                d.set();
+            // A flush is done when its data left the process, not when a write was tried: a
+            // collector that reads slowly keeps flushes waiting (their callers' wait is bounded).
+            if self.drained() || !matches!(self.sink, Sink::Socket(_)) {
+                for d in flushes.drain(..) {
+                    d.set();
+                }
             }
             if got == 0 {
                 self.st.shared.congested.store(false, Ordering::Relaxed);
@@ -471,11 +498,20 @@ impl Drainer {
     }
 
     fn encode(&mut self, msg: Msg) {
-        if matches!(self.sink, Sink::Detached) {
+        // Detached, or a collector that has fallen `STALLED_LIMIT` behind: events are counted
+        // lost here, each with its kind and device (a lost free is a lost free, not a phantom
+        // leak); stack and module definitions still go out, so later events stay readable.
+        let limit = STALLED_LIMIT.max(self.st.config.buffer * oomtrace_proto::EVENT_SIZE * 2);
+        let stalled =
+            matches!(self.sink, Sink::Socket(_)) && self.unsent.len() + self.out.len() > limit;
+        if matches!(self.sink, Sink::Detached) || stalled {
             if let Msg::Event(ev) | Msg::Marker { ev, .. } = msg {
                 self.st.shared.count_lost(&ev);
+                return;
             }
-            return;
+            if !stalled {
+                return;
+            }
         }
         match msg {
             Msg::Event(mut ev) => {
@@ -541,6 +577,12 @@ impl Drainer {
     /// Writes `out` to the sink (or keeps it while connecting).
     fn write_out(&mut self) {
         self.close_events();
+        if self.drained() {
+            return;
+        }
+        if matches!(self.sink, Sink::Socket(_)) {
+            return self.write_socket();
+        }
         if self.out.is_empty() {
             return;
         }
@@ -555,7 +597,7 @@ impl Drainer {
                 self.drop_out();
                 return;
             }
-            Sink::Socket(s) => send_all(s, &self.out),
+            Sink::Socket(_) => return,
             Sink::File(f) => trace_file::write_chunk(f, 0, &self.out, false),
         };
         match result {
@@ -568,6 +610,44 @@ impl Drainer {
                 self.detach(&format!("{e}"));
             }
         }
+    }
+
+    fn write_socket(&mut self) {
+        let Sink::Socket(s) = std::mem::replace(&mut self.sink, Sink::Detached) else {
+            return;
+        };
+        match self.send_to_socket(&s) {
+            Ok(()) => self.sink = Sink::Socket(s),
+            Err(e) => {
+                self.unsent.clear();
+                self.drop_out();
+                self.detach(&format!("{e}"));
+            }
+        }
+    }
+
+    /// Sends what the socket takes within `SOCKET_WRITE_WAIT`: first the committed bytes,
+    /// then `out`. A collector that reads nothing costs the program nothing: frames wait here
+    /// up to `STALLED_LIMIT`, after which `encode` counts new events lost instead.
+    fn send_to_socket(&mut self, s: &UnixStream) -> std::io::Result<()> {
+        if !self.unsent.is_empty() {
+            let n = send_some(s, &self.unsent)?;
+            self.unsent.drain(..n);
+        }
+        if self.unsent.is_empty() {
+            let n = send_some(s, &self.out)?;
+            if n < self.out.len() {
+                self.unsent.extend_from_slice(&self.out[n..]);
+            }
+            self.out.clear();
+            self.out_events = 0;
+        }
+        Ok(())
+    }
+
+    /// Nothing is left to send.
+    fn drained(&self) -> bool {
+        self.out.is_empty() && self.unsent.is_empty()
     }
 
     fn drop_out(&mut self) {
@@ -650,6 +730,7 @@ impl Drainer {
             self.detach(&format!("{e}"));
             return;
         }
+        let _ = stream.set_write_timeout(Some(SOCKET_WRITE_WAIT));
         SINK_FD.store(stream.as_raw_fd(), Ordering::Relaxed);
         log::info(&format!("connected to the collector (pid {})", self.st.pid));
         self.sink = Sink::Socket(stream);
@@ -696,6 +777,24 @@ impl Drainer {
         self.close_events();
         encode::goodbye(&mut self.out, reason, self.seq);
         self.write_out();
+        let deadline = Instant::now() + FINISH_WRITE_WAIT;
+        while matches!(self.sink, Sink::Socket(_)) && !self.drained() && Instant::now() < deadline {
+            self.write_out();
+        }
+        if matches!(self.sink, Sink::Socket(_)) && !self.drained() {
+            // The collector is stopped or far behind: say so, since the counts of what is
+            // missing cannot reach it any more.
+            log::warn(&format!(
+                "the collector did not take the end of this process's stream within {} ms \
+                 (stopped or overloaded): its trace ends early; {} events were already \
+                 counted lost",
+                FINISH_WRITE_WAIT.as_millis(),
+                self.st.shared.total_lost()
+            ));
+            self.sink = Sink::Detached;
+            SINK_FD.store(-1, Ordering::Relaxed);
+            return;
+        }
         match std::mem::replace(&mut self.sink, Sink::Detached) {
             Sink::Socket(s) => {
                 // Wait (bounded) for the collector to close its end: it does so after the
@@ -725,6 +824,33 @@ impl Drainer {
             log::warn(&format!("{lost} events were not recorded (collector lost)"));
         }
     }
+}
+
+/// Sends as much of `buf` as the socket takes before its write timeout: Ok(bytes sent). A
+/// full socket is not an error; a dead collector is (MSG_NOSIGNAL: never a SIGPIPE).
+fn send_some(s: &UnixStream, buf: &[u8]) -> std::io::Result<usize> {
+    let mut sent = 0;
+    while sent < buf.len() {
+        // SAFETY: valid fd and buffer.
+        let n = unsafe {
+            libc::send(
+                s.as_raw_fd(),
+                buf[sent..].as_ptr().cast(),
+                buf.len() - sent,
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::Interrupted => continue,
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => return Ok(sent),
+                _ => return Err(e),
+            }
+        }
+        sent += n as usize;
+    }
+    Ok(sent)
 }
 
 /// `send` with MSG_NOSIGNAL: a dead collector must be an error, never a SIGPIPE for the host.

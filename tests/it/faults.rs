@@ -472,6 +472,12 @@ fn a_stopped_collector_never_holds_the_program_back() {
     assert_eq!(status.code(), Some(7), "the program's own exit code; {err}");
     assert_eq!(out, "slow_loop: done (allocated)\n");
     assert!(!err.contains("panicked"), "{err}");
+    // The collector never came back before the program ended: the shim says the trace ends
+    // early (the loss counts can no longer reach the collector).
+    assert!(
+        err.contains("did not take the end of this process's stream"),
+        "{err}"
+    );
     // 2 s of work plus at most the shim's bounded exit flush (2.5 s), with slack.
     assert!(took < Duration::from_secs(15), "took {took:?}");
     // Time to read what waited in the socket before SIGINT ends the collection.
@@ -505,4 +511,42 @@ fn a_stopped_collector_never_holds_the_program_back() {
     // What arrived is a prefix of 1 MiB alloc/free pairs: never more than one block live.
     assert!(u(&d0["peak_bytes"]) <= MIB, "{d0}");
     assert!(u(&d0["frees"]) <= u(&d0["allocations"]));
+}
+
+/// A collector that stops for a while and comes back: the program is not held back, and the
+/// losses of the stall reach the report, counted by kind.
+#[test]
+fn a_collector_that_stalls_and_resumes_gets_the_loss_counts() {
+    let dir = scratch("collector-stall");
+    let socket = dir.join("c.sock");
+    let trace = dir.join("t.oomt");
+    let collector = start_collector(&socket, &trace);
+    let start = Instant::now();
+    let mut app = slow_loop_against(&socket, "2");
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&collector, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(700));
+    signal(&collector, libc::SIGCONT);
+    let status = wait_within(&mut app, Duration::from_secs(30), "the program");
+    let took = start.elapsed();
+    assert_eq!(status.code(), Some(7));
+    // The stall cost the program nothing it can see: 2 s of work plus a short exit.
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+    // Let the collector catch up with what waited in the socket.
+    std::thread::sleep(Duration::from_secs(2));
+    let r = stop_collector(collector, &trace);
+    let p = processes(&r)[0];
+    assert_eq!(p["status"], "exited", "{p}");
+    let lost = u(&p["lost_events"]);
+    eprintln!(
+        "stall of 0.7 s: events {}, lost {lost} ({} frees), unmatched frees {}",
+        p["events"], p["lost_frees"], p["unmatched_frees"]
+    );
+    assert!(
+        lost > 0,
+        "a 0.7 s stall at this rate must overflow the queue: {p}"
+    );
+    // Every lost event is attributed: allocations to their device, frees as frees.
+    let d0 = device(p, 0);
+    assert!(u(&d0["lost_events"]) + u(&p["lost_frees"]) >= lost, "{p}");
 }

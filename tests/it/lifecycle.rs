@@ -268,6 +268,13 @@ fn timestamps_span_the_run() {
     // (A clock origin taken after the first event once put that event 1099 s in the future.)
     let t = run_traced("slow_loop", &["1"], &[]);
     assert_eq!(t.status.code(), Some(7));
-    let secs = processes(&t.report)[0]["duration_s"].as_f64().unwrap();
-    assert!((0.9..60.0).contains(&secs), "duration_s = {secs}");
+    let p = processes(&t.report)[0];
+    let secs = p["duration_s"].as_f64().unwrap();
+    assert!(secs < 60.0, "duration_s = {secs}");
+    // Under a loaded machine the collector may fall behind and the last events be counted
+    // lost instead of delivered; then the span is shorter, but never without a count.
+    assert!(
+        secs >= 0.9 || p["lost_events"].as_u64().unwrap() > 0,
+        "duration_s = {secs} with nothing lost: {p}"
+    );
 }
