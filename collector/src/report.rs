@@ -39,7 +39,8 @@ pub struct ProcessReport {
     pub ppid: u32,
     pub command: String,
     pub exe: String,
-    /// exited | exited (_exit) | detached | ended without goodbye | running | protocol error
+    /// exited | exited (_exit) | detached | replaced by exec | ended without goodbye |
+    /// running | protocol error
     pub status: String,
     pub events: u64,
     /// Events the shim could not deliver, all devices (see each device for its share).
@@ -254,7 +255,17 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
             ppid: p.hello.ppid,
             command: p.command(),
             exe: p.hello.exe.clone(),
-            status: status(p),
+            status: if p.end == EndState::Abrupt
+                && trace
+                    .processes
+                    .iter()
+                    .any(|q| q.pid() == p.pid() && q.hello.ppid == p.hello.ppid && q.conn > p.conn)
+            {
+                // A later image of the same process: the stream ended at an exec.
+                "replaced by exec".into()
+            } else {
+                status(p)
+            },
             events: p.events,
             lost_events: p.lost.events,
             lost_frees: p.lost.frees,

@@ -247,3 +247,108 @@ pub extern "C" fn _Exit(status: std::ffi::c_int) -> ! {
         std::panic::catch_unwind(|| finish(GoodbyeReason::UnderscoreExit, Duration::from_secs(1)));
     real_exit(c"_Exit", status)
 }
+
+/// Before an `exec` replaces this image: deliver what it recorded (bounded). The new image
+/// is traced from its own start (`LD_PRELOAD` is inherited); without this, events still
+/// queued would vanish with the old image. Skipped in a vfork child, which shares the
+/// parent's memory but is not the process the state belongs to.
+fn before_exec() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(st) = state() {
+            // SAFETY: getpid has no preconditions.
+            if MODE.load(Ordering::Acquire) == MODE_RECORDING
+                && st.pid == unsafe { libc::getpid() } as u32
+            {
+                transport::flush(st, Duration::from_secs(2));
+            }
+        }
+    });
+}
+
+type ExecveFn = unsafe extern "C" fn(
+    *const libc::c_char,
+    *const *const libc::c_char,
+    *const *const libc::c_char,
+) -> libc::c_int;
+type ExecvFn = unsafe extern "C" fn(*const libc::c_char, *const *const libc::c_char) -> libc::c_int;
+
+/// The next definition of an exec function, never our own.
+fn real_exec(name: &std::ffi::CStr) -> *mut std::ffi::c_void {
+    let p = crate::resolve::real_dlsym(libc::RTLD_NEXT, name);
+    if p.is_null() || crate::resolve::is_ours(p as usize) {
+        return std::ptr::null_mut();
+    }
+    p
+}
+
+fn no_exec() -> libc::c_int {
+    // SAFETY: errno is thread-local.
+    unsafe { *libc::__errno_location() = libc::ENOSYS };
+    -1
+}
+
+/// # Safety
+/// As `execve(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execve(
+    path: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+) -> libc::c_int {
+    before_exec();
+    let f = real_exec(c"execve");
+    if f.is_null() {
+        return no_exec();
+    }
+    // SAFETY: glibc's execve, with the caller's arguments.
+    unsafe { std::mem::transmute::<*mut std::ffi::c_void, ExecveFn>(f)(path, argv, envp) }
+}
+
+/// # Safety
+/// As `execvpe(3)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execvpe(
+    file: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+) -> libc::c_int {
+    before_exec();
+    let f = real_exec(c"execvpe");
+    if f.is_null() {
+        return no_exec();
+    }
+    // SAFETY: glibc's execvpe, with the caller's arguments.
+    unsafe { std::mem::transmute::<*mut std::ffi::c_void, ExecveFn>(f)(file, argv, envp) }
+}
+
+/// # Safety
+/// As `execv(3)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execv(
+    path: *const libc::c_char,
+    argv: *const *const libc::c_char,
+) -> libc::c_int {
+    before_exec();
+    let f = real_exec(c"execv");
+    if f.is_null() {
+        return no_exec();
+    }
+    // SAFETY: glibc's execv, with the caller's arguments.
+    unsafe { std::mem::transmute::<*mut std::ffi::c_void, ExecvFn>(f)(path, argv) }
+}
+
+/// # Safety
+/// As `execvp(3)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execvp(
+    file: *const libc::c_char,
+    argv: *const *const libc::c_char,
+) -> libc::c_int {
+    before_exec();
+    let f = real_exec(c"execvp");
+    if f.is_null() {
+        return no_exec();
+    }
+    // SAFETY: glibc's execvp, with the caller's arguments.
+    unsafe { std::mem::transmute::<*mut std::ffi::c_void, ExecvFn>(f)(file, argv) }
+}

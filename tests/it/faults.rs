@@ -379,49 +379,29 @@ fn exec_images(t: &Traced) -> (Value, Value) {
 
 #[test]
 fn exec_traces_the_new_image_as_a_second_process_with_the_same_pid() {
-    let t = run_traced("fault_exec_self", &["flush"], &[]);
-    assert_eq!(t.status.code(), Some(4), "{}", t.stderr);
-    assert_eq!(t.stdout, "exec_self: exec\nexec_self: after exec\n");
-    let (before, after) = exec_images(&t);
-    let pid = u(&after["pid"]);
-    // Image 1 flushed before execv: all of it arrived. It never says goodbye (exec runs no
-    // atexit handlers and closes the socket), so it reads as ended without goodbye.
-    assert_eq!(
-        before["status"],
-        "ended without goodbye (killed or crashed)"
-    );
-    let b0 = device(&before, 0);
-    assert_eq!(u(&b0["allocations"]), 2, "{b0}");
-    assert_eq!(u(&b0["frees"]), 1);
-    assert_eq!(u(&b0["live_at_exit_bytes"]), 2 * MIB);
-    assert_eq!(after["status"], "exited");
-    let a0 = device(&after, 0);
-    assert_eq!(u(&a0["allocations"]), 1, "{a0}");
-    assert_eq!(u(&a0["live_at_exit_bytes"]), 3 * MIB);
-    // Findings carry only the pid, so both images' sites are listed under it.
-    let live = live_by_function(&t.report);
-    assert_eq!(live.get(&(pid, "before_exec".into())), Some(&(2 * MIB)));
-    assert_eq!(live.get(&(pid, "after_exec".into())), Some(&(3 * MIB)));
-
-    // Without the flush, what image 1 still had queued is gone with it (uncounted); the new
-    // image is complete all the same.
-    let t = run_traced("fault_exec_self", &[], &[]);
-    assert_eq!(t.status.code(), Some(4), "{}", t.stderr);
-    let procs = processes(&t.report);
-    assert!(
-        (1..=2).contains(&procs.len()),
-        "{:#}",
-        t.report["processes"]
-    );
-    let after = procs
-        .iter()
-        .find(|p| p["command"].as_str().unwrap().ends_with(" after"))
-        .expect("the exec'd image");
-    assert_eq!(after["status"], "exited");
-    assert_eq!(u(&device(after, 0)["live_at_exit_bytes"]), 3 * MIB);
-    if let Some(before) = procs.iter().find(|p| *p != after) {
-        assert_ne!(before["status"], "exited", "{before}");
-        eprintln!("exec without flush, image 1: {before}");
+    // With the program's own oomtrace_flush() before execv, and without: the shim flushes
+    // at exec itself, so image 1 is complete either way.
+    for args in [&["flush"][..], &[][..]] {
+        let t = run_traced("fault_exec_self", args, &[]);
+        assert_eq!(t.status.code(), Some(4), "{}", t.stderr);
+        assert_eq!(t.stdout, "exec_self: exec\nexec_self: after exec\n");
+        let (before, after) = exec_images(&t);
+        let pid = u(&after["pid"]);
+        // Image 1 never says goodbye (exec runs no atexit handlers); a later image with the
+        // same pid and parent tells the report why its stream ended.
+        assert_eq!(before["status"], "replaced by exec", "{args:?}");
+        let b0 = device(&before, 0);
+        assert_eq!(u(&b0["allocations"]), 2, "{args:?}: {b0}");
+        assert_eq!(u(&b0["frees"]), 1);
+        assert_eq!(u(&b0["live_at_exit_bytes"]), 2 * MIB);
+        assert_eq!(after["status"], "exited");
+        let a0 = device(&after, 0);
+        assert_eq!(u(&a0["allocations"]), 1, "{a0}");
+        assert_eq!(u(&a0["live_at_exit_bytes"]), 3 * MIB);
+        // Findings carry only the pid, so both images' sites are listed under it.
+        let live = live_by_function(&t.report);
+        assert_eq!(live.get(&(pid, "before_exec".into())), Some(&(2 * MIB)));
+        assert_eq!(live.get(&(pid, "after_exec".into())), Some(&(3 * MIB)));
     }
 }
 
@@ -534,9 +514,19 @@ fn a_collector_that_stalls_and_resumes_gets_the_loss_counts() {
     assert!(took < Duration::from_secs(6), "took {took:?}");
     // Let the collector catch up with what waited in the socket.
     std::thread::sleep(Duration::from_secs(2));
+    let mut err = String::new();
+    let _ = std::io::Read::read_to_string(app.stderr.as_mut().unwrap(), &mut err);
     let r = stop_collector(collector, &trace);
     let p = processes(&r)[0];
-    assert_eq!(p["status"], "exited", "{p}");
+    if p["status"] != "exited" {
+        // A machine too loaded for the collector to catch up within the shim's 2 s exit
+        // bound: then the shim must have said that the trace ends early.
+        assert!(
+            err.contains("did not take the end of this process's stream"),
+            "{p}\n{err}"
+        );
+        return;
+    }
     let lost = u(&p["lost_events"]);
     eprintln!(
         "stall of 0.7 s: events {}, lost {lost} ({} frees), unmatched frees {}",
