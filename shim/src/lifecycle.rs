@@ -199,7 +199,16 @@ pub fn finish(reason: GoodbyeReason, timeout: Duration) {
         return;
     }
     MODE.store(MODE_FORWARD, Ordering::Release);
-    guard::catch(|| transport::shutdown(st, reason, timeout));
+    if guard::catch(|| transport::shutdown(st, reason, timeout)) == Some(false) {
+        // The drain thread did not finish in time (starved, or a collector far behind):
+        // whatever it still held leaves with the process, and the user should know.
+        crate::log::warn(&format!(
+            "the end of this process's trace could not be delivered within {} ms; the trace \
+             ends early ({} events were already counted lost)",
+            timeout.as_millis(),
+            st.shared.total_lost()
+        ));
+    }
 }
 
 /// `oomtrace_flush`: everything recorded so far reaches the collector (bounded wait).

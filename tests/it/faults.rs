@@ -522,7 +522,8 @@ fn a_collector_that_stalls_and_resumes_gets_the_loss_counts() {
         // A machine too loaded for the collector to catch up within the shim's 2 s exit
         // bound: then the shim must have said that the trace ends early.
         assert!(
-            err.contains("did not take the end of this process's stream"),
+            err.contains("did not take the end of this process's stream")
+                || err.contains("could not be delivered within"),
             "{p}\n{err}"
         );
         return;
