@@ -347,6 +347,16 @@ fn a_deepbind_library_is_seen_when_the_program_links_the_runtime() {
     );
 }
 
+/// What holds today for a DEEPBIND library that brings its own runtime: the program runs,
+/// unharmed, with its exit code (it is just not traced: see the ignored test below).
+#[test]
+fn a_deepbind_library_with_its_own_runtime_runs_unharmed() {
+    let deep = scenario("libfault_deep.so");
+    let t = run_traced("fault_deepbind_nolink", &[deep.to_str().unwrap()], &[]);
+    assert!(t.status.success(), "{}", t.stderr);
+    assert!(!t.stderr.contains("panicked"), "{}", t.stderr);
+}
+
 #[test]
 #[ignore = "known gap: with RTLD_DEEPBIND and no CUDA in the program's own scope, the \
             library's libcudart resolves cudaMalloc and the driver entry points past the \
