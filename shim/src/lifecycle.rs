@@ -296,68 +296,29 @@ fn no_exec() -> libc::c_int {
     -1
 }
 
-/// # Safety
-/// As `execve(2)`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn execve(
-    path: *const libc::c_char,
-    argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
-) -> libc::c_int {
-    before_exec();
-    let f = real_exec(c"execve");
-    if f.is_null() {
-        return no_exec();
-    }
-    // SAFETY: glibc's execve, with the caller's arguments.
-    unsafe { std::mem::transmute::<*mut std::ffi::c_void, ExecveFn>(f)(path, argv, envp) }
+/// An exec function that flushes first, then calls the next definition with the caller's
+/// exact arguments.
+macro_rules! exec_wrapper {
+    ($name:ident, $real:literal, $fn_type:ty, ($($arg:ident: $arg_type:ty),*)) => {
+        /// # Safety
+        /// As the libc function of the same name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $arg_type),*) -> libc::c_int {
+            before_exec();
+            let f = real_exec($real);
+            if f.is_null() {
+                return no_exec();
+            }
+            // SAFETY: the libc function of this name, with the caller's arguments.
+            unsafe { std::mem::transmute::<*mut std::ffi::c_void, $fn_type>(f)($($arg),*) }
+        }
+    };
 }
 
-/// # Safety
-/// As `execvpe(3)`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn execvpe(
-    file: *const libc::c_char,
-    argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
-) -> libc::c_int {
-    before_exec();
-    let f = real_exec(c"execvpe");
-    if f.is_null() {
-        return no_exec();
-    }
-    // SAFETY: glibc's execvpe, with the caller's arguments.
-    unsafe { std::mem::transmute::<*mut std::ffi::c_void, ExecveFn>(f)(file, argv, envp) }
-}
+type CStrPtr = *const libc::c_char;
+type CStrArray = *const *const libc::c_char;
 
-/// # Safety
-/// As `execv(3)`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn execv(
-    path: *const libc::c_char,
-    argv: *const *const libc::c_char,
-) -> libc::c_int {
-    before_exec();
-    let f = real_exec(c"execv");
-    if f.is_null() {
-        return no_exec();
-    }
-    // SAFETY: glibc's execv, with the caller's arguments.
-    unsafe { std::mem::transmute::<*mut std::ffi::c_void, ExecvFn>(f)(path, argv) }
-}
-
-/// # Safety
-/// As `execvp(3)`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn execvp(
-    file: *const libc::c_char,
-    argv: *const *const libc::c_char,
-) -> libc::c_int {
-    before_exec();
-    let f = real_exec(c"execvp");
-    if f.is_null() {
-        return no_exec();
-    }
-    // SAFETY: glibc's execvp, with the caller's arguments.
-    unsafe { std::mem::transmute::<*mut std::ffi::c_void, ExecvFn>(f)(file, argv) }
-}
+exec_wrapper!(execve, c"execve", ExecveFn, (path: CStrPtr, argv: CStrArray, envp: CStrArray));
+exec_wrapper!(execvpe, c"execvpe", ExecveFn, (file: CStrPtr, argv: CStrArray, envp: CStrArray));
+exec_wrapper!(execv, c"execv", ExecvFn, (path: CStrPtr, argv: CStrArray));
+exec_wrapper!(execvp, c"execvp", ExecvFn, (file: CStrPtr, argv: CStrArray));
