@@ -32,17 +32,7 @@ fn fork_child_reports_as_its_own_process_and_nothing_hangs() {
         "{}",
         t.stdout
     );
-    let procs = processes(&t.report);
-    assert_eq!(procs.len(), 2, "{:#}", t.report["processes"]);
-    let parent = procs
-        .iter()
-        .find(|p| p["status"] == "exited")
-        .expect("parent");
-    let child = procs
-        .iter()
-        .find(|p| p["status"] == "exited (_exit)")
-        .expect("child left with _exit");
-    assert_eq!(child["ppid"], parent["pid"]);
+    let (parent, child) = parent_and_child(&t.report);
     assert_eq!(device(parent, 0)["live_at_exit_bytes"], 3 * MIB);
     assert_eq!(device(child, 0)["live_at_exit_bytes"], 5 * MIB);
     let live = live_by_function(&t.report);

@@ -245,6 +245,23 @@ pub fn device(process: &Value, device: i64) -> &Value {
         .unwrap_or_else(|| panic!("no device {device} in {process}"))
 }
 
+/// The parent and its forked child of a two-process report: the parent exited normally, the
+/// child left with `_exit` (as multiprocessing workers do).
+pub fn parent_and_child(report: &Value) -> (&Value, &Value) {
+    let procs = processes(report);
+    assert_eq!(procs.len(), 2, "{:#}", report["processes"]);
+    let parent = procs
+        .iter()
+        .find(|p| p["status"] == "exited")
+        .expect("parent");
+    let child = procs
+        .iter()
+        .find(|p| p["status"] == "exited (_exit)")
+        .expect("the child, left with _exit");
+    assert_eq!(child["ppid"], parent["pid"]);
+    (parent, child)
+}
+
 pub fn findings<'a>(report: &'a Value, kind: &str) -> Vec<&'a Value> {
     report["findings"]
         .as_array()
