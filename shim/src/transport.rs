@@ -342,6 +342,8 @@ struct Drainer {
     /// frame partly sent must be completed before anything else, so these are never dropped
     /// while connected.
     unsent: Vec<u8>,
+    /// `STALLED_LIMIT`, or twice the event queue if that is more.
+    stalled_limit: usize,
     /// Events in `out`, to count them if `out` is dropped.
     out_events: u64,
     /// Offset of the open Events frame in `out`.
@@ -412,6 +414,7 @@ impl Drainer {
             },
             out: Vec::with_capacity(WRITE_CHUNK + 4096),
             unsent: Vec::new(),
+            stalled_limit: STALLED_LIMIT.max(st.config.buffer * oomtrace_proto::EVENT_SIZE * 2),
             out_events: 0,
             events_at: None,
             events_in_frame: 0,
@@ -501,9 +504,8 @@ impl Drainer {
         // Detached, or a collector that has fallen `STALLED_LIMIT` behind: events are counted
         // lost here, each with its kind and device (a lost free is a lost free, not a phantom
         // leak); stack and module definitions still go out, so later events stay readable.
-        let limit = STALLED_LIMIT.max(self.st.config.buffer * oomtrace_proto::EVENT_SIZE * 2);
-        let stalled =
-            matches!(self.sink, Sink::Socket(_)) && self.unsent.len() + self.out.len() > limit;
+        let stalled = matches!(self.sink, Sink::Socket(_))
+            && self.unsent.len() + self.out.len() > self.stalled_limit;
         if matches!(self.sink, Sink::Detached) || stalled {
             if let Msg::Event(ev) | Msg::Marker { ev, .. } = msg {
                 self.st.shared.count_lost(&ev);
