@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use oomtrace_collector::report::{fmt_bytes, Finding, ProcessReport, Report};
-use oomtrace_collector::symbolize::FrameInfo;
+use oomtrace_collector::symbolize::{culprit, FrameInfo};
 
 /// Frames shown per stack in text (the JSON has them all).
 const TEXT_FRAMES: usize = 8;
@@ -42,7 +42,15 @@ fn stack_text(out: &mut String, stack: &[FrameInfo], indent: &str) {
         let _ = writeln!(out, "{indent}(no stack recorded)");
         return;
     }
-    let shown: Vec<&FrameInfo> = stack.iter().filter(|f| !is_runtime_start(f)).collect();
+    // With Python frames, the Python stack is what the user wrote: show it, from the user's
+    // own innermost frame, and the native frames that led to CUDA on one line.
+    let python_from = culprit(stack)
+        .filter(|f| f.python)
+        .and_then(|c| stack.iter().position(|f| std::ptr::eq(f, c)));
+    let shown: Vec<&FrameInfo> = match python_from {
+        Some(i) => stack[i..].iter().filter(|f| f.python).collect(),
+        None => stack.iter().filter(|f| !is_runtime_start(f)).collect(),
+    };
     for (i, f) in shown.iter().take(TEXT_FRAMES).enumerate() {
         let lead = if i == 0 { "at " } else { "   " };
         let _ = writeln!(out, "{indent}{lead}{}", frame_text(f));
@@ -53,6 +61,18 @@ fn stack_text(out: &mut String, stack: &[FrameInfo], indent: &str) {
             "{indent}   ... {} more frames",
             shown.len() - TEXT_FRAMES
         );
+    }
+    if python_from.is_some() {
+        let native: Vec<&str> = stack
+            .iter()
+            .take_while(|f| !f.python)
+            .filter(|f| !f.function.is_empty())
+            .take(4)
+            .map(|f| f.function.as_str())
+            .collect();
+        if !native.is_empty() {
+            let _ = writeln!(out, "{indent}   (native: {} ...)", native.join(" <- "));
+        }
     }
 }
 
@@ -129,11 +149,7 @@ fn oom_text(out: &mut String, f: &Finding, with_holders: bool) {
         if !o.top_sites.is_empty() {
             let _ = writeln!(out, "    memory held at that moment by:");
             for s in &o.top_sites {
-                let top = s
-                    .stack
-                    .iter()
-                    .find(|fr| !fr.function.is_empty())
-                    .or(s.stack.first())
+                let top = culprit(&s.stack)
                     .map(frame_text)
                     .unwrap_or_else(|| "(no stack)".into());
                 let _ = writeln!(

@@ -5,14 +5,11 @@
 use crate::detect::{fmt_rate, Alert, Change};
 use crate::report::fmt_bytes;
 use crate::state::Process;
-use crate::symbolize::{FrameInfo, StackSymbolizer};
+use crate::symbolize::{culprit, FrameInfo, StackSymbolizer};
 
 /// "history_append (leak_history.c:12)", or the module and offset without symbols.
 fn place(frames: &[FrameInfo]) -> Option<String> {
-    let f = frames
-        .iter()
-        .find(|f| !f.function.is_empty())
-        .or(frames.first())?;
+    let f = culprit(frames)?;
     let file = f.file.rsplit('/').next().unwrap_or("");
     Some(match (f.function.is_empty(), file.is_empty()) {
         (false, false) if f.line > 0 => format!("{} ({file}:{})", f.function, f.line),

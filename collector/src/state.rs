@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 
+use oomtrace_proto::python::{CodeDef, PyFrame};
 use oomtrace_proto::wire::{Frame, GoodbyeReason, Hello, Lost, ModuleDef};
 use oomtrace_proto::{Api, Event, EventKind, MemoryClass, StackId, DEVICE_UNKNOWN};
 use rustc_hash::FxHashMap;
@@ -137,6 +138,8 @@ pub struct Process {
     pub mappings: BTreeMap<u64, Mapping>,
     pub reservations: FxHashMap<u64, (u64, i16)>,
     pub modules: Vec<Module>,
+    /// Python code objects by the shim's code id (frames in `sites` refer to them).
+    pub codes: FxHashMap<u32, CodeDef>,
     module_index: FxHashMap<u32, usize>,
     /// Shim stack id -> site (the shim may send one stack under several ids).
     stack_sites: FxHashMap<u32, SiteId>,
@@ -174,6 +177,7 @@ impl Process {
             mappings: BTreeMap::new(),
             reservations: FxHashMap::default(),
             modules: Vec::new(),
+            codes: FxHashMap::default(),
             module_index: FxHashMap::default(),
             stack_sites: FxHashMap::default(),
             site_index: FxHashMap::default(),
@@ -233,6 +237,9 @@ impl Process {
             }
             Frame::StackDef { id, frames } => self.define_stack(*id, frames),
             Frame::ModuleDef(def) => self.define_module(def.clone()),
+            Frame::CodeDef(def) => {
+                self.codes.insert(def.id, def.clone());
+            }
             Frame::ModuleGone { id } => {
                 if let Some(&i) = self.module_index.get(id) {
                     self.modules[i].gone = true;
@@ -283,7 +290,11 @@ impl Process {
             .iter()
             .map(|&addr| RawFrame {
                 addr,
-                module: self.module_of(addr),
+                module: if PyFrame::decode(addr).is_some() {
+                    None
+                } else {
+                    self.module_of(addr)
+                },
             })
             .collect();
         let site = match self.site_index.get(&raw) {
@@ -296,6 +307,11 @@ impl Process {
             }
         };
         self.stack_sites.insert(id.0, site);
+    }
+
+    /// The call site a shim stack id stands for (0 if none or not yet defined); counts nothing.
+    pub fn stack_site(&self, stack: StackId) -> SiteId {
+        self.stack_sites.get(&stack.0).copied().unwrap_or_default()
     }
 
     fn site_of(&mut self, stack: StackId) -> SiteId {

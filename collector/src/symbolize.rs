@@ -1,12 +1,18 @@
 //! Addresses to function, file and line, from the modules' files on disk (DWARF when present,
 //! ELF symbols otherwise). Runs only here, never in the traced process: the first symbolization
 //! in a process costs tens of milliseconds and megabytes (prototype-measurements.md §3).
+//!
+//! Python frames (see `oomtrace_proto::python`) become file, function and line from the code
+//! objects the shim sent, and are merged into the native stack: each native frame of the
+//! interpreter loop is replaced by the Python frames it was running.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer};
+
+use oomtrace_proto::python::PyFrame;
 
 use crate::state::{Process, RawFrame, SiteId};
 
@@ -22,6 +28,39 @@ pub struct FrameInfo {
     pub address: String,
     /// Address within the module's file, hex (what `addr2line -e MODULE` takes).
     pub offset: String,
+    /// A Python frame (`function` is the code object's qualified name, `line` its source
+    /// line, `module` is "python", `offset` the bytecode offset).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub python: bool,
+}
+
+/// CPython's interpreter loop: one native frame per group of Python frames it runs.
+fn is_eval_loop(function: &str) -> bool {
+    matches!(
+        function,
+        "_PyEval_EvalFrameDefault" | "PyEval_EvalFrameEx" | "_PyEval_EvalFrame"
+    )
+}
+
+/// Files of the interpreter's own library and of installed packages: a frame there is rarely
+/// the line a user can change.
+fn is_library_file(file: &str) -> bool {
+    file.starts_with('<')
+        || file.contains("/site-packages/")
+        || file.contains("/dist-packages/")
+        || file.contains("/lib/python3")
+        || file.contains("/oomtrace/")
+}
+
+/// The frame a one-line summary should name: the innermost Python frame in the user's own
+/// code, else the innermost Python frame, else the innermost native frame with a name.
+pub fn culprit(frames: &[FrameInfo]) -> Option<&FrameInfo> {
+    frames
+        .iter()
+        .find(|f| f.python && !is_library_file(&f.file))
+        .or_else(|| frames.iter().find(|f| f.python))
+        .or_else(|| frames.iter().find(|f| !f.function.is_empty()))
+        .or(frames.first())
 }
 
 fn code_location(ci: Option<&CodeInfo<'_>>) -> (String, u32) {
@@ -66,14 +105,45 @@ impl StackSymbolizer {
         let Some(frames) = p.sites.get(site.0 as usize) else {
             return Vec::new();
         };
-        let mut out = Vec::with_capacity(frames.len());
-        for f in frames {
-            out.extend(self.frame(p, f));
+        let split = frames
+            .iter()
+            .position(|f| PyFrame::decode(f.addr).is_some())
+            .unwrap_or(frames.len());
+        let (native, python) = frames.split_at(split);
+        // Python frames in groups, innermost first, one group per interpreter-loop call.
+        let mut groups: VecDeque<Vec<FrameInfo>> = VecDeque::new();
+        let mut group = Vec::new();
+        for f in python {
+            let Some(py) = PyFrame::decode(f.addr) else {
+                continue;
+            };
+            group.push(python_frame(p, py));
+            if py.group_end {
+                groups.push_back(std::mem::take(&mut group));
+            }
         }
+        if !group.is_empty() {
+            groups.push_back(group);
+        }
+        let mut out = Vec::with_capacity(frames.len());
+        for f in native {
+            let infos = self.frame(p, f);
+            if !groups.is_empty() && infos.iter().any(|fi| is_eval_loop(&fi.function)) {
+                out.extend(groups.pop_front().unwrap_or_default());
+            } else {
+                out.extend(infos);
+            }
+        }
+        // The native unwind stopped before reaching every interpreter frame (depth limit, or
+        // an interpreter without symbols): the rest go outermost.
+        out.extend(groups.into_iter().flatten());
         out
     }
 
     fn frame(&mut self, p: &Process, f: &RawFrame) -> Vec<FrameInfo> {
+        if let Some(py) = PyFrame::decode(f.addr) {
+            return vec![python_frame(p, py)];
+        }
         let address = format!("{:#x}", f.addr);
         let Some(m) = f.module.and_then(|i| p.modules.get(i)) else {
             return vec![FrameInfo {
@@ -105,6 +175,7 @@ impl StackSymbolizer {
             module,
             address,
             offset: format!("{virt:#x}"),
+            python: false,
         };
         let mut result = vec![base.clone()];
         if Path::new(&path).is_file() {
@@ -137,4 +208,19 @@ impl StackSymbolizer {
         self.cache.insert(key, result.clone());
         result
     }
+}
+
+fn python_frame(p: &Process, py: PyFrame) -> FrameInfo {
+    let mut fi = FrameInfo {
+        module: "python".to_string(),
+        offset: format!("{:#x}", py.offset),
+        python: true,
+        ..Default::default()
+    };
+    if let Some(code) = p.codes.get(&py.code) {
+        fi.function = code.name.clone();
+        fi.file = code.filename.clone();
+        fi.line = code.line_at(py.offset).unwrap_or(0);
+    }
+    fi
 }

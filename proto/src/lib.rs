@@ -2,12 +2,14 @@
 //!
 //! - [`event`]: the fixed 64-byte [`Event`] and its pinned enums.
 //! - [`wire`]: length-framed records on the socket (`Hello`, `Events`, `StackDef`, ...).
+//! - [`python`]: Python frames inside stacks and the code objects they name.
 //! - [`trace_file`]: the `.oomt` file, which stores each connection's frames in checked,
 //!   optionally compressed chunks and tolerates a truncated tail.
 //!
 //! Decoders never panic on any input: garbage is an [`Error`].
 
 pub mod event;
+pub mod python;
 pub mod trace_file;
 pub mod wire;
 

@@ -20,11 +20,14 @@
 //! 7 Lost       events u64 | frees u64 | stacks u64 | n u8 | (device i16, count u64) * n
 //!              (cumulative counts of events the shim could not deliver)
 //! 8 Goodbye    reason u8 | last_seq u64
+//! 9 CodeDef    id u32 | format u8 | first_line u32 | filename str | name str
+//!              | table_len u32 | line_table (a Python code object, see `python.rs`)
 //! ```
 //!
 //! Readers skip frame types they do not know. Frames larger than [`MAX_FRAME`] are garbage.
 
 use crate::event::{Event, StackId, EVENT_SIZE};
+use crate::python::CodeDef;
 use crate::Error;
 
 pub const WIRE_MAGIC: [u8; 8] = *b"OOMTWIRE";
@@ -42,6 +45,7 @@ pub mod frame_type {
     pub const MARKER: u8 = 6;
     pub const LOST: u8 = 7;
     pub const GOODBYE: u8 = 8;
+    pub const CODE_DEF: u8 = 9;
 }
 
 /// Hello flags.
@@ -258,6 +262,7 @@ pub enum Frame<'a> {
         reason: u8,
         last_seq: u64,
     },
+    CodeDef(CodeDef),
     /// A frame type this reader does not know; skipped.
     Unknown {
         ty: u8,
@@ -414,6 +419,26 @@ fn decode_payload(ty: u8, payload: &[u8]) -> Result<Frame<'_>, Error> {
             reason: r.u8()?,
             last_seq: r.u64()?,
         },
+        CODE_DEF => {
+            let id = r.u32()?;
+            let format = r.u8()?;
+            let first_line = r.u32()?;
+            let filename = r.str()?;
+            let name = r.str()?;
+            let n = r.u32()? as usize;
+            if n != r.remaining() {
+                return Err(Error::Malformed("line table length does not match frame length"));
+            }
+            let line_table = r.take(n)?.to_vec();
+            Frame::CodeDef(CodeDef {
+                id,
+                format,
+                first_line,
+                filename,
+                name,
+                line_table,
+            })
+        }
         other => Frame::Unknown { ty: other },
     };
     Ok(frame)
@@ -477,6 +502,25 @@ pub mod encode {
         for f in &frames[..n] {
             w.u64(*f);
         }
+        end_frame(buf, at);
+    }
+
+    /// A code object; line tables beyond 1 MiB are sent empty (lines then unknown).
+    pub fn code_def(buf: &mut Vec<u8>, c: &CodeDef) {
+        let at = begin_frame(buf, frame_type::CODE_DEF);
+        let mut w = Writer { buf };
+        w.u32(c.id);
+        w.u8(c.format);
+        w.u32(c.first_line);
+        w.str(&c.filename);
+        w.str(&c.name);
+        let table: &[u8] = if c.line_table.len() <= 1 << 20 {
+            &c.line_table
+        } else {
+            &[]
+        };
+        w.u32(table.len() as u32);
+        w.bytes(table);
         end_frame(buf, at);
     }
 

@@ -36,6 +36,11 @@ pub const VARS: &[Var] = &[
         doc: "`native`: record the native call stack of every allocation (DWARF unwinding, works without frame pointers); `off`: no stacks.",
     },
     Var {
+        name: "OOMTRACE_PYTHON",
+        default: "1",
+        doc: "`1`: when the program is CPython (3.9 to 3.13), add the Python frames of the allocating thread to each stack, read without taking the GIL; `0`: native frames only.",
+    },
+    Var {
         name: "OOMTRACE_STACK_DEPTH",
         default: "64",
         doc: "Most frames kept per stack (1 to 128).",
@@ -63,6 +68,7 @@ pub struct Config {
     pub output: String,
     pub disabled: bool,
     pub stacks: bool,
+    pub python: bool,
     pub stack_depth: usize,
     pub buffer: usize,
     pub collector: Option<String>,
@@ -133,6 +139,7 @@ impl Config {
             output: getenv("OOMTRACE_OUTPUT").unwrap_or_else(|| "oomtrace.%p.oomt".into()),
             disabled: flag("OOMTRACE_DISABLE", false),
             stacks,
+            python: flag("OOMTRACE_PYTHON", true),
             stack_depth: number("OOMTRACE_STACK_DEPTH", 64, 1, MAX_STACK_DEPTH),
             buffer: number("OOMTRACE_BUFFER", 65536, 1024, 1 << 22),
             collector: getenv("OOMTRACE_COLLECTOR"),

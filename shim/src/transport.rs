@@ -44,6 +44,8 @@ pub enum Msg {
     },
     Module(Box<ModuleDef>),
     ModuleGone(u32),
+    /// A Python code object, before the first stack that names it.
+    Code(Box<oomtrace_proto::python::CodeDef>),
     Marker {
         ev: Event,
         label: Box<str>,
@@ -541,6 +543,10 @@ impl Drainer {
             Msg::ModuleGone(id) => {
                 self.close_events();
                 encode::module_gone(&mut self.out, id);
+            }
+            Msg::Code(def) => {
+                self.close_events();
+                encode::code_def(&mut self.out, &def);
             }
             Msg::Marker { ev, label } => {
                 self.close_events();

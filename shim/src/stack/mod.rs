@@ -27,6 +27,7 @@ use oomtrace_proto::StackId;
 
 use crate::config::MAX_STACK_DEPTH;
 use crate::lifecycle::{self, State};
+use crate::python::{self, CodeRegistry, Interpreter, ThreadCodes, MAX_PY_FRAMES};
 use crate::transport::{self, Msg};
 use modules::{LoadCounts, LoadedModule};
 
@@ -95,6 +96,8 @@ pub struct Stacks {
     /// Bumped when an active module goes away: stacks interned before may now be ambiguous.
     intern_gen: AtomicU64,
     next_stack_id: AtomicU32,
+    /// Python code objects announced so far.
+    codes: CodeRegistry,
 }
 
 impl Registry {
@@ -214,6 +217,7 @@ impl Stacks {
             snapshot_gen: AtomicU64::new(1),
             intern_gen: AtomicU64::new(1),
             next_stack_id: AtomicU32::new(1),
+            codes: CodeRegistry::default(),
         }
     }
 
@@ -315,6 +319,17 @@ struct ThreadStacks {
     next_verified: usize,
     stack_lo: u64,
     stack_hi: u64,
+    py: PyThread,
+}
+
+/// Per-thread Python state: the interpreter (looked for again when the modules change),
+/// code ids, and the table of (native stack, Python frames) combinations already sent.
+struct PyThread {
+    interpreter: Option<&'static Interpreter>,
+    looked_at_gen: u64,
+    codes: ThreadCodes,
+    interned: Box<[(u64, u32)]>,
+    frames: Box<[u64; MAX_PY_FRAMES]>,
 }
 
 thread_local! {
@@ -355,6 +370,13 @@ impl ThreadStacks {
             next_verified: 0,
             stack_lo,
             stack_hi,
+            py: PyThread {
+                interpreter: None,
+                looked_at_gen: 0,
+                codes: ThreadCodes::default(),
+                interned: vec![(0u64, 0u32); INTERN_SLOTS].into_boxed_slice(),
+                frames: Box::new([0; MAX_PY_FRAMES]),
+            },
         }
     }
 
@@ -514,7 +536,14 @@ pub fn capture() -> StackId {
                 *slot = Some(ThreadStacks::new(st));
             }
             match slot.as_mut() {
-                Some(ts) => intern(st, ts, pc, sp, bp),
+                Some(ts) => {
+                    let native = intern(st, ts, pc, sp, bp);
+                    if st.config.python && !native.is_none() {
+                        with_python(st, ts, native)
+                    } else {
+                        native
+                    }
+                }
                 None => StackId::NONE,
             }
         })
@@ -602,6 +631,49 @@ fn intern(st: &State, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> Stack
     // Verification re-reads every slot, so only stacks that ended cleanly inside the readable
     // stack are worth remembering.
     ts.remember(*v);
+    StackId(id)
+}
+
+/// The native stack `native` with the calling thread's Python frames after it, interned on
+/// its own (the same native path runs many Python lines), or `native` if there are none.
+fn with_python(st: &State, ts: &mut ThreadStacks, native: StackId) -> StackId {
+    if ts.py.looked_at_gen != ts.snapshot_gen {
+        ts.py.looked_at_gen = ts.snapshot_gen;
+        let c = ts.snapshot.counts;
+        ts.py.interpreter = python::interpreter(c.adds.wrapping_mul(0x9E37_79B9) ^ c.subs);
+    }
+    let Some(py) = ts.py.interpreter else {
+        return native;
+    };
+    let stacks = st.stacks();
+    let n = python::walk(st, py, &stacks.codes, &mut ts.py.codes, &mut ts.py.frames);
+    if n == 0 {
+        return native;
+    }
+    let py_frames = &ts.py.frames[..n];
+    let h = hash_frames(py_frames) ^ (native.0 as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let slot = (h as usize) & (INTERN_SLOTS - 1);
+    if ts.py.interned[slot].0 == h && ts.py.interned[slot].1 != 0 {
+        return StackId(ts.py.interned[slot].1);
+    }
+    // New: send the native frames (still in the verified table under `native`) and these.
+    let own = ts.snapshot.own;
+    let depth = st.config.stack_depth;
+    let Some(v) = ts.verified.iter().find(|v| v.id == native.0) else {
+        return native;
+    };
+    let mut frames = caller_frames(v, own, depth).to_vec();
+    frames.extend_from_slice(py_frames);
+    let id = stacks.next_stack_id.fetch_add(1, Ordering::Relaxed);
+    let msg = Msg::Stack {
+        id,
+        frames: frames.into_boxed_slice(),
+    };
+    if !transport::send_reliable(st, msg) {
+        st.shared.count_lost_stack();
+        return native;
+    }
+    ts.py.interned[slot] = (h, id);
     StackId(id)
 }
 

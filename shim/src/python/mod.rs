@@ -1,0 +1,463 @@
+//! Python frames of the calling thread, read without the GIL.
+//!
+//! PyTorch releases the GIL before it allocates, and a hook that waited for the GIL while
+//! PyTorch holds its allocator lock would deadlock. So the walk takes no lock and calls no
+//! Python API that needs one: it reads the calling thread's own frame chain from memory
+//! (its thread state from `PyGILState_GetThisThreadState`, which reads a thread-specific
+//! key). Only the owning thread changes that chain, and it is inside our hook, so the chain
+//! holds still while we read it. This is what py-spy and austin do from another process.
+//!
+//! Each frame becomes (code id, bytecode offset); a code object crosses the socket once, as a
+//! `CodeDef` with its file, qualified name and line table, and lines are computed in the
+//! collector.
+//!
+//! Safety: the layout (`layout.rs`) could be wrong for an interpreter we did not test. The
+//! first walks therefore read through `process_vm_readv`, which fails cleanly on a bad
+//! address, and check that every code object, file name and line table has the right type.
+//! Only after a walk passes are plain loads used; a walk that fails switches Python frames
+//! off for the process with one line on stderr. Type checks stay on every load of a code
+//! object, and walks stop at 128 frames.
+
+pub mod layout;
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
+use std::sync::Mutex;
+
+use oomtrace_proto::python::{CodeDef, PyFrame, MAX_CODE_ID};
+
+use crate::lifecycle::State;
+use crate::log;
+use crate::transport::{self, Msg};
+use layout::{FrameModel, Layout};
+
+/// Most Python frames kept per stack (the innermost ones).
+pub const MAX_PY_FRAMES: usize = 128;
+/// Longest file or function name read; longer ones are cut.
+const MAX_NAME: usize = 1024;
+/// Largest line table read (a line table grows ~1 byte per instruction).
+const MAX_TABLE: usize = 1 << 20;
+
+/// The interpreter found in this process: its layout and the addresses the walk compares with.
+pub struct Interpreter {
+    pub layout: Layout,
+    this_thread_state: unsafe extern "C" fn() -> *mut c_void,
+    is_finalizing: Option<unsafe extern "C" fn() -> c_int>,
+    code_type: u64,
+    unicode_type: u64,
+    bytes_type: u64,
+    /// `TRUSTED` once a walk passed with checked reads; `BROKEN` if one failed.
+    trust: AtomicU8,
+}
+
+const UNVERIFIED: u8 = 0;
+const TRUSTED: u8 = 1;
+const BROKEN: u8 = 2;
+
+static INTERPRETER: AtomicPtr<Interpreter> = AtomicPtr::new(std::ptr::null_mut());
+/// Loader counters at the last failed search (0 = never searched).
+static SEARCHED_AT: AtomicU64 = AtomicU64::new(0);
+
+fn sym(name: &CStr) -> *mut c_void {
+    crate::resolve::real_dlsym(libc::RTLD_DEFAULT, name)
+}
+
+/// The interpreter of this process, searched for again only when the loader's counters moved
+/// (an embedding program may load libpython late). `counts` is a fingerprint of those.
+pub fn interpreter(counts: u64) -> Option<&'static Interpreter> {
+    let p = INTERPRETER.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: set once below from a leaked Box, never freed.
+        let i = unsafe { &*p };
+        return (i.trust.load(Ordering::Relaxed) != BROKEN).then_some(i);
+    }
+    if SEARCHED_AT.swap(counts, Ordering::AcqRel) == counts {
+        return None;
+    }
+    let found = find()?;
+    let leaked = Box::into_raw(Box::new(found));
+    match INTERPRETER.compare_exchange(
+        std::ptr::null_mut(),
+        leaked,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        Ok(_) => {}
+        // SAFETY: another thread won; ours was never shared.
+        Err(_) => drop(unsafe { Box::from_raw(leaked) }),
+    }
+    // SAFETY: non-null from here on, leaked.
+    Some(unsafe { &*INTERPRETER.load(Ordering::Acquire) })
+}
+
+fn version() -> Option<(u8, u8)> {
+    let hex = sym(c"Py_Version");
+    if !hex.is_null() {
+        // SAFETY: `const unsigned long Py_Version` (3.11+).
+        let v = unsafe { *(hex as *const u64) };
+        return Some(((v >> 24) as u8, (v >> 16) as u8));
+    }
+    let get = sym(c"Py_GetVersion");
+    if get.is_null() {
+        return None;
+    }
+    // SAFETY: `const char *Py_GetVersion(void)`, safe without the GIL ("3.10.12 (main, ...").
+    let f: unsafe extern "C" fn() -> *const c_char = unsafe { std::mem::transmute(get) };
+    let s = unsafe { CStr::from_ptr(f()) }.to_str().ok()?;
+    let mut it = s.split(|c: char| !c.is_ascii_digit());
+    let major = it.next()?.parse().ok()?;
+    let minor = it.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+fn find() -> Option<Interpreter> {
+    let tstate = sym(c"PyGILState_GetThisThreadState");
+    let code_type = sym(c"PyCode_Type");
+    if tstate.is_null() || code_type.is_null() {
+        return None;
+    }
+    let (major, minor) = version()?;
+    let layout = if (major, minor) >= (3, 13) {
+        debug_offsets::read(sym(c"_PyRuntime"), major, minor)
+    } else {
+        layout::builtin(major, minor)
+    };
+    let Some(layout) = layout else {
+        log::warn(&format!(
+            "Python {major}.{minor} is not supported for Python frames; stacks stay native"
+        ));
+        return None;
+    };
+    let mut fin = sym(c"Py_IsFinalizing");
+    if fin.is_null() {
+        fin = sym(c"_Py_IsFinalizing");
+    }
+    Some(Interpreter {
+        layout,
+        // SAFETY: `PyThreadState *PyGILState_GetThisThreadState(void)`.
+        this_thread_state: unsafe { std::mem::transmute::<*mut c_void, _>(tstate) },
+        is_finalizing: (!fin.is_null()).then(|| unsafe {
+            std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(fin)
+        }),
+        code_type: code_type as u64,
+        unicode_type: sym(c"PyUnicode_Type") as u64,
+        bytes_type: sym(c"PyBytes_Type") as u64,
+        trust: AtomicU8::new(UNVERIFIED),
+    })
+}
+
+pub mod debug_offsets;
+
+/// Reads process memory: plain loads once the layout is trusted, `process_vm_readv` before.
+trait Mem {
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool;
+    fn u64(&self, addr: u64) -> Option<u64> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b).then(|| u64::from_le_bytes(b))
+    }
+    fn u32(&self, addr: u64) -> Option<u32> {
+        let mut b = [0u8; 4];
+        self.read(addr, &mut b).then(|| u32::from_le_bytes(b))
+    }
+    fn u8(&self, addr: u64) -> Option<u8> {
+        let mut b = [0u8; 1];
+        self.read(addr, &mut b).then(|| b[0])
+    }
+}
+
+struct Direct;
+impl Mem for Direct {
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+        if addr < 4096 || addr.checked_add(out.len() as u64).is_none() {
+            return false;
+        }
+        // SAFETY: the layout was verified on this interpreter with checked reads, and the
+        // objects read are the calling thread's own frames and the code objects they hold.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), out.len()) };
+        true
+    }
+}
+
+struct Checked;
+impl Mem for Checked {
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+        if addr < 4096 {
+            return false;
+        }
+        let local = libc::iovec {
+            iov_base: out.as_mut_ptr().cast(),
+            iov_len: out.len(),
+        };
+        let remote = libc::iovec {
+            iov_base: addr as *mut c_void,
+            iov_len: out.len(),
+        };
+        // SAFETY: reads our own memory into `out`; a bad address is an error, not a fault.
+        let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        n == out.len() as isize
+    }
+}
+
+/// Code objects already announced, per process (rebuilt after fork with the rest of State).
+#[derive(Default)]
+pub struct CodeRegistry {
+    /// Code object address -> (identity check, id).
+    by_addr: Mutex<HashMap<u64, (u64, u32)>>,
+    next_id: std::sync::atomic::AtomicU32,
+}
+
+/// Per-thread cache of code ids, direct-mapped by address.
+pub struct ThreadCodes {
+    slots: Box<[(u64, u64, u32)]>,
+}
+
+const CODE_SLOTS: usize = 1024;
+
+impl Default for ThreadCodes {
+    fn default() -> Self {
+        ThreadCodes {
+            slots: vec![(0, 0, 0); CODE_SLOTS].into_boxed_slice(),
+        }
+    }
+}
+
+/// Walks the calling thread's Python frames into `out` (innermost first, encoded as
+/// `PyFrame`s). Returns how many; 0 when this thread runs no Python.
+pub fn walk(
+    st: &State,
+    py: &Interpreter,
+    codes: &CodeRegistry,
+    cache: &mut ThreadCodes,
+    out: &mut [u64; MAX_PY_FRAMES],
+) -> usize {
+    if let Some(fin) = py.is_finalizing {
+        // SAFETY: reads a flag; no GIL needed. Thread states may be freed from here on.
+        if unsafe { fin() } != 0 {
+            return 0;
+        }
+    }
+    // SAFETY: reads this thread's thread-specific key; NULL when it has no thread state.
+    let ts = unsafe { (py.this_thread_state)() } as u64;
+    if ts == 0 {
+        return 0;
+    }
+    match py.trust.load(Ordering::Relaxed) {
+        TRUSTED => walk_with(&Direct, st, py, codes, cache, ts, out).unwrap_or(0),
+        BROKEN => 0,
+        _ => match walk_with(&Checked, st, py, codes, cache, ts, out) {
+            Some(0) => 0,
+            Some(n) => {
+                py.trust.store(TRUSTED, Ordering::Relaxed);
+                n
+            }
+            None => {
+                py.trust.store(BROKEN, Ordering::Relaxed);
+                let (ma, mi) = py.layout.version;
+                log::warn(&format!(
+                    "the frames of Python {ma}.{mi} do not look as expected; \
+                     stacks stay native for this process"
+                ));
+                0
+            }
+        },
+    }
+}
+
+/// None: something did not look like the layout says (only reported while unverified).
+fn walk_with<M: Mem>(
+    m: &M,
+    st: &State,
+    py: &Interpreter,
+    codes: &CodeRegistry,
+    cache: &mut ThreadCodes,
+    ts: u64,
+    out: &mut [u64; MAX_PY_FRAMES],
+) -> Option<usize> {
+    let l = &py.layout;
+    let mut frame = m.u64(ts + l.ts_frame as u64)?;
+    if let Some(cur) = l.cframe_current {
+        if frame == 0 {
+            return Some(0);
+        }
+        frame = m.u64(frame + cur as u64)?;
+    }
+    let mut n = 0;
+    let mut seen = 0;
+    while frame != 0 && n < MAX_PY_FRAMES && seen < 4 * MAX_PY_FRAMES {
+        seen += 1;
+        let back = m.u64(frame + l.frame_back as u64)?;
+        let mut code = m.u64(frame + l.frame_code as u64)?;
+        let (offset, group_end) = match l.model {
+            FrameModel::Object { lasti_in_units } => {
+                let lasti = (m.u32(frame + l.frame_lasti as u64)? as i32).max(0) as u32;
+                (if lasti_in_units { lasti * 2 } else { lasti }, true)
+            }
+            FrameModel::Interpreter {
+                is_entry,
+                owner,
+                owner_cstack,
+                tagged_code,
+                offset_of_code,
+            } => {
+                if m.u8(frame + owner as u64)? == owner_cstack {
+                    // The sentinel at a loop entry: the frame before it (inner) ended a group.
+                    if n > 0 {
+                        out[n - 1] |= PyFrame {
+                            code: 0,
+                            offset: 0,
+                            group_end: true,
+                        }
+                        .encode();
+                    }
+                    frame = back;
+                    continue;
+                }
+                if tagged_code {
+                    code &= !7;
+                }
+                let entry = match is_entry {
+                    Some(o) => m.u8(frame + o as u64)? != 0,
+                    None => false,
+                };
+                let ip = m.u64(frame + l.frame_lasti as u64)?;
+                let start = code + offset_of_code as u64;
+                let off = ip.saturating_sub(start).min(u32::MAX as u64) as u32;
+                (off, entry)
+            }
+        };
+        // Not a code object (3.13+ frames may run other executables): skip it.
+        if code == 0 || m.u64(code + 8)? != py.code_type {
+            frame = back;
+            continue;
+        }
+        let id = code_id(m, st, py, codes, cache, code)?;
+        out[n] = PyFrame {
+            code: id,
+            offset,
+            group_end,
+        }
+        .encode();
+        n += 1;
+        frame = back;
+    }
+    if n > 0 {
+        // The outermost frame ends the outermost group.
+        out[n - 1] |= PyFrame {
+            code: 0,
+            offset: 0,
+            group_end: true,
+        }
+        .encode();
+    }
+    Some(n)
+}
+
+/// The id of the code object at `code`, announcing it on first sight. A code object freed
+/// and another allocated at its address is told apart by its file name, name and table.
+fn code_id<M: Mem>(
+    m: &M,
+    st: &State,
+    py: &Interpreter,
+    codes: &CodeRegistry,
+    cache: &mut ThreadCodes,
+    code: u64,
+) -> Option<u32> {
+    let l = &py.layout;
+    let filename = m.u64(code + l.co_filename as u64)?;
+    let name = m.u64(code + l.co_name as u64)?;
+    let table = m.u64(code + l.co_linetable as u64)?;
+    let check = filename ^ name.rotate_left(21) ^ table.rotate_left(42);
+    let slot = ((code >> 4) as usize ^ (code >> 14) as usize) & (CODE_SLOTS - 1);
+    let e = cache.slots[slot];
+    if e.0 == code && e.1 == check && e.2 != 0 {
+        return Some(e.2);
+    }
+    let id = {
+        let mut map = codes.by_addr.lock().ok()?;
+        match map.get(&code) {
+            Some(&(c, id)) if c == check => id,
+            _ => {
+                let def = read_code(m, py, code, filename, name, table)?;
+                let id = codes.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+                if id > MAX_CODE_ID {
+                    return None;
+                }
+                if !transport::send_reliable(st, Msg::Code(Box::new(CodeDef { id, ..def }))) {
+                    return None;
+                }
+                map.insert(code, (check, id));
+                id
+            }
+        }
+    };
+    cache.slots[slot] = (code, check, id);
+    Some(id)
+}
+
+fn read_code<M: Mem>(
+    m: &M,
+    py: &Interpreter,
+    code: u64,
+    filename: u64,
+    name: u64,
+    table: u64,
+) -> Option<CodeDef> {
+    let l = &py.layout;
+    Some(CodeDef {
+        id: 0,
+        format: l.table_format as u8,
+        first_line: m.u32(code + l.co_firstlineno as u64)?,
+        filename: read_str(m, py, filename)?,
+        name: read_str(m, py, name)?,
+        line_table: read_bytes(m, py, table)?,
+    })
+}
+
+fn read_str<M: Mem>(m: &M, py: &Interpreter, s: u64) -> Option<String> {
+    let l = &py.layout;
+    if m.u64(s + 8)? != py.unicode_type {
+        return None;
+    }
+    let len = (m.u64(s + l.str_length as u64)? as usize).min(MAX_NAME);
+    let state = m.u32(s + l.str_state as u64)?;
+    let kind = ((state >> 2) & 7) as usize;
+    let compact = state & (1 << 5) != 0;
+    let ascii = state & (1 << 6) != 0;
+    if !compact || !matches!(kind, 1 | 2 | 4) {
+        return Some("?".into()); // legacy string layout: not worth the code
+    }
+    let data = s + if ascii {
+        l.str_ascii_size
+    } else {
+        l.str_compact_size
+    } as u64;
+    let mut raw = vec![0u8; len * kind];
+    if !m.read(data, &mut raw) {
+        return None;
+    }
+    Some(match kind {
+        1 => raw.iter().map(|&b| b as char).collect(),
+        2 => raw
+            .chunks_exact(2)
+            .map(|c| char::from_u32(u16::from_le_bytes([c[0], c[1]]) as u32).unwrap_or('?'))
+            .collect(),
+        _ => raw
+            .chunks_exact(4)
+            .map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('?'))
+            .collect(),
+    })
+}
+
+fn read_bytes<M: Mem>(m: &M, py: &Interpreter, b: u64) -> Option<Vec<u8>> {
+    let l = &py.layout;
+    if m.u64(b + 8)? != py.bytes_type {
+        return None;
+    }
+    let len = m.u64(b + l.bytes_size as u64)? as usize;
+    if len > MAX_TABLE {
+        return Some(Vec::new());
+    }
+    let mut out = vec![0u8; len];
+    m.read(b + l.bytes_data as u64, &mut out).then_some(out)
+}
