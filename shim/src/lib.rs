@@ -28,6 +28,7 @@ pub mod hooks;
 pub mod lifecycle;
 pub mod log;
 pub mod resolve;
+pub mod pluggable;
 pub mod python;
 pub mod stack;
 pub mod transport;

@@ -284,8 +284,8 @@ pub fn warn_unresolved(hook: &Hook) {
     );
 }
 
-/// A driver function oomtrace calls itself (read-only queries), cached.
-fn driver_fn(slot: &AtomicUsize, name: &CStr) -> usize {
+/// A driver function by name (the real one, never our wrapper), cached in `slot`; 0 if absent.
+pub fn driver_fn(slot: &AtomicUsize, name: &CStr) -> usize {
     let p = slot.load(Ordering::Acquire);
     if p != 0 {
         return p;

@@ -431,3 +431,44 @@ pub fn marker(label: &str) {
     ev.stack = stack::capture();
     transport::send_marker(st, ev, label);
 }
+
+/// A tensor-level allocation through `oomtrace_malloc` (or its failure, `rc` != 0).
+pub fn tensor_alloc(rc: c_int, ptr: u64, size: u64, device: i16, stream: u64) {
+    if rc == 0 && ptr != 0 {
+        first_sight(device);
+        let mut ev = Event::new(EventKind::Alloc, Api::oomtrace_malloc);
+        ev.ptr = ptr;
+        ev.size = size;
+        ev.aux = stream;
+        ev.device = device;
+        ev.stack = stack::capture();
+        emit(ev);
+    } else {
+        let mut ev = Event::new(EventKind::AllocFailed, Api::oomtrace_malloc);
+        ev.size = size;
+        ev.aux = stream;
+        ev.device = device;
+        ev.result = rc;
+        ev.stack = stack::capture();
+        emit(ev);
+        record_mem_info(device);
+    }
+}
+
+/// A tensor-level free through `oomtrace_free`, before the real free.
+pub fn tensor_free(ptr: u64, size: u64, device: i16, stream: u64) {
+    let mut ev = Event::new(EventKind::Free, Api::oomtrace_free);
+    ev.ptr = ptr;
+    ev.size = size;
+    ev.aux = stream;
+    ev.device = device;
+    emit(ev);
+}
+
+/// A tensor-level free whose real call failed.
+pub fn tensor_free_failed(ptr: u64, rc: c_int) {
+    let mut ev = Event::new(EventKind::FreeFailed, Api::oomtrace_free);
+    ev.ptr = ptr;
+    ev.result = rc;
+    emit(ev);
+}
