@@ -19,5 +19,13 @@ mod corpus;
 /// destructors, dlclose, RTLD_DEEPBIND, exec, a killed program, a stopped collector.
 mod faults;
 
+/// `oomtrace export`: memory-viz pickles the viewer accepts, Chrome traces, folded stacks,
+/// JSON lines; bad input.
+mod export;
+
 /// Private files and sockets; peers of another user refused.
 mod security;
+
+/// Python: frames with the GIL held and released, `--torch`, `import oomtrace`, the pluggable
+/// allocator ABI.
+mod python;

@@ -15,7 +15,8 @@ use crate::{locate, render, signals, Failure};
 /// Run a command with the tracer preloaded; print findings and a summary on stderr.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Per-tensor tracing through PyTorch's pluggable allocator (not available yet).
+    /// Per-tensor tracing of PyTorch: CMD's `import torch` installs oomtrace as PyTorch's
+    /// allocator (through a sitecustomize on PYTHONPATH) and every optimizer step marks a step.
     #[arg(long)]
     pub torch: bool,
     /// Trace file to write [default: oomtrace.<pid>.oomt]
@@ -53,18 +54,16 @@ pub struct Outcome {
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
-    if args.torch {
-        return Err(Failure::new(
-            "--torch (per-tensor tracing through PyTorch's pluggable allocator) is not available in this version; run without it to trace at the CUDA driver level",
-        ));
-    }
-    let session = Session {
+    let mut session = Session {
         lib: locate::shim_library()?,
         output: args
             .output
             .unwrap_or_else(|| PathBuf::from(format!("oomtrace.{}.oomt", std::process::id()))),
         env: Vec::new(),
     };
+    if args.torch {
+        session.env = torch_env(&session.lib)?;
+    }
     let outcome = trace_command(&args.command, &session)?;
     if let Some(why) = &outcome.collector_died {
         eprintln!("oomtrace: the collector died ({why}); the trace stops where it did");
@@ -102,6 +101,41 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         }
     }
     Ok(exit_code_of(outcome.status))
+}
+
+/// The `oomtrace` Python package and the `--torch` sitecustomize, carried in this binary.
+const PY_PACKAGE: &[u8] = include_bytes!("../../../python/oomtrace/__init__.py");
+const PY_BOOT: &[u8] = include_bytes!("../../../python/boot/sitecustomize.py");
+
+/// Environment for `--torch`: the sitecustomize first on PYTHONPATH, then the package.
+fn torch_env(lib: &Path) -> Result<Vec<(OsString, OsString)>, Failure> {
+    let dir = locate::cache_dir("-python", &[PY_PACKAGE, PY_BOOT]);
+    let files = [
+        (dir.join("oomtrace").join("__init__.py"), PY_PACKAGE),
+        (dir.join("boot").join("sitecustomize.py"), PY_BOOT),
+    ];
+    for (path, bytes) in files {
+        if std::fs::read(&path).is_ok_and(|b| b == bytes) {
+            continue;
+        }
+        let fail = |e: std::io::Error| Failure::new(format!("cannot write {}: {e}", path.display()));
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(fail)?;
+        }
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, bytes).map_err(fail)?;
+        std::fs::rename(&tmp, &path).map_err(fail)?;
+    }
+    let mut paths = vec![dir.join("boot"), dir.clone()];
+    if let Some(old) = std::env::var_os("PYTHONPATH") {
+        paths.extend(std::env::split_paths(&old));
+    }
+    let joined = std::env::join_paths(paths)
+        .map_err(|e| Failure::new(format!("cannot build PYTHONPATH: {e}")))?;
+    Ok(vec![
+        ("PYTHONPATH".into(), joined),
+        ("OOMTRACE_LIB".into(), lib.as_os_str().to_owned()),
+    ])
 }
 
 /// The command's exit code as a shell would report it (128 + signal when killed).
