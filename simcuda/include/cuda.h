@@ -39,6 +39,7 @@ typedef CUdevice_v1 CUdevice;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUgraph_st *CUgraph;
 
 typedef unsigned long long CUmemGenericAllocationHandle_v1;
 typedef CUmemGenericAllocationHandle_v1 CUmemGenericAllocationHandle;
@@ -330,6 +331,20 @@ typedef struct CUctxCreateParams_st {
     CUctxCigParam *cigParams;
 } CUctxCreateParams;
 
+/* ---- Stream capture ------------------------------------------------------ */
+
+typedef enum CUstreamCaptureStatus_enum {
+    CU_STREAM_CAPTURE_STATUS_NONE        = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE      = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
+} CUstreamCaptureStatus;
+
+typedef enum CUstreamCaptureMode_enum {
+    CU_STREAM_CAPTURE_MODE_GLOBAL       = 0,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+    CU_STREAM_CAPTURE_MODE_RELAXED      = 2
+} CUstreamCaptureMode;
+
 /* ---- Driver entry points ------------------------------------------------ */
 
 typedef enum CUdriverProcAddress_flags_enum {
@@ -367,6 +382,11 @@ typedef enum CUdriverProcAddressQueryResult_enum {
 #define cuMemAllocAsync           cuMemAllocAsync_ptsz
 #define cuMemAllocFromPoolAsync   cuMemAllocFromPoolAsync_ptsz
 #define cuMemFreeAsync            cuMemFreeAsync_ptsz
+#define cuStreamBeginCapture      cuStreamBeginCapture_v2_ptsz
+#define cuStreamEndCapture        cuStreamEndCapture_ptsz
+#define cuStreamIsCapturing       cuStreamIsCapturing_ptsz
+#else
+#define cuStreamBeginCapture      cuStreamBeginCapture_v2
 #endif
 #endif /* SIMCUDA_NO_V2_MACROS */
 
@@ -415,6 +435,15 @@ CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags);
 CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream);
 CUresult CUDAAPI cuStreamSynchronize(CUstream hStream);
 CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream);
+
+CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode);
+CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
+CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
+CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
+CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus);
+CUresult CUDAAPI cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus);
+CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
+CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph);
 
 CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
                                      CUdeviceptr addr, unsigned long long flags);
@@ -476,6 +505,9 @@ CUresult CUDAAPI cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *psize
                                       CUdeviceptr_v1 dptr);
 CUresult CUDAAPI cuMemAllocHost(void **pp, unsigned int bytesize);
 CUresult CUDAAPI cuStreamDestroy(CUstream hStream);
+/* CUDA 10.0's capture, before modes existed. */
+CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream);
+CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream);
 #endif /* SIMCUDA_NO_V2_MACROS */
 
 #ifdef __cplusplus

@@ -163,6 +163,7 @@ typedef enum cudaError cudaError_t;
 /* The runtime's handles are the driver's objects. */
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUmemPoolHandle_st *cudaMemPool_t;
+typedef struct CUgraph_st *cudaGraph_t;
 
 #define cudaStreamLegacy    ((cudaStream_t)0x1)
 #define cudaStreamPerThread ((cudaStream_t)0x2)
@@ -206,7 +207,22 @@ enum cudaDriverEntryPointQueryResult {
 };
 typedef enum cudaDriverEntryPointQueryResult cudaDriverEntryPointQueryResult;
 
+enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone        = 0,
+    cudaStreamCaptureStatusActive      = 1,
+    cudaStreamCaptureStatusInvalidated = 2
+};
+
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal      = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed     = 2
+};
+
 #if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+#define cudaStreamBeginCapture           cudaStreamBeginCapture_ptsz
+#define cudaStreamEndCapture             cudaStreamEndCapture_ptsz
+#define cudaStreamIsCapturing            cudaStreamIsCapturing_ptsz
 #define cudaMallocAsync                  cudaMallocAsync_ptsz
 #define cudaFreeAsync                    cudaFreeAsync_ptsz
 #define cudaMallocFromPoolAsync          cudaMallocFromPoolAsync_ptsz
@@ -241,6 +257,18 @@ cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t *pStream);
 cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags);
 cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream);
 cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream);
+
+cudaError_t CUDARTAPI cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode);
+cudaError_t CUDARTAPI cudaStreamBeginCapture_ptsz(cudaStream_t stream,
+                                                  enum cudaStreamCaptureMode mode);
+cudaError_t CUDARTAPI cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph);
+cudaError_t CUDARTAPI cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t *pGraph);
+cudaError_t CUDARTAPI cudaStreamIsCapturing(cudaStream_t stream,
+                                            enum cudaStreamCaptureStatus *pCaptureStatus);
+cudaError_t CUDARTAPI cudaStreamIsCapturing_ptsz(cudaStream_t stream,
+                                                 enum cudaStreamCaptureStatus *pCaptureStatus);
+cudaError_t CUDARTAPI cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode);
+cudaError_t CUDARTAPI cudaGraphDestroy(cudaGraph_t graph);
 
 cudaError_t CUDARTAPI cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream);
 cudaError_t CUDARTAPI cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);

@@ -29,6 +29,8 @@
  *    cuMemAddressFree refuses a range that still has mappings.
  *  - Device attributes describe an imaginary sm_80 part; unknown attributes
  *    are CUDA_ERROR_INVALID_VALUE.
+ *  - Stream capture enforces the capture-mode rules on the memory calls but
+ *    records nothing: see "Stream capture" below for where it differs.
  */
 #define _GNU_SOURCE
 #define SIMCUDA_NO_V2_MACROS
@@ -383,9 +385,12 @@ struct host_alloc {
     size_t map_len;
 };
 
+struct capture;
+
 struct stream {
     struct tnode node; /* key: the handle itself */
     struct ctx *ctx;
+    struct capture *cap; /* the capture sequence this stream is in, or NULL */
 };
 
 struct phys {
@@ -690,8 +695,127 @@ static CUresult pool_alloc(struct pool *p, struct ctx *c, uint64_t size, CUdevic
     return CUDA_SUCCESS;
 }
 
+/* ---- Stream capture ----------------------------------------------------------
+ * The rules of cuThreadExchangeStreamCaptureMode's documentation.  A thread's
+ * mode (default GLOBAL) decides whether it may make "potentially unsafe"
+ * calls while capture sequences are active:
+ *   GLOBAL:       not if it began a non-RELAXED sequence that is still
+ *                 active, nor if any other thread has an active GLOBAL one;
+ *   THREAD_LOCAL: not if it began a non-RELAXED sequence still active (other
+ *                 threads' sequences are ignored);
+ *   RELAXED:      always.
+ * A prohibited call fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and
+ * invalidates the sequences that prohibited it, as the real driver does (the
+ * classic symptom: a cudaMalloc on another thread makes cudaStreamEndCapture
+ * return cudaErrorStreamCaptureInvalidated).  An invalidated sequence stays
+ * active (and still prohibits) until cuStreamEndCapture ends it.
+ *
+ * The unsafe calls here are the memory-management ones: cuMemAlloc_v2,
+ * cuMemAllocPitch_v2, cuMemAllocManaged, cuMemFree_v2 (NULL included),
+ * cuMemAllocHost_v2, cuMemHostAlloc, cuMemFreeHost and cuCtxSynchronize;
+ * cuStreamSynchronize of a capturing stream always fails and invalidates
+ * that stream's sequence, whatever the modes.
+ *
+ * Where this differs from the real driver:
+ *  - Stream-ordered allocation on the capturing stream itself
+ *    (cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemFreeAsync) is allowed,
+ *    as it is for real, but where the real driver records a graph memory
+ *    node and returns an address valid only for launches of the graph,
+ *    simcuda simply allocates (or frees) from the pool at once.
+ *  - The same calls on a stream that is not capturing are treated as unsafe,
+ *    under the rules above.  That is conservative: the real driver is not
+ *    documented to forbid them.
+ *  - No operation is recorded, so the graph from cuStreamEndCapture is an
+ *    empty handle, good only for cuGraphDestroy; there is no cross-stream
+ *    capture (events), so a sequence is always one stream.
+ *  - The legacy default stream cannot be captured (as for real), but the
+ *    implicit synchronization between it and capturing blocking streams is
+ *    not modelled: cuStreamIsCapturing(legacy) answers NONE rather than
+ *    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT.
+ *  - The per-thread default stream can be captured; a thread that exits in
+ *    the middle of such a capture leaves it active for good.
+ *  - The first-generation cuStreamBeginCapture (CUDA 10.0, no mode argument)
+ *    is taken to mean CU_STREAM_CAPTURE_MODE_GLOBAL.
+ *  - VMM calls (cuMemCreate, cuMemMap, ...) and pool management are not
+ *    checked. */
+
+struct capture {
+    CUstreamCaptureMode mode;
+    int invalidated;
+    const void *owner;    /* &tls_thread_tag of the thread that began it */
+    struct capture *next; /* g_captures */
+};
+
+static struct capture *g_captures; /* every active capture sequence */
+static struct tnode *g_graphs;     /* bare tnodes: graphs from cuStreamEndCapture */
+static __thread char tls_thread_tag; /* its address identifies the thread */
+static __thread CUstreamCaptureMode tls_capture_mode; /* 0: CU_STREAM_CAPTURE_MODE_GLOBAL */
+static __thread struct capture *tls_ptds_capture; /* this thread's per-thread stream */
+
+static void capture_end(struct capture **slot)
+{
+    struct capture *c = *slot;
+    for (struct capture **pp = &g_captures; *pp; pp = &(*pp)->next) {
+        if (*pp == c) {
+            *pp = c->next;
+            break;
+        }
+    }
+    free(c);
+    *slot = NULL;
+}
+
+/* Called by every potentially unsafe call before it takes effect. */
+static CUresult capture_guard(void)
+{
+    CUstreamCaptureMode mode = tls_capture_mode;
+    int prohibited = 0;
+    if (mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_SUCCESS;
+    for (struct capture *c = g_captures; c; c = c->next) {
+        int own = c->owner == &tls_thread_tag;
+        if ((own && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+            (!own && mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+            c->invalidated = 1;
+            prohibited = 1;
+        }
+    }
+    return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+/* Where a stream's capture sequence is kept: *slot is NULL when the stream
+ * is not capturing; slot itself is NULL for the legacy default stream, which
+ * can never capture. */
+static CUresult capture_slot(CUstream h, struct capture ***slot)
+{
+    if (h == NULL || h == CU_STREAM_LEGACY) {
+        *slot = NULL;
+        return CUDA_SUCCESS;
+    }
+    if (h == CU_STREAM_PER_THREAD) {
+        *slot = &tls_ptds_capture;
+        return CUDA_SUCCESS;
+    }
+    struct tnode *n = tn_find(g_streams, (uint64_t)(uintptr_t)h);
+    if (!n)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *slot = &((struct stream *)n)->cap;
+    return CUDA_SUCCESS;
+}
+
+/* Stream-ordered allocator calls: part of the capture on a capturing
+ * stream, unsafe (conservatively) on any other. */
+static CUresult capture_guard_stream(CUstream h)
+{
+    struct capture **slot;
+    CHECK(capture_slot(h, &slot));
+    return slot && *slot ? CUDA_SUCCESS : capture_guard();
+}
+
 static void stream_release(struct stream *s)
 {
+    if (s->cap)
+        capture_end(&s->cap);
     tn_remove(&g_streams, s->node.key);
     free(s);
 }
@@ -1387,6 +1511,7 @@ static CUresult ctx_synchronize_locked(void)
     struct ctx *c;
     REQUIRE_INIT();
     CHECK(current_ctx(&c));
+    CHECK(capture_guard());
     trim_device_pools(c->dev);
     return CUDA_SUCCESS;
 }
@@ -1408,6 +1533,7 @@ static CUresult mem_alloc_locked(CUdeviceptr *dptr, size_t bytesize)
     CHECK(current_ctx(&c));
     if (!dptr || bytesize == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    CHECK(capture_guard());
     return device_alloc(c, bytesize, dptr);
 }
 
@@ -1430,6 +1556,7 @@ static CUresult mem_alloc_pitch_locked(CUdeviceptr *dptr, size_t *pitch, size_t 
     uint64_t p = round_up(width, ALLOC_ROUND);
     if (!p || height > UINT64_MAX / p)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    CHECK(capture_guard());
     CHECK(device_alloc(c, p * height, dptr));
     *pitch = p;
     return CUDA_SUCCESS;
@@ -1451,6 +1578,7 @@ static CUresult mem_alloc_managed_locked(CUdeviceptr *dptr, size_t bytesize, uns
     CHECK(current_ctx(&c));
     if (!dptr || bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
         return CUDA_ERROR_INVALID_VALUE;
+    CHECK(capture_guard());
     struct device *d = &g_dev[c->dev];
     uint64_t charged = round_up(bytesize, ALLOC_ROUND);
     uint64_t map_len = round_up(bytesize, (uint64_t)sysconf(_SC_PAGESIZE));
@@ -1489,6 +1617,7 @@ static CUresult mem_free_locked(CUdeviceptr dptr)
     struct ctx *c;
     REQUIRE_INIT();
     CHECK(current_ctx(&c));
+    CHECK(capture_guard()); /* even cuMemFree(0), the "initialize" idiom */
     if (dptr == 0)
         return CUDA_SUCCESS;
     struct tnode *n = tn_find(g_allocs, dptr);
@@ -1563,6 +1692,7 @@ static CUresult host_alloc_locked(void **pp, size_t bytesize, unsigned int flags
         (flags & ~(unsigned)(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
                              CU_MEMHOSTALLOC_WRITECOMBINED)))
         return CUDA_ERROR_INVALID_VALUE;
+    CHECK(capture_guard());
     uint64_t map_len = round_up(bytesize, (uint64_t)sysconf(_SC_PAGESIZE));
     if (!map_len || map_len > g_cfg.host_memory - g_host_used)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1616,6 +1746,7 @@ static CUresult host_free_locked(void *p)
     struct tnode *n = p ? tn_find(g_host, (uint64_t)(uintptr_t)p) : NULL;
     if (!n)
         return CUDA_ERROR_INVALID_VALUE;
+    CHECK(capture_guard());
     struct host_alloc *h = (struct host_alloc *)n;
     tn_remove(&g_host, n->key);
     munmap(p, h->map_len);
@@ -1696,6 +1827,13 @@ static CUresult stream_synchronize_locked(CUstream h)
     REQUIRE_INIT();
     CHECK(current_ctx(&c));
     CHECK(stream_device(h, c, &dev));
+    struct capture **slot;
+    CHECK(capture_slot(h, &slot));
+    if (slot && *slot) {
+        /* Waiting for a stream whose work is being recorded, not run. */
+        (*slot)->invalidated = 1;
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     trim_device_pools(dev);
     return CUDA_SUCCESS;
 }
@@ -1714,6 +1852,188 @@ IMPL CUresult impl_cuStreamSynchronize_ptsz(CUstream h)
 {
     lock();
     CUresult r = stream_synchronize_locked(h == NULL ? CU_STREAM_PER_THREAD : h);
+    unlock();
+    return r;
+}
+
+/* ---- Stream capture API (rules above, with struct capture) ------------------------- */
+
+static int capture_mode_valid(CUstreamCaptureMode mode)
+{
+    return mode == CU_STREAM_CAPTURE_MODE_GLOBAL || mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL ||
+           mode == CU_STREAM_CAPTURE_MODE_RELAXED;
+}
+
+static CUresult begin_capture_locked(CUstream h, CUstreamCaptureMode mode)
+{
+    struct ctx *c;
+    struct capture **slot;
+    REQUIRE_INIT();
+    CHECK(current_ctx(&c));
+    if (!capture_mode_valid(mode))
+        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(capture_slot(h, &slot));
+    if (!slot)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream */
+    if (*slot)
+        return CUDA_ERROR_ILLEGAL_STATE; /* already capturing */
+    struct capture *cap = calloc(1, sizeof *cap);
+    if (!cap)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    cap->mode = mode;
+    cap->owner = &tls_thread_tag;
+    cap->next = g_captures;
+    g_captures = cap;
+    *slot = cap;
+    return CUDA_SUCCESS;
+}
+
+IMPL CUresult impl_cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode)
+{
+    lock();
+    CUresult r = begin_capture_locked(h, mode);
+    unlock();
+    return r;
+}
+
+IMPL CUresult impl_cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode)
+{
+    lock();
+    CUresult r = begin_capture_locked(h == NULL ? CU_STREAM_PER_THREAD : h, mode);
+    unlock();
+    return r;
+}
+
+/* The CUDA 10.0 ABI, without a mode: taken as GLOBAL. */
+IMPL CUresult impl_cuStreamBeginCapture_v1(CUstream h)
+{
+    lock();
+    CUresult r = begin_capture_locked(h, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    unlock();
+    return r;
+}
+
+IMPL CUresult impl_cuStreamBeginCapture_v1_ptsz(CUstream h)
+{
+    lock();
+    CUresult r = begin_capture_locked(h == NULL ? CU_STREAM_PER_THREAD : h,
+                                      CU_STREAM_CAPTURE_MODE_GLOBAL);
+    unlock();
+    return r;
+}
+
+static CUresult end_capture_locked(CUstream h, CUgraph *phGraph)
+{
+    struct ctx *c;
+    struct capture **slot;
+    REQUIRE_INIT();
+    CHECK(current_ctx(&c));
+    if (!phGraph)
+        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(capture_slot(h, &slot));
+    if (!slot || !*slot)
+        return CUDA_ERROR_ILLEGAL_STATE; /* not capturing */
+    struct capture *cap = *slot;
+    if (cap->mode != CU_STREAM_CAPTURE_MODE_RELAXED && cap->owner != &tls_thread_tag)
+        return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    int invalidated = cap->invalidated;
+    capture_end(slot); /* ends either way, as the real one does */
+    *phGraph = NULL;
+    if (invalidated)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    struct tnode *g = calloc(1, sizeof *g);
+    if (!g)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    g->key = (uint64_t)(uintptr_t)g;
+    tn_insert(&g_graphs, g);
+    *phGraph = (CUgraph)g;
+    return CUDA_SUCCESS;
+}
+
+IMPL CUresult impl_cuStreamEndCapture(CUstream h, CUgraph *phGraph)
+{
+    lock();
+    CUresult r = end_capture_locked(h, phGraph);
+    unlock();
+    return r;
+}
+
+IMPL CUresult impl_cuStreamEndCapture_ptsz(CUstream h, CUgraph *phGraph)
+{
+    lock();
+    CUresult r = end_capture_locked(h == NULL ? CU_STREAM_PER_THREAD : h, phGraph);
+    unlock();
+    return r;
+}
+
+static CUresult is_capturing_locked(CUstream h, CUstreamCaptureStatus *status)
+{
+    struct ctx *c;
+    struct capture **slot;
+    REQUIRE_INIT();
+    CHECK(current_ctx(&c));
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(capture_slot(h, &slot));
+    if (!slot || !*slot)
+        *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    else
+        *status = (*slot)->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                       : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    return CUDA_SUCCESS;
+}
+
+IMPL CUresult impl_cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *status)
+{
+    lock();
+    CUresult r = is_capturing_locked(h, status);
+    unlock();
+    return r;
+}
+
+IMPL CUresult impl_cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *status)
+{
+    lock();
+    CUresult r = is_capturing_locked(h == NULL ? CU_STREAM_PER_THREAD : h, status);
+    unlock();
+    return r;
+}
+
+/* Swaps: the thread takes *mode and gets its previous mode back in *mode. */
+static CUresult exchange_capture_mode_locked(CUstreamCaptureMode *mode)
+{
+    REQUIRE_INIT();
+    if (!mode || !capture_mode_valid(*mode))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureMode old = tls_capture_mode;
+    tls_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
+IMPL CUresult impl_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    lock();
+    CUresult r = exchange_capture_mode_locked(mode);
+    unlock();
+    return r;
+}
+
+static CUresult graph_destroy_locked(CUgraph graph)
+{
+    REQUIRE_INIT();
+    struct tnode *g = graph ? tn_find(g_graphs, (uint64_t)(uintptr_t)graph) : NULL;
+    if (!g)
+        return CUDA_ERROR_INVALID_VALUE;
+    tn_remove(&g_graphs, g->key);
+    free(g);
+    return CUDA_SUCCESS;
+}
+
+IMPL CUresult impl_cuGraphDestroy(CUgraph graph)
+{
+    lock();
+    CUresult r = graph_destroy_locked(graph);
     unlock();
     return r;
 }
@@ -1915,6 +2235,7 @@ static CUresult alloc_async_locked(CUdeviceptr *dptr, size_t bytesize, CUmemoryP
     if (from_pool && !pool_known(p))
         return CUDA_ERROR_INVALID_VALUE;
     CHECK(stream_device(h, c, &dev));
+    CHECK(capture_guard_stream(h));
     if (!from_pool)
         p = g_dev[dev].current_pool;
     return pool_alloc(p, c, bytesize, dptr);
@@ -1968,6 +2289,7 @@ static CUresult free_async_locked(CUdeviceptr dptr, CUstream h)
     struct tnode *n = tn_find(g_allocs, dptr);
     if (!n)
         return CUDA_ERROR_INVALID_VALUE;
+    CHECK(capture_guard_stream(h));
     alloc_release((struct alloc *)n);
     return CUDA_SUCCESS;
 }
@@ -2423,6 +2745,14 @@ static const struct proc {
     {"cuStreamSynchronize", 2000, (void *)impl_cuStreamSynchronize, NULL},
     {"cuStreamSynchronize", 7000, (void *)impl_cuStreamSynchronize,
      (void *)impl_cuStreamSynchronize_ptsz},
+    {"cuStreamBeginCapture", 10000, (void *)impl_cuStreamBeginCapture_v1,
+     (void *)impl_cuStreamBeginCapture_v1_ptsz},
+    {"cuStreamBeginCapture", 10010, (void *)impl_cuStreamBeginCapture_v2,
+     (void *)impl_cuStreamBeginCapture_v2_ptsz},
+    {"cuStreamEndCapture", 10000, (void *)impl_cuStreamEndCapture, (void *)impl_cuStreamEndCapture_ptsz},
+    {"cuStreamIsCapturing", 10000, (void *)impl_cuStreamIsCapturing, (void *)impl_cuStreamIsCapturing_ptsz},
+    {"cuThreadExchangeStreamCaptureMode", 10010, (void *)impl_cuThreadExchangeStreamCaptureMode, NULL},
+    {"cuGraphDestroy", 10000, (void *)impl_cuGraphDestroy, NULL},
     {"cuMemGetAllocationGranularity", 10020, (void *)impl_cuMemGetAllocationGranularity, NULL},
     {"cuMemCreate", 10020, (void *)impl_cuMemCreate, NULL},
     {"cuMemRelease", 10020, (void *)impl_cuMemRelease, NULL},
@@ -2544,6 +2874,16 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) { return impl_cuStreamDestr
 EXPORT CUresult cuStreamDestroy(CUstream hStream) { return impl_cuStreamDestroy_v1(hStream); }
 EXPORT CUresult cuStreamSynchronize(CUstream hStream) { return impl_cuStreamSynchronize(hStream); }
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream hStream) { return impl_cuStreamSynchronize_ptsz(hStream); }
+EXPORT CUresult cuStreamBeginCapture(CUstream hStream) { return impl_cuStreamBeginCapture_v1(hStream); }
+EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream hStream) { return impl_cuStreamBeginCapture_v1_ptsz(hStream); }
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) { return impl_cuStreamBeginCapture_v2(hStream, mode); }
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) { return impl_cuStreamBeginCapture_v2_ptsz(hStream, mode); }
+EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) { return impl_cuStreamEndCapture(hStream, phGraph); }
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph) { return impl_cuStreamEndCapture_ptsz(hStream, phGraph); }
+EXPORT CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) { return impl_cuStreamIsCapturing(hStream, captureStatus); }
+EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus) { return impl_cuStreamIsCapturing_ptsz(hStream, captureStatus); }
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) { return impl_cuThreadExchangeStreamCaptureMode(mode); }
+EXPORT CUresult cuGraphDestroy(CUgraph hGraph) { return impl_cuGraphDestroy(hGraph); }
 
 EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option) { return impl_cuMemGetAllocationGranularity(granularity, prop, option); }
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags) { return impl_cuMemCreate(handle, size, prop, flags); }

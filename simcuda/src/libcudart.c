@@ -64,6 +64,14 @@ struct driver_api {
     CUresult (*streamCreate)(CUstream *, unsigned int);
     CUresult (*streamDestroy)(CUstream);
     CUresult (*streamSynchronize)(CUstream);
+    CUresult (*streamBeginCapture)(CUstream, CUstreamCaptureMode);
+    CUresult (*streamBeginCapture_ptsz)(CUstream, CUstreamCaptureMode);
+    CUresult (*streamEndCapture)(CUstream, CUgraph *);
+    CUresult (*streamEndCapture_ptsz)(CUstream, CUgraph *);
+    CUresult (*streamIsCapturing)(CUstream, CUstreamCaptureStatus *);
+    CUresult (*streamIsCapturing_ptsz)(CUstream, CUstreamCaptureStatus *);
+    CUresult (*threadExchangeStreamCaptureMode)(CUstreamCaptureMode *);
+    CUresult (*graphDestroy)(CUgraph);
 };
 
 #define SYM(name, field) {name, offsetof(struct driver_api, field), 0}
@@ -105,6 +113,14 @@ static const struct {
     SYM("cuStreamCreate", streamCreate),
     SYM("cuStreamDestroy", streamDestroy),
     SYM("cuStreamSynchronize", streamSynchronize),
+    SYM("cuStreamBeginCapture", streamBeginCapture), /* 12080: the _v2 ABI, with a mode */
+    SYM_PTSZ("cuStreamBeginCapture", streamBeginCapture_ptsz),
+    SYM("cuStreamEndCapture", streamEndCapture),
+    SYM_PTSZ("cuStreamEndCapture", streamEndCapture_ptsz),
+    SYM("cuStreamIsCapturing", streamIsCapturing),
+    SYM_PTSZ("cuStreamIsCapturing", streamIsCapturing_ptsz),
+    SYM("cuThreadExchangeStreamCaptureMode", threadExchangeStreamCaptureMode),
+    SYM("cuGraphDestroy", graphDestroy),
 };
 
 typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
@@ -155,6 +171,15 @@ static const struct {
     {CUDA_ERROR_SYSTEM_NOT_READY, cudaErrorSystemNotReady},
     {CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, cudaErrorSystemDriverMismatch},
     {CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE, cudaErrorCompatNotSupportedOnDevice},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, cudaErrorStreamCaptureUnsupported},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, cudaErrorStreamCaptureInvalidated},
+    {CUDA_ERROR_STREAM_CAPTURE_MERGE, cudaErrorStreamCaptureMerge},
+    {CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, cudaErrorStreamCaptureUnmatched},
+    {CUDA_ERROR_STREAM_CAPTURE_UNJOINED, cudaErrorStreamCaptureUnjoined},
+    {CUDA_ERROR_STREAM_CAPTURE_ISOLATION, cudaErrorStreamCaptureIsolation},
+    {CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, cudaErrorStreamCaptureImplicit},
+    {CUDA_ERROR_CAPTURED_EVENT, cudaErrorCapturedEvent},
+    {CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, cudaErrorStreamCaptureWrongThread},
     {CUDA_ERROR_TIMEOUT, cudaErrorTimeout},
     {CUDA_ERROR_UNKNOWN, cudaErrorUnknown},
 };
@@ -585,6 +610,59 @@ EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
     RETURN_IF(bind_context(0));
     return call(drv.streamSynchronize(stream));
+}
+
+/* ---- Stream capture ------------------------------------------------------------------
+ * All in the driver (its rules, and where simcuda's differ, are described in
+ * libcuda.c); the runtime's enums share the driver's values. */
+
+EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode)
+{
+    RETURN_IF(bind_context(0));
+    return call(drv.streamBeginCapture(stream, (CUstreamCaptureMode)mode));
+}
+
+EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, enum cudaStreamCaptureMode mode)
+{
+    RETURN_IF(bind_context(0));
+    return call(drv.streamBeginCapture_ptsz(stream, (CUstreamCaptureMode)mode));
+}
+
+EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph)
+{
+    RETURN_IF(bind_context(0));
+    return call(drv.streamEndCapture(stream, pGraph));
+}
+
+EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t *pGraph)
+{
+    RETURN_IF(bind_context(0));
+    return call(drv.streamEndCapture_ptsz(stream, pGraph));
+}
+
+EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *pCaptureStatus)
+{
+    RETURN_IF(bind_context(0));
+    return call(drv.streamIsCapturing(stream, (CUstreamCaptureStatus *)pCaptureStatus));
+}
+
+EXPORT cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t stream,
+                                              enum cudaStreamCaptureStatus *pCaptureStatus)
+{
+    RETURN_IF(bind_context(0));
+    return call(drv.streamIsCapturing_ptsz(stream, (CUstreamCaptureStatus *)pCaptureStatus));
+}
+
+EXPORT cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode)
+{
+    RETURN_IF(lazy_init());
+    return call(drv.threadExchangeStreamCaptureMode((CUstreamCaptureMode *)mode));
+}
+
+EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    RETURN_IF(lazy_init());
+    return call(drv.graphDestroy(graph));
 }
 
 /* ---- Stream-ordered allocator ------------------------------------------------------ */

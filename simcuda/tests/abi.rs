@@ -122,6 +122,12 @@ fn reference_constants() -> BTreeMap<&'static str, i64> {
     variants!(m, d::CUcigDataType;
         CIG_DATA_TYPE_D3D12_COMMAND_QUEUE
     );
+    variants!(m, d::CUstreamCaptureStatus;
+        CU_STREAM_CAPTURE_STATUS_NONE, CU_STREAM_CAPTURE_STATUS_ACTIVE, CU_STREAM_CAPTURE_STATUS_INVALIDATED
+    );
+    variants!(m, d::CUstreamCaptureMode;
+        CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CU_STREAM_CAPTURE_MODE_RELAXED
+    );
     variants!(m, d::CUdriverProcAddress_flags;
         CU_GET_PROC_ADDRESS_DEFAULT, CU_GET_PROC_ADDRESS_LEGACY_STREAM, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
     );
@@ -179,6 +185,12 @@ fn reference_constants() -> BTreeMap<&'static str, i64> {
         cudaMemPoolReuseFollowEventDependencies, cudaMemPoolReuseAllowOpportunistic, cudaMemPoolReuseAllowInternalDependencies,
         cudaMemPoolAttrReleaseThreshold, cudaMemPoolAttrReservedMemCurrent, cudaMemPoolAttrReservedMemHigh,
         cudaMemPoolAttrUsedMemCurrent, cudaMemPoolAttrUsedMemHigh
+    );
+    variants!(m, r::cudaStreamCaptureStatus;
+        cudaStreamCaptureStatusNone, cudaStreamCaptureStatusActive, cudaStreamCaptureStatusInvalidated
+    );
+    variants!(m, r::cudaStreamCaptureMode;
+        cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal, cudaStreamCaptureModeRelaxed
     );
     variants!(m, r::cudaGetDriverEntryPointFlags;
         cudaEnableDefault, cudaEnableLegacyStream, cudaEnablePerThreadDefaultStream

@@ -169,6 +169,15 @@ fn concurrent_threads() {
     scenario("drvtest", "threads", &[]);
 }
 
+/// Stream capture: the capture-mode rules on the memory calls (GLOBAL
+/// captures restrict every thread not RELAXED, THREAD_LOCAL ones only their
+/// own thread), invalidation by a prohibited call, stream-ordered allocation
+/// on the capturing stream, and the 10.0 / 10.1 ABIs through cuGetProcAddress.
+#[test]
+fn stream_capture_prohibits_unsafe_allocation() {
+    scenario("drvtest", "capture", &[]);
+}
+
 #[test]
 fn header_maps_unversioned_names_to_current_abi() {
     let r = scenario("macros", "", &[]);

@@ -44,6 +44,13 @@ fn stream_ordered_allocator() {
     scenario("rttest", "pool", &[]);
 }
 
+/// The capture calls forward to the driver's rules, errors mapped to
+/// cudaErrorStreamCaptureUnsupported / cudaErrorStreamCaptureInvalidated.
+#[test]
+fn stream_capture() {
+    scenario("rttest", "capture", &[]);
+}
+
 #[test]
 fn pinned_host_memory() {
     scenario("rttest", "host", &[]);

@@ -387,7 +387,7 @@ static void expect_not_found(const char *name, int version, cuuint64_t flags,
  * of the name, yet inside libcuda.so.1. */
 static void expect_internal(const char *base, void *fn)
 {
-    static const char *const k_suffixes[] = {"", "_v2", "_v3", "_v4", "_ptsz", "_ptds"};
+    static const char *const k_suffixes[] = {"", "_v2", "_v3", "_v4", "_ptsz", "_ptds", "_v2_ptsz"};
     char name[128];
     Dl_info info;
     for (size_t i = 0; i < sizeof k_suffixes / sizeof k_suffixes[0]; i++) {
@@ -417,7 +417,9 @@ static void scenario_gpa(void)
         "cuMemPoolSetAttribute", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFreeAsync",
         "cuMemGetAllocationGranularity", "cuMemCreate", "cuMemRelease",
         "cuMemRetainAllocationHandle", "cuMemAddressReserve", "cuMemAddressFree", "cuMemMap",
-        "cuMemUnmap", "cuMemSetAccess", "cuGetProcAddress",
+        "cuMemUnmap", "cuMemSetAccess", "cuGetProcAddress", "cuStreamBeginCapture",
+        "cuStreamEndCapture", "cuStreamIsCapturing", "cuThreadExchangeStreamCaptureMode",
+        "cuGraphDestroy",
     };
     void *fn;
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
@@ -1079,6 +1081,272 @@ static void scenario_threads(void)
     printf("ok\n");
 }
 
+/* ---- Stream capture ------------------------------------------------------------------ */
+
+static CUcontext g_cap_ctx;
+
+/* What the other thread does: an action, in a capture mode of its own. */
+enum other_action { OTHER_ALLOC, OTHER_HOST_ALLOC, OTHER_END_CAPTURE };
+static struct {
+    enum other_action action;
+    CUstreamCaptureMode mode;
+    CUstream stream;
+    CUresult result;
+} g_other;
+
+static void *other_thread_body(void *arg)
+{
+    (void)arg;
+    OK(cuCtxSetCurrent(g_cap_ctx));
+    if (g_other.mode != CU_STREAM_CAPTURE_MODE_GLOBAL) {
+        CUstreamCaptureMode m = g_other.mode;
+        OK(cuThreadExchangeStreamCaptureMode(&m));
+        TRUE(m == CU_STREAM_CAPTURE_MODE_GLOBAL); /* a new thread starts in GLOBAL */
+    }
+    switch (g_other.action) {
+    case OTHER_ALLOC: {
+        CUdeviceptr d = 0;
+        g_other.result = cuMemAlloc_v2(&d, 4096);
+        if (g_other.result == CUDA_SUCCESS)
+            OK(cuMemFree_v2(d));
+        break;
+    }
+    case OTHER_HOST_ALLOC: {
+        void *h = NULL;
+        g_other.result = cuMemHostAlloc(&h, 4096, 0);
+        if (g_other.result == CUDA_SUCCESS)
+            OK(cuMemFreeHost(h));
+        break;
+    }
+    case OTHER_END_CAPTURE: {
+        CUgraph g = NULL;
+        g_other.result = cuStreamEndCapture(g_other.stream, &g);
+        if (g_other.result == CUDA_SUCCESS)
+            OK(cuGraphDestroy(g));
+        break;
+    }
+    }
+    if (g_other.mode != CU_STREAM_CAPTURE_MODE_GLOBAL) {
+        CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_GLOBAL;
+        OK(cuThreadExchangeStreamCaptureMode(&m));
+        TRUE(m == g_other.mode); /* the old mode comes back through the pointer */
+    }
+    return NULL;
+}
+
+static CUresult on_other_thread(enum other_action action, CUstreamCaptureMode mode)
+{
+    pthread_t th;
+    g_other.action = action;
+    g_other.mode = mode;
+    g_other.result = CUDA_ERROR_UNKNOWN;
+    TRUE(pthread_create(&th, NULL, other_thread_body, NULL) == 0);
+    TRUE(pthread_join(th, NULL) == 0);
+    return g_other.result;
+}
+
+static CUstreamCaptureStatus capture_status(CUstream s)
+{
+    CUstreamCaptureStatus st = (CUstreamCaptureStatus)7;
+    OK(cuStreamIsCapturing(s, &st));
+    return st;
+}
+
+/* Ends a capture, expecting `want`; a graph comes back exactly on success. */
+static void end_capture(CUstream s, CUresult want)
+{
+    CUgraph g = (CUgraph)1;
+    EXPECT(cuStreamEndCapture(s, &g), want);
+    TRUE((g != NULL) == (want == CUDA_SUCCESS));
+    if (g)
+        OK(cuGraphDestroy(g));
+    TRUE(capture_status(s) == CU_STREAM_CAPTURE_STATUS_NONE);
+}
+
+#define GLOBAL  CU_STREAM_CAPTURE_MODE_GLOBAL
+#define LOCAL   CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+#define RELAXED CU_STREAM_CAPTURE_MODE_RELAXED
+
+static void scenario_capture(void)
+{
+    CUstream s1, s2;
+    CUdeviceptr d;
+    CUgraph g;
+    CUstreamCaptureMode m;
+    size_t before;
+
+    g_cap_ctx = setup();
+    before = free_mem();
+    OK(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+    OK(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+
+    /* The per-thread mode: a swap, GLOBAL by default. */
+    m = RELAXED;
+    OK(cuThreadExchangeStreamCaptureMode(&m));
+    TRUE(m == GLOBAL);
+    m = GLOBAL;
+    OK(cuThreadExchangeStreamCaptureMode(&m));
+    TRUE(m == RELAXED);
+    m = (CUstreamCaptureMode)3;
+    EXPECT(cuThreadExchangeStreamCaptureMode(&m), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuThreadExchangeStreamCaptureMode(NULL), CUDA_ERROR_INVALID_VALUE);
+
+    /* Bad uses. */
+    TRUE(capture_status(s1) == CU_STREAM_CAPTURE_STATUS_NONE);
+    EXPECT(cuStreamBeginCapture_v2(NULL, GLOBAL), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    EXPECT(cuStreamBeginCapture_v2(CU_STREAM_LEGACY, GLOBAL), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    EXPECT(cuStreamBeginCapture_v2(s1, (CUstreamCaptureMode)3), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuStreamBeginCapture_v2((CUstream)(uintptr_t)0x1234560, GLOBAL), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cuStreamEndCapture(s1, &g), CUDA_ERROR_ILLEGAL_STATE);
+    EXPECT(cuStreamIsCapturing(s1, NULL), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuGraphDestroy(NULL), CUDA_ERROR_INVALID_VALUE);
+
+    /* GLOBAL capture: cuMemAlloc on another thread is prohibited and
+     * invalidates the capture. */
+    OK(cuStreamBeginCapture_v2(s1, GLOBAL));
+    EXPECT(cuStreamBeginCapture_v2(s1, GLOBAL), CUDA_ERROR_ILLEGAL_STATE);
+    TRUE(capture_status(s1) == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    TRUE(capture_status(s2) == CU_STREAM_CAPTURE_STATUS_NONE);
+    EXPECT(on_other_thread(OTHER_ALLOC, GLOBAL), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    TRUE(capture_status(s1) == CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    EXPECT(on_other_thread(OTHER_HOST_ALLOC, GLOBAL), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    end_capture(s1, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    TRUE(on_other_thread(OTHER_ALLOC, GLOBAL) == CUDA_SUCCESS); /* capture over */
+
+    /* The same call from a RELAXED thread is allowed, and so is one from a
+     * THREAD_LOCAL thread (other threads' captures are not its concern). */
+    OK(cuStreamBeginCapture_v2(s1, GLOBAL));
+    TRUE(on_other_thread(OTHER_ALLOC, RELAXED) == CUDA_SUCCESS);
+    TRUE(on_other_thread(OTHER_ALLOC, LOCAL) == CUDA_SUCCESS);
+    TRUE(on_other_thread(OTHER_HOST_ALLOC, RELAXED) == CUDA_SUCCESS);
+    TRUE(capture_status(s1) == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    /* Stream-ordered allocation on the capturing stream is part of the
+     * capture (simcuda allocates at once). */
+    OK(cuMemAllocAsync(&d, 1000, s1));
+    TRUE(d != 0);
+    OK(cuMemFreeAsync(d, s1));
+    {
+        CUmemoryPool pool;
+        OK(cuDeviceGetDefaultMemPool(&pool, 0));
+        OK(cuMemAllocFromPoolAsync(&d, 1000, pool, s1));
+        OK(cuMemFreeAsync(d, s1));
+    }
+    TRUE(capture_status(s1) == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    /* Ending a GLOBAL capture is for the thread that began it. */
+    g_other.stream = s1;
+    EXPECT(on_other_thread(OTHER_END_CAPTURE, GLOBAL), CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+    OK(cuStreamEndCapture(s1, &g));
+    TRUE(g != NULL);
+    OK(cuGraphDestroy(g));
+    EXPECT(cuGraphDestroy(g), CUDA_ERROR_INVALID_VALUE);
+
+    /* The capturing thread's own unsafe calls, in GLOBAL mode. */
+    OK(cuStreamBeginCapture_v2(s1, GLOBAL));
+    EXPECT(cuMemAlloc_v2(&d, 4096), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    end_capture(s1, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    OK(cuStreamBeginCapture_v2(s1, GLOBAL));
+    EXPECT(cuMemAllocAsync(&d, 1000, s2), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); /* not capturing */
+    end_capture(s1, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    OK(cuStreamBeginCapture_v2(s1, GLOBAL));
+    EXPECT(cuCtxSynchronize(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    end_capture(s1, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    OK(cuStreamBeginCapture_v2(s1, GLOBAL));
+    EXPECT(cuMemFree_v2(0), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    end_capture(s1, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+    /* THREAD_LOCAL capture: only its own thread is restricted. */
+    OK(cuStreamBeginCapture_v2(s1, LOCAL));
+    TRUE(on_other_thread(OTHER_ALLOC, GLOBAL) == CUDA_SUCCESS);
+    TRUE(capture_status(s1) == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    m = RELAXED; /* unless it relaxes itself */
+    OK(cuThreadExchangeStreamCaptureMode(&m));
+    TRUE(m == GLOBAL);
+    OK(cuMemAlloc_v2(&d, 4096));
+    OK(cuMemFree_v2(d));
+    OK(cuThreadExchangeStreamCaptureMode(&m));
+    TRUE(m == RELAXED);
+    TRUE(capture_status(s1) == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    m = LOCAL; /* its own capture binds it in THREAD_LOCAL mode too */
+    OK(cuThreadExchangeStreamCaptureMode(&m));
+    EXPECT(cuMemAllocManaged(&d, 4096, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    OK(cuThreadExchangeStreamCaptureMode(&m));
+    TRUE(capture_status(s1) == CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    TRUE(on_other_thread(OTHER_ALLOC, GLOBAL) == CUDA_SUCCESS);
+    end_capture(s1, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+    /* RELAXED capture: nobody is restricted, and any thread may end it. */
+    OK(cuStreamBeginCapture_v2(s1, RELAXED));
+    OK(cuMemAlloc_v2(&d, 4096));
+    OK(cuMemFree_v2(d));
+    TRUE(on_other_thread(OTHER_ALLOC, GLOBAL) == CUDA_SUCCESS);
+    TRUE(on_other_thread(OTHER_END_CAPTURE, GLOBAL) == CUDA_SUCCESS);
+    TRUE(capture_status(s1) == CU_STREAM_CAPTURE_STATUS_NONE);
+
+    /* Synchronizing the capturing stream is never allowed. */
+    OK(cuStreamBeginCapture_v2(s1, RELAXED));
+    OK(cuStreamSynchronize(s2));
+    EXPECT(cuStreamSynchronize(s1), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    end_capture(s1, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+    /* The per-thread default stream can be captured (through the _ptsz
+     * twins, stream 0 is it). */
+    OK(cuStreamBeginCapture_v2_ptsz(NULL, GLOBAL));
+    TRUE(capture_status(CU_STREAM_PER_THREAD) == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    TRUE(capture_status(NULL) == CU_STREAM_CAPTURE_STATUS_NONE); /* the legacy stream */
+    OK(cuMemAllocAsync_ptsz(&d, 1000, NULL));
+    OK(cuMemFreeAsync(d, CU_STREAM_PER_THREAD));
+    EXPECT(on_other_thread(OTHER_ALLOC, GLOBAL), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    {
+        CUstreamCaptureStatus st;
+        OK(cuStreamIsCapturing_ptsz(NULL, &st));
+        TRUE(st == CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+        EXPECT(cuStreamEndCapture_ptsz(NULL, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        TRUE(g == NULL);
+    }
+
+    /* CUDA 10.0's cuStreamBeginCapture has no mode: GLOBAL. */
+    OK(cuStreamBeginCapture(s2));
+    EXPECT(on_other_thread(OTHER_ALLOC, GLOBAL), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    end_capture(s2, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+    /* Destroying a capturing stream ends its capture. */
+    OK(cuStreamBeginCapture_v2(s2, GLOBAL));
+    OK(cuStreamDestroy_v2(s2));
+    TRUE(on_other_thread(OTHER_ALLOC, GLOBAL) == CUDA_SUCCESS);
+
+    /* cuGetProcAddress: the 10.0 ABI, then the 10.1 one with a mode. */
+    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    TRUE(lib != NULL);
+    {
+        void *v1 = gpa("cuStreamBeginCapture", 10000, 0);
+        void *v2 = gpa("cuStreamBeginCapture", 10010, 0);
+        TRUE(v1 != v2 && gpa("cuStreamBeginCapture", 12080, 0) == v2);
+        TRUE(gpa("cuStreamBeginCapture", 10000, 2) != v1);
+        TRUE(gpa("cuStreamBeginCapture", 12080, 2) != v2);
+        TRUE(gpa("cuStreamEndCapture", 12080, 2) != gpa("cuStreamEndCapture", 12080, 0));
+        TRUE(gpa("cuStreamIsCapturing", 12080, 2) != gpa("cuStreamIsCapturing", 12080, 0));
+        expect_internal("cuStreamBeginCapture", v1);
+        expect_not_found("cuStreamBeginCapture", 9020, 0, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+        expect_not_found("cuThreadExchangeStreamCaptureMode", 10000, 0,
+                         CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+        OK(((CUresult(*)(CUstream, CUstreamCaptureMode))v2)(s1, RELAXED));
+        TRUE(on_other_thread(OTHER_ALLOC, GLOBAL) == CUDA_SUCCESS);
+        end_capture(s1, CUDA_SUCCESS);
+        OK(((CUresult(*)(CUstream))v1)(s1));
+        EXPECT(on_other_thread(OTHER_ALLOC, GLOBAL), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        end_capture(s1, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    }
+
+    OK(cuStreamDestroy_v2(s1));
+    OK(cuCtxSynchronize());
+    TRUE(free_mem() == before);
+    printf("ok\n");
+}
+
+#undef GLOBAL
+#undef LOCAL
+#undef RELAXED
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -1090,7 +1358,7 @@ int main(int argc, char **argv)
         {"pitch", scenario_pitch},     {"managed", scenario_managed},   {"host", scenario_host},
         {"gpa", scenario_gpa},         {"ctx", scenario_ctx},           {"legacy", scenario_legacy},
         {"pool", scenario_pool},       {"poolfull", scenario_poolfull}, {"vmm", scenario_vmm},
-        {"fault", scenario_fault},     {"threads", scenario_threads},
+        {"fault", scenario_fault},     {"threads", scenario_threads},   {"capture", scenario_capture},
     };
     setvbuf(stdout, NULL, _IONBF, 0);
     if (argc != 2) {

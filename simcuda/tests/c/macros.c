@@ -29,6 +29,8 @@ int main(void)
     void *host, *fn;
     CUstream stream;
     CUdriverProcAddressQueryResult status;
+    CUstreamCaptureStatus capturing;
+    CUgraph graph;
 
     OK(cuInit(0));
     OK(cuDeviceGet(&dev, 0));
@@ -46,6 +48,10 @@ int main(void)
     OK(cuMemAllocAsync(&p, 100, stream));
     OK(cuMemFreeAsync(p, stream));
     OK(cuStreamSynchronize(stream));
+    OK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_RELAXED)); /* the _v2 ABI */
+    OK(cuStreamIsCapturing(stream, &capturing));
+    OK(cuStreamEndCapture(stream, &graph));
+    OK(cuGraphDestroy(graph));
     OK(cuStreamDestroy(stream));
     OK(cuGetProcAddress("cuMemAlloc", &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status));
     OK(cuCtxPopCurrent(&popped));
@@ -57,6 +63,15 @@ int main(void)
     /* Which export does this build's cuMemAllocAsync name? */
     void *ptsz = dlsym(RTLD_DEFAULT, "cuMemAllocAsync_ptsz");
     printf("ptds=%d\n", (void *)&cuMemAllocAsync == ptsz);
+#ifdef CUDA_API_PER_THREAD_DEFAULT_STREAM
+    void *begin = dlsym(RTLD_DEFAULT, "cuStreamBeginCapture_v2_ptsz");
+#else
+    void *begin = dlsym(RTLD_DEFAULT, "cuStreamBeginCapture_v2");
+#endif
+    if ((void *)&cuStreamBeginCapture != begin) {
+        fprintf(stderr, "cuStreamBeginCapture names the wrong export\n");
+        exit(1);
+    }
     printf("ok\n");
     return 0;
 }

@@ -368,6 +368,76 @@ static void scenario_nodevice(void)
     printf("ok\n");
 }
 
+/* ---- Stream capture ----------------------------------------------------------- */
+
+static cudaError_t g_malloc_result;
+static enum cudaStreamCaptureMode g_malloc_mode;
+
+static void *malloc_elsewhere(void *arg)
+{
+    void *p = NULL;
+    enum cudaStreamCaptureMode m = g_malloc_mode;
+    (void)arg;
+    OK(cudaThreadExchangeStreamCaptureMode(&m));
+    TRUE(m == cudaStreamCaptureModeGlobal);
+    g_malloc_result = cudaMalloc(&p, 4096);
+    if (g_malloc_result == cudaSuccess)
+        OK(cudaFree(p));
+    OK(cudaThreadExchangeStreamCaptureMode(&m));
+    TRUE(m == g_malloc_mode);
+    return NULL;
+}
+
+static cudaError_t malloc_on_other_thread(enum cudaStreamCaptureMode mode)
+{
+    pthread_t th;
+    g_malloc_mode = mode;
+    TRUE(pthread_create(&th, NULL, malloc_elsewhere, NULL) == 0);
+    TRUE(pthread_join(th, NULL) == 0);
+    return g_malloc_result;
+}
+
+static void scenario_capture(void)
+{
+    cudaStream_t s;
+    cudaGraph_t g = NULL;
+    enum cudaStreamCaptureStatus st;
+    void *p;
+    size_t base;
+    OK(cudaFree(NULL));
+    base = free_mem();
+    OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    EXPECT(cudaStreamBeginCapture(cudaStreamLegacy, cudaStreamCaptureModeGlobal),
+           cudaErrorStreamCaptureUnsupported);
+    (void)cudaGetLastError();
+
+    OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    OK(cudaStreamIsCapturing(s, &st));
+    TRUE(st == cudaStreamCaptureStatusActive);
+    TRUE(malloc_on_other_thread(cudaStreamCaptureModeRelaxed) == cudaSuccess);
+    OK(cudaMallocAsync(&p, 1000, s)); /* on the capturing stream */
+    OK(cudaFreeAsync(p, s));
+    EXPECT(malloc_on_other_thread(cudaStreamCaptureModeGlobal), cudaErrorStreamCaptureUnsupported);
+    OK(cudaStreamIsCapturing(s, &st));
+    TRUE(st == cudaStreamCaptureStatusInvalidated);
+    EXPECT(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    TRUE(g == NULL);
+    TRUE(cudaGetLastError() == cudaErrorStreamCaptureInvalidated);
+
+    OK(cudaStreamBeginCapture_ptsz(NULL, cudaStreamCaptureModeThreadLocal));
+    OK(cudaStreamIsCapturing(cudaStreamPerThread, &st));
+    TRUE(st == cudaStreamCaptureStatusActive);
+    TRUE(malloc_on_other_thread(cudaStreamCaptureModeGlobal) == cudaSuccess);
+    OK(cudaStreamEndCapture_ptsz(NULL, &g));
+    TRUE(g != NULL);
+    OK(cudaGraphDestroy(g));
+
+    OK(cudaStreamDestroy(s));
+    OK(cudaDeviceSynchronize()); /* the pool gives its reserve back */
+    TRUE(free_mem() == base);
+    printf("ok\n");
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -379,6 +449,7 @@ int main(int argc, char **argv)
         {"pool", scenario_pool},         {"host", scenario_host},
         {"misc", scenario_misc},         {"devices", scenario_devices},
         {"nodriver", scenario_nodriver}, {"nodevice", scenario_nodevice},
+        {"capture", scenario_capture},
     };
     setvbuf(stdout, NULL, _IONBF, 0);
     if (argc != 2) {
