@@ -4,6 +4,7 @@
 //! (`oomtrace: ...`) with a non-zero exit; `run` exits with the traced program's own code.
 
 mod cmd;
+mod export;
 mod locate;
 mod render;
 mod signals;
@@ -30,6 +31,7 @@ enum Command {
     Collect(cmd::collect::Args),
     Report(cmd::report::Args),
     Demo(cmd::demo::Args),
+    Export(cmd::export::Args),
 }
 
 /// An error for the user: one line, and the exit code to leave with.
@@ -93,6 +95,7 @@ fn main() -> ExitCode {
         Command::Collect(a) => cmd::collect::run(a),
         Command::Report(a) => cmd::report::run(a),
         Command::Demo(a) => cmd::demo::run(a),
+        Command::Export(a) => cmd::export::run(a),
     };
     match result {
         Ok(code) => code,

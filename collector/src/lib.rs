@@ -4,13 +4,15 @@
 //!   over a Unix socket, one thread each, every frame written to a `.oomt` trace file.
 //! - [`state`]: what is known about one process: live allocations, VMM handles and mappings,
 //!   call sites, device totals, OOMs. O(live + sites) memory, never O(events).
-//! - [`trace`]: replays a trace file into per-process state.
+//! - [`trace`]: replays a trace file into per-process state; [`history`] shows each event of
+//!   that replay to a visitor (`oomtrace export`).
 //! - [`report`]: the `--json` report contract; [`symbolize`]: addresses to lines.
 //!
 //! Never links CUDA. Symbolization happens here (or in the CLI), never in the traced process.
 
 pub mod detect;
 pub mod epoch;
+pub mod history;
 pub mod live;
 pub mod report;
 pub mod server;

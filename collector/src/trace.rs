@@ -13,6 +13,10 @@ use rustc_hash::FxHashMap;
 use crate::state::{EndState, Process};
 use crate::Error;
 
+/// Applies one frame to its process: `Process::apply_guarded` unless a replay wants to watch
+/// (see [`crate::history`]).
+pub type ApplyFrame<'a> = dyn FnMut(&mut Process, &Frame<'_>) + 'a;
+
 #[derive(Debug)]
 pub struct Trace {
     pub header: FileHeader,
@@ -41,11 +45,16 @@ impl Trace {
     /// Reads a trace file. A truncated tail is not an error (see `tail` and `warnings`);
     /// a bad header or a damaged record is.
     pub fn load(path: &Path) -> Result<Trace, Error> {
+        Trace::load_with(path, &mut |p, f| p.apply_guarded(f))
+    }
+
+    /// [`Trace::load`], each frame applied by `apply`.
+    pub fn load_with(path: &Path, apply: &mut ApplyFrame<'_>) -> Result<Trace, Error> {
         let f = File::open(path).map_err(|e| Error::Open {
             path: path.to_path_buf(),
             source: e.to_string(),
         })?;
-        Trace::read(BufReader::with_capacity(1 << 20, f)).map_err(|e| match e {
+        Trace::read_with(BufReader::with_capacity(1 << 20, f), apply).map_err(|e| match e {
             Error::Format(inner) => Error::BadTrace {
                 path: path.to_path_buf(),
                 source: inner,
@@ -55,10 +64,15 @@ impl Trace {
     }
 
     pub fn read<R: Read>(r: R) -> Result<Trace, Error> {
+        Trace::read_with(r, &mut |p, f| p.apply_guarded(f))
+    }
+
+    /// [`Trace::read`], each frame applied by `apply`.
+    pub fn read_with<R: Read>(r: R, apply: &mut ApplyFrame<'_>) -> Result<Trace, Error> {
         let mut reader = TraceReader::new(r)?;
         let mut trace = Trace::new(reader.header.clone());
         while let Some(rec) = reader.next_record()? {
-            trace.apply_record(rec)?;
+            trace.apply_record_with(rec, apply)?;
         }
         trace.tail = reader.tail();
         if let Tail::Truncated { offset, bytes } = trace.tail {
@@ -87,9 +101,18 @@ impl Trace {
     }
 
     pub fn apply_record(&mut self, rec: Record) -> Result<(), Error> {
+        self.apply_record_with(rec, &mut |p, f| p.apply_guarded(f))
+    }
+
+    /// [`Trace::apply_record`], each frame applied by `apply`.
+    pub fn apply_record_with(
+        &mut self,
+        rec: Record,
+        apply: &mut ApplyFrame<'_>,
+    ) -> Result<(), Error> {
         match rec {
             Record::ConnOpen { .. } => {}
-            Record::Chunk { conn, frames } => self.apply_chunk(conn, &frames)?,
+            Record::Chunk { conn, frames } => self.apply_chunk_with(conn, &frames, apply)?,
             Record::ConnClose {
                 conn,
                 reason,
@@ -123,6 +146,16 @@ impl Trace {
 
     /// Applies whole wire frames of connection `conn`.
     pub fn apply_chunk(&mut self, conn: u32, frames: &[u8]) -> Result<(), Error> {
+        self.apply_chunk_with(conn, frames, &mut |p, f| p.apply_guarded(f))
+    }
+
+    /// [`Trace::apply_chunk`], each frame after the Hello applied by `apply`.
+    pub fn apply_chunk_with(
+        &mut self,
+        conn: u32,
+        frames: &[u8],
+        apply: &mut ApplyFrame<'_>,
+    ) -> Result<(), Error> {
         for frame in wire::frames(frames) {
             let frame = frame?;
             match (&frame, self.by_conn.get(&conn)) {
@@ -130,7 +163,7 @@ impl Trace {
                     self.by_conn.insert(conn, self.processes.len());
                     self.processes.push(Process::new(conn, h.clone()));
                 }
-                (_, Some(&i)) => self.processes[i].apply_guarded(&frame),
+                (_, Some(&i)) => apply(&mut self.processes[i], &frame),
                 (_, None) => {
                     return Err(Error::Format(oomtrace_proto::Error::Malformed(
                         "a connection's first frame is not a Hello",

@@ -3,5 +3,6 @@
 
 pub mod collect;
 pub mod demo;
+pub mod export;
 pub mod report;
 pub mod run;

@@ -1,0 +1,257 @@
+//! Every event of a trace as JSON lines (one object per line, streamed: no size limit, `jq`
+//! and pandas read it). Each object has a `type`:
+//!
+//! - `trace` (first line): `format` ("oomtrace-events"), `version` (1), `source` (the file).
+//! - `process`: `pid`, `ppid`, `command`, `exe`, `start_unix_ns`; before its first event.
+//! - `site`: `pid`, `site` (a number, unique within the process), `stack`: symbolized frames
+//!   `{function, file, line, module}`, innermost first (as in `report --json`); before the
+//!   first line that refers to it. Site 0 means "no stack" and is never defined.
+//! - `event`: `pid`, `seq`, `ts_ns` (CLOCK_MONOTONIC), `tid`, `kind`, `api`, `device`,
+//!   `site` (of the call, 0 = none), `result` (when not 0), and per kind: `alloc`: `ptr`,
+//!   `size`, `stream`, `pool`/`flags` when set; `free`: `ptr`, `stream`, and when the trace saw
+//!   the allocation: `size`, `device`, `alloc_site`; `alloc_failed`: `size`;
+//!   `phys_create`: `handle`, `size`; `phys_release`/`phys_retain`: `handle` (`va`);
+//!   `map`: `va`, `size`, `handle`, `offset`; `unmap`/`va_reserve`/`va_free`: `va`, `size`;
+//!   `meminfo`: `free_bytes`, `total_bytes`; `free_failed`: `ptr`.
+//!   Addresses and handles are hex strings; sizes are numbers.
+//! - `marker`: `pid`, `seq`, `ts_ns`, `tid`, `label`.
+//! - `process_end` (after all events, per process): `pid`, `status`, `events`, `lost_events`,
+//!   `devices`: `[{device, peak_bytes, live_bytes}]` (device -1: pinned host memory).
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::Path;
+
+use oomtrace_collector::history::{self, Seen};
+use oomtrace_collector::state::{EndState, Process, SiteId};
+use oomtrace_collector::symbolize::StackSymbolizer;
+use oomtrace_proto::wire::GoodbyeReason;
+use oomtrace_proto::{Event, EventKind};
+use serde_json::{json, Map, Value};
+
+use super::{by_conn, write_failed};
+use crate::Failure;
+
+struct Lines<'a> {
+    out: &'a mut dyn Write,
+    error: Option<std::io::Error>,
+}
+
+impl Lines<'_> {
+    fn line(&mut self, v: &Value) {
+        if self.error.is_some() {
+            return;
+        }
+        let r = serde_json::to_writer(&mut *self.out, v)
+            .map_err(std::io::Error::from)
+            .and_then(|()| self.out.write_all(b"\n"));
+        if let Err(e) = r {
+            self.error = Some(e);
+        }
+    }
+}
+
+fn hex(v: u64) -> Value {
+    Value::String(format!("{v:#x}"))
+}
+
+fn kind_name(k: EventKind) -> &'static str {
+    match k {
+        EventKind::Alloc => "alloc",
+        EventKind::Free => "free",
+        EventKind::AllocFailed => "alloc_failed",
+        EventKind::PhysCreate => "phys_create",
+        EventKind::PhysRelease => "phys_release",
+        EventKind::PhysRetain => "phys_retain",
+        EventKind::Map => "map",
+        EventKind::Unmap => "unmap",
+        EventKind::VaReserve => "va_reserve",
+        EventKind::VaFree => "va_free",
+        EventKind::MemInfo => "meminfo",
+        EventKind::Marker => "marker",
+        EventKind::Init => "init",
+        EventKind::FreeFailed => "free_failed",
+    }
+}
+
+fn status(p: &Process) -> &'static str {
+    match p.end {
+        EndState::Exited(Some(GoodbyeReason::UnderscoreExit)) => "exited (_exit)",
+        EndState::Exited(Some(GoodbyeReason::Detach)) => "detached",
+        EndState::Exited(_) => "exited",
+        EndState::Abrupt => "ended without goodbye (killed or crashed)",
+        EndState::Running => "running when the trace ended",
+        EndState::ProtocolError => "dropped (protocol error)",
+    }
+}
+
+/// The event's own fields; the sites it refers to are pushed on `sites`.
+fn event_fields(
+    p: &Process,
+    ev: &Event,
+    site: SiteId,
+    sites: &mut Vec<SiteId>,
+) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("type".into(), "event".into());
+    m.insert("pid".into(), p.pid().into());
+    m.insert("seq".into(), ev.seq.into());
+    m.insert("ts_ns".into(), ev.ts_ns.into());
+    m.insert("tid".into(), ev.tid.into());
+    let kind = ev.kind();
+    m.insert(
+        "kind".into(),
+        kind.map_or_else(
+            || format!("unknown ({})", ev.kind),
+            |k| kind_name(k).to_string(),
+        )
+        .into(),
+    );
+    m.insert("api".into(), ev.api().name().into());
+    m.insert("device".into(), ev.device.into());
+    m.insert("site".into(), site.0.into());
+    sites.push(site);
+    if ev.result != 0 {
+        m.insert("result".into(), ev.result.into());
+    }
+    let mut put = |k: &str, v: Value| {
+        m.insert(k.into(), v);
+    };
+    match kind {
+        Some(EventKind::Alloc) => {
+            put("ptr", hex(ev.ptr));
+            put("size", ev.size.into());
+            put("stream", hex(ev.aux));
+            if ev.extra != 0 {
+                let host = ev.api().memory_class() == oomtrace_proto::MemoryClass::HostPinned;
+                put(if host { "flags" } else { "pool" }, hex(ev.extra));
+            }
+        }
+        Some(EventKind::Free) => {
+            put("ptr", hex(ev.ptr));
+            put("stream", hex(ev.aux));
+            match p.live.get(&ev.ptr) {
+                Some(a) => {
+                    put("size", a.size.into());
+                    put("device", a.device.into());
+                    put("alloc_site", a.site.0.into());
+                    sites.push(a.site);
+                }
+                None if ev.size != 0 => put("size", ev.size.into()),
+                None => {}
+            }
+        }
+        Some(EventKind::AllocFailed) => put("size", ev.size.into()),
+        Some(EventKind::PhysCreate) => {
+            put("handle", hex(ev.ptr));
+            put("size", ev.size.into());
+        }
+        Some(EventKind::PhysRelease) => put("handle", hex(ev.ptr)),
+        Some(EventKind::PhysRetain) => {
+            put("handle", hex(ev.ptr));
+            put("va", hex(ev.aux));
+        }
+        Some(EventKind::Map) => {
+            put("va", hex(ev.ptr));
+            put("size", ev.size.into());
+            put("handle", hex(ev.aux));
+            put("offset", ev.extra.into());
+        }
+        Some(EventKind::Unmap | EventKind::VaReserve | EventKind::VaFree) => {
+            put("va", hex(ev.ptr));
+            put("size", ev.size.into());
+        }
+        Some(EventKind::MemInfo) => {
+            put("free_bytes", ev.ptr.into());
+            put("total_bytes", ev.size.into());
+        }
+        Some(EventKind::FreeFailed) => put("ptr", hex(ev.ptr)),
+        Some(EventKind::Marker | EventKind::Init) => {}
+        None => {
+            put("ptr", hex(ev.ptr));
+            put("size", ev.size.into());
+            put("aux", hex(ev.aux));
+            put("extra", hex(ev.extra));
+        }
+    }
+    m
+}
+
+fn process_line(p: &Process) -> Value {
+    json!({
+        "type": "process",
+        "pid": p.pid(),
+        "ppid": p.hello.ppid,
+        "command": p.command(),
+        "exe": p.hello.exe,
+        "start_unix_ns": p.hello.start_unix_ns,
+    })
+}
+
+/// Writes the processes on connections `conns` of the trace at `path`.
+pub fn write(path: &Path, conns: &[u32], out: &mut dyn Write) -> Result<(), Failure> {
+    let wanted: HashSet<u32> = conns.iter().copied().collect();
+    let mut w = Lines { out, error: None };
+    w.line(&json!({
+        "type": "trace",
+        "format": "oomtrace-events",
+        "version": 1,
+        "source": path.display().to_string(),
+    }));
+    let mut started: HashSet<u32> = HashSet::new();
+    let mut defined: HashSet<(u32, SiteId)> = HashSet::new();
+    let mut sym = StackSymbolizer::new();
+    let mut refs = Vec::new();
+    let trace = history::replay(path, |p, seen| {
+        if !wanted.contains(&p.conn) {
+            return;
+        }
+        if started.insert(p.conn) {
+            w.line(&process_line(p));
+        }
+        refs.clear();
+        let line = match seen {
+            Seen::Event { event, site } => Value::Object(event_fields(p, event, site, &mut refs)),
+            Seen::Marker {
+                seq,
+                ts_ns,
+                tid,
+                label,
+                ..
+            } => json!({
+                "type": "marker", "pid": p.pid(), "seq": seq, "ts_ns": ts_ns, "tid": tid,
+                "label": label,
+            }),
+        };
+        for &site in &refs {
+            if site.0 != 0 && defined.insert((p.conn, site)) {
+                let stack = sym.site(p, site);
+                w.line(&json!({"type": "site", "pid": p.pid(), "site": site.0, "stack": stack}));
+            }
+        }
+        w.line(&line);
+    })?;
+    for &conn in conns {
+        let p = by_conn(&trace, conn)?;
+        if started.insert(conn) {
+            w.line(&process_line(p));
+        }
+        let devices: Vec<Value> = p
+            .devices
+            .iter()
+            .map(|(d, s)| json!({"device": d, "peak_bytes": s.peak_bytes, "live_bytes": s.live_bytes}))
+            .collect();
+        w.line(&json!({
+            "type": "process_end",
+            "pid": p.pid(),
+            "status": status(p),
+            "events": p.events,
+            "lost_events": p.lost.events,
+            "devices": devices,
+        }));
+    }
+    if let Some(e) = w.error.take() {
+        return Err(write_failed(e));
+    }
+    w.out.flush().map_err(write_failed)
+}

@@ -1,0 +1,141 @@
+//! The event history of a trace file, for exporters (`oomtrace export`): replays the file
+//! record by record, like [`Trace::load`], and shows every event and step marker to a visitor
+//! together with its process *as it was just before the event applied* (so a free still finds
+//! the allocation it frees in `Process::live`, an unmap its mapping) and the call site of the
+//! event's stack (symbolize it with `StackSymbolizer::site`).
+//!
+//! Memory stays that of the replay (O(live + sites)); what the visitor keeps is its business.
+//! Detection is switched off for the replayed processes: exporters need the accounting, not
+//! the findings, and replaying is then several times faster.
+
+use std::path::Path;
+
+use oomtrace_proto::wire::Frame;
+use oomtrace_proto::Event;
+use rustc_hash::FxHashSet;
+
+use crate::state::{Process, SiteId};
+use crate::trace::Trace;
+use crate::Error;
+
+/// What a visitor is shown, in stream order per process (processes interleave as in the file).
+#[derive(Clone, Copy, Debug)]
+pub enum Seen<'a> {
+    /// One event, not yet applied; `site` is its stack's call site (0: none).
+    Event { event: &'a Event, site: SiteId },
+    /// A step marker (`oomtrace_mark`), not yet applied.
+    Marker {
+        seq: u64,
+        ts_ns: u64,
+        tid: u32,
+        site: SiteId,
+        label: &'a str,
+    },
+}
+
+/// Replays the trace file at `path`, showing each event and marker to `visit`; returns the
+/// trace as it stands at the end (final process states, warnings, truncation).
+pub fn replay(path: &Path, mut visit: impl FnMut(&Process, Seen<'_>)) -> Result<Trace, Error> {
+    let mut quiet: FxHashSet<u32> = FxHashSet::default();
+    Trace::load_with(path, &mut |p: &mut Process, frame: &Frame<'_>| {
+        if quiet.insert(p.conn) {
+            p.detection = false;
+        }
+        match frame {
+            Frame::Events(batch) => {
+                for ev in batch.iter() {
+                    let site = p.stack_site(ev.stack);
+                    visit(
+                        p,
+                        Seen::Event {
+                            event: &ev,
+                            site: if ev.stack.is_none() { SiteId(0) } else { site },
+                        },
+                    );
+                    p.apply_event(&ev);
+                }
+            }
+            Frame::Marker {
+                seq,
+                ts_ns,
+                tid,
+                stack,
+                label,
+            } => {
+                let site = p.stack_site(*stack);
+                visit(
+                    p,
+                    Seen::Marker {
+                        seq: *seq,
+                        ts_ns: *ts_ns,
+                        tid: *tid,
+                        site,
+                        label,
+                    },
+                );
+                p.apply_guarded(frame);
+            }
+            other => p.apply_guarded(other),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oomtrace_proto::trace_file as tf;
+    use oomtrace_proto::wire::{encode, Hello};
+    use oomtrace_proto::{Api, EventKind, StackId};
+
+    #[test]
+    fn visitor_sees_each_event_before_it_applies() {
+        let mut f = Vec::new();
+        tf::write_header(&mut f, 1, "test").unwrap();
+        tf::write_conn_open(&mut f, 3, 1, 1).unwrap();
+        let mut frames = Vec::new();
+        encode::hello(
+            &mut frames,
+            &Hello {
+                pid: 77,
+                ..Default::default()
+            },
+        );
+        encode::stack_def(&mut frames, StackId(5), &[0x1000, 0x2000]);
+        let mut a = Event::new(EventKind::Alloc, Api::cudaMalloc);
+        a.ptr = 0x10;
+        a.size = 4096;
+        a.device = 0;
+        a.stack = StackId(5);
+        let mut b = Event::new(EventKind::Free, Api::cudaFree);
+        b.ptr = 0x10;
+        encode::events(&mut frames, &[a, b]);
+        encode::marker(&mut frames, 3, 9, 1, StackId::NONE, "step");
+        tf::write_chunk(&mut f, 3, &frames, true).unwrap();
+        tf::write_end(&mut f, 3, 1).unwrap();
+        let path = std::env::temp_dir().join(format!("oomt-history-{}.oomt", std::process::id()));
+        std::fs::write(&path, &f).unwrap();
+
+        let mut seen = Vec::new();
+        let t = replay(&path, |p, s| match s {
+            Seen::Event { event, site } => seen.push(format!(
+                "{:?} site {} live {}",
+                event.kind().unwrap(),
+                site.0,
+                p.live.get(&event.ptr).map_or(0, |l| l.size)
+            )),
+            Seen::Marker { label, .. } => seen.push(format!("marker {label}")),
+        })
+        .unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(
+            seen,
+            [
+                "Alloc site 1 live 0",
+                "Free site 0 live 4096",
+                "marker step"
+            ]
+        );
+        assert_eq!(t.processes[0].devices[&0].peak_bytes, 4096);
+        assert_eq!(t.processes[0].markers, 1);
+    }
+}

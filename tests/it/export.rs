@@ -1,0 +1,464 @@
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use oomtrace_tests::*;
+use serde_json::Value;
+
+fn oomtrace(args: &[&str]) -> Output {
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.current_dir(scratch("export")).args(args);
+    output_within(cmd, TIMEOUT)
+}
+
+/// `oomtrace export TRACE --format FORMAT -o OUT [extra...]`, which must succeed.
+fn export(trace: &Path, format: &str, extra: &[&str]) -> PathBuf {
+    let out = trace.with_extension(format!("{format}.out"));
+    let mut args = vec![
+        "export",
+        trace.to_str().unwrap(),
+        "--format",
+        format,
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let o = oomtrace(&args);
+    assert!(
+        o.status.success(),
+        "export {format} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
+fn have_python() -> bool {
+    std::process::Command::new("python3")
+        .arg("-c")
+        .arg("import pickle, pickletools")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Loads a memory-viz pickle with Python and checks what the viewer relies on
+/// (research/pytorch-memory.md §1.6-1.8), including a replay of the Allocator State History
+/// view backwards from the final `segments`: at every event each live block lies inside a
+/// segment. Prints a JSON summary.
+const CHECK_SNAPSHOT: &str = r#"
+import json, pickle, pickletools, sys
+data = open(sys.argv[1], 'rb').read()
+allowed = {'PROTO', 'FRAME', 'EMPTY_DICT', 'EMPTY_LIST', 'EMPTY_TUPLE', 'MARK', 'SETITEM',
+           'SETITEMS', 'APPEND', 'APPENDS', 'LIST', 'DICT', 'TUPLE', 'TUPLE1', 'TUPLE2',
+           'TUPLE3', 'BININT', 'BININT1', 'BININT2', 'LONG1', 'NONE', 'NEWTRUE', 'NEWFALSE',
+           'BINFLOAT', 'SHORT_BINUNICODE', 'BINUNICODE', 'MEMOIZE', 'BINPUT', 'LONG_BINPUT',
+           'BINGET', 'LONG_BINGET', 'STOP'}
+for op, arg, _ in pickletools.genops(data):
+    assert op.name in allowed, op.name
+    if op.name == 'PROTO':
+        assert arg <= 4, arg
+    if op.name == 'LONG1':
+        assert -2**63 <= arg < 2**63, arg
+snap = pickle.loads(data)
+assert isinstance(snap, dict) and {'segments', 'device_traces'} <= set(snap), list(snap)
+traces = snap['device_traces']
+assert isinstance(traces, list) and all(isinstance(t, list) for t in traces)
+names = set()
+actions = {}
+def check_frames(frames):
+    assert isinstance(frames, list)
+    for f in frames:
+        assert isinstance(f['filename'], str) and isinstance(f['name'], str), f
+        assert isinstance(f['line'], int), f
+        names.add(f['name'])
+for dev, trace in enumerate(traces):
+    for e in trace:
+        for k in ('action', 'addr', 'size'):
+            assert k in e, e
+        assert isinstance(e['stream'], int) and isinstance(e['time_us'], int), e
+        if e['action'] == 'oom':
+            assert isinstance(e['device_free'], int)
+        check_frames(e['frames'])
+        actions[e['action']] = actions.get(e['action'], 0) + 1
+live_blocks = 0
+for seg in snap['segments']:
+    assert seg['device'] < len(traces)
+    check_frames(seg['frames'])
+    at = seg['address']
+    for b in seg['blocks']:
+        assert b['state'] in ('active_allocated', 'inactive'), b
+        assert b['address'] == at, (seg['address'], b)
+        check_frames(b['frames'])
+        if b['state'] == 'active_allocated':
+            live_blocks += b['size']
+        at += b['size']
+    assert at == seg['address'] + seg['total_size'], 'blocks do not tile the segment'
+
+# Allocator State History, replayed backwards from the final state.
+for dev, trace in enumerate(traces):
+    segs = []  # [start, end) intervals
+    blocks = {}
+    for seg in snap['segments']:
+        if seg['device'] != dev:
+            continue
+        segs.append([seg['address'], seg['address'] + seg['total_size']])
+        for b in seg['blocks']:
+            if b['state'] == 'active_allocated':
+                blocks[b['address']] = b['size']
+    def inside(a, n):
+        return any(s <= a and a + n <= e for s, e in segs)
+    def check(i):
+        for a, n in blocks.items():
+            assert inside(a, n), f'device {dev} event {i}: block {a:#x}+{n} lies in no segment'
+    check(len(trace))
+    for i in range(len(trace) - 1, -1, -1):
+        e = trace[i]
+        a, n, act = e['addr'], e['size'], e['action']
+        if act == 'alloc':
+            assert a in blocks, f'event {i}: alloc of a block that is not live after it'
+            del blocks[a]
+        elif act == 'free_completed':
+            blocks[a] = n
+        elif act in ('segment_alloc', 'segment_map'):
+            hit = [s for s in segs if s[0] <= a and a + n <= s[1]]
+            assert hit, f'event {i}: {act} of a segment that is not live after it'
+            s = hit[0]
+            segs.remove(s)
+            if s[0] < a:
+                segs.append([s[0], a])
+            if a + n < s[1]:
+                segs.append([a + n, s[1]])
+        elif act in ('segment_free', 'segment_unmap'):
+            segs.append([a, a + n])
+        check(i)
+    assert not blocks, 'blocks live before the first event'
+print(json.dumps({'names': sorted(names), 'actions': actions, 'live_blocks': live_blocks,
+                  'devices': len(traces),
+                  'ooms': [e for t in traces for e in t if e['action'] == 'oom']}))
+"#;
+
+fn check_snapshot(pickle: &Path) -> Option<Value> {
+    if !have_python() {
+        eprintln!("python3 not available: memory-viz checks skipped");
+        return None;
+    }
+    let o = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(CHECK_SNAPSHOT)
+        .arg(pickle)
+        .output()
+        .expect("python3");
+    assert!(
+        o.status.success(),
+        "the snapshot breaks a memory_viz rule:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Some(serde_json::from_slice(&o.stdout).expect("summary"))
+}
+
+fn names(summary: &Value) -> Vec<&str> {
+    summary["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect()
+}
+
+#[test]
+fn memory_viz_of_plain_allocations() {
+    let t = run_traced("runtime_basic", &[], &[]);
+    let out = export(&t.trace, "memory-viz", &[]);
+    let Some(s) = check_snapshot(&out) else {
+        return;
+    };
+    assert!(names(&s).contains(&"keep_weights"), "{s}");
+    assert!(names(&s).contains(&"keep_cache"), "{s}");
+    assert_eq!(s["live_blocks"], 28 * MIB, "{s}");
+    assert_eq!(s["devices"], 1);
+    // 104 allocations (4 kept, 100 temporaries), each a segment and a block.
+    assert_eq!(s["actions"]["segment_alloc"], 104, "{s}");
+    assert_eq!(s["actions"]["alloc"], 104, "{s}");
+    assert_eq!(s["actions"]["free_completed"], 100, "{s}");
+    assert_eq!(s["actions"]["segment_free"], 100, "{s}");
+}
+
+#[test]
+fn memory_viz_of_vmm_mappings() {
+    let t = run_traced("vmm_growth", &[], &[]);
+    let out = export(&t.trace, "memory-viz", &[]);
+    let Some(s) = check_snapshot(&out) else {
+        return;
+    };
+    assert_eq!(s["actions"]["segment_map"], 10, "{s}");
+    assert_eq!(s["actions"]["segment_unmap"], 4, "{s}");
+    assert_eq!(s["live_blocks"], 12 * MIB, "{s}");
+    assert!(names(&s).contains(&"grow_segment"), "{s}");
+}
+
+#[test]
+fn memory_viz_records_the_oom() {
+    let t = run_traced("oom", &[], &[("SIMCUDA_MEMORY", "1GiB")]);
+    let out = export(&t.trace, "memory-viz", &[]);
+    let Some(s) = check_snapshot(&out) else {
+        return;
+    };
+    let ooms = s["ooms"].as_array().unwrap();
+    assert_eq!(ooms.len(), 1, "{s}");
+    assert_eq!(ooms[0]["size"], 768 * MIB);
+    let free = ooms[0]["device_free"].as_u64().unwrap();
+    assert!(free > 0 && free < 1 << 30, "device_free {free}");
+    let frames: Vec<&str> = ooms[0]["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert!(frames.contains(&"too_big"), "{frames:?}");
+    assert_eq!(s["live_blocks"], 0);
+}
+
+#[test]
+fn memory_viz_picks_one_process() {
+    let t = run_traced("fork_child", &[], &[]);
+    let r = report_json(&t.trace);
+    let (_, child) = parent_and_child(&r);
+    let child_pid = child["pid"].as_u64().unwrap().to_string();
+    let out = export(&t.trace, "memory-viz", &["--pid", &child_pid]);
+    let Some(s) = check_snapshot(&out) else {
+        return;
+    };
+    assert!(names(&s).contains(&"child_keep"), "{s}");
+    assert!(!names(&s).contains(&"parent_keep"), "{s}");
+    // Without --pid: the first process, and a line saying so.
+    let o = oomtrace(&[
+        "export",
+        t.trace.to_str().unwrap(),
+        "--format",
+        "memory-viz",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--pid"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn chrome_trace_has_live_bytes_counters_and_ooms() {
+    let t = run_traced("runtime_basic", &[], &[]);
+    let out = export(&t.trace, "chrome", &[]);
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().expect("traceEvents");
+    let counters: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == "cuda:0")
+        .collect();
+    assert!(counters.len() > 100, "{}", counters.len());
+    let max = counters
+        .iter()
+        .map(|e| e["args"]["live_bytes"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    let r = report_json(&t.trace);
+    assert_eq!(
+        max,
+        device(processes(&r)[0], 0)["peak_bytes"].as_u64().unwrap()
+    );
+    let last = counters.last().unwrap();
+    assert_eq!(last["args"]["live_bytes"], 28 * MIB);
+    let ts: Vec<f64> = counters.iter().map(|e| e["ts"].as_f64().unwrap()).collect();
+    assert!(ts.windows(2).all(|w| w[0] <= w[1]), "time goes forward");
+    assert!(events
+        .iter()
+        .any(|e| e["ph"] == "M" && e["name"] == "process_name"));
+
+    let t = run_traced("oom", &[], &[("SIMCUDA_MEMORY", "1GiB")]);
+    let out = export(&t.trace, "chrome", &[]);
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let oom: Vec<&Value> = doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "i" && e["name"] == "OOM cuda:0")
+        .collect();
+    assert_eq!(oom.len(), 1);
+    assert_eq!(oom[0]["args"]["requested_bytes"], 768 * MIB);
+    assert!(oom[0]["args"]["site"].as_str().unwrap().contains("too_big"));
+}
+
+/// Folded lines: `frame;frame;... BYTES`.
+fn folded(path: &Path) -> Vec<(Vec<String>, u64)> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (stack, n) = l.rsplit_once(' ').expect("stack and weight");
+            (
+                stack.split(';').map(str::to_string).collect(),
+                n.parse().expect("a byte count"),
+            )
+        })
+        .collect()
+}
+
+fn weight_of(lines: &[(Vec<String>, u64)], leaf: &str) -> u64 {
+    lines
+        .iter()
+        .filter(|(s, _)| s.last().map(String::as_str) == Some(leaf))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+#[test]
+fn folded_stacks_weigh_live_bytes_or_the_peak() {
+    let t = run_traced("runtime_basic", &[], &[]);
+    let lines = folded(&export(&t.trace, "folded", &[]));
+    assert_eq!(weight_of(&lines, "keep_weights"), 24 * MIB, "{lines:?}");
+    assert_eq!(weight_of(&lines, "keep_cache"), 4 * MIB, "{lines:?}");
+    for (stack, _) in &lines {
+        assert!(stack[0].contains("runtime_basic (pid "), "{stack:?}");
+        assert_eq!(stack[1], "cuda:0 live at end");
+        // Outermost first.
+        let main = stack.iter().position(|f| f == "main").unwrap();
+        assert!(main < stack.len() - 1, "{stack:?}");
+    }
+
+    // Everything freed by the end: what held the device at its peak (600 + 100 MiB).
+    let t = run_traced("oom", &[], &[("SIMCUDA_MEMORY", "1GiB")]);
+    let lines = folded(&export(&t.trace, "folded", &[]));
+    assert_eq!(weight_of(&lines, "hold"), 600 * MIB, "{lines:?}");
+    assert_eq!(
+        lines.iter().map(|l| l.1).sum::<u64>(),
+        700 * MIB,
+        "{lines:?}"
+    );
+    assert!(lines.iter().all(|(s, _)| s[1] == "cuda:0 at peak"));
+
+    // `-o -`: standard output.
+    let o = oomtrace(&[
+        "export",
+        t.trace.to_str().unwrap(),
+        "--format",
+        "folded",
+        "-o",
+        "-",
+    ]);
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains(";hold 629145600"));
+}
+
+#[test]
+fn json_lines_carry_every_event_with_its_site() {
+    let t = run_traced("runtime_basic", &[], &[]);
+    let out = export(&t.trace, "json", &[]);
+    let text = std::fs::read_to_string(&out).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(lines[0]["type"], "trace");
+    let mut sites = std::collections::HashMap::new();
+    let mut allocs = 0;
+    let mut frees = 0;
+    for l in &lines {
+        match l["type"].as_str().unwrap() {
+            "site" => {
+                sites.insert(l["site"].as_u64().unwrap(), l["stack"].clone());
+            }
+            "event" => {
+                let site = l["site"].as_u64().unwrap();
+                assert!(
+                    site == 0 || sites.contains_key(&site),
+                    "site defined first: {l}"
+                );
+                if l["kind"] == "alloc" && l["size"].as_u64() != Some(0) {
+                    allocs += 1;
+                    if l["size"] == 8 * MIB {
+                        let stack = &sites[&site];
+                        assert_eq!(stack[0]["function"], "keep_weights", "{stack}");
+                    }
+                }
+                if l["kind"] == "free" && l["size"].is_u64() {
+                    frees += 1;
+                    assert_eq!(l["size"], MIB);
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!((allocs, frees), (104, 100));
+    let end = lines.last().unwrap();
+    assert_eq!(end["type"], "process_end");
+    assert_eq!(end["devices"][0]["live_bytes"], 28 * MIB);
+}
+
+/// Bad input: exactly one line on stderr, starting "oomtrace:", a non-zero exit, no panic.
+fn assert_one_line_error(out: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("oomtrace: "), "{err}");
+    assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn bad_input_is_one_line() {
+    let dir = scratch("export-bad");
+    let out = dir.join("out");
+    let o = out.to_str().unwrap();
+    assert_one_line_error(
+        &oomtrace(&["export", "/nonexistent.oomt", "--format", "json", "-o", o]),
+        "cannot open",
+    );
+    let garbage = dir.join("garbage.oomt");
+    std::fs::write(&garbage, b"this is not a trace at all").unwrap();
+    let g = garbage.to_str().unwrap();
+    for format in ["memory-viz", "chrome", "folded", "json"] {
+        assert_one_line_error(
+            &oomtrace(&["export", g, "--format", format, "-o", o]),
+            "bad magic",
+        );
+        assert!(!out.exists(), "no output for bad input");
+    }
+    let trace = run_traced("runtime_basic", &[], &[]).trace;
+    let t = trace.to_str().unwrap();
+    let mut bytes = std::fs::read(&trace).unwrap();
+    let n = bytes.len();
+    for b in &mut bytes[n / 2..n / 2 + 64] {
+        *b ^= 0x5a;
+    }
+    let flipped = dir.join("flipped.oomt");
+    std::fs::write(&flipped, &bytes).unwrap();
+    assert_one_line_error(
+        &oomtrace(&[
+            "export",
+            flipped.to_str().unwrap(),
+            "--format",
+            "memory-viz",
+            "-o",
+            o,
+        ]),
+        "corrupt",
+    );
+    assert_one_line_error(&oomtrace(&["export", t, "--format", "svg", "-o", o]), "svg");
+    assert_one_line_error(&oomtrace(&["export", t, "--format", "json"]), "--output");
+    assert_one_line_error(
+        &oomtrace(&[
+            "export",
+            t,
+            "--format",
+            "json",
+            "-o",
+            "/nonexistent/dir/out",
+        ]),
+        "cannot write",
+    );
+    assert_one_line_error(
+        &oomtrace(&["export", t, "--format", "memory-viz", "--pid", "1", "-o", o]),
+        "no process 1",
+    );
+    assert!(!out.exists());
+}
