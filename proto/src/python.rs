@@ -220,7 +220,7 @@ mod tests {
         // first line 10; 2 units short form (line 10); 1 unit one-line form +2 (line 12);
         // 3 units no-location; 1 unit long form -1 (line 11).
         let t = [
-            0x80 | (0 << 3) | 1,
+            0x80 | 1, // code 0 (short form), 2 units
             0x05,
             0x80 | (12 << 3),
             1,

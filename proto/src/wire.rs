@@ -427,7 +427,9 @@ fn decode_payload(ty: u8, payload: &[u8]) -> Result<Frame<'_>, Error> {
             let name = r.str()?;
             let n = r.u32()? as usize;
             if n != r.remaining() {
-                return Err(Error::Malformed("line table length does not match frame length"));
+                return Err(Error::Malformed(
+                    "line table length does not match frame length",
+                ));
             }
             let line_table = r.take(n)?.to_vec();
             Frame::CodeDef(CodeDef {

@@ -27,9 +27,9 @@ pub mod guard;
 pub mod hooks;
 pub mod lifecycle;
 pub mod log;
-pub mod resolve;
 pub mod pluggable;
 pub mod python;
+pub mod resolve;
 pub mod stack;
 pub mod transport;
 

@@ -85,7 +85,11 @@ fn on_device<T>(device: c_int, f: impl FnOnce() -> T) -> T {
             }
         }
     }
-    let exchange = driver!(EXCHANGE_MODE, c"cuThreadExchangeStreamCaptureMode", ExchangeModeFn);
+    let exchange = driver!(
+        EXCHANGE_MODE,
+        c"cuThreadExchangeStreamCaptureMode",
+        ExchangeModeFn
+    );
     let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     // SAFETY: swaps this thread's capture mode; restored below.
     let relaxed = exchange.is_some_and(|x| unsafe { x(&mut mode) } == CUDA_SUCCESS);
@@ -128,7 +132,7 @@ fn allocate(size: usize, stream: CUstream) -> (CUresult, CUdeviceptr) {
 
 fn explain_null(size: usize, device: c_int, rc: CUresult) {
     let n = NULLS.fetch_add(1, Ordering::Relaxed);
-    if n >= 8 && n % 1000 != 0 {
+    if n >= 8 && !n.is_multiple_of(1000) {
         return;
     }
     let why = match rc {
@@ -145,7 +149,11 @@ fn explain_null(size: usize, device: c_int, rc: CUresult) {
 
 /// `void* alloc_fn(size_t size, int device, cudaStream_t stream)`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn oomtrace_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
+pub unsafe extern "C" fn oomtrace_malloc(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
     if size == 0 {
         return std::ptr::null_mut();
     }
@@ -170,7 +178,12 @@ pub unsafe extern "C" fn oomtrace_malloc(size: usize, device: c_int, stream: *mu
 /// `void free_fn(void* ptr, size_t size, int device, cudaStream_t stream)`: the size, device
 /// and stream PyTorch recorded at allocation.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn oomtrace_free(ptr: *mut c_void, size: usize, device: c_int, stream: *mut c_void) {
+pub unsafe extern "C" fn oomtrace_free(
+    ptr: *mut c_void,
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) {
     if ptr.is_null() {
         return;
     }

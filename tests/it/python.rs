@@ -16,7 +16,10 @@ fn script(name: &str) -> PathBuf {
 }
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// The 1-based line of `script` that contains `marker`.
@@ -31,7 +34,12 @@ fn line_of(name: &str, marker: &str) -> u64 {
 
 /// `oomtrace run [flags] --json J -o T -- python3 SCRIPT args` in a scratch dir, with the
 /// stand-in torch importable.
-fn run_python(name: &str, flags: &[&str], args: &[&str], env: &[(&str, &str)]) -> (Output, Value, PathBuf) {
+fn run_python(
+    name: &str,
+    flags: &[&str],
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Output, Value, PathBuf) {
     let dir = scratch(&format!("py-{name}"));
     let json = dir.join("r.json");
     let trace = dir.join("t.oomt");
@@ -66,7 +74,12 @@ fn python_frames(f: &Value) -> Vec<(String, String, u64)> {
         .unwrap()
         .iter()
         .filter(|fr| fr["python"] == true)
-        .filter(|fr| !fr["file"].as_str().unwrap_or("").contains("/site-packages/"))
+        .filter(|fr| {
+            !fr["file"]
+                .as_str()
+                .unwrap_or("")
+                .contains("/site-packages/")
+        })
         .map(|fr| {
             let file = fr["file"].as_str().unwrap_or("");
             (
@@ -85,7 +98,11 @@ fn frame(function: &str, file: &str, line: u64) -> (String, String, u64) {
 #[test]
 fn python_frames_appear_with_the_gil_released_and_held() {
     let (out, r, _) = run_python("gil.py", &[], &[], &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "gil ok\n");
     let live = findings(&r, "live_at_exit");
     let by_bytes = |b: u64| {
@@ -102,7 +119,11 @@ fn python_frames_appear_with_the_gil_released_and_held() {
         py,
         vec![
             frame("alloc_released", "gil.py", released),
-            frame("Model.layer", "gil.py", line_of("gil.py", "alloc_released(1 << 20)")),
+            frame(
+                "Model.layer",
+                "gil.py",
+                line_of("gil.py", "alloc_released(1 << 20)")
+            ),
             frame("<module>", "gil.py", caller),
         ],
         "{py:#?}"
@@ -112,7 +133,11 @@ fn python_frames_appear_with_the_gil_released_and_held() {
     assert_eq!(py[0], frame("alloc_held", "gil.py", held), "{py:#?}");
     // Another thread: its own frames, not the main thread's.
     let py = python_frames(by_bytes(3 * MIB));
-    assert_eq!(py[0], frame("alloc_released", "gil.py", released), "{py:#?}");
+    assert_eq!(
+        py[0],
+        frame("alloc_released", "gil.py", released),
+        "{py:#?}"
+    );
     assert_eq!(py[1].0, "in_thread", "{py:#?}");
     assert!(py.iter().all(|f| f.0 != "<module>"), "{py:#?}");
     // Native frames are still there, merged: CUDA innermost, the interpreter around Python.
@@ -127,16 +152,28 @@ fn assert_names_the_leaking_line(r: &Value) {
     let leaks = findings(r, "leak");
     assert_eq!(leaks.len(), 1, "{leaks:#?}");
     let leak = leaks[0];
-    assert_eq!(leak["growth_bytes_per_step"].as_f64().map(|g| g.round()), Some(MIB as f64), "{leak:#?}");
+    assert_eq!(
+        leak["growth_bytes_per_step"].as_f64().map(|g| g.round()),
+        Some(MIB as f64),
+        "{leak:#?}"
+    );
     let py = python_frames(leak);
     assert_eq!(
         py[0],
-        frame("forward", "train_leak.py", line_of("train_leak.py", "# ALLOC HERE")),
+        frame(
+            "forward",
+            "train_leak.py",
+            line_of("train_leak.py", "# ALLOC HERE")
+        ),
         "{py:#?}"
     );
     assert_eq!(
         py[1],
-        frame("<module>", "train_leak.py", line_of("train_leak.py", "output = forward(step)")),
+        frame(
+            "<module>",
+            "train_leak.py",
+            line_of("train_leak.py", "output = forward(step)")
+        ),
         "{py:#?}"
     );
 }
@@ -153,15 +190,25 @@ fn torch_mode_traces_tensors_and_names_the_leaking_python_line() {
     assert_eq!(p["epochs"]["source"], "markers", "{p:#?}");
     assert_eq!(p["steps"], 40, "{p:#?}");
     let live = findings(&r, "live_at_exit");
-    assert!(live.iter().all(|f| f["api"] == "oomtrace_malloc"), "{live:#?}");
+    assert!(
+        live.iter().all(|f| f["api"] == "oomtrace_malloc"),
+        "{live:#?}"
+    );
     // The live line names the Python function, not a native frame.
-    assert!(stderr.contains("leak] pid") && stderr.contains("forward (train_leak.py:"), "{stderr}");
+    assert!(
+        stderr.contains("leak] pid") && stderr.contains("forward (train_leak.py:"),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn torch_mode_on_a_clean_loop_reports_no_leak() {
     let (out, r, _) = run_python("train_leak.py", &["--torch"], &["40", "--clean"], &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(findings(&r, "leak").is_empty(), "{:#?}", r["findings"]);
     assert_eq!(processes(&r)[0]["steps"], 40);
 }
@@ -183,7 +230,11 @@ fn torch_mode_keeps_the_users_own_sitecustomize() {
         .arg(&prog)
         .env("PYTHONPATH", pythonpath);
     let out = output_within(cmd, TIMEOUT);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "True True\n");
 }
 
@@ -192,7 +243,8 @@ fn import_oomtrace_works_without_oomtrace_run() {
     let dir = scratch("py-install");
     let trace = dir.join("own.oomt");
     let mut cmd = base_command("python3");
-    let pythonpath = std::env::join_paths([repo().join("python"), script("site-packages")]).unwrap();
+    let pythonpath =
+        std::env::join_paths([repo().join("python"), script("site-packages")]).unwrap();
     cmd.current_dir(&dir)
         .arg(script("train_leak.py"))
         .args(["40", "--install"])
@@ -200,7 +252,11 @@ fn import_oomtrace_works_without_oomtrace_run() {
         .env("OOMTRACE_COLLECTOR", oomtrace_bin())
         .env("OOMTRACE_OUTPUT", &trace);
     let out = output_within(cmd, TIMEOUT);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "trained 40\n");
     let r = report_json(&trace);
     assert_names_the_leaking_line(&r);
@@ -209,12 +265,7 @@ fn import_oomtrace_works_without_oomtrace_run() {
 
 #[test]
 fn pluggable_allocator_abi_capture_and_oom() {
-    let (out, r, _) = run_python(
-        "pluggable.py",
-        &[],
-        &[],
-        &[("SIMCUDA_MEMORY", "256MiB")],
-    );
+    let (out, r, _) = run_python("pluggable.py", &[], &[], &[("SIMCUDA_MEMORY", "256MiB")]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -230,7 +281,13 @@ fn pluggable_allocator_abi_capture_and_oom() {
         "{stderr}"
     );
     // The NULL is explained, once, on stderr.
-    assert_eq!(stderr.matches("oomtrace_malloc: 1099511627776 bytes on device 0 failed (out of memory)").count(), 1, "{stderr}");
+    assert_eq!(
+        stderr
+            .matches("oomtrace_malloc: 1099511627776 bytes on device 0 failed (out of memory)")
+            .count(),
+        1,
+        "{stderr}"
+    );
     // Tensor-level events: the OOM and the kept tensor, at their Python lines.
     let oom = findings(&r, "oom");
     assert_eq!(oom.len(), 1, "{oom:#?}");
@@ -241,7 +298,11 @@ fn pluggable_allocator_abi_capture_and_oom() {
     assert_eq!(live[0]["api"], "oomtrace_malloc");
     assert_eq!(
         python_frames(live[0])[0],
-        frame("<module>", "pluggable.py", line_of("pluggable.py", "# KEPT"))
+        frame(
+            "<module>",
+            "pluggable.py",
+            line_of("pluggable.py", "# KEPT")
+        )
     );
     let p = &processes(&r)[0];
     assert_eq!(p["unmatched_frees"].as_u64().unwrap_or(0), 0, "{p:#?}");

@@ -118,7 +118,8 @@ fn torch_env(lib: &Path) -> Result<Vec<(OsString, OsString)>, Failure> {
         if std::fs::read(&path).is_ok_and(|b| b == bytes) {
             continue;
         }
-        let fail = |e: std::io::Error| Failure::new(format!("cannot write {}: {e}", path.display()));
+        let fail =
+            |e: std::io::Error| Failure::new(format!("cannot write {}: {e}", path.display()));
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(fail)?;
         }

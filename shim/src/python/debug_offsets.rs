@@ -74,7 +74,9 @@ pub fn read(runtime: *mut c_void, major: u8, minor: u8) -> Option<Layout> {
     let base = runtime as *const u8;
     // SAFETY: `_PyRuntime` is a static of at least this size in every 3.13+ interpreter
     // (the debug offsets alone are 584 bytes in 3.13, 760 in 3.14).
-    let word = |at: usize| -> usize { (unsafe { (base.add(at) as *const u64).read_unaligned() }) as usize };
+    let word = |at: usize| -> usize {
+        (unsafe { (base.add(at) as *const u64).read_unaligned() }) as usize
+    };
     let cookie = unsafe { std::slice::from_raw_parts(base, 8) };
     if cookie != b"xdebugpy" {
         return None;

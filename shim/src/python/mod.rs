@@ -136,7 +136,9 @@ fn find() -> Option<Interpreter> {
     Some(Interpreter {
         layout,
         // SAFETY: `PyThreadState *PyGILState_GetThisThreadState(void)`.
-        this_thread_state: unsafe { std::mem::transmute::<*mut c_void, _>(tstate) },
+        this_thread_state: unsafe {
+            std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> *mut c_void>(tstate)
+        },
         is_finalizing: (!fin.is_null()).then(|| unsafe {
             std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(fin)
         }),
