@@ -88,7 +88,10 @@ fn first_sight(device: i16) {
 }
 
 fn alloc_done(api: Api, rc: c_int, ptr: u64, size: u64, aux: u64, extra: u64) {
-    let device = device_of(api);
+    alloc_event(api, rc, ptr, size, aux, extra, device_of(api));
+}
+
+fn alloc_event(api: Api, rc: c_int, ptr: u64, size: u64, aux: u64, extra: u64, device: i16) {
     if rc == 0 {
         // cudaMalloc(&p, 0) succeeds with p = NULL: nothing was allocated.
         if ptr == 0 {
@@ -432,27 +435,10 @@ pub fn marker(label: &str) {
     transport::send_marker(st, ev, label);
 }
 
-/// A tensor-level allocation through `oomtrace_malloc` (or its failure, `rc` != 0).
+/// A tensor-level allocation through `oomtrace_malloc` (or its failure, `rc` != 0), on the
+/// device PyTorch named.
 pub fn tensor_alloc(rc: c_int, ptr: u64, size: u64, device: i16, stream: u64) {
-    if rc == 0 && ptr != 0 {
-        first_sight(device);
-        let mut ev = Event::new(EventKind::Alloc, Api::oomtrace_malloc);
-        ev.ptr = ptr;
-        ev.size = size;
-        ev.aux = stream;
-        ev.device = device;
-        ev.stack = stack::capture();
-        emit(ev);
-    } else {
-        let mut ev = Event::new(EventKind::AllocFailed, Api::oomtrace_malloc);
-        ev.size = size;
-        ev.aux = stream;
-        ev.device = device;
-        ev.result = rc;
-        ev.stack = stack::capture();
-        emit(ev);
-        record_mem_info(device);
-    }
+    alloc_event(Api::oomtrace_malloc, rc, ptr, size, stream, 0, device);
 }
 
 /// A tensor-level free through `oomtrace_free`, before the real free.

@@ -304,14 +304,7 @@ fn walk_with<M: Mem>(
             } => {
                 if m.u8(frame + owner as u64)? == owner_cstack {
                     // The sentinel at a loop entry: the frame before it (inner) ended a group.
-                    if n > 0 {
-                        out[n - 1] |= PyFrame {
-                            code: 0,
-                            offset: 0,
-                            group_end: true,
-                        }
-                        .encode();
-                    }
+                    end_group(out, n);
                     frame = back;
                     continue;
                 }
@@ -343,8 +336,14 @@ fn walk_with<M: Mem>(
         n += 1;
         frame = back;
     }
+    // The outermost frame ends the outermost group.
+    end_group(out, n);
+    Some(n)
+}
+
+/// Marks the last of the `n` frames in `out` as the end of an interpreter-loop group.
+fn end_group(out: &mut [u64; MAX_PY_FRAMES], n: usize) {
     if n > 0 {
-        // The outermost frame ends the outermost group.
         out[n - 1] |= PyFrame {
             code: 0,
             offset: 0,
@@ -352,7 +351,6 @@ fn walk_with<M: Mem>(
         }
         .encode();
     }
-    Some(n)
 }
 
 /// The id of the code object at `code`, announcing it on first sight. A code object freed
