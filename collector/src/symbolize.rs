@@ -48,8 +48,35 @@ fn is_library_file(file: &str) -> bool {
     file.starts_with('<')
         || file.contains("/site-packages/")
         || file.contains("/dist-packages/")
-        || file.contains("/lib/python3")
-        || file.contains("/oomtrace/")
+        || is_stdlib_file(file)
+        || is_oomtrace_package_file(file)
+}
+
+/// `.../lib/python3.N/...`: the standard library of an installed interpreter (a user directory
+/// that merely starts with `python3` is not).
+fn is_stdlib_file(file: &str) -> bool {
+    file.match_indices("/lib/python3.").any(|(i, m)| {
+        let rest = &file[i + m.len()..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        digits > 0 && rest[digits..].starts_with(['/', 't'])
+    })
+}
+
+/// oomtrace's own Python code, matched by what it is: the package is the single module
+/// `oomtrace/__init__.py`, and `run --torch` adds `boot/sitecustomize.py` beside it in its
+/// cache directory. Never by a path fragment such as `/oomtrace/`: a user's project cloned
+/// into a directory of that name is still the user's code.
+fn is_oomtrace_package_file(file: &str) -> bool {
+    let mut parts = file.rsplit('/');
+    let (Some(name), Some(dir)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    match (dir, name) {
+        ("oomtrace", "__init__.py") => true,
+        // <cache>/oomtrace/<version>-python-<hash>/boot/sitecustomize.py
+        ("boot", "sitecustomize.py") => parts.next().is_some_and(|d| d.contains("-python-")),
+        _ => false,
+    }
 }
 
 /// The frame a one-line summary should name: the innermost Python frame in the user's own
@@ -223,4 +250,33 @@ fn python_frame(p: &Process, py: PyFrame) -> FrameInfo {
         fi.line = code.line_at(py.offset).unwrap_or(0);
     }
     fi
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn library_files_are_recognised_by_what_they_are_not_by_a_path_fragment() {
+        for lib in [
+            "<frozen importlib._bootstrap>",
+            "/usr/lib/python3.11/threading.py",
+            "/opt/py/lib/python3.13t/json/__init__.py",
+            "/venv/lib/python3.12/site-packages/torch/nn/modules/module.py",
+            "/usr/lib/python3/dist-packages/numpy/core.py",
+            "/home/u/clone/python/oomtrace/__init__.py",
+            "/root/.cache/oomtrace/0.1.0-python-0123456789abcdef/boot/sitecustomize.py",
+        ] {
+            assert!(is_library_file(lib), "{lib}");
+        }
+        for user in [
+            "/home/u/oomtrace/train.py",
+            "/src/oomtrace/tests/scenarios/python/train_leak.py",
+            "/home/u/lib/python3-experiments/train.py",
+            "/home/u/oomtrace/boot/sitecustomize.py",
+            "train.py",
+        ] {
+            assert!(!is_library_file(user), "{user}");
+        }
+    }
 }

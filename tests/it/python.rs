@@ -33,18 +33,30 @@ fn line_of(name: &str, marker: &str) -> u64 {
 }
 
 /// `oomtrace run [flags] --json J -o T -- python3 SCRIPT args` in a scratch dir, with the
-/// stand-in torch importable.
+/// stand-in torch importable. The scratch dir comes back so the trace in it outlives the call.
 fn run_python(
     name: &str,
     flags: &[&str],
     args: &[&str],
     env: &[(&str, &str)],
-) -> (Output, Value, PathBuf) {
+) -> (Output, Value, Scratch) {
     let dir = scratch(&format!("py-{name}"));
+    let (out, report) = run_python_in(&dir, &script(name), flags, args, env);
+    (out, report, dir)
+}
+
+/// `run_python` with the script at `program`, run from `dir` (trace `t.oomt`, report `r.json`).
+fn run_python_in(
+    dir: &Path,
+    program: &Path,
+    flags: &[&str],
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Output, Value) {
     let json = dir.join("r.json");
     let trace = dir.join("t.oomt");
     let mut cmd = base_command(oomtrace_bin());
-    cmd.current_dir(&dir)
+    cmd.current_dir(dir)
         .arg("run")
         .args(flags)
         .arg("--json")
@@ -52,7 +64,7 @@ fn run_python(
         .arg("-o")
         .arg(&trace)
         .args(["--", "python3"])
-        .arg(script(name))
+        .arg(program)
         .args(args)
         .env("PYTHONPATH", script("site-packages"))
         .env("PYTHONDONTWRITEBYTECODE", "1");
@@ -63,7 +75,7 @@ fn run_python(
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let text = std::fs::read_to_string(&json)
         .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
-    (out, serde_json::from_str(&text).unwrap(), trace)
+    (out, serde_json::from_str(&text).unwrap())
 }
 
 /// The Python frames of a finding: (function, file name, line), innermost first.
@@ -201,6 +213,33 @@ fn torch_mode_traces_tensors_and_names_the_leaking_python_line() {
     );
 }
 
+/// A project that lives under a directory named `oomtrace` (what `git clone` of this repo is
+/// called) is the user's code, not oomtrace's package: its lines must still be the culprit.
+#[test]
+fn a_project_under_a_directory_named_oomtrace_is_still_the_users_code() {
+    let dir = scratch("py-under-oomtrace");
+    let project = dir.join("oomtrace");
+    std::fs::create_dir(&project).unwrap();
+    let program = project.join("train_leak.py");
+    std::fs::copy(script("train_leak.py"), &program).unwrap();
+    let (out, r) = run_python_in(&project, &program, &["--torch"], &["40"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_names_the_leaking_line(&r);
+    let leak = findings(&r, "leak")[0];
+    let file = leak["stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"] == "forward")
+        .map(|f| f["file"].as_str().unwrap().to_string());
+    assert_eq!(file.as_deref(), program.to_str(), "{leak:#?}");
+    assert!(
+        stderr.contains("leak] pid") && stderr.contains("forward (train_leak.py:"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn torch_mode_on_a_clean_loop_reports_no_leak() {
     let (out, r, _) = run_python("train_leak.py", &["--torch"], &["40", "--clean"], &[]);
@@ -224,7 +263,7 @@ fn torch_mode_keeps_the_users_own_sitecustomize() {
     let prog = dir.join("check.py");
     std::fs::write(&prog, "import builtins, torch\nprint(getattr(builtins, 'USER_SITE_RAN', False), torch.cuda.memory._current is not None)\n").unwrap();
     let mut cmd = base_command(oomtrace_bin());
-    let pythonpath = std::env::join_paths([dir.clone(), script("site-packages")]).unwrap();
+    let pythonpath = std::env::join_paths([dir.to_path_buf(), script("site-packages")]).unwrap();
     cmd.current_dir(&dir)
         .args(["run", "--torch", "-o", "t.oomt", "--", "python3"])
         .arg(&prog)
