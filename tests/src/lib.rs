@@ -57,8 +57,10 @@ pub fn scenario(name: &str) -> PathBuf {
     Path::new(SCENARIO_BIN).join(name)
 }
 
-/// A fresh directory for one test's files.
-pub fn scratch(test: &str) -> PathBuf {
+/// A fresh directory for one test's files, removed when the guard drops: also when the test
+/// fails (the panic unwinds through it), so a test run leaves nothing in the temp dir.
+/// `OOMTRACE_KEEP_SCRATCH=1` keeps them for debugging.
+pub fn scratch(test: &str) -> Scratch {
     static N: AtomicU32 = AtomicU32::new(0);
     let d = std::env::temp_dir().join(format!(
         "oomtrace-it-{}-{}-{}",
@@ -68,7 +70,57 @@ pub fn scratch(test: &str) -> PathBuf {
     ));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("scratch dir");
-    d
+    Scratch(d)
+}
+
+/// A test's private directory (see [`scratch`]); derefs to its path.
+#[derive(Debug)]
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<OsStr> for Scratch {
+    fn as_ref(&self) -> &OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::env::var_os("OOMTRACE_KEEP_SCRATCH").is_some_and(|v| v == "1") {
+            return;
+        }
+        // Directories made read-only by a test would stop remove_dir_all half-way.
+        make_writable(&self.0);
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn make_writable(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(meta) = std::fs::symlink_metadata(dir) else {
+        return;
+    };
+    if !meta.is_dir() {
+        return;
+    }
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            make_writable(&e.path());
+        }
+    }
 }
 
 /// A command with the simulated CUDA on the library path and no stray oomtrace settings.
@@ -164,6 +216,8 @@ pub struct Traced {
     pub stderr: String,
     pub report: Value,
     pub trace: PathBuf,
+    /// The run's directory (holds `trace`), removed with this.
+    pub dir: Scratch,
 }
 
 /// `oomtrace run --json J -o T -- scenario args...` with extra environment.
@@ -200,6 +254,7 @@ pub fn run_traced_with(name: &str, flags: &[&str], args: &[&str], env: &[(&str, 
         stderr,
         report: serde_json::from_str(&text).expect("valid JSON report"),
         trace,
+        dir,
     }
 }
 
