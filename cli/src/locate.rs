@@ -57,6 +57,50 @@ pub fn cache_dir(tag: &str, contents: &[&[u8]]) -> PathBuf {
         .join(format!("{}{tag}-{hash:016x}", env!("CARGO_PKG_VERSION")))
 }
 
+/// Removes the cache directories that other builds of oomtrace made for the same kind of
+/// content as `current` (same tag, another version or hash): each build would otherwise add
+/// one that is never cleaned. Called once `current` has been made. Only names of exactly the
+/// form `cache_dir` gives (`<x.y.z><tag>-<16 hex digits>`, a real directory, not a symlink)
+/// are touched: nothing else in the cache is ever removed.
+pub fn prune_other_builds(current: &Path) {
+    let (Some(parent), Some(name)) = (current.parent(), current.file_name()) else {
+        return;
+    };
+    let Some(tag) = cache_tag(&name.to_string_lossy()) else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let other = e.file_name();
+        if other == name || cache_tag(&other.to_string_lossy()).as_deref() != Some(&tag) {
+            continue;
+        }
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// The tag of a cache directory name (`""`, `"-python"`, `"-demo"`), or None when the name is
+/// not one `cache_dir` makes.
+fn cache_tag(name: &str) -> Option<String> {
+    let (head, hash) = name.rsplit_once('-')?;
+    if hash.len() != 16 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let version_end = head
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(head.len());
+    let (version, tag) = head.split_at(version_end);
+    let parts: Vec<&str> = version.split('.').collect();
+    let semver = parts.len() == 3 && parts.iter().all(|p| !p.is_empty());
+    let known_tag = tag.is_empty()
+        || (tag.starts_with('-') && tag[1..].bytes().all(|b| b.is_ascii_lowercase()));
+    (semver && known_tag).then(|| tag.to_string())
+}
+
 /// FNV-1a: names the cache directory after the library's content, so that a new build never
 /// reuses an old copy and two builds never write the same file.
 fn fingerprint(bytes: &[u8]) -> u64 {
@@ -87,6 +131,7 @@ pub fn extract_embedded(bytes: &[u8]) -> Result<PathBuf, Failure> {
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).map_err(fail)?;
         std::fs::rename(&tmp, &lib).map_err(fail)?;
     }
+    prune_other_builds(&dir);
     Ok(lib)
 }
 
@@ -135,5 +180,66 @@ mod tests {
         assert_eq!(extract_embedded(b"\x7fELF not really").unwrap(), lib);
         assert_ne!(extract_embedded(b"another build").unwrap(), lib);
         let _ = std::fs::remove_dir_all(&cache);
+    }
+
+    #[test]
+    fn only_other_builds_of_the_same_kind_are_pruned() {
+        assert_eq!(cache_tag("0.1.0-0123456789abcdef").as_deref(), Some(""));
+        assert_eq!(
+            cache_tag("0.2.10-python-0123456789abcdef").as_deref(),
+            Some("-python")
+        );
+        assert_eq!(
+            cache_tag("0.1.0-demo-0123456789abcdef").as_deref(),
+            Some("-demo")
+        );
+        for not_ours in [
+            "notes",
+            "0.1.0-python",
+            "0.1-0123456789abcdef",
+            "x0.1.0-0123456789abcdef",
+            "0.1.0-python-0123456789abcdeg",
+            "0.1.0-Py-0123456789abcdef",
+        ] {
+            assert_eq!(cache_tag(not_ours), None, "{not_ours}");
+        }
+        let base = std::env::temp_dir().join(format!("oomtrace-prune-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let mk = |n: &str| {
+            std::fs::create_dir_all(base.join(n)).unwrap();
+            std::fs::write(base.join(n).join("f"), b"x").unwrap();
+        };
+        mk("0.1.0-python-1111111111111111");
+        mk("0.0.9-python-2222222222222222");
+        mk("0.1.0-demo-3333333333333333");
+        mk("0.1.0-python-notahash");
+        std::fs::write(base.join("0.1.0-python-4444444444444444"), b"a file").unwrap();
+        std::os::unix::fs::symlink(
+            base.join("0.1.0-demo-3333333333333333"),
+            base.join("0.1.0-python-5555555555555555"),
+        )
+        .unwrap();
+        mk("0.1.0-python-ffffffffffffffff");
+        prune_other_builds(&base.join("0.1.0-python-ffffffffffffffff"));
+        let mut left: Vec<String> = std::fs::read_dir(&base)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "0.1.0-demo-3333333333333333",
+                "0.1.0-python-4444444444444444",
+                "0.1.0-python-5555555555555555",
+                "0.1.0-python-ffffffffffffffff",
+                "0.1.0-python-notahash",
+            ]
+        );
+        assert!(
+            base.join("0.1.0-demo-3333333333333333/f").is_file(),
+            "a symlink's target is never touched"
+        );
+        let _ = std::fs::remove_dir_all(&base);
     }
 }

@@ -17,9 +17,54 @@ pub struct Args {
     /// Trace file to write.
     #[arg(long, short, value_name = "FILE", default_value = "oomtrace-demo.oomt")]
     pub output: PathBuf,
-    /// Simulated device memory.
-    #[arg(long, default_value = "4GiB", value_name = "SIZE")]
-    pub device_memory: String,
+    /// Simulated device memory, 1GiB to 1TiB (units: B, KiB, MiB, GiB, TiB; K/M/G/T and
+    /// KB/MB/GB/TB mean the same powers of 1024).
+    #[arg(long, default_value = "4GiB", value_name = "SIZE", value_parser = parse_device_memory)]
+    pub device_memory: DeviceMemory,
+}
+
+/// A simulated device size as given and in bytes.
+#[derive(Clone, Debug)]
+pub struct DeviceMemory {
+    pub text: String,
+    pub bytes: u64,
+}
+
+/// The demo's story (512 MiB of weights, a leak of 16 MiB a step, then a 3.4 GiB evaluation
+/// buffer) needs at least 1 GiB to run; the simulated driver models at most 1 TiB.
+const DEVICE_MEMORY_MIN: u64 = 1 << 30;
+const DEVICE_MEMORY_MAX: u64 = 1 << 40;
+
+fn parse_device_memory(text: &str) -> Result<DeviceMemory, String> {
+    let bytes = parse_size(text)?;
+    if !(DEVICE_MEMORY_MIN..=DEVICE_MEMORY_MAX).contains(&bytes) {
+        return Err(format!(
+            "{text} is out of range: the demo's simulated GPU takes 1GiB to 1TiB"
+        ));
+    }
+    Ok(DeviceMemory {
+        text: text.to_string(),
+        bytes,
+    })
+}
+
+/// `4GiB`, `512 MiB`, `2g`, `1073741824`: a whole number with an optional binary unit.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let bad = || format!("{text:?} is not a size (expected e.g. 4GiB, 512MiB)");
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{text} is out of range"))
 }
 
 /// Writes the simulated CUDA libraries and the demo program into a private directory.
@@ -61,6 +106,7 @@ fn installed() -> Result<(PathBuf, PathBuf), Failure> {
             return Ok((fresh, app));
         }
     }
+    locate::prune_other_builds(&dir);
     Ok((dir, app))
 }
 
@@ -68,7 +114,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let (dir, app) = installed()?;
     println!(
         "oomtrace demo: a training loop on a simulated {} GPU (no GPU needed)",
-        args.device_memory
+        args.device_memory.text
     );
     println!(
         "  program:  {}  (source: cli/demo/train_demo.c)",
@@ -87,7 +133,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             ),
             (
                 OsString::from("SIMCUDA_MEMORY"),
-                OsString::from(&args.device_memory),
+                OsString::from(args.device_memory.bytes.to_string()),
             ),
         ],
     };
@@ -107,5 +153,32 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             "the demo program failed ({})",
             outcome.status
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_memory_takes_sizes_in_range_and_names_what_is_wrong() {
+        assert_eq!(parse_device_memory("4GiB").unwrap().bytes, 4 << 30);
+        assert_eq!(parse_device_memory("1tib").unwrap().bytes, 1 << 40);
+        assert_eq!(parse_device_memory("2048 MiB").unwrap().bytes, 2 << 30);
+        assert_eq!(parse_device_memory("1073741824").unwrap().bytes, 1 << 30);
+        for (bad, says) in [
+            ("banana", "not a size"),
+            ("", "not a size"),
+            ("4XB", "not a size"),
+            ("-1GiB", "not a size"),
+            ("0", "out of range"),
+            ("512MiB", "out of range"),
+            ("10TiB", "out of range"),
+            ("99999999999999999999", "not a size"),
+            ("9999999999TiB", "out of range"),
+        ] {
+            let e = parse_device_memory(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 }
