@@ -32,6 +32,7 @@ enum Command {
     Report(cmd::report::Args),
     Demo(cmd::demo::Args),
     Export(cmd::export::Args),
+    Lib(cmd::lib::Args),
 }
 
 /// An error for the user: one line, and the exit code to leave with.
@@ -60,6 +61,29 @@ impl<E: std::error::Error> From<E> for Failure {
     }
 }
 
+/// A clap error as one line: its message with the details clap puts on the lines below it
+/// (which arguments are missing, which values are allowed), without "error: ", the usage and
+/// the "For more information" tail.
+fn one_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let mut parts: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        if !line.is_empty() {
+            parts.push(line.strip_prefix("error: ").unwrap_or(line));
+        }
+    }
+    let joined = parts.join(" ");
+    if joined.is_empty() {
+        "invalid arguments".into()
+    } else {
+        joined
+    }
+}
+
 fn main() -> ExitCode {
     // A bug must still end in one line, never a backtrace over the user's output.
     std::panic::set_hook(Box::new(|info| {
@@ -82,11 +106,7 @@ fn main() -> ExitCode {
                     ExitCode::SUCCESS
                 };
             }
-            // One line: clap's first line, without its "error: " prefix.
-            let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("oomtrace: {first} (see `oomtrace --help`)");
+            eprintln!("oomtrace: {} (see `oomtrace --help`)", one_line(&e));
             return ExitCode::from(2);
         }
     };
@@ -96,6 +116,7 @@ fn main() -> ExitCode {
         Command::Report(a) => cmd::report::run(a),
         Command::Demo(a) => cmd::demo::run(a),
         Command::Export(a) => cmd::export::run(a),
+        Command::Lib(a) => cmd::lib::run(a),
     };
     match result {
         Ok(code) => code,

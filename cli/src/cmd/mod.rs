@@ -4,5 +4,6 @@
 pub mod collect;
 pub mod demo;
 pub mod export;
+pub mod lib;
 pub mod report;
 pub mod run;
