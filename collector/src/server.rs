@@ -357,6 +357,11 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
         let _ = wtx.send(WriterMsg::Close(conn, reason, msg));
     };
     let outcome: Result<(), String> = loop {
+        // A process that keeps sending never times out a read: check here too, or a stopping
+        // collector would wait for the program to end.
+        if shared.shutting_down.load(Ordering::Acquire) {
+            break Ok(());
+        }
         let n = match stream.read(&mut chunk) {
             Ok(0) => break Ok(()),
             Ok(n) => n,

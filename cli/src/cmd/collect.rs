@@ -34,6 +34,10 @@ pub struct Args {
     /// If the output file exists, write NAME.1.oomt (NAME.2.oomt, ...) instead of replacing it.
     #[arg(long)]
     pub no_clobber: bool,
+    /// Stop (finishing the trace) when this process is no longer our parent: `oomtrace run`
+    /// passes its pid, so a SIGKILLed `run` never leaves its collector behind.
+    #[arg(long, value_name = "PID", hide = true)]
+    pub parent_pid: Option<u32>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
@@ -52,6 +56,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         daemonize()?;
     }
     signals::install_stop_flag();
+    if let Some(parent) = args.parent_pid {
+        watch_parent(parent);
+    }
     if !args.quiet && !args.detach {
         eprintln!(
             "oomtrace: collecting on {} into {} (Ctrl-C to stop)",
@@ -62,9 +69,10 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let output = collector.options().output.clone();
     let socket = collector.options().socket.clone();
     let trace = collector.serve(&signals::STOP)?;
-    if args.detach {
-        // Started by the shim, which made a private oomtrace-XXXXXX directory for the socket:
-        // remove it once empty (remove_dir never removes a directory that is not).
+    if args.detach || args.parent_pid.is_some() {
+        // Started by the shim or by `run`, each of which made a private directory for the
+        // socket (oomtrace-XXXXXX, oomtrace-<pid>-N): remove it once empty (remove_dir never
+        // removes a directory that is not, so nothing else is ever deleted).
         if let Some(dir) = socket.parent() {
             if dir
                 .file_name()
@@ -87,6 +95,25 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     }
     let _ = signals::STOP.load(Ordering::Relaxed);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Sets the stop flag once `parent` is no longer this process's parent (it died: we were
+/// re-parented). Polled, because a SIGKILLed parent sends nothing; 50 ms is far below the
+/// time anyone looks for the trace.
+fn watch_parent(parent: u32) {
+    let spawned = std::thread::Builder::new()
+        .name("oomtrace-parent".into())
+        .spawn(move || loop {
+            // SAFETY: getppid has no preconditions.
+            if unsafe { libc::getppid() } as u32 != parent {
+                signals::STOP.store(true, Ordering::SeqCst);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        });
+    if spawned.is_err() {
+        eprintln!("oomtrace: cannot watch the parent process; a killed `run` may leave this collector running");
+    }
 }
 
 /// Forks: the parent exits at once (its caller learns the socket is ready), the child

@@ -30,7 +30,6 @@ pub struct Args {
     pub json: Option<PathBuf>,
     /// The command to trace, after `--`.
     #[arg(
-        required = true,
         trailing_var_arg = true,
         allow_hyphen_values = true,
         value_name = "CMD"
@@ -48,6 +47,9 @@ pub struct Session {
 
 pub struct Outcome {
     pub status: ExitStatus,
+    /// False when no traced process ever connected (the program never touched CUDA): the
+    /// collector then leaves no trace file, and there is no report.
+    pub trace_written: bool,
     /// Set if the collector died before it was told to stop.
     pub collector_died: Option<String>,
     pub report: Result<Report, Failure>,
@@ -68,14 +70,33 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     if let Some(why) = &outcome.collector_died {
         eprintln!("oomtrace: the collector died ({why}); the trace stops where it did");
     }
+    if !outcome.trace_written {
+        eprintln!(
+            "oomtrace: no CUDA activity seen in `{}`: no trace written",
+            args.command[0].to_string_lossy()
+        );
+        return Ok(exit_code_of(outcome.status));
+    }
     match &outcome.report {
         Ok(r) => {
             eprint!("{}", render::summary(r));
-            eprintln!(
-                "oomtrace: trace written to {}; details: oomtrace report {}",
-                session.output.display(),
-                session.output.display()
-            );
+            if r.trace.complete {
+                eprintln!(
+                    "oomtrace: trace written to {}; details: oomtrace report {}",
+                    session.output.display(),
+                    session.output.display()
+                );
+            } else {
+                for w in &r.trace.warnings {
+                    eprintln!("oomtrace: warning: {w}");
+                }
+                eprintln!(
+                    "oomtrace: the trace in {} is incomplete (see above); what it holds: \
+                     oomtrace report {}",
+                    session.output.display(),
+                    session.output.display()
+                );
+            }
             if let Some(path) = &args.json {
                 let text = serde_json::to_string_pretty(r)?;
                 std::fs::write(path, text + "\n")
@@ -114,10 +135,12 @@ fn torch_env(lib: &Path) -> Result<Vec<(OsString, OsString)>, Failure> {
         (dir.join("oomtrace").join("__init__.py"), PY_PACKAGE),
         (dir.join("boot").join("sitecustomize.py"), PY_BOOT),
     ];
+    let mut wrote = false;
     for (path, bytes) in files {
         if std::fs::read(&path).is_ok_and(|b| b == bytes) {
             continue;
         }
+        wrote = true;
         let fail =
             |e: std::io::Error| Failure::new(format!("cannot write {}: {e}", path.display()));
         if let Some(parent) = path.parent() {
@@ -126,6 +149,9 @@ fn torch_env(lib: &Path) -> Result<Vec<(OsString, OsString)>, Failure> {
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         std::fs::write(&tmp, bytes).map_err(fail)?;
         std::fs::rename(&tmp, &path).map_err(fail)?;
+    }
+    if wrote {
+        locate::prune_other_builds(&dir);
     }
     let mut paths = vec![dir.join("boot"), dir.clone()];
     if let Some(old) = std::env::var_os("PYTHONPATH") {
@@ -158,6 +184,10 @@ fn spawn_collector(socket: &Path, output: &Path) -> Result<Child, Failure> {
         .arg(output)
         .arg("--quiet")
         .arg("--live")
+        // If `run` is killed (SIGKILL leaves no chance to stop it), the collector notices
+        // that its parent is gone, finishes the trace and removes the socket directory.
+        .arg("--parent-pid")
+        .arg(std::process::id().to_string())
         .env_remove("LD_PRELOAD")
         .env_remove("OOMTRACE_SOCKET")
         .stdin(Stdio::null())
@@ -214,15 +244,41 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
+/// The private directory of `run`'s collector socket: removed on every way out of
+/// `trace_command`, success or failure. Only what `run` and its collector put there is
+/// removed (the socket, then the directory if it is empty).
+struct SocketDir {
+    dir: PathBuf,
+    socket: PathBuf,
+}
+
+impl SocketDir {
+    fn new() -> Result<SocketDir, Failure> {
+        let dir = locate::private_dir()?;
+        let socket = dir.join("collector.sock");
+        Ok(SocketDir { dir, socket })
+    }
+}
+
+impl Drop for SocketDir {
+    fn drop(&mut self) {
+        use std::os::unix::fs::FileTypeExt;
+        if std::fs::symlink_metadata(&self.socket).is_ok_and(|m| m.file_type().is_socket()) {
+            let _ = std::fs::remove_file(&self.socket);
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
 /// Runs `command` under a private collector and builds the report.
 pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome, Failure> {
     let Some((program, rest)) = command.split_first() else {
         return Err(Failure::new(
-            "no command given (usage: oomtrace run -- CMD...)",
+            "no command to trace (usage: oomtrace run [OPTIONS] -- CMD [ARGS]...)",
         ));
     };
-    let dir = locate::private_dir()?;
-    let socket = dir.join("collector.sock");
+    let dir = SocketDir::new()?;
+    let socket = dir.socket.clone();
     let collector = spawn_collector(&socket, &session.output)?;
     let mut preload: OsString = session.lib.clone().into_os_string();
     if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
@@ -239,10 +295,8 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
+            // Nothing ran, so nothing connected: the collector leaves no trace file.
             let _ = stop_collector(collector);
-            let _ = std::fs::remove_dir_all(&dir);
-            // Nothing ran: leave no empty trace behind.
-            let _ = std::fs::remove_file(&session.output);
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
@@ -263,7 +317,10 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
         }
     };
     let collector_died = stop_collector(collector);
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
+    // The collector creates the trace only once a traced process connects (on its first
+    // CUDA call): no file means the program never used CUDA.
+    let trace_written = std::fs::symlink_metadata(&session.output).is_ok_and(|m| m.is_file());
     let report = Trace::load(&session.output)
         .map(|trace| {
             report::build(
@@ -276,8 +333,13 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
             )
         })
         .map_err(Failure::from);
+    let trace_written = trace_written
+        && !report
+            .as_ref()
+            .is_ok_and(|r| r.processes.is_empty() && r.trace.complete);
     Ok(Outcome {
         status,
+        trace_written,
         collector_died,
         report,
     })
