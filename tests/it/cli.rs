@@ -1,8 +1,9 @@
 use oomtrace_tests::*;
 
 fn oomtrace(args: &[&str]) -> std::process::Output {
+    let dir = scratch("cli");
     let mut cmd = base_command(oomtrace_bin());
-    cmd.current_dir(scratch("cli")).args(args);
+    cmd.current_dir(&dir).args(args);
     output_within(cmd, TIMEOUT)
 }
 
@@ -16,8 +17,9 @@ fn assert_one_line_error(out: &std::process::Output, needle: &str) {
     assert!(!err.contains("panicked"), "{err}");
 }
 
-fn good_trace() -> std::path::PathBuf {
-    run_traced("runtime_basic", &[], &[]).trace
+/// The bytes of a good trace (its directory is gone once read).
+fn good_trace() -> Vec<u8> {
+    std::fs::read(run_traced("runtime_basic", &[], &[]).trace).unwrap()
 }
 
 #[test]
@@ -30,7 +32,7 @@ fn corrupt_and_foreign_files_give_one_clear_line() {
         "bad magic",
     );
 
-    let mut bytes = std::fs::read(good_trace()).unwrap();
+    let mut bytes = good_trace();
     bytes[8] = 99; // format version
     let future = dir.join("future.oomt");
     std::fs::write(&future, &bytes).unwrap();
@@ -39,7 +41,7 @@ fn corrupt_and_foreign_files_give_one_clear_line() {
         "version 99",
     );
 
-    let mut bytes = std::fs::read(good_trace()).unwrap();
+    let mut bytes = good_trace();
     let n = bytes.len();
     for b in &mut bytes[n / 2..n / 2 + 64] {
         *b ^= 0x5a;
@@ -56,7 +58,7 @@ fn corrupt_and_foreign_files_give_one_clear_line() {
 
 #[test]
 fn truncated_traces_report_what_was_written() {
-    let bytes = std::fs::read(good_trace()).unwrap();
+    let bytes = good_trace();
     let dir = scratch("truncated");
     // Cut inside the last records (the end marker and the connection close).
     let cut = dir.join("cut.oomt");
@@ -95,7 +97,8 @@ fn bad_flags_and_missing_programs_are_one_line() {
 
 #[test]
 fn json_report_has_the_documented_fields() {
-    let r = report_json(&good_trace());
+    let t = run_traced("runtime_basic", &[], &[]);
+    let r = report_json(&t.trace);
     assert_eq!(r["version"], 1);
     let p = processes(&r)[0];
     for k in ["pid", "command", "devices"] {

@@ -5,8 +5,9 @@ use oomtrace_tests::*;
 use serde_json::Value;
 
 fn oomtrace(args: &[&str]) -> Output {
+    let dir = scratch("export");
     let mut cmd = base_command(oomtrace_bin());
-    cmd.current_dir(scratch("export")).args(args);
+    cmd.current_dir(&dir).args(args);
     output_within(cmd, TIMEOUT)
 }
 
@@ -423,7 +424,8 @@ fn bad_input_is_one_line() {
         );
         assert!(!out.exists(), "no output for bad input");
     }
-    let trace = run_traced("runtime_basic", &[], &[]).trace;
+    let traced = run_traced("runtime_basic", &[], &[]);
+    let trace = &traced.trace;
     let t = trace.to_str().unwrap();
     let mut bytes = std::fs::read(&trace).unwrap();
     let n = bytes.len();

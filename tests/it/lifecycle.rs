@@ -49,8 +49,9 @@ fn exit_code_of_the_program_passes_through_run() {
     let t = run_traced("runtime_basic", &["42"], &[]);
     assert_eq!(t.status.code(), Some(42), "{}", t.stderr);
     // A program killed by a signal: 128 + signal, as a shell reports it.
+    let dir = scratch("signal");
     let mut cmd = base_command(oomtrace_bin());
-    cmd.current_dir(scratch("signal"))
+    cmd.current_dir(&dir)
         .args(["run", "--", "sh", "-c", "kill -TERM $$"]);
     let out = output_within(cmd, TIMEOUT);
     assert_eq!(out.status.code(), Some(128 + 15));
