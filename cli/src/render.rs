@@ -133,6 +133,27 @@ fn process_text(out: &mut String, p: &ProcessReport) {
             d.live_at_exit_count
         );
     }
+    for f in &p.failed_allocations {
+        let error = match (f.error, f.meaning) {
+            ("", _) => format!("error {}", f.error_code),
+            (name, "") => format!("{} {name}", f.error_code),
+            (name, meaning) => format!("{} {name} ({meaning})", f.error_code),
+        };
+        let place = match f.device {
+            d if d >= 0 => format!(" on device {d}"),
+            _ => String::new(),
+        };
+        let at = culprit(&f.stack)
+            .map(|fr| format!(" at {}", frame_text(fr)))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "      {} failed {}{place}: {error}; last asked for {}{at}",
+            f.count,
+            f.api,
+            fmt_bytes(f.last_size)
+        );
+    }
     if p.unmatched_frees > 0 {
         let _ = writeln!(
             out,

@@ -55,6 +55,26 @@ pub struct ProcessReport {
     /// How the detectors cut the run into steps.
     pub epochs: EpochReport,
     pub devices: Vec<DeviceReport>,
+    /// Failed allocations by API, error and device (out of memory, no driver, ...).
+    pub failed_allocations: Vec<FailedAllocations>,
+}
+
+/// Allocations of one process that failed with one error.
+#[derive(Clone, Debug, Serialize)]
+pub struct FailedAllocations {
+    pub api: &'static str,
+    /// The code the call returned (`cudaError_t` or `CUresult`, by `api`).
+    pub error_code: i32,
+    /// Its symbol, e.g. `cudaErrorInsufficientDriver`; `""` if unknown.
+    pub error: &'static str,
+    /// What it usually means, in a few words; `""` if unknown.
+    pub meaning: &'static str,
+    /// `-1`: no device was current (or pinned host memory, per `api`).
+    pub device: i16,
+    pub count: u64,
+    /// Bytes asked for by the most recent one.
+    pub last_size: u64,
+    pub stack: Vec<FrameInfo>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -283,6 +303,23 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
                 warmup_end: p.clock.stable_since + crate::detect::growth::WARMUP,
             },
             devices,
+            failed_allocations: p
+                .alloc_failures
+                .iter()
+                .map(|(&(api, code, device), f)| {
+                    let known = oomtrace_proto::cuda_error::lookup(api, code);
+                    FailedAllocations {
+                        api: api.name(),
+                        error_code: code,
+                        error: known.map_or("", |e| e.name),
+                        meaning: known.map_or("", |e| e.meaning),
+                        device,
+                        count: f.count,
+                        last_size: f.last_size,
+                        stack: stack_of(p, f.last_site),
+                    }
+                })
+                .collect(),
         });
         let ctx = p.context();
         for f in p.detect.findings(&ctx) {

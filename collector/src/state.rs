@@ -84,6 +84,15 @@ pub struct DeviceState {
     pub mapped_bytes: u64,
 }
 
+/// Failed allocations of one (API, error, device).
+#[derive(Clone, Debug, Default)]
+pub struct AllocFailures {
+    pub count: u64,
+    /// Bytes asked for by the most recent one.
+    pub last_size: u64,
+    pub last_site: SiteId,
+}
+
 /// Per (site, device) aggregates.
 #[derive(Clone, Debug, Default)]
 pub struct SiteStats {
@@ -151,6 +160,9 @@ pub struct Process {
     pub events: u64,
     pub unmatched_frees: u64,
     pub failed_frees: u64,
+    /// Failed allocations by (API, error code, device): the error is what tells a user "no
+    /// driver" from "out of memory", so each kind is counted apart.
+    pub alloc_failures: BTreeMap<(Api, i32, i16), AllocFailures>,
     pub unknown_stacks: u64,
     pub markers: u64,
     /// Epoch boundaries (markers, an auto-detected period, or windows).
@@ -187,6 +199,7 @@ impl Process {
             events: 0,
             unmatched_frees: 0,
             failed_frees: 0,
+            alloc_failures: BTreeMap::new(),
             unknown_stacks: 0,
             markers: 0,
             clock: EpochClock::default(),
@@ -486,6 +499,15 @@ impl Process {
             EventKind::AllocFailed => {
                 let device = Self::device_for_class(api, ev.device);
                 let site = self.site_of(ev.stack);
+                let failures = self.alloc_failures.entry((api, ev.result, device)).or_default();
+                failures.count += 1;
+                failures.last_size = ev.size;
+                failures.last_site = site;
+                if device == DEVICE_UNKNOWN && api.memory_class() != MemoryClass::HostPinned {
+                    // No device at all (no driver, no device visible): not pinned host memory,
+                    // whose slot shares the number. Kept in `alloc_failures` only.
+                    return;
+                }
                 let dev = self.device(device);
                 dev.events += 1;
                 dev.failed_allocations += 1;

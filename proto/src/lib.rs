@@ -1,6 +1,7 @@
 //! oomtrace-proto: the bytes that cross the shim -> collector socket and land in `.oomt` files.
 //!
 //! - [`event`]: the fixed 64-byte [`Event`] and its pinned enums.
+//! - [`cuda_error`]: names of the CUDA error codes an allocation fails with.
 //! - [`wire`]: length-framed records on the socket (`Hello`, `Events`, `StackDef`, ...).
 //! - [`python`]: Python frames inside stacks and the code objects they name.
 //! - [`trace_file`]: the `.oomt` file, which stores each connection's frames in checked,
@@ -8,6 +9,7 @@
 //!
 //! Decoders never panic on any input: garbage is an [`Error`].
 
+pub mod cuda_error;
 pub mod event;
 pub mod python;
 pub mod trace_file;
