@@ -29,3 +29,7 @@ mod security;
 /// Python: frames with the GIL held and released, `--torch`, `import oomtrace`, the pluggable
 /// allocator ABI.
 mod python;
+
+/// Nothing left behind (a killed `run`, failed runs, programs without CUDA, old caches,
+/// scratch directories) and every mistake named (missing arguments, sizes, CUDA errors).
+mod hygiene;
