@@ -127,9 +127,14 @@ pub fn extract_embedded(bytes: &[u8]) -> Result<PathBuf, Failure> {
             .create(&dir)
             .map_err(fail)?;
         let tmp = dir.join(format!("{LIB_NAME}.{}", std::process::id()));
-        std::fs::write(&tmp, bytes).map_err(fail)?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).map_err(fail)?;
-        std::fs::rename(&tmp, &lib).map_err(fail)?;
+        let written = std::fs::write(&tmp, bytes)
+            .and_then(|()| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)))
+            .and_then(|()| std::fs::rename(&tmp, &lib));
+        if let Err(e) = written {
+            // A half-written copy (full disk) is ours to remove; the name is this process's.
+            let _ = std::fs::remove_file(&tmp);
+            return Err(fail(e));
+        }
     }
     prune_other_builds(&dir);
     Ok(lib)

@@ -93,9 +93,14 @@ fn installed() -> Result<(PathBuf, PathBuf), Failure> {
         return Ok((dir, app));
     }
     let fresh = locate::private_dir()?;
-    install(&fresh)?;
+    if let Err(e) = install(&fresh) {
+        // Our own private directory, half filled (a full disk): never left in the temp dir.
+        let _ = std::fs::remove_dir_all(&fresh);
+        return Err(e);
+    }
     if let Some(parent) = dir.parent() {
-        std::fs::create_dir_all(parent)?;
+        // A failure shows in the rename below, which falls back to the private copy.
+        let _ = std::fs::create_dir_all(parent);
     }
     if std::fs::rename(&fresh, &dir).is_err() {
         // Another demo won the race (or the cache is not writable): use theirs, or ours.

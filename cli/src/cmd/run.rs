@@ -147,8 +147,11 @@ fn torch_env(lib: &Path) -> Result<Vec<(OsString, OsString)>, Failure> {
             std::fs::create_dir_all(parent).map_err(fail)?;
         }
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, bytes).map_err(fail)?;
-        std::fs::rename(&tmp, &path).map_err(fail)?;
+        if let Err(e) = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, &path)) {
+            // Only this process writes that name: a half-written copy is ours to remove.
+            let _ = std::fs::remove_file(&tmp);
+            return Err(fail(e));
+        }
     }
     if wrote {
         locate::prune_other_builds(&dir);
