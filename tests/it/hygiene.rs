@@ -167,7 +167,16 @@ fn a_program_that_never_uses_cuda_leaves_no_trace() {
         "{}",
         stderr(&out)
     );
-    assert_eq!(entries(&dir), Vec::<String>::new(), "no trace, no report");
+    assert_eq!(entries(&dir), vec!["r.json".to_string()], "no trace");
+    // The report asked for says the same to a script: no processes, and why.
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("r.json")).unwrap()).unwrap();
+    assert_eq!(r["processes"], serde_json::json!([]), "{r:#}");
+    assert!(r["trace"]["warnings"][0]
+        .as_str()
+        .unwrap()
+        .contains("no CUDA activity seen"));
+    std::fs::remove_file(dir.join("r.json")).unwrap();
     // The exit code is still the program's.
     let out = oomtrace_in(&dir, &["run", "--", "false"]);
     assert_eq!(out.status.code(), Some(1));

@@ -71,10 +71,30 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         eprintln!("oomtrace: the collector died ({why}); the trace stops where it did");
     }
     if !outcome.trace_written {
-        eprintln!(
-            "oomtrace: no CUDA activity seen in `{}`: no trace written",
+        let said = format!(
+            "no CUDA activity seen in `{}`: no trace written",
             args.command[0].to_string_lossy()
         );
+        eprintln!("oomtrace: {said}");
+        if let Some(path) = &args.json {
+            // Asked for a report: an empty one says the same to a script.
+            let mut empty = Trace::new(oomtrace_proto::trace_file::FileHeader {
+                version: oomtrace_proto::trace_file::FILE_VERSION,
+                created_unix_ns: 0,
+                producer: "oomtrace run".into(),
+            });
+            empty.complete = true;
+            empty.warnings.push(said);
+            let r = report::build(
+                &empty,
+                &ReportOptions {
+                    top: 10,
+                    path: String::new(),
+                    symbolize: false,
+                },
+            );
+            write_json(path, &r)?;
+        }
         return Ok(exit_code_of(outcome.status));
     }
     match &outcome.report {
@@ -98,9 +118,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
                 );
             }
             if let Some(path) = &args.json {
-                let text = serde_json::to_string_pretty(r)?;
-                std::fs::write(path, text + "\n")
-                    .map_err(|e| Failure::new(format!("cannot write {}: {e}", path.display())))?;
+                write_json(path, r)?;
             }
         }
         Err(f) => eprintln!("oomtrace: no report: {}", f.message),
@@ -122,6 +140,13 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         }
     }
     Ok(exit_code_of(outcome.status))
+}
+
+/// `--json FILE`: the report as the JSON contract.
+fn write_json(path: &Path, r: &Report) -> Result<(), Failure> {
+    let text = serde_json::to_string_pretty(r)? + "\n";
+    std::fs::write(path, text)
+        .map_err(|e| Failure::new(format!("cannot write {}: {e}", path.display())))
 }
 
 /// The `oomtrace` Python package and the `--torch` sitecustomize, carried in this binary.
