@@ -49,6 +49,13 @@ impl Failure {
             code: 2,
         }
     }
+    /// A failure whose one line was already printed (by a child that shares our stderr).
+    pub fn already_said(code: u8) -> Failure {
+        Failure {
+            message: String::new(),
+            code,
+        }
+    }
     pub fn with_code(mut self, code: u8) -> Failure {
         self.code = code;
         self
@@ -121,7 +128,9 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(f) => {
-            eprintln!("oomtrace: {}", f.message);
+            if !f.message.is_empty() {
+                eprintln!("oomtrace: {}", f.message);
+            }
             ExitCode::from(f.code)
         }
     }

@@ -132,6 +132,7 @@ fn every_failure_of_run_removes_its_private_directory() {
     let out = run(&["run", "-o", "missing/dir/t.oomt", "--", slow, "0.1"], None);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("missing/dir/t.oomt"), "{}", stderr(&out));
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
     assert_eq!(entries(&tmp), Vec::<String>::new());
 
     // A program that does not exist: 127, nothing left.

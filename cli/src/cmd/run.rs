@@ -232,6 +232,11 @@ fn spawn_collector(socket: &Path, output: &Path) -> Result<Child, Failure> {
             return Ok(child);
         }
         if let Ok(Some(status)) = child.try_wait() {
+            // Exit 2 is `collect` refusing its arguments (an output it cannot write, a socket
+            // it may not replace): it has said why on our stderr, in one line.
+            if status.code() == Some(2) {
+                return Err(Failure::already_said(2));
+            }
             return Err(Failure::new(format!(
                 "the collector exited at start ({status})"
             )));
