@@ -6,6 +6,8 @@
 mod cmd;
 mod export;
 mod locate;
+mod output;
+mod progress;
 mod render;
 mod signals;
 

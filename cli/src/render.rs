@@ -232,8 +232,20 @@ fn is_detected(f: &Finding) -> bool {
 pub fn full(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "oomtrace report: {}", r.trace.path);
+    // The reasons are stated here, in the report itself: the warnings on stderr may never be
+    // seen by whoever reads this text (redirected to a file, piped, shown by the demo).
+    let mut warnings = r.trace.warnings.iter();
     if !r.trace.complete {
-        let _ = writeln!(out, "  (incomplete trace: see the warning above)");
+        let reason = match warnings.next() {
+            Some(w) => w.clone(),
+            None => "the trace has no end record (its writer was killed or is still \
+                     writing): the last events may be missing"
+                .to_string(),
+        };
+        let _ = writeln!(out, "  (incomplete trace: {reason})");
+    }
+    for w in warnings {
+        let _ = writeln!(out, "  (warning: {w})");
     }
     let ooms: Vec<&Finding> = r.findings.iter().filter(|f| f.kind == "oom").collect();
     if !ooms.is_empty() {

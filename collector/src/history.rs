@@ -35,9 +35,19 @@ pub enum Seen<'a> {
 
 /// Replays the trace file at `path`, showing each event and marker to `visit`; returns the
 /// trace as it stands at the end (final process states, warnings, truncation).
-pub fn replay(path: &Path, mut visit: impl FnMut(&Process, Seen<'_>)) -> Result<Trace, Error> {
+pub fn replay(path: &Path, visit: impl FnMut(&Process, Seen<'_>)) -> Result<Trace, Error> {
+    replay_with_progress(path, &mut |_, _| {}, visit)
+}
+
+/// [`replay`], telling `progress(bytes read, file size)` as it goes (see
+/// [`Trace::load_with_progress`]).
+pub fn replay_with_progress(
+    path: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+    mut visit: impl FnMut(&Process, Seen<'_>),
+) -> Result<Trace, Error> {
     let mut quiet: FxHashSet<u32> = FxHashSet::default();
-    Trace::load_with(path, &mut |p: &mut Process, frame: &Frame<'_>| {
+    let mut apply = |p: &mut Process, frame: &Frame<'_>| {
         if quiet.insert(p.conn) {
             p.detection = false;
         }
@@ -77,7 +87,8 @@ pub fn replay(path: &Path, mut visit: impl FnMut(&Process, Seen<'_>)) -> Result<
             }
             other => p.apply_guarded(other),
         }
-    })
+    };
+    Trace::load_with_progress(path, &mut apply, progress)
 }
 
 #[cfg(test)]

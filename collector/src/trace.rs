@@ -50,10 +50,42 @@ impl Trace {
 
     /// [`Trace::load`], each frame applied by `apply`.
     pub fn load_with(path: &Path, apply: &mut ApplyFrame<'_>) -> Result<Trace, Error> {
+        Trace::load_with_progress(path, apply, &mut |_, _| {})
+    }
+
+    /// [`Trace::load_with`], telling `progress(bytes read, file size)` as the file is read
+    /// (about every MiB), so that a front end can show progress; this library never prints.
+    pub fn load_with_progress(
+        path: &Path,
+        apply: &mut ApplyFrame<'_>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Trace, Error> {
+        /// Counts the bytes read from the file (below the buffer: one call per refill).
+        struct Counted<'a> {
+            inner: File,
+            done: u64,
+            total: u64,
+            progress: &'a mut dyn FnMut(u64, u64),
+        }
+        impl Read for Counted<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                let n = self.inner.read(buf)?;
+                self.done += n as u64;
+                (self.progress)(self.done, self.total.max(self.done));
+                Ok(n)
+            }
+        }
         let f = File::open(path).map_err(|e| Error::Open {
             path: path.to_path_buf(),
             source: e.to_string(),
         })?;
+        let total = f.metadata().map_or(0, |m| m.len());
+        let f = Counted {
+            inner: f,
+            done: 0,
+            total,
+            progress,
+        };
         Trace::read_with(BufReader::with_capacity(1 << 20, f), apply).map_err(|e| match e {
             Error::Format(inner) => Error::BadTrace {
                 path: path.to_path_buf(),

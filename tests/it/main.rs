@@ -33,3 +33,8 @@ mod python;
 /// Nothing left behind (a killed `run`, failed runs, programs without CUDA, old caches,
 /// scratch directories) and every mistake named (missing arguments, sizes, CUDA errors).
 mod hygiene;
+
+/// Output that misbehaves: device nodes, symlinks, FIFOs, a full or closed standard output,
+/// a failed export that keeps the old file; incomplete traces that say why; progress on a
+/// terminal only.
+mod output;

@@ -1,13 +1,14 @@
 //! `oomtrace export`: a trace in another tool's format (see `crate::export`).
 
-use std::fs::File;
-use std::io::{self, BufWriter, IsTerminal, Write};
+use std::io::{self, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use oomtrace_collector::history;
 
-use crate::export::{self, Format};
+use crate::export::{self, memory_viz, Format};
+use crate::output::Output;
+use crate::progress::Progress;
 use crate::Failure;
 
 /// Write a trace in another tool's format: memory-viz, chrome, folded or json.
@@ -22,39 +23,18 @@ pub struct Args {
     /// Output format.
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub format: Format,
-    /// Output file (required); `-` writes to standard output.
+    /// Output file (required); `-` writes to standard output. An existing file is replaced
+    /// only once the export is complete; a symlink is refused; a device or FIFO is written
+    /// into.
     #[arg(short = 'o', long = "output", value_name = "OUT")]
     pub output: Option<PathBuf>,
     /// Export only this process (memory-viz: default the first process with GPU memory events).
     #[arg(long, value_name = "PID")]
     pub pid: Option<u32>,
-}
-
-/// Standard output that ends quietly when its reader goes away (`| head`).
-struct Stdout {
-    inner: io::Stdout,
-    closed: bool,
-}
-
-impl Write for Stdout {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if self.closed {
-            return Ok(buf.len());
-        }
-        match self.inner.write(buf) {
-            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
-                self.closed = true;
-                Ok(buf.len())
-            }
-            r => r,
-        }
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        match self.inner.flush() {
-            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
-            r => r,
-        }
-    }
+    /// memory-viz: keep the most recent N trace entries per device, like PyTorch's
+    /// `max_entries` (default 100000; 0 keeps all, and memory then grows with the trace).
+    #[arg(long, value_name = "N")]
+    pub max_entries: Option<usize>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
@@ -63,8 +43,26 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             "export needs --output OUT (-o OUT): a file, or - for standard output",
         ));
     };
+    if args.max_entries.is_some() && args.format != Format::MemoryViz {
+        return Err(Failure::new(
+            "--max-entries is for --format memory-viz (the other formats stream every event)",
+        ));
+    }
+    let to_stdout = output.as_os_str() == "-";
+    if to_stdout && args.format.binary() && io::stdout().is_terminal() {
+        return Err(Failure::new(
+            "memory-viz is a binary pickle: write it to a file with -o FILE, not a terminal",
+        ));
+    }
+    let mut progress = Progress::new();
     // A first, quiet replay validates the file and picks the processes before any output.
-    let scan = history::replay(&args.file, |_, _| {})?;
+    progress.pass(format!("checking {}", file_name(&args.file)));
+    let scan = history::replay_with_progress(
+        &args.file,
+        &mut |done, total| progress.update(done, total),
+        |_, _| {},
+    )?;
+    progress.end_pass();
     for w in &scan.warnings {
         eprintln!("oomtrace: warning: {w}");
     }
@@ -76,36 +74,54 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             .map(|i| scan.processes[i].conn)
             .collect()
     };
-
-    let to_stdout = output.as_os_str() == "-";
-    if to_stdout && args.format.binary() && io::stdout().is_terminal() {
-        return Err(Failure::new(
-            "memory-viz is a binary pickle: write it to a file with -o FILE, not a terminal",
-        ));
-    }
-    let mut out: Box<dyn Write> = if to_stdout {
-        Box::new(BufWriter::with_capacity(
-            1 << 16,
-            Stdout {
-                inner: io::stdout(),
-                closed: false,
-            },
-        ))
-    } else {
-        let f = File::create(&output)
-            .map_err(|e| Failure::new(format!("cannot write {}: {e}", output.display())))?;
-        Box::new(BufWriter::with_capacity(1 << 20, f))
+    // Only chrome and folded need the first replay's final state; the others replay anew,
+    // and holding two copies of every live allocation doubled the peak memory.
+    let scan = match args.format {
+        Format::Chrome | Format::Folded => Some(scan),
+        Format::MemoryViz | Format::Json => None,
     };
-    let result = write(&args, &scan, &conns, &mut *out)
-        .and_then(|()| out.flush().map_err(export::write_failed));
-    drop(out);
-    if let Err(e) = result {
-        if !to_stdout {
-            let _ = std::fs::remove_file(&output);
+
+    // Nothing at OUT changes before this point, and a failure below leaves it as it was.
+    let mut out = Output::create(&output)?.named("the export");
+    progress.pass(format!("exporting {}", file_name(&args.file)));
+    let path: &Path = &args.file;
+    let mut dropped = 0;
+    let result = match (args.format, &scan) {
+        (Format::MemoryViz, _) => {
+            let max = args.max_entries.unwrap_or(memory_viz::DEFAULT_MAX_ENTRIES);
+            memory_viz::write(path, conns[0], max, &mut progress, &mut out)
+                .map(|w| dropped = w.dropped_entries)
         }
-        return Err(e);
+        (Format::Chrome, Some(scan)) => {
+            export::chrome::write(path, scan, &conns, &mut progress, &mut out)
+        }
+        (Format::Folded, Some(scan)) => {
+            export::folded::write(path, scan, &conns, &mut progress, &mut out)
+        }
+        (Format::Json, _) => export::json::write(path, &conns, &mut progress, &mut out),
+        (Format::Chrome | Format::Folded, None) => Err(Failure::new("internal: no scan")),
+    };
+    drop(progress);
+    let result = result.and_then(|()| out.flush().map_err(export::write_failed));
+    if let Err(e) = result {
+        // A write error is said in the output's words (which file, or standard output); the
+        // exporters' own errors (a trace that changed meanwhile) as they are. Dropping `out`
+        // removes only its temporary file.
+        if out.reader_gone() {
+            return Ok(ExitCode::SUCCESS);
+        }
+        return Err(out.failure().unwrap_or(e));
     }
-    if !to_stdout {
+    let reader_gone = out.reader_gone();
+    out.finish()?;
+    if dropped > 0 {
+        let max = args.max_entries.unwrap_or(memory_viz::DEFAULT_MAX_ENTRIES);
+        eprintln!(
+            "oomtrace: memory-viz keeps the most recent {max} entries per device: {dropped} \
+             older ones left out (the final segments are complete; --max-entries 0 keeps all)"
+        );
+    }
+    if !to_stdout && !reader_gone {
         let hint = match args.format {
             Format::MemoryViz => " (open it at https://pytorch.org/memory_viz)",
             Format::Chrome => " (open it at https://ui.perfetto.dev)",
@@ -117,17 +133,10 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn write(
-    args: &Args,
-    scan: &oomtrace_collector::trace::Trace,
-    conns: &[u32],
-    out: &mut dyn Write,
-) -> Result<(), Failure> {
-    let path: &Path = &args.file;
-    match args.format {
-        Format::MemoryViz => export::memory_viz::write(path, conns[0], out),
-        Format::Chrome => export::chrome::write(path, scan, conns, out),
-        Format::Folded => export::folded::write(path, scan, conns, out),
-        Format::Json => export::json::write(path, conns, out),
-    }
+/// The trace's file name, for the progress line.
+fn file_name(path: &Path) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
 }

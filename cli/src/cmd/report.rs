@@ -1,11 +1,14 @@
 //! `oomtrace report`: culprits from a trace file, as text or as the JSON contract.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use oomtrace_collector::report::{self, ReportOptions};
 use oomtrace_collector::trace::Trace;
 
+use crate::output::Output;
+use crate::progress::Progress;
 use crate::{render, Failure};
 
 /// Report peak, live-at-exit memory and the call sites that hold it, from a trace file.
@@ -22,7 +25,18 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
-    let trace = Trace::load(&args.file)?;
+    let mut progress = Progress::new();
+    let name = args.file.file_name().map_or_else(
+        || args.file.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    progress.pass(format!("reading {name}"));
+    let trace = Trace::load_with_progress(
+        &args.file,
+        &mut |p, f| p.apply_guarded(f),
+        &mut |done, total| progress.update(done, total),
+    )?;
+    drop(progress);
     let report = report::build(
         &trace,
         &ReportOptions {
@@ -31,14 +45,20 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             symbolize: true,
         },
     );
+    // Not println!: it panics when standard output fails (`> /dev/full`). A full or broken
+    // output is one line and exit 2; a reader that went away (`| head`) ends it quietly.
+    let mut out = Output::stdout().named("the report");
     if args.json {
-        let text = serde_json::to_string_pretty(&report)?;
-        println!("{text}");
+        let _ = serde_json::to_writer_pretty(&mut out, &report)
+            .map_err(std::io::Error::from)
+            .and_then(|()| out.write_all(b"\n"));
     } else {
         for w in &report.trace.warnings {
             eprintln!("oomtrace: warning: {w}");
         }
-        print!("{}", render::full(&report));
+        let _ = out.write_all(render::full(&report).as_bytes());
     }
+    // A write error was kept by `out`; `finish` says it in one line.
+    out.finish()?;
     Ok(ExitCode::SUCCESS)
 }

@@ -145,8 +145,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
 /// `--json FILE`: the report as the JSON contract.
 fn write_json(path: &Path, r: &Report) -> Result<(), Failure> {
     let text = serde_json::to_string_pretty(r)? + "\n";
-    std::fs::write(path, text)
-        .map_err(|e| Failure::new(format!("cannot write {}: {e}", path.display())))
+    crate::output::write_file(path, text.as_bytes())
 }
 
 /// The `oomtrace` Python package and the `--torch` sitecustomize, carried in this binary.

@@ -22,6 +22,7 @@ use oomtrace_proto::EventKind;
 use serde_json::{json, Value};
 
 use super::{by_conn, device_label, frame_file, frame_name, short_name, write_failed};
+use crate::progress::Progress;
 use crate::Failure;
 
 #[derive(Default)]
@@ -76,7 +77,13 @@ impl Writer<'_> {
 }
 
 /// Writes the processes on connections `conns` (of `scan`, the replayed trace at `path`).
-pub fn write(path: &Path, scan: &Trace, conns: &[u32], out: &mut dyn Write) -> Result<(), Failure> {
+pub fn write(
+    path: &Path,
+    scan: &Trace,
+    conns: &[u32],
+    progress: &mut Progress,
+    out: &mut dyn Write,
+) -> Result<(), Failure> {
     let wanted: HashSet<u32> = conns.iter().copied().collect();
     let origin_ns = scan
         .processes
@@ -108,61 +115,67 @@ pub fn write(path: &Path, scan: &Trace, conns: &[u32], out: &mut dyn Write) -> R
     }
     let mut tracks: HashMap<u32, Track> = HashMap::new();
     let mut sym = StackSymbolizer::new();
-    let trace = history::replay(path, |p, seen| {
-        if !wanted.contains(&p.conn) {
-            return;
-        }
-        let track = tracks.entry(p.conn).or_default();
-        if let Some(ts) = track.pending_ts.take() {
-            w.counters(p, ts, track);
-        }
-        match seen {
-            Seen::Event { event: ev, site } => {
-                track.pending_ts = Some(ev.ts_ns);
-                let oom = ev.kind() == Some(EventKind::AllocFailed) && ev.result == OUT_OF_MEMORY;
-                if !oom {
-                    return;
+    let trace = history::replay_with_progress(
+        path,
+        &mut |done, total| progress.update(done, total),
+        |p, seen| {
+            if !wanted.contains(&p.conn) {
+                return;
+            }
+            let track = tracks.entry(p.conn).or_default();
+            if let Some(ts) = track.pending_ts.take() {
+                w.counters(p, ts, track);
+            }
+            match seen {
+                Seen::Event { event: ev, site } => {
+                    track.pending_ts = Some(ev.ts_ns);
+                    let oom =
+                        ev.kind() == Some(EventKind::AllocFailed) && ev.result == OUT_OF_MEMORY;
+                    if !oom {
+                        return;
+                    }
+                    let at = sym
+                        .site(p, site)
+                        .into_iter()
+                        .find(|f| !f.function.is_empty())
+                        .map(|f| format!("{} ({}:{})", frame_name(&f), frame_file(&f), f.line))
+                        .unwrap_or_default();
+                    let dev = p.devices.get(&ev.device);
+                    let v = json!({
+                        "name": format!("OOM {}", device_label(ev.device)),
+                        "ph": "i",
+                        "s": "p",
+                        "ts": w.ts(ev.ts_ns),
+                        "pid": p.pid(),
+                        "tid": ev.tid,
+                        "args": {
+                            "requested_bytes": ev.size,
+                            "live_bytes": dev.map_or(0, |d| d.live_bytes),
+                            "device_free_bytes": dev.and_then(|d| d.last_free),
+                            "api": ev.api().name(),
+                            "site": at,
+                        },
+                    });
+                    w.event(&v);
                 }
-                let at = sym
-                    .site(p, site)
-                    .into_iter()
-                    .find(|f| !f.function.is_empty())
-                    .map(|f| format!("{} ({}:{})", frame_name(&f), frame_file(&f), f.line))
-                    .unwrap_or_default();
-                let dev = p.devices.get(&ev.device);
-                let v = json!({
-                    "name": format!("OOM {}", device_label(ev.device)),
-                    "ph": "i",
-                    "s": "p",
-                    "ts": w.ts(ev.ts_ns),
-                    "pid": p.pid(),
-                    "tid": ev.tid,
-                    "args": {
-                        "requested_bytes": ev.size,
-                        "live_bytes": dev.map_or(0, |d| d.live_bytes),
-                        "device_free_bytes": dev.and_then(|d| d.last_free),
-                        "api": ev.api().name(),
-                        "site": at,
-                    },
-                });
-                w.event(&v);
+                Seen::Marker {
+                    ts_ns, tid, label, ..
+                } => {
+                    let v = json!({
+                        "name": label,
+                        "ph": "i",
+                        "s": "p",
+                        "ts": w.ts(ts_ns),
+                        "pid": p.pid(),
+                        "tid": tid,
+                        "args": {"marker": label},
+                    });
+                    w.event(&v);
+                }
             }
-            Seen::Marker {
-                ts_ns, tid, label, ..
-            } => {
-                let v = json!({
-                    "name": label,
-                    "ph": "i",
-                    "s": "p",
-                    "ts": w.ts(ts_ns),
-                    "pid": p.pid(),
-                    "tid": tid,
-                    "args": {"marker": label},
-                });
-                w.event(&v);
-            }
-        }
-    })?;
+        },
+    )?;
+    progress.end_pass();
     // The effect of each process's last event.
     for (conn, track) in &mut tracks {
         if let Some(ts) = track.pending_ts.take() {

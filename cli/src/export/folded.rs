@@ -20,6 +20,7 @@ use oomtrace_collector::symbolize::StackSymbolizer;
 use oomtrace_collector::trace::Trace;
 
 use super::{by_conn, device_label, frame_name, short_name, write_failed};
+use crate::progress::Progress;
 use crate::Failure;
 
 /// (site, bytes) held on one device.
@@ -38,7 +39,13 @@ fn holdings(p: &Process, device: i16) -> Holdings {
 
 /// Writes the folded stacks of the processes on connections `conns` (of `scan`, the replayed
 /// trace at `path`).
-pub fn write(path: &Path, scan: &Trace, conns: &[u32], out: &mut dyn Write) -> Result<(), Failure> {
+pub fn write(
+    path: &Path,
+    scan: &Trace,
+    conns: &[u32],
+    progress: &mut Progress,
+    out: &mut dyn Write,
+) -> Result<(), Failure> {
     // (conn, device) -> (at peak?, holdings)
     let mut weights: BTreeMap<(u32, i16), (bool, Holdings)> = BTreeMap::new();
     let mut need_peak: HashMap<(u32, i16), u64> = HashMap::new();
@@ -54,18 +61,23 @@ pub fn write(path: &Path, scan: &Trace, conns: &[u32], out: &mut dyn Write) -> R
     }
     if !need_peak.is_empty() {
         let wanted: HashSet<u32> = need_peak.keys().map(|k| k.0).collect();
-        history::replay(path, |p, _| {
-            if !wanted.contains(&p.conn) {
-                return;
-            }
-            for (&d, s) in &p.devices {
-                let key = (p.conn, d);
-                if need_peak.get(&key) == Some(&s.live_bytes) {
-                    need_peak.remove(&key);
-                    weights.insert(key, (true, holdings(p, d)));
+        history::replay_with_progress(
+            path,
+            &mut |done, total| progress.update(done, total),
+            |p, _| {
+                if !wanted.contains(&p.conn) {
+                    return;
                 }
-            }
-        })?;
+                for (&d, s) in &p.devices {
+                    let key = (p.conn, d);
+                    if need_peak.get(&key) == Some(&s.live_bytes) {
+                        need_peak.remove(&key);
+                        weights.insert(key, (true, holdings(p, d)));
+                    }
+                }
+            },
+        )?;
+        progress.end_pass();
     }
 
     let mut sym = StackSymbolizer::new();

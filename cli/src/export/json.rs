@@ -30,6 +30,7 @@ use oomtrace_proto::{Event, EventKind};
 use serde_json::{json, Map, Value};
 
 use super::{by_conn, write_failed};
+use crate::progress::Progress;
 use crate::Failure;
 
 struct Lines<'a> {
@@ -189,7 +190,12 @@ fn process_line(p: &Process) -> Value {
 }
 
 /// Writes the processes on connections `conns` of the trace at `path`.
-pub fn write(path: &Path, conns: &[u32], out: &mut dyn Write) -> Result<(), Failure> {
+pub fn write(
+    path: &Path,
+    conns: &[u32],
+    progress: &mut Progress,
+    out: &mut dyn Write,
+) -> Result<(), Failure> {
     let wanted: HashSet<u32> = conns.iter().copied().collect();
     let mut w = Lines { out, error: None };
     w.line(&json!({
@@ -202,35 +208,44 @@ pub fn write(path: &Path, conns: &[u32], out: &mut dyn Write) -> Result<(), Fail
     let mut defined: HashSet<(u32, SiteId)> = HashSet::new();
     let mut sym = StackSymbolizer::new();
     let mut refs = Vec::new();
-    let trace = history::replay(path, |p, seen| {
-        if !wanted.contains(&p.conn) {
-            return;
-        }
-        if started.insert(p.conn) {
-            w.line(&process_line(p));
-        }
-        refs.clear();
-        let line = match seen {
-            Seen::Event { event, site } => Value::Object(event_fields(p, event, site, &mut refs)),
-            Seen::Marker {
-                seq,
-                ts_ns,
-                tid,
-                label,
-                ..
-            } => json!({
-                "type": "marker", "pid": p.pid(), "seq": seq, "ts_ns": ts_ns, "tid": tid,
-                "label": label,
-            }),
-        };
-        for &site in &refs {
-            if site.0 != 0 && defined.insert((p.conn, site)) {
-                let stack = sym.site(p, site);
-                w.line(&json!({"type": "site", "pid": p.pid(), "site": site.0, "stack": stack}));
+    let trace = history::replay_with_progress(
+        path,
+        &mut |done, total| progress.update(done, total),
+        |p, seen| {
+            if !wanted.contains(&p.conn) {
+                return;
             }
-        }
-        w.line(&line);
-    })?;
+            if started.insert(p.conn) {
+                w.line(&process_line(p));
+            }
+            refs.clear();
+            let line = match seen {
+                Seen::Event { event, site } => {
+                    Value::Object(event_fields(p, event, site, &mut refs))
+                }
+                Seen::Marker {
+                    seq,
+                    ts_ns,
+                    tid,
+                    label,
+                    ..
+                } => json!({
+                    "type": "marker", "pid": p.pid(), "seq": seq, "ts_ns": ts_ns, "tid": tid,
+                    "label": label,
+                }),
+            };
+            for &site in &refs {
+                if site.0 != 0 && defined.insert((p.conn, site)) {
+                    let stack = sym.site(p, site);
+                    w.line(
+                        &json!({"type": "site", "pid": p.pid(), "site": site.0, "stack": stack}),
+                    );
+                }
+            }
+            w.line(&line);
+        },
+    )?;
+    progress.end_pass();
     for &conn in conns {
         let p = by_conn(&trace, conn)?;
         if started.insert(conn) {

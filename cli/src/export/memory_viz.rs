@@ -31,8 +31,19 @@
 //!   innermost first (PyTorch's order); a free's frames are its allocation's.
 //! - Left out: pinned host memory (not device memory), allocations of 0 bytes, frees of
 //!   addresses the trace never saw allocated, step markers.
+//! - `device_traces[d]` keeps the most recent `max_entries` entries of each device (`export
+//!   --max-entries`, default [`DEFAULT_MAX_ENTRIES`]; 0 keeps all), like PyTorch's
+//!   `_record_memory_history(max_entries=...)` ring buffer; the viewer draws blocks freed in
+//!   the window but allocated before it as allocated from the start, as for PyTorch's own
+//!   snapshots. When entries were left out, the snapshot has an extra key the viewer ignores,
+//!   `oomtrace`: `{"max_entries": N, "dropped_entries": [per device], "note": "..."}`.
+//!
+//! Memory: the live segments and blocks (they are the snapshot) and at most `max_entries`
+//! entries per device, never anything per event: entries of a whole-segment block whose
+//! segment later holds tensors are hidden in place (found by their index in the ring), and
+//! the final `segments` are written one at a time.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Write;
 use std::path::Path;
 
@@ -43,7 +54,12 @@ use oomtrace_proto::{Api, EventKind};
 
 use super::pickle::Pickler;
 use super::{frame_file, frame_name};
+use crate::progress::Progress;
 use crate::Failure;
+
+/// Entries kept per device unless `--max-entries` says otherwise: enough for many steps of a
+/// training loop, and a pickle of some tens of MB that the viewer opens in seconds.
+pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Action {
@@ -72,20 +88,17 @@ impl Action {
     }
 }
 
-const NO_MIRROR: u32 = u32::MAX;
-
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     action: Action,
+    /// A whole-segment block's alloc whose segment later held tensor blocks: not written.
+    hidden: bool,
     addr: u64,
     size: u64,
     stream: i64,
     ts_ns: u64,
     site: SiteId,
     device_free: u64,
-    /// The segment instance whose whole-segment block this entry is (dropped if that segment
-    /// ever held tensor blocks).
-    mirror: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,7 +116,10 @@ struct Seg {
     /// Frames of its whole-segment block (for a mapping: the handle's creation).
     block_site: SiteId,
     kind: SegKind,
-    instance: u32,
+    /// It has held a tensor block: the tensors are its blocks, not the whole segment.
+    hosts_tensors: bool,
+    /// Index (in the device's entry stream) of its whole-segment block's `alloc` entry.
+    block_entry: u64,
 }
 
 impl Seg {
@@ -114,7 +130,8 @@ impl Seg {
             site,
             block_site,
             kind,
-            instance: 0,
+            hosts_tensors: false,
+            block_entry: 0,
         }
     }
 }
@@ -132,28 +149,46 @@ struct Blk {
 struct Dev {
     segs: BTreeMap<u64, Seg>,
     blocks: BTreeMap<u64, Blk>,
-    trace: Vec<Entry>,
+    /// The most recent entries (a ring of at most `Model::max_entries` when that is not 0).
+    trace: VecDeque<Entry>,
+    /// Entries ever pushed: `trace[0]` is entry number `pushed - trace.len()`.
+    pushed: u64,
+    /// Entries that would have been written but fell out of the ring.
+    dropped: u64,
+}
+
+impl Dev {
+    /// The entry with stream index `i`, if it is still in the ring.
+    fn entry_mut(&mut self, i: u64) -> Option<&mut Entry> {
+        let first = self.pushed - self.trace.len() as u64;
+        let at = usize::try_from(i.checked_sub(first)?).ok()?;
+        self.trace.get_mut(at)
+    }
 }
 
 #[derive(Default)]
 struct Model {
     devs: BTreeMap<i16, Dev>,
-    /// Per segment instance: it held a tensor block at some point.
-    hosts_tensors: Vec<bool>,
-    /// OOM entries waiting for the driver's reading that follows them: (device, tid) -> index.
-    pending_oom: HashMap<(i16, u32), usize>,
+    /// Entries kept per device (0: all).
+    max_entries: usize,
+    /// OOM entries waiting for the driver's reading that follows them: (device, tid) -> the
+    /// entry's stream index.
+    pending_oom: HashMap<(i16, u32), u64>,
 }
 
 impl Model {
+    fn new(max_entries: usize) -> Model {
+        Model {
+            max_entries,
+            ..Model::default()
+        }
+    }
+
     fn dev(&mut self, d: i16) -> &mut Dev {
         self.devs.entry(d).or_default()
     }
 
-    fn instance(&mut self) -> u32 {
-        self.hosts_tensors.push(false);
-        (self.hosts_tensors.len() - 1) as u32
-    }
-
+    /// Appends an entry to device `d`'s ring; returns its stream index.
     #[allow(clippy::too_many_arguments)]
     fn push(
         &mut self,
@@ -164,35 +199,43 @@ impl Model {
         stream: i64,
         ts: u64,
         site: SiteId,
-        mirror: u32,
-    ) {
-        self.dev(d).trace.push(Entry {
+    ) -> u64 {
+        let max = self.max_entries;
+        let dev = self.dev(d);
+        if max > 0 && dev.trace.len() >= max {
+            if let Some(old) = dev.trace.pop_front() {
+                if !old.hidden {
+                    dev.dropped += 1;
+                }
+            }
+        }
+        dev.trace.push_back(Entry {
             action,
+            hidden: false,
             addr,
             size,
             stream,
             ts_ns: ts,
             site,
             device_free: 0,
-            mirror,
         });
+        dev.pushed += 1;
+        dev.pushed - 1
     }
 
-    /// A new segment at `addr` (its `instance` is assigned here) and its whole-segment block.
+    /// A new segment at `addr` and its whole-segment block.
     fn driver_alloc(&mut self, d: i16, addr: u64, ts: u64, mut seg: Seg) {
         if self.dev(d).segs.contains_key(&addr) {
             // The free of the previous owner of this address was lost.
             self.release_segment(d, addr, ts);
         }
-        seg.instance = self.instance();
         let seg_action = match seg.kind {
             SegKind::Driver => Action::SegmentAlloc,
             SegKind::Mapping => Action::SegmentMap,
         };
         let (size, stream) = (seg.size, seg.stream);
-        self.push(d, seg_action, addr, size, stream, ts, seg.site, NO_MIRROR);
-        let (site, i) = (seg.block_site, seg.instance);
-        self.push(d, Action::Alloc, addr, size, stream, ts, site, i);
+        self.push(d, seg_action, addr, size, stream, ts, seg.site);
+        seg.block_entry = self.push(d, Action::Alloc, addr, size, stream, ts, seg.block_site);
         self.dev(d).segs.insert(addr, seg);
     }
 
@@ -213,64 +256,40 @@ impl Model {
         for a in inside {
             self.free_block(d, a, ts);
         }
-        let (i, s, st) = (seg.instance, seg.size, seg.stream);
-        self.push(d, Action::FreeRequested, addr, s, st, ts, seg.block_site, i);
-        self.push(d, Action::FreeCompleted, addr, s, st, ts, seg.block_site, i);
+        let (s, st) = (seg.size, seg.stream);
+        if !seg.hosts_tensors {
+            self.push(d, Action::FreeRequested, addr, s, st, ts, seg.block_site);
+            self.push(d, Action::FreeCompleted, addr, s, st, ts, seg.block_site);
+        }
         let action = match seg.kind {
             SegKind::Driver => Action::SegmentFree,
             SegKind::Mapping => Action::SegmentUnmap,
         };
-        self.push(d, action, addr, s, st, ts, seg.site, NO_MIRROR);
+        self.push(d, action, addr, s, st, ts, seg.site);
     }
 
     fn free_block(&mut self, d: i16, addr: u64, ts: u64) {
         let Some(b) = self.dev(d).blocks.remove(&addr) else {
             return;
         };
-        self.push(
-            d,
-            Action::FreeRequested,
-            addr,
-            b.size,
-            b.stream,
-            ts,
-            b.site,
-            NO_MIRROR,
-        );
-        self.push(
-            d,
-            Action::FreeCompleted,
-            addr,
-            b.size,
-            b.stream,
-            ts,
-            b.site,
-            NO_MIRROR,
-        );
+        let (s, st) = (b.size, b.stream);
+        self.push(d, Action::FreeRequested, addr, s, st, ts, b.site);
+        self.push(d, Action::FreeCompleted, addr, s, st, ts, b.site);
         if b.synthetic {
-            self.push(
-                d,
-                Action::SegmentFree,
-                addr,
-                b.size,
-                b.stream,
-                ts,
-                b.site,
-                NO_MIRROR,
-            );
+            self.push(d, Action::SegmentFree, addr, s, st, ts, b.site);
         }
     }
 
-    /// The segment instances that together cover `[addr, addr + size)`: one segment, or a run
-    /// of adjacent mappings of one stream.
-    fn cover(&self, d: i16, addr: u64, size: u64) -> Option<Vec<u32>> {
+    /// The segments (their addresses) that together cover `[addr, addr + size)`: one segment,
+    /// or a run of adjacent mappings of one stream.
+    fn cover(&self, d: i16, addr: u64, size: u64) -> Option<Vec<u64>> {
         let dev = self.devs.get(&d)?;
         let (&start, first) = dev.segs.range(..=addr).next_back()?;
         let mut end = start.saturating_add(first.size);
         if addr >= end {
             return None;
         }
-        let mut out = vec![first.instance];
+        let mut out = vec![start];
         let want = addr.saturating_add(size);
         while end < want {
             let next = dev.segs.get(&end)?;
@@ -280,7 +299,7 @@ impl Model {
             {
                 return None;
             }
-            out.push(next.instance);
+            out.push(end);
             end = end.saturating_add(next.size);
         }
         Some(out)
@@ -304,27 +323,30 @@ impl Model {
             self.free_block(d, a, ts);
         }
         let synthetic = match self.cover(d, addr, size) {
-            Some(instances) => {
-                for i in instances {
-                    self.hosts_tensors[i as usize] = true;
+            Some(segs) => {
+                let dev = self.dev(d);
+                for a in segs {
+                    let Some(seg) = dev.segs.get_mut(&a) else {
+                        continue;
+                    };
+                    if !seg.hosts_tensors {
+                        // From now on its tensors are its blocks: its whole-segment block
+                        // never shows (its free is not written either, see release_segment).
+                        seg.hosts_tensors = true;
+                        let i = seg.block_entry;
+                        if let Some(e) = dev.entry_mut(i) {
+                            e.hidden = true;
+                        }
+                    }
                 }
                 false
             }
             None => {
-                self.push(
-                    d,
-                    Action::SegmentAlloc,
-                    addr,
-                    size,
-                    stream,
-                    ts,
-                    site,
-                    NO_MIRROR,
-                );
+                self.push(d, Action::SegmentAlloc, addr, size, stream, ts, site);
                 true
             }
         };
-        self.push(d, Action::Alloc, addr, size, stream, ts, site, NO_MIRROR);
+        self.push(d, Action::Alloc, addr, size, stream, ts, site);
         self.dev(d).blocks.insert(
             addr,
             Blk {
@@ -382,24 +404,17 @@ impl Model {
                 }
                 let d = ev.device;
                 let free = p.devices.get(&d).and_then(|s| s.last_free).unwrap_or(0);
-                self.push(
-                    d,
-                    Action::Oom,
-                    0,
-                    ev.size,
-                    ev.aux as i64,
-                    ts,
-                    site,
-                    NO_MIRROR,
-                );
-                let dev = self.dev(d);
-                let i = dev.trace.len() - 1;
-                dev.trace[i].device_free = free;
+                let i = self.push(d, Action::Oom, 0, ev.size, ev.aux as i64, ts, site);
+                if let Some(e) = self.dev(d).entry_mut(i) {
+                    e.device_free = free;
+                }
                 self.pending_oom.insert((d, ev.tid), i);
             }
             EventKind::MemInfo => {
                 if let Some(i) = self.pending_oom.remove(&(ev.device, ev.tid)) {
-                    self.dev(ev.device).trace[i].device_free = ev.ptr;
+                    if let Some(e) = self.dev(ev.device).entry_mut(i) {
+                        e.device_free = ev.ptr;
+                    }
                 }
             }
             EventKind::Map => {
@@ -435,19 +450,37 @@ impl Model {
     }
 }
 
-/// Writes the snapshot of the process on connection `conn` of the trace file at `path`.
-pub fn write(path: &Path, conn: u32, out: &mut dyn Write) -> Result<(), Failure> {
-    let mut model = Model::default();
+/// What [`write`] left out.
+pub struct Written {
+    /// Entries that fell out of the per-device ring (all devices).
+    pub dropped_entries: u64,
+}
+
+/// Writes the snapshot of the process on connection `conn` of the trace file at `path`,
+/// keeping the most recent `max_entries` entries per device (0: all).
+pub fn write(
+    path: &Path,
+    conn: u32,
+    max_entries: usize,
+    progress: &mut Progress,
+    out: &mut dyn Write,
+) -> Result<Written, Failure> {
+    let mut model = Model::new(max_entries);
     let mut anchor: Option<u64> = None;
-    let trace = history::replay(path, |p, seen| {
-        if p.conn != conn {
-            return;
-        }
-        if let Seen::Event { event, .. } = seen {
-            anchor.get_or_insert(event.ts_ns);
-        }
-        model.on_event(p, seen);
-    })?;
+    let trace = history::replay_with_progress(
+        path,
+        &mut |done, total| progress.update(done, total),
+        |p, seen| {
+            if p.conn != conn {
+                return;
+            }
+            if let Seen::Event { event, .. } = seen {
+                anchor.get_or_insert(event.ts_ns);
+            }
+            model.on_event(p, seen);
+        },
+    )?;
+    progress.end_pass();
     let process = super::by_conn(&trace, conn)?;
     let clock = Clock {
         anchor_ns: anchor.unwrap_or(0),
@@ -463,7 +496,9 @@ pub fn write(path: &Path, conn: u32, out: &mut dyn Write) -> Result<(), Failure>
     };
     w.snapshot(&model);
     w.p.finish().map_err(super::write_failed)?;
-    Ok(())
+    Ok(Written {
+        dropped_entries: model.devs.values().map(|d| d.dropped).sum(),
+    })
 }
 
 #[derive(Clone, Copy)]
@@ -503,52 +538,28 @@ struct OutSeg {
     blocks: Vec<OutBlock>,
 }
 
-/// The final `segments`: live segments (adjacent mappings of one stream merged), blocks
-/// tiling each one.
-fn final_segments(model: &Model) -> Vec<OutSeg> {
-    let mut out = Vec::new();
+/// The final `segments`, one at a time in (device, address) order (never all at once: with
+/// millions of live allocations that list alone was gigabytes): live segments (adjacent
+/// mappings of one stream merged), blocks tiling each one, and the synthetic segments of
+/// tensor blocks that lie in no traced segment.
+fn each_segment(model: &Model, mut emit: impl FnMut(OutSeg)) {
     for (&d, dev) in &model.devs {
-        // Live segments, adjacent mappings of one stream merged, with their members.
-        let mut groups: Vec<(OutSeg, Vec<(u64, &Seg)>)> = Vec::new();
-        for (&a, s) in &dev.segs {
-            if let Some((g, members)) = groups.last_mut() {
-                let mapping = s.kind == SegKind::Mapping;
-                if mapping && g.expandable && g.addr + g.size == a && g.stream == s.stream {
-                    g.size += s.size;
-                    members.push((a, s));
-                    continue;
-                }
-            }
-            let seg = OutSeg {
-                device: d,
-                addr: a,
-                size: s.size,
-                stream: s.stream,
-                site: s.site,
-                expandable: s.kind == SegKind::Mapping,
-                blocks: Vec::new(),
+        let mut segs = dev.segs.range(..).peekable();
+        let mut synthetic = dev.blocks.iter().filter(|(_, b)| b.synthetic).peekable();
+        loop {
+            let next_seg = segs.peek().map(|(&a, _)| a);
+            let next_syn = synthetic.peek().map(|(&a, _)| a);
+            let seg_first = match (next_seg, next_syn) {
+                (None, None) => break,
+                (Some(a), Some(b)) => a <= b,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
             };
-            groups.push((seg, vec![(a, s)]));
-        }
-        for (mut seg, members) in groups {
-            let end = seg.addr + seg.size;
-            let mut blocks: Vec<(u64, u64, SiteId)> = Vec::new();
-            for (a, s) in &members {
-                if !model.hosts_tensors[s.instance as usize] {
-                    blocks.push((*a, s.size, s.block_site));
-                }
-            }
-            for (&a, b) in dev.blocks.range(seg.addr..end) {
-                if !b.synthetic {
-                    blocks.push((a, b.size, b.site));
-                }
-            }
-            seg.blocks = tile(seg.addr, seg.size, blocks);
-            out.push(seg);
-        }
-        for (&a, b) in &dev.blocks {
-            if b.synthetic {
-                out.push(OutSeg {
+            if !seg_first {
+                let Some((&a, b)) = synthetic.next() else {
+                    break;
+                };
+                emit(OutSeg {
                     device: d,
                     addr: a,
                     size: b.size,
@@ -557,11 +568,49 @@ fn final_segments(model: &Model) -> Vec<OutSeg> {
                     expandable: false,
                     blocks: tile(a, b.size, vec![(a, b.size, b.site)]),
                 });
+                continue;
             }
+            let Some((&a, s)) = segs.next() else {
+                break;
+            };
+            let mut seg = OutSeg {
+                device: d,
+                addr: a,
+                size: s.size,
+                stream: s.stream,
+                site: s.site,
+                expandable: s.kind == SegKind::Mapping,
+                blocks: Vec::new(),
+            };
+            // Whole-segment blocks of the members that never held tensors.
+            let mut blocks: Vec<(u64, u64, SiteId)> = Vec::new();
+            if !s.hosts_tensors {
+                blocks.push((a, s.size, s.block_site));
+            }
+            while let Some((&next, n)) = segs.peek() {
+                let adjacent = seg.expandable
+                    && n.kind == SegKind::Mapping
+                    && seg.addr.saturating_add(seg.size) == next
+                    && n.stream == seg.stream;
+                if !adjacent {
+                    break;
+                }
+                seg.size = seg.size.saturating_add(n.size);
+                if !n.hosts_tensors {
+                    blocks.push((next, n.size, n.block_site));
+                }
+                segs.next();
+            }
+            let end = seg.addr.saturating_add(seg.size);
+            for (&a, b) in dev.blocks.range(seg.addr..end) {
+                if !b.synthetic {
+                    blocks.push((a, b.size, b.site));
+                }
+            }
+            seg.blocks = tile(seg.addr, seg.size, blocks);
+            emit(seg);
         }
     }
-    out.sort_by_key(|s| (s.device, s.addr));
-    out
 }
 
 /// Blocks in address order covering `[addr, addr + size)` exactly: the live ones, `inactive`
@@ -569,7 +618,7 @@ fn final_segments(model: &Model) -> Vec<OutSeg> {
 /// produces one).
 fn tile(addr: u64, size: u64, mut live: Vec<(u64, u64, SiteId)>) -> Vec<OutBlock> {
     live.sort_unstable_by_key(|b| b.0);
-    let end = addr + size;
+    let end = addr.saturating_add(size);
     let mut at = addr;
     let mut out = Vec::new();
     for (a, s, site) in live {
@@ -616,7 +665,6 @@ struct SnapshotWriter<'a, W: Write> {
 
 impl<W: Write> SnapshotWriter<'_, W> {
     fn snapshot(&mut self, model: &Model) {
-        let segments = final_segments(model);
         let max_dev = model
             .devs
             .iter()
@@ -628,25 +676,55 @@ impl<W: Write> SnapshotWriter<'_, W> {
         self.p.mark();
         self.p.str("segments");
         self.p.empty_list();
-        for chunk in segments.chunks(super::pickle::BATCH) {
-            self.p.mark();
-            for seg in chunk {
-                self.segment(seg);
+        let mut in_batch = 0;
+        each_segment(model, |seg| {
+            if in_batch == 0 {
+                self.p.mark();
             }
+            self.segment(&seg);
+            in_batch += 1;
+            if in_batch == super::pickle::BATCH {
+                self.p.appends();
+                in_batch = 0;
+            }
+        });
+        if in_batch > 0 {
             self.p.appends();
         }
         self.p.str("device_traces");
         self.p.empty_list();
         self.p.mark();
+        let empty = VecDeque::new();
         for d in 0..n_dev {
-            let trace = model
-                .devs
-                .get(&(d as i16))
-                .map(|dev| &dev.trace[..])
-                .unwrap_or(&[]);
-            self.trace(model, trace);
+            let trace = model.devs.get(&(d as i16)).map_or(&empty, |dev| &dev.trace);
+            self.trace(trace);
         }
         self.p.appends();
+        let dropped: Vec<u64> = (0..n_dev)
+            .map(|d| model.devs.get(&(d as i16)).map_or(0, |dev| dev.dropped))
+            .collect();
+        if dropped.iter().any(|&n| n > 0) {
+            // Not a key of PyTorch's snapshots: the viewer ignores it; a reader of the pickle
+            // learns that the history is cut.
+            self.p.str("oomtrace");
+            self.p.empty_dict();
+            self.p.mark();
+            self.p.str("max_entries");
+            self.p.uint(model.max_entries as u64);
+            self.p.str("dropped_entries");
+            self.p.empty_list();
+            self.p.mark();
+            for n in dropped {
+                self.p.uint(n);
+            }
+            self.p.appends();
+            self.p.str("note");
+            self.p.str(
+                "device_traces holds the most recent max_entries entries of each device; \
+                 older ones were left out (oomtrace export --max-entries 0 keeps all)",
+            );
+            self.p.setitems();
+        }
         self.p.setitems();
     }
 
@@ -704,11 +782,11 @@ impl<W: Write> SnapshotWriter<'_, W> {
         self.p.setitems();
     }
 
-    fn trace(&mut self, model: &Model, entries: &[Entry]) {
+    fn trace(&mut self, entries: &VecDeque<Entry>) {
         self.p.empty_list();
         let mut in_batch = 0;
         for e in entries {
-            if e.mirror != NO_MIRROR && model.hosts_tensors[e.mirror as usize] {
+            if e.hidden {
                 continue;
             }
             if in_batch == 0 {
@@ -799,7 +877,7 @@ mod tests {
         m.devs[&0]
             .trace
             .iter()
-            .filter(|e| e.mirror == NO_MIRROR || !m.hosts_tensors[e.mirror as usize])
+            .filter(|e| !e.hidden)
             .map(|e| (e.action.name(), e.addr, e.size))
             .collect()
     }
@@ -807,13 +885,12 @@ mod tests {
     type Layout = Vec<(u64, u64, bool, Vec<(u64, u64, &'static str)>)>;
 
     fn layout(m: &Model) -> Layout {
-        final_segments(m)
-            .into_iter()
-            .map(|s| {
-                let blocks = s.blocks.iter().map(|b| (b.addr, b.size, b.state)).collect();
-                (s.addr, s.size, s.expandable, blocks)
-            })
-            .collect()
+        let mut out = Vec::new();
+        each_segment(m, |s| {
+            let blocks = s.blocks.iter().map(|b| (b.addr, b.size, b.state)).collect();
+            out.push((s.addr, s.size, s.expandable, blocks));
+        });
+        out
     }
 
     #[test]
@@ -912,5 +989,48 @@ mod tests {
         let a = actions(&m);
         assert_eq!(a.iter().filter(|x| x.0 == "segment_map").count(), 3);
         assert_eq!(a.iter().filter(|x| x.0 == "alloc").count(), 2, "{a:?}");
+    }
+
+    #[test]
+    fn the_ring_keeps_the_most_recent_entries() {
+        let mut m = Model::new(4);
+        m.driver_alloc(0, 0x1000, 1, Seg::new(SegKind::Driver, 0x4000, 0, S, S));
+        m.driver_alloc(0, 0x9000, 2, Seg::new(SegKind::Driver, 0x1000, 0, S, S));
+        m.release_segment(0, 0x9000, 3);
+        // A tensor in the first segment after its whole-segment block's entry left the ring.
+        m.tensor_alloc(0, 0x1000, 0x800, 0, 4, S);
+        assert_eq!(
+            actions(&m),
+            vec![
+                ("free_requested", 0x9000, 0x1000),
+                ("free_completed", 0x9000, 0x1000),
+                ("segment_free", 0x9000, 0x1000),
+                ("alloc", 0x1000, 0x800),
+            ]
+        );
+        assert_eq!(m.devs[&0].dropped, 4);
+        assert_eq!(m.devs[&0].trace.len(), 4);
+        // The final state does not depend on the ring.
+        assert_eq!(
+            layout(&m),
+            vec![(
+                0x1000,
+                0x4000,
+                false,
+                vec![
+                    (0x1000, 0x800, "active_allocated"),
+                    (0x1800, 0x3800, "inactive"),
+                ]
+            )]
+        );
+        // While its entry is still in the ring, a whole-segment block is hidden there.
+        let mut m = Model::new(8);
+        m.driver_alloc(0, 0x1000, 1, Seg::new(SegKind::Driver, 0x4000, 0, S, S));
+        m.tensor_alloc(0, 0x1000, 0x800, 0, 2, S);
+        assert_eq!(
+            actions(&m),
+            vec![("segment_alloc", 0x1000, 0x4000), ("alloc", 0x1000, 0x800)]
+        );
+        assert_eq!(m.devs[&0].dropped, 0);
     }
 }
