@@ -353,7 +353,16 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
     // The collector creates the trace only once a traced process connects (on its first
     // CUDA call): no file means the program never used CUDA.
     let trace_written = std::fs::symlink_metadata(&session.output).is_ok_and(|m| m.is_file());
-    let report = Trace::load(&session.output)
+    // Reading a long run's trace takes a while: a progress bar on a terminal after 1 s.
+    let mut progress = crate::progress::Progress::new();
+    progress.pass("reading the trace");
+    let loaded = Trace::load_with_progress(
+        &session.output,
+        &mut |p, f| p.apply_guarded(f),
+        &mut |done, total| progress.update(done, total),
+    );
+    drop(progress);
+    let report = loaded
         .map(|trace| {
             report::build(
                 &trace,
