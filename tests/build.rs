@@ -304,6 +304,27 @@ const TARGETS: &[Target] = &[
         sources: &["faults/exec_self.c"],
         flags: CUDART,
     },
+    // Lossless delivery at default settings (tests/it/lossless.rs).
+    Target {
+        out: "lossless_threads200",
+        sources: &["lossless/threads200.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "lossless_cross_free",
+        sources: &["lossless/cross_free.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "lossless_many_live",
+        sources: &["lossless/many_live.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "lossless_stall_pairs",
+        sources: &["lossless/stall_pairs.c"],
+        flags: CUDART,
+    },
 ];
 
 /// A second copy of the simulated runtime with another soname and version node, as a wheel

@@ -1,33 +1,57 @@
 //! From hooks to the collector: a bounded lock-free queue, one drain thread, framed records
 //! over a Unix socket (or, failing that, straight into a trace file).
 //!
-//! - Hooks never block on I/O. Allocation events use `try_send`; when the queue is full they
-//!   are counted as lost. Frees, stack and module definitions wait up to 50 ms for room (a lost
-//!   free would become a phantom leak, a lost stack definition an unknown stack), then are
-//!   counted too, and later ones stop waiting until the queue has drained.
-//! - The drain thread polls with a short sleep rather than parking per event (a parked
-//!   receiver makes every send pay a futex wake: +280 ns/pair in the prototype); producers
-//!   wake it only when the queue is a quarter full.
-//! - The drain thread never blocks on a collector that does not read (stopped, or slower
-//!   than the program): each socket write waits at most 20 ms, and what the socket does not
-//!   take waits in the drain thread, up to 16 MiB (or twice the queue). Beyond that, new
-//!   events are counted lost there, each with its kind and device, while stack and module
-//!   definitions still go out. When the collector reads again, everything waiting and the
-//!   `Lost` counts (sent every 500 ms when they change) reach it.
+//! - Lossless while the collector reads. A hook whose event finds the queue full (allocations,
+//!   frees, stack and module definitions alike) wakes the drain thread and waits for room on a
+//!   futex the drain thread bumps as it empties the queue. Every sign of progress (room made,
+//!   bytes taken by the socket or the file) restarts the wait, so a collector that is slower
+//!   than the program slows the program to its pace and loses nothing.
+//! - Bounded when the collector stops reading. The drain thread calls the collector *stalled*
+//!   when data has waited without the socket taking a byte for `STALL_WAIT` (250 ms) while
+//!   the collector's process is stopped (SIGSTOP or a debugger: state `T`/`t` of the pid that
+//!   listened, from SO_PEERCRED and /proc), or for `HUNG_WAIT` (10 s) whatever it is doing: a
+//!   running collector can be busy for over a second without reading (first symbolization of
+//!   a large library, a debug build), and that must not cost events. Each socket write waits
+//!   at most 20 ms, so the drain thread notices while blocked. From then on hooks do not
+//!   wait: an event that finds the queue full is counted lost, each with its kind and device
+//!   (a lost free is a lost free, not a phantom leak). Once the socket takes bytes again the
+//!   stall ends and hooks wait again. A stopped collector therefore holds the program back
+//!   about `STALL_WAIT` per stop. A hook also stops waiting after `WAIT_BACKSTOP` (2 s) in
+//!   which the drain thread neither ran its loop nor made progress (blocked elsewhere, e.g.
+//!   on a slow disk).
+//! - Hooks never wait where waiting could deadlock or is pointless: on the drain thread
+//!   itself, in a fork (or vfork) child still holding the parent's state, once the thread's
+//!   own thread-locals are being destroyed (thread exit), once the process is finishing
+//!   (`shutdown`: atexit, `_exit`), or when the drain thread has ended or the collector is
+//!   gone. There the event goes in if the queue has room and is counted lost if not.
+//! - The fast path is unchanged: one `try_send`, and a wake-up of the drain thread only when
+//!   it sleeps and the queue is a quarter full. The drain thread polls with a short sleep
+//!   rather than parking per event (a parked receiver makes every send pay a futex wake:
+//!   +280 ns/pair in the prototype).
+//! - What the socket does not take waits in the drain thread, up to 16 MiB (or twice the
+//!   queue). At that cap the drain thread stops taking from the queue (so hooks wait) while
+//!   the collector still reads; only when stalled does it take events and count them lost,
+//!   while stack and module definitions still go out. When the collector reads again,
+//!   everything waiting and the `Lost` counts (sent every 500 ms when they change) reach it.
+//! - `flush` waits until everything queued before it has left the process; `shutdown` (exit)
+//!   until the end of the stream has; both give up after their timeout passes with no
+//!   progress (a collector still reading is waited for).
 //! - If the collector goes away, the process keeps running at full speed; the drain thread
-//!   discards and counts. At exit, if the end of the stream cannot get out within 2 s, the
-//!   shim says so on stderr: those counts cannot reach the collector any more.
+//!   discards and counts. At exit, if the end of the stream cannot get out (2 s without the
+//!   socket taking a byte), the shim says so on stderr: those counts cannot reach the
+//!   collector any more.
 
+use std::cell::Cell;
 use std::ffi::CString;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, TrySendError};
+use crossbeam_channel::{Receiver, Sender, TrySendError};
 use oomtrace_proto::trace_file;
 use oomtrace_proto::wire::{self, encode, GoodbyeReason, Hello, Lost, ModuleDef};
 use oomtrace_proto::{Event, EventKind, StackId};
@@ -90,14 +114,59 @@ impl Done {
 /// Lost-event slots: devices 0..15, then one for unknown/other devices.
 const LOST_SLOTS: usize = 17;
 
+/// The stall limit for a collector whose process is stopped (SIGSTOP, a debugger; state `T`
+/// or `t` in /proc): data waited this long without the socket taking a byte, and hooks stop
+/// waiting for room (see the module doc).
+const STALL_WAIT: Duration = Duration::from_millis(250);
+/// The stall limit for a collector that runs but takes nothing (hung, or its process cannot
+/// be seen): a running collector can be busy for over a second without reading (the first
+/// symbolization of a large library, a debug build), which must not cost events.
+const HUNG_WAIT: Duration = Duration::from_secs(10);
+/// How often the collector's process state is read while it takes nothing.
+const PEER_CHECK_EVERY: Duration = Duration::from_millis(100);
+/// A waiting hook gives up after this long without the drain thread running its loop or
+/// making progress: a drain thread blocked somewhere other than a socket write (a slow disk),
+/// which the stall rule does not cover.
+const WAIT_BACKSTOP: Duration = Duration::from_millis(2000);
+/// A waiting hook re-checks stall, shutdown and the backstop this often.
+const WAIT_SLICE: Duration = Duration::from_millis(10);
+/// The drain thread tells waiting hooks about room every this many messages taken.
+const ROOM_EVERY: usize = 1024;
+
+thread_local! {
+    /// Set on the drain thread: it must never wait for room in its own queue.
+    static ON_DRAIN_THREAD: Cell<bool> = const { Cell::new(false) };
+    /// Touched by a thread the first time it waits; once the thread's thread-local
+    /// destructors have dropped it, `try_with` fails: the thread is exiting, never wait.
+    static THREAD_LIVE: Live = const { Live };
+}
+
+struct Live;
+
+impl Drop for Live {
+    fn drop(&mut self) {}
+}
+
 /// Counters and signals shared by hooks and the drain thread.
 pub struct Shared {
     lost_events: AtomicU64,
     lost_frees: AtomicU64,
     lost_stacks: AtomicU64,
     lost_by_device: [AtomicU64; LOST_SLOTS],
-    /// A reliable send timed out: later ones do not wait until the drain thread catches up.
-    congested: AtomicBool,
+    /// Bumped by the drain thread whenever it makes progress (room in the queue, bytes
+    /// written) or its state changes; waiting hooks sleep on it (a futex word).
+    progress: AtomicU32,
+    /// Hooks currently waiting on `progress`.
+    waiters: AtomicU32,
+    /// Bumped by the drain thread once per loop: it is alive (no wake-up).
+    heartbeat: AtomicU32,
+    /// The collector took nothing for `STALL_WAIT` while data waited, or is gone: hooks do not
+    /// wait for room (set and cleared by the drain thread).
+    stalled: AtomicBool,
+    /// The drain thread runs (set before it starts, cleared when it ends).
+    draining: AtomicBool,
+    /// `shutdown` has begun: the process is finishing; hooks do not wait any more.
+    closing: AtomicBool,
     drainer: OnceLock<std::thread::Thread>,
     drainer_idle: AtomicBool,
     capacity: usize,
@@ -110,7 +179,12 @@ impl Shared {
             lost_frees: AtomicU64::new(0),
             lost_stacks: AtomicU64::new(0),
             lost_by_device: std::array::from_fn(|_| AtomicU64::new(0)),
-            congested: AtomicBool::new(false),
+            progress: AtomicU32::new(0),
+            waiters: AtomicU32::new(0),
+            heartbeat: AtomicU32::new(0),
+            stalled: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
             drainer: OnceLock::new(),
             drainer_idle: AtomicBool::new(false),
             capacity,
@@ -166,51 +240,171 @@ impl Shared {
     /// Wakes an idle drain thread once the queue is a quarter full. The length is read only
     /// when the drain thread sleeps: it lives on cache lines the drain thread is writing.
     #[inline]
-    fn nudge(&self, tx: &crossbeam_channel::Sender<Msg>) {
+    fn nudge(&self, tx: &Sender<Msg>) {
         if self.drainer_idle.load(Ordering::Relaxed) && tx.len() * 4 >= self.capacity {
             self.wake();
         }
     }
+
+    /// The drain thread made progress (or changed state): bump the futex word and wake the
+    /// hooks waiting on it, if any. SeqCst pairs with `wait_for_room`: a hook that registered
+    /// as a waiter either is seen here or sees the new value before it sleeps.
+    fn progressed(&self) {
+        self.progress.fetch_add(1, Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            futex_wake_all(&self.progress);
+        }
+    }
+
+    fn set_stalled(&self, stalled: bool) {
+        if self.stalled.swap(stalled, Ordering::SeqCst) != stalled {
+            self.progressed();
+        }
+    }
 }
 
-/// Best effort: an allocation event.
+/// Sleeps until `word` is no longer `expected`, a wake-up, or `timeout`.
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a live, aligned u32 for the whole call; FUTEX_WAIT only reads it and
+    // returns at once if it no longer holds `expected`; `ts` is a valid relative timeout.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: `word` is a live, aligned u32; FUTEX_WAKE does not access memory beyond it.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// Whether this thread may wait for room at all: never on the drain thread, when the drain
+/// thread has ended, or in a (v)fork child that still sees the parent's state.
+fn may_wait_at_all(st: &State) -> bool {
+    if ON_DRAIN_THREAD.try_with(Cell::get).unwrap_or(true)
+        || !st.shared.draining.load(Ordering::Acquire)
+    {
+        return false;
+    }
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() as u32 == st.pid }
+}
+
+/// Whether a hook may wait for room: as `may_wait_at_all`, and not while the thread's
+/// thread-locals are being destroyed, once the process is finishing, or while the collector
+/// is stalled or gone.
+fn may_wait(st: &State) -> bool {
+    let sh = &st.shared;
+    !sh.closing.load(Ordering::Acquire)
+        && !sh.stalled.load(Ordering::Acquire)
+        && THREAD_LIVE.try_with(|_| ()).is_ok()
+        && may_wait_at_all(st)
+}
+
+/// The slow path of every send: the queue was full. Waits for room while the drain thread
+/// makes progress (see the module doc); gives the message back if it cannot go.
+/// `control` (flush, shutdown): also waits while stalled or closing (the drain thread still
+/// takes messages then), giving up after `limit` in which no room was made and no byte
+/// written.
+#[cold]
+#[inline(never)]
+fn wait_for_room(st: &State, mut msg: Msg, control: Option<Duration>) -> Result<(), Msg> {
+    let sh = &st.shared;
+    let allowed = || match control {
+        Some(_) => may_wait_at_all(st),
+        None => may_wait(st),
+    };
+    if !allowed() {
+        return Err(msg);
+    }
+    let limit = control.unwrap_or(WAIT_BACKSTOP);
+    sh.wake();
+    sh.waiters.fetch_add(1, Ordering::SeqCst);
+    let mut seen = sh.progress.load(Ordering::SeqCst);
+    let mut beat = sh.heartbeat.load(Ordering::Relaxed);
+    let mut since = Instant::now();
+    let result = loop {
+        match st.tx.try_send(msg) {
+            Ok(()) => break Ok(()),
+            Err(TrySendError::Disconnected(m)) => break Err(m),
+            Err(TrySendError::Full(m)) => msg = m,
+        }
+        futex_wait(&sh.progress, seen, WAIT_SLICE);
+        if !allowed() {
+            break Err(msg);
+        }
+        let now = sh.progress.load(Ordering::SeqCst);
+        // A hook's wait goes on while the drain thread runs at all (it decides the stall); a
+        // flush or shutdown waits only while something moves, so exit stays bounded by its
+        // caller's timeout even when a running collector reads nothing.
+        let now_beat = match control {
+            None => sh.heartbeat.load(Ordering::Relaxed),
+            Some(_) => beat,
+        };
+        if now != seen || now_beat != beat {
+            seen = now;
+            beat = now_beat;
+            since = Instant::now();
+        } else if since.elapsed() >= limit {
+            break Err(msg);
+        }
+        sh.wake();
+    };
+    sh.waiters.fetch_sub(1, Ordering::SeqCst);
+    result
+}
+
+/// An allocation (or any event that is not a removal): waits for room like every event (see
+/// the module doc); counted lost if it cannot go.
 #[inline]
 pub fn send_event(st: &State, ev: Event) {
     match st.tx.try_send(Msg::Event(ev)) {
         Ok(()) => st.shared.nudge(&st.tx),
-        Err(_) => st.shared.count_lost(&ev),
+        Err(TrySendError::Full(msg)) => {
+            if wait_for_room(st, msg, None).is_err() {
+                st.shared.count_lost(&ev);
+            }
+        }
+        Err(TrySendError::Disconnected(_)) => st.shared.count_lost(&ev),
     }
 }
 
-/// Waits briefly for room; false if the message could not be queued.
+/// Queues `msg`, waiting for room while the collector reads; false if it could not go.
 pub fn send_reliable(st: &State, msg: Msg) -> bool {
     match st.tx.try_send(msg) {
         Ok(()) => {
             st.shared.nudge(&st.tx);
             true
         }
-        Err(TrySendError::Full(msg)) => {
-            if st.shared.congested.load(Ordering::Relaxed) {
-                return false;
-            }
-            st.shared.wake();
-            match st.tx.send_timeout(msg, Duration::from_millis(50)) {
-                Ok(()) => true,
-                Err(_) => {
-                    st.shared.congested.store(true, Ordering::Relaxed);
-                    false
-                }
-            }
-        }
+        Err(TrySendError::Full(msg)) => wait_for_room(st, msg, None).is_ok(),
         Err(TrySendError::Disconnected(_)) => false,
     }
 }
 
-/// A free (or other removal): waits briefly for room, counted if it still cannot go.
+/// A free (or other removal): as `send_event`.
 pub fn send_reliable_event(st: &State, ev: Event) {
-    if !send_reliable(st, Msg::Event(ev)) {
-        st.shared.count_lost(&ev);
-    }
+    send_event(st, ev);
 }
 
 pub fn send_marker(st: &State, ev: Event, label: &str) {
@@ -223,26 +417,67 @@ pub fn send_marker(st: &State, ev: Event, label: &str) {
     }
 }
 
-/// Asks the drain thread to write out what is queued; waits up to `timeout`.
-pub fn flush(st: &State, timeout: Duration) -> bool {
-    let done = Done::new();
-    if !send_reliable(st, Msg::Flush(done.clone())) {
-        return false;
+/// Queues a flush or shutdown request: waits for room even while stalled (the drain thread
+/// still takes messages then), up to `limit` with no progress.
+fn send_control(st: &State, msg: Msg, limit: Duration) -> bool {
+    match st.tx.try_send(msg) {
+        Ok(()) => true,
+        Err(TrySendError::Full(msg)) => wait_for_room(st, msg, Some(limit)).is_ok(),
+        Err(TrySendError::Disconnected(_)) => false,
     }
-    st.shared.wake();
-    done.wait(timeout)
 }
 
-/// Asks the drain thread to finish (goodbye, close); waits up to `timeout`.
-pub fn shutdown(st: &State, reason: GoodbyeReason, timeout: Duration) -> bool {
+/// Waits for `done` while the drain thread makes progress; false after `limit` without any.
+fn wait_done(st: &State, done: &Done, limit: Duration) -> bool {
+    let sh = &st.shared;
+    let mut seen = sh.progress.load(Ordering::SeqCst);
+    let mut since = Instant::now();
+    loop {
+        if done.wait(Duration::from_millis(50)) {
+            return true;
+        }
+        if !sh.draining.load(Ordering::Acquire) {
+            return done.wait(Duration::ZERO);
+        }
+        let now = sh.progress.load(Ordering::SeqCst);
+        if now != seen {
+            seen = now;
+            since = Instant::now();
+        } else if since.elapsed() >= limit {
+            return false;
+        }
+    }
+}
+
+/// Asks the drain thread to write out what is queued; waits until it has left the process,
+/// giving up after `timeout` without progress.
+pub fn flush(st: &State, timeout: Duration) -> bool {
+    if !may_wait_at_all(st) {
+        return false;
+    }
     let done = Done::new();
-    // Shutdown must get through even when the queue is congested.
-    st.shared.congested.store(false, Ordering::Relaxed);
-    if !send_reliable(st, Msg::Shutdown(reason, done.clone())) {
+    if !send_control(st, Msg::Flush(done.clone()), timeout) {
         return false;
     }
     st.shared.wake();
-    done.wait(timeout)
+    wait_done(st, &done, timeout)
+}
+
+/// Asks the drain thread to finish (goodbye, close); waits until it has, giving up after
+/// `timeout` without progress. From here on hooks never wait for room.
+pub fn shutdown(st: &State, reason: GoodbyeReason, timeout: Duration) -> bool {
+    if ON_DRAIN_THREAD.try_with(Cell::get).unwrap_or(true) {
+        return false;
+    }
+    st.shared.closing.store(true, Ordering::SeqCst);
+    // Hooks already waiting re-check and stop.
+    st.shared.progressed();
+    let done = Done::new();
+    if !send_control(st, Msg::Shutdown(reason, done.clone()), timeout) {
+        return false;
+    }
+    st.shared.wake();
+    wait_done(st, &done, timeout)
 }
 
 /// The fd of the collector socket or fallback file, closed by the fork child (the parent
@@ -276,19 +511,29 @@ pub fn spawn_drainer(st: &'static State, rx: Receiver<Msg>) -> bool {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
     }
+    // Before the thread exists: hooks may wait from the first event on.
+    st.shared.draining.store(true, Ordering::Release);
     let spawned = std::thread::Builder::new()
         .name("oomtrace-drain".into())
         .stack_size(256 << 10)
         .spawn(move || {
+            let _ = ON_DRAIN_THREAD.try_with(|f| f.set(true));
             crate::guard::catch(|| Drainer::new(st, rx).run());
+            // Ended (or failed): nobody waits for room any more; waiting hooks re-check.
+            st.shared.draining.store(false, Ordering::Release);
+            st.shared.progressed();
         });
+    // SAFETY: restores the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     match spawned {
         Ok(handle) => {
             let _ = st.shared.drainer.set(handle.thread().clone());
             true
         }
-        Err(_) => false,
+        Err(_) => {
+            st.shared.draining.store(false, Ordering::Release);
+            false
+        }
     }
 }
 
@@ -327,11 +572,12 @@ const WRITE_CHUNK: usize = 1 << 20;
 /// How long one write may wait for a collector that does not read (stopped, or slower than
 /// the program): the drain thread never blocks longer, so it keeps emptying the queue.
 const SOCKET_WRITE_WAIT: Duration = Duration::from_millis(20);
-/// Bytes kept while the collector takes nothing (at least; twice the event queue's size if
-/// that is more: a user who asked for a large buffer asked for that much slack); beyond,
-/// new events are counted lost.
+/// Bytes kept waiting for the socket (at least; twice the event queue's size if that is more:
+/// a user who asked for a large buffer asked for that much slack). At this cap the drain
+/// thread stops taking from the queue while the collector reads (hooks wait), and counts new
+/// events lost only once the collector is stalled (`STALL_WAIT`).
 const STALLED_LIMIT: usize = 16 << 20;
-/// At exit, how long the end of the stream may take to get out.
+/// At exit, how long the end of the stream may go without the socket taking a byte.
 const FINISH_WRITE_WAIT: Duration = Duration::from_millis(2000);
 
 struct Drainer {
@@ -346,6 +592,17 @@ struct Drainer {
     unsent: Vec<u8>,
     /// `STALLED_LIMIT`, or twice the event queue if that is more.
     stalled_limit: usize,
+    /// The collector took nothing for `STALL_WAIT` while data waited (mirrored in
+    /// `Shared::stalled`).
+    stalled: bool,
+    /// When the socket last took a byte, or nothing was waiting.
+    last_taken: Instant,
+    /// Bytes of the stream written so far (socket or file).
+    sent_total: u64,
+    /// The collector's pid (SO_PEERCRED: the process that listened), 0 if unknown.
+    peer_pid: i32,
+    peer_checked: Instant,
+    peer_was_stopped: bool,
     /// Events in `out`, to count them if `out` is dropped.
     out_events: u64,
     /// Offset of the open Events frame in `out`.
@@ -360,6 +617,13 @@ struct Drainer {
     last_lost: Lost,
     lost_checked: Instant,
     idle_rounds: u32,
+}
+
+/// Which buffer `Drainer::send_counted` sends.
+#[derive(Clone, Copy)]
+enum Which {
+    Unsent,
+    Out,
 }
 
 static DETACH_SAID: AtomicBool = AtomicBool::new(false);
@@ -417,6 +681,12 @@ impl Drainer {
             out: Vec::with_capacity(WRITE_CHUNK + 4096),
             unsent: Vec::new(),
             stalled_limit: STALLED_LIMIT.max(st.config.buffer * oomtrace_proto::EVENT_SIZE * 2),
+            stalled: false,
+            last_taken: now,
+            sent_total: 0,
+            peer_pid: 0,
+            peer_checked: now,
+            peer_was_stopped: false,
             out_events: 0,
             events_at: None,
             events_in_frame: 0,
@@ -431,39 +701,59 @@ impl Drainer {
     }
 
     fn run(mut self) {
-        let mut flushes: Vec<Arc<Done>> = Vec::new();
+        // Flush requests, each with the stream position it waits for.
+        let mut flushes: Vec<(u64, Arc<Done>)> = Vec::new();
         loop {
+            self.st.shared.heartbeat.fetch_add(1, Ordering::Relaxed);
             self.cal.refresh();
             let mut got = 0usize;
             let mut shutdown = None;
+            let mut held_back = false;
             while got < 200_000 {
+                // At the cap, while the collector still reads: leave the rest in the queue
+                // (hooks wait for room) instead of dropping it.
+                if self.holding_back() {
+                    held_back = true;
+                    break;
+                }
                 let Ok(msg) = self.rx.try_recv() else { break };
                 got += 1;
                 match msg {
-                    Msg::Flush(done) => flushes.push(done),
+                    Msg::Flush(done) => flushes.push((self.stream_end(), done)),
                     Msg::Shutdown(reason, done) => {
                         shutdown = Some((reason, done));
                         break;
                     }
                     other => self.encode(other),
                 }
-                // While the collector takes nothing, writing per chunk would wait once per
-                // message; then frames gather in `out` until the round ends.
-                if self.out.len() >= WRITE_CHUNK && self.unsent.is_empty() {
-                    self.write_out();
+                if got.is_multiple_of(ROOM_EVERY) {
+                    self.st.shared.progressed();
+                }
+                if self.out.len() >= WRITE_CHUNK {
+                    if self.unsent.is_empty() {
+                        self.write_out();
+                    } else {
+                        // The socket was full: a write that waits would wait once per chunk;
+                        // take what it has room for now and let the rest gather in `out`.
+                        self.write_unsent_now();
+                    }
                 }
             }
+            if got > 0 {
+                self.st.shared.progressed();
+            }
             if let Some((reason, done)) = shutdown {
-                // Whatever other threads queued before the goodbye still goes out.
+                // Whatever other threads queued before the goodbye still goes out (past the
+                // cap if need be: the queue bounds it).
                 while let Ok(msg) = self.rx.try_recv() {
                     match msg {
-                        Msg::Flush(d) => flushes.push(d),
+                        Msg::Flush(d) => flushes.push((u64::MAX, d)),
                         Msg::Shutdown(_, d) => d.set(),
                         other => self.encode(other),
                     }
                 }
                 self.finish(reason);
-                for d in flushes.drain(..) {
+                for (_, d) in flushes.drain(..) {
                     d.set();
                 }
                 done.set();
@@ -472,15 +762,26 @@ impl Drainer {
             self.progress_connection(false);
             self.maybe_send_lost();
             self.write_out();
+            self.update_stall();
             // A flush is done when its data left the process, not when a write was tried: a
-            // collector that reads slowly keeps flushes waiting (their callers' wait is bounded).
-            if self.drained() || !matches!(self.sink, Sink::Socket(_)) {
-                for d in flushes.drain(..) {
+            // collector that reads slowly keeps flushes waiting (their callers give up only
+            // when nothing moves).
+            if !matches!(self.sink, Sink::Socket(_)) {
+                for (_, d) in flushes.drain(..) {
                     d.set();
                 }
+            } else if !flushes.is_empty() {
+                let sent = self.sent_total;
+                let drained = self.drained();
+                flushes.retain(|(mark, d)| {
+                    let done = sent >= *mark || drained;
+                    if done {
+                        d.set();
+                    }
+                    !done
+                });
             }
-            if got == 0 {
-                self.st.shared.congested.store(false, Ordering::Relaxed);
+            if got == 0 && !held_back {
                 self.idle_rounds = self.idle_rounds.saturating_add(1);
                 // 0.2 ms while busy, backing off to 5 ms when idle; producers wake us early.
                 let sleep = Duration::from_micros(200 * u64::from(self.idle_rounds.min(25)));
@@ -495,6 +796,74 @@ impl Drainer {
         }
     }
 
+    /// Connected, `STALLED_LIMIT` waiting, and the collector still reading: take nothing more
+    /// from the queue until the socket has taken some.
+    fn holding_back(&self) -> bool {
+        matches!(self.sink, Sink::Socket(_))
+            && !self.stalled
+            && self.unsent.len() + self.out.len() >= self.stalled_limit
+    }
+
+    /// Whether the collector's process is stopped (state `T` or `t`: SIGSTOP, a debugger), read
+    /// from /proc at most every `PEER_CHECK_EVERY`. Unknown (another pid namespace, a
+    /// collector that forked after `listen`, whose listening pid has gone): false.
+    fn peer_stopped(&mut self, now: Instant) -> bool {
+        if self.peer_pid <= 0 {
+            return false;
+        }
+        if now.duration_since(self.peer_checked) >= PEER_CHECK_EVERY {
+            self.peer_checked = now;
+            self.peer_was_stopped = std::fs::read(format!("/proc/{}/stat", self.peer_pid))
+                .ok()
+                .and_then(|stat| {
+                    // "pid (comm) S ...": the state follows the last ')'.
+                    let at = stat.iter().rposition(|&c| c == b')')?;
+                    stat.get(at + 2).copied()
+                })
+                .is_some_and(|state| state == b'T' || state == b't');
+        }
+        self.peer_was_stopped
+    }
+
+    /// The stream position just past everything encoded so far (closes the open frame).
+    fn stream_end(&mut self) -> u64 {
+        self.close_events();
+        self.sent_total + (self.unsent.len() + self.out.len()) as u64
+    }
+
+    /// Decides whether the collector is stalled: data waiting and no byte taken for
+    /// `STALL_WAIT` while its process is stopped, or for `HUNG_WAIT` whatever it does (or no
+    /// collector at all), and tells the hooks when that changes.
+    fn update_stall(&mut self) {
+        let now = Instant::now();
+        let stalled = match self.sink {
+            Sink::Detached => true,
+            Sink::Socket(_) => {
+                if self.drained() {
+                    self.last_taken = now;
+                }
+                let quiet = now.duration_since(self.last_taken);
+                quiet >= HUNG_WAIT || (quiet >= STALL_WAIT && self.peer_stopped(now))
+            }
+            Sink::Connecting { .. } | Sink::File(_) => false,
+        };
+        if stalled != self.stalled {
+            self.stalled = stalled;
+            self.st.shared.set_stalled(stalled);
+            if matches!(self.sink, Sink::Socket(_)) {
+                log::info(&if stalled {
+                    format!(
+                        "the collector has taken nothing for {} ms: events that find the queue \
+                         full are counted lost until it reads again",
+                        now.duration_since(self.last_taken).as_millis()
+                    )
+                } else {
+                    "the collector reads again: hooks wait for room again".to_string()
+                });
+            }
+        }
+    }
+
     fn close_events(&mut self) {
         if let Some(at) = self.events_at.take() {
             encode::end_events(&mut self.out, at);
@@ -503,10 +872,13 @@ impl Drainer {
     }
 
     fn encode(&mut self, msg: Msg) {
-        // Detached, or a collector that has fallen `STALLED_LIMIT` behind: events are counted
-        // lost here, each with its kind and device (a lost free is a lost free, not a phantom
-        // leak); stack and module definitions still go out, so later events stay readable.
+        // Detached, or a stalled collector (nothing taken for `STALL_WAIT`) with
+        // `STALLED_LIMIT` waiting: events are counted lost here, each with its kind and device
+        // (a lost free is a lost free, not a phantom leak); stack and module definitions still
+        // go out, so later events stay readable. A collector that still reads never gets
+        // here over the cap: `run` stops taking from the queue instead.
         let stalled = matches!(self.sink, Sink::Socket(_))
+            && self.stalled
             && self.unsent.len() + self.out.len() > self.stalled_limit;
         if matches!(self.sink, Sink::Detached) || stalled {
             if let Msg::Event(ev) | Msg::Marker { ev, .. } = msg {
@@ -610,8 +982,10 @@ impl Drainer {
         };
         match result {
             Ok(()) => {
+                self.sent_total += self.out.len() as u64;
                 self.out.clear();
                 self.out_events = 0;
+                self.st.shared.progressed();
             }
             Err(e) => {
                 self.drop_out();
@@ -634,16 +1008,16 @@ impl Drainer {
         }
     }
 
-    /// Sends what the socket takes within `SOCKET_WRITE_WAIT`: first the committed bytes,
-    /// then `out`. A collector that reads nothing costs the program nothing: frames wait here
-    /// up to `STALLED_LIMIT`, after which `encode` counts new events lost instead.
+    /// Sends what the socket takes, each write waiting at most `SOCKET_WRITE_WAIT` for room:
+    /// first the committed bytes, then `out`. Frames the socket does not take wait here up to
+    /// `STALLED_LIMIT` (then `run` holds back, or once stalled `encode` counts events lost).
     fn send_to_socket(&mut self, s: &UnixStream) -> std::io::Result<()> {
         if !self.unsent.is_empty() {
-            let n = send_some(s, &self.unsent)?;
+            let n = self.send_counted(s, Which::Unsent, 0)?;
             self.unsent.drain(..n);
         }
         if self.unsent.is_empty() {
-            let n = send_some(s, &self.out)?;
+            let n = self.send_counted(s, Which::Out, 0)?;
             if n < self.out.len() {
                 self.unsent.extend_from_slice(&self.out[n..]);
             }
@@ -651,6 +1025,43 @@ impl Drainer {
             self.out_events = 0;
         }
         Ok(())
+    }
+
+    /// `send_some` of `unsent` or `out`, counting the bytes taken as progress.
+    fn send_counted(&mut self, s: &UnixStream, which: Which, flags: i32) -> std::io::Result<usize> {
+        let buf = match which {
+            Which::Unsent => &self.unsent,
+            Which::Out => &self.out,
+        };
+        let shared = &self.st.shared;
+        let mut taken = 0u64;
+        let r = send_some(s, buf, flags, |n| {
+            taken += n as u64;
+            shared.progressed();
+        });
+        if taken > 0 {
+            self.sent_total += taken;
+            self.last_taken = Instant::now();
+        }
+        r
+    }
+
+    /// What the socket takes of `unsent` right now, without waiting.
+    fn write_unsent_now(&mut self) {
+        let Sink::Socket(s) = std::mem::replace(&mut self.sink, Sink::Detached) else {
+            return;
+        };
+        match self.send_counted(&s, Which::Unsent, libc::MSG_DONTWAIT) {
+            Ok(n) => {
+                self.unsent.drain(..n);
+                self.sink = Sink::Socket(s);
+            }
+            Err(e) => {
+                self.unsent.clear();
+                self.drop_out();
+                self.detach(&format!("{e}"));
+            }
+        }
     }
 
     /// Nothing is left to send.
@@ -673,6 +1084,9 @@ impl Drainer {
     fn detach(&mut self, why: &str) {
         self.sink = Sink::Detached;
         SINK_FD.store(-1, Ordering::Relaxed);
+        // Nothing will be delivered any more: hooks stop waiting for room.
+        self.stalled = true;
+        self.st.shared.set_stalled(true);
         log::warn_once(
             &DETACH_SAID,
             &format!(
@@ -739,6 +1153,7 @@ impl Drainer {
             return;
         }
         let _ = stream.set_write_timeout(Some(SOCKET_WRITE_WAIT));
+        self.peer_pid = peer_pid(&stream);
         SINK_FD.store(stream.as_raw_fd(), Ordering::Relaxed);
         log::info(&format!("connected to the collector (pid {})", self.st.pid));
         self.sink = Sink::Socket(stream);
@@ -785,17 +1200,25 @@ impl Drainer {
         self.close_events();
         encode::goodbye(&mut self.out, reason, self.seq);
         self.write_out();
-        let deadline = Instant::now() + FINISH_WRITE_WAIT;
-        while matches!(self.sink, Sink::Socket(_)) && !self.drained() && Instant::now() < deadline {
+        // As long as the collector takes bytes, the end of the stream is worth waiting for.
+        let mut sent = self.sent_total;
+        let mut since = Instant::now();
+        while matches!(self.sink, Sink::Socket(_)) && !self.drained() {
             self.write_out();
+            if self.sent_total != sent {
+                sent = self.sent_total;
+                since = Instant::now();
+            } else if since.elapsed() >= FINISH_WRITE_WAIT {
+                break;
+            }
         }
         if matches!(self.sink, Sink::Socket(_)) && !self.drained() {
             // The collector is stopped or far behind: say so, since the counts of what is
             // missing cannot reach it any more.
             log::warn(&format!(
                 "the collector did not take the end of this process's stream within {} ms \
-                 (stopped or overloaded): its trace ends early; {} events were already \
-                 counted lost",
+                 (it took nothing for that long: stopped or overloaded): its trace ends early; \
+                 {} events were already counted lost",
                 FINISH_WRITE_WAIT.as_millis(),
                 self.st.shared.total_lost()
             ));
@@ -834,9 +1257,19 @@ impl Drainer {
     }
 }
 
-/// Sends as much of `buf` as the socket takes before its write timeout: Ok(bytes sent). A
-/// full socket is not an error; a dead collector is (MSG_NOSIGNAL: never a SIGPIPE).
-fn send_some(s: &UnixStream, buf: &[u8]) -> std::io::Result<usize> {
+/// Sends as much of `buf` as the socket takes before its write timeout (or at once, with
+/// `MSG_DONTWAIT` in `flags`), and for at most about `SOCKET_WRITE_WAIT` in all, so that the
+/// drain thread gets back to the queue while a slow collector catches up (hooks waiting for
+/// room then get some every ~20 ms, not once the whole backlog is out): Ok(bytes sent);
+/// `taken` hears of every write that took bytes. A full socket is not an error; a dead
+/// collector is (MSG_NOSIGNAL: never a SIGPIPE).
+fn send_some(
+    s: &UnixStream,
+    buf: &[u8],
+    flags: i32,
+    mut taken: impl FnMut(usize),
+) -> std::io::Result<usize> {
+    let start = Instant::now();
     let mut sent = 0;
     while sent < buf.len() {
         // SAFETY: valid fd and buffer.
@@ -845,7 +1278,7 @@ fn send_some(s: &UnixStream, buf: &[u8]) -> std::io::Result<usize> {
                 s.as_raw_fd(),
                 buf[sent..].as_ptr().cast(),
                 buf.len() - sent,
-                libc::MSG_NOSIGNAL,
+                libc::MSG_NOSIGNAL | flags,
             )
         };
         if n < 0 {
@@ -857,8 +1290,37 @@ fn send_some(s: &UnixStream, buf: &[u8]) -> std::io::Result<usize> {
             }
         }
         sent += n as usize;
+        taken(n as usize);
+        if start.elapsed() >= SOCKET_WRITE_WAIT {
+            break;
+        }
     }
     Ok(sent)
+}
+
+/// The pid of the process that listened on the other end (SO_PEERCRED), 0 if unknown.
+fn peer_pid(s: &UnixStream) -> i32 {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: valid fd and out-parameters of the right size.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        cred.pid
+    } else {
+        0
+    }
 }
 
 /// `send` with MSG_NOSIGNAL: a dead collector must be an error, never a SIGPIPE for the host.
