@@ -316,6 +316,18 @@ fn write_loop(
     out.flush().map_err(|e| e.to_string())
 }
 
+/// True while `pid` runs (a zombie has exited: its socket holds all it will ever send).
+fn still_running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and may hold anything.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| !matches!(state, 'Z' | 'X' | 'x')),
+        Err(_) => false,
+    }
+}
+
 /// The peer's uid, from SO_PEERCRED.
 fn peer_uid(stream: &UnixStream) -> Option<u32> {
     let mut cred = libc::ucred {
@@ -358,8 +370,11 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
     };
     let outcome: Result<(), String> = loop {
         // A process that keeps sending never times out a read: check here too, or a stopping
-        // collector would wait for the program to end.
-        if shared.shutting_down.load(Ordering::Acquire) {
+        // collector would wait for the program to end. A process that has exited is read to
+        // its end instead: what waits in the socket is the end of its trace.
+        if shared.shutting_down.load(Ordering::Acquire)
+            && process.as_ref().is_some_and(|p| still_running(p.pid()))
+        {
             break Ok(());
         }
         let n = match stream.read(&mut chunk) {

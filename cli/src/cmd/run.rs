@@ -250,22 +250,33 @@ fn spawn_collector(socket: &Path, output: &Path) -> Result<Child, Failure> {
     }
 }
 
-fn stop_collector(mut child: Child) -> Option<String> {
+/// Stops the collector (SIGTERM: it reads what the exited program left in its socket, then
+/// finishes the trace) and waits for it. A collector still working through a big backlog is
+/// given as long as the trace keeps growing; one that makes no progress for 15 s is killed.
+fn stop_collector(mut child: Child, output: &Path) -> Option<String> {
     if let Ok(Some(status)) = child.try_wait() {
         return Some(describe(status));
     }
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < deadline {
+    const NO_PROGRESS: Duration = Duration::from_secs(15);
+    let size = || std::fs::metadata(output).map_or(0, |m| m.len());
+    let mut last_size = size();
+    let mut last_progress = Instant::now();
+    while last_progress.elapsed() < NO_PROGRESS {
         if let Ok(Some(_)) = child.try_wait() {
             return None;
         }
         std::thread::sleep(Duration::from_millis(10));
+        let now = size();
+        if now != last_size {
+            last_size = now;
+            last_progress = Instant::now();
+        }
     }
     let _ = child.kill();
     let _ = child.wait();
-    Some("it did not stop within 15 s and was killed".into())
+    Some("it made no progress for 15 s after the program ended and was killed".into())
 }
 
 fn describe(status: ExitStatus) -> String {
@@ -328,7 +339,7 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
         Ok(c) => c,
         Err(e) => {
             // Nothing ran, so nothing connected: the collector leaves no trace file.
-            let _ = stop_collector(collector);
+            let _ = stop_collector(collector, &session.output);
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
@@ -348,7 +359,7 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
             Err(e) => return Err(Failure::new(format!("cannot wait for the command: {e}"))),
         }
     };
-    let collector_died = stop_collector(collector);
+    let collector_died = stop_collector(collector, &session.output);
     drop(dir);
     // The collector creates the trace only once a traced process connects (on its first
     // CUDA call): no file means the program never used CUDA.
