@@ -499,7 +499,10 @@ impl Process {
             EventKind::AllocFailed => {
                 let device = Self::device_for_class(api, ev.device);
                 let site = self.site_of(ev.stack);
-                let failures = self.alloc_failures.entry((api, ev.result, device)).or_default();
+                let failures = self
+                    .alloc_failures
+                    .entry((api, ev.result, device))
+                    .or_default();
                 failures.count += 1;
                 failures.last_size = ev.size;
                 failures.last_site = site;

@@ -129,9 +129,16 @@ fn every_failure_of_run_removes_its_private_directory() {
     let slow = slow.to_str().unwrap();
 
     // An output nobody can write: refused before the program runs, no socket left.
-    let out = run(&["run", "-o", "missing/dir/t.oomt", "--", slow, "0.1"], None);
+    let out = run(
+        &["run", "-o", "missing/dir/t.oomt", "--", slow, "0.1"],
+        None,
+    );
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("missing/dir/t.oomt"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("missing/dir/t.oomt"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
     assert_eq!(entries(&tmp), Vec::<String>::new());
 
@@ -139,7 +146,10 @@ fn every_failure_of_run_removes_its_private_directory() {
     let out = run(&["run", "-o", "t.oomt", "--", "/nonexistent/program"], None);
     assert_eq!(out.status.code(), Some(127), "{}", stderr(&out));
     assert_eq!(entries(&tmp), Vec::<String>::new());
-    assert!(!dir.join("t.oomt").exists(), "no trace of a program that never ran");
+    assert!(
+        !dir.join("t.oomt").exists(),
+        "no trace of a program that never ran"
+    );
 
     // Too few file descriptors for the collector and the program: whatever fails, nothing
     // is left.
@@ -189,7 +199,9 @@ fn a_failed_allocation_names_its_error_and_no_device_is_not_pinned_memory() {
     // No device visible: cudaMalloc fails with cudaErrorNoDevice (the program exits at once).
     let t = run_traced("slow_loop", &["0.1"], &[("SIMCUDA_DEVICES", "0")]);
     let p = processes(&t.report)[0];
-    let failed = p["failed_allocations"].as_array().expect("failed_allocations");
+    let failed = p["failed_allocations"]
+        .as_array()
+        .expect("failed_allocations");
     assert_eq!(failed.len(), 1, "{failed:#?}");
     assert_eq!(failed[0]["api"], "cudaMalloc");
     assert_eq!(failed[0]["error_code"], 100);
@@ -197,11 +209,16 @@ fn a_failed_allocation_names_its_error_and_no_device_is_not_pinned_memory() {
     assert_eq!(failed[0]["device"], -1);
     assert_eq!(failed[0]["last_size"], MIB);
     assert!(
-        p["devices"].as_array().unwrap().iter().all(|d| d["memory"] != "host_pinned"),
+        p["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["memory"] != "host_pinned"),
         "{p:#}"
     );
     assert!(
-        t.stderr.contains("1 failed cudaMalloc: 100 cudaErrorNoDevice"),
+        t.stderr
+            .contains("1 failed cudaMalloc: 100 cudaErrorNoDevice"),
         "{}",
         t.stderr
     );
@@ -237,7 +254,11 @@ fn missing_arguments_and_bad_sizes_are_named() {
             &[size, says],
         );
     }
-    assert_eq!(entries(&dir), Vec::<String>::new(), "a refused demo writes nothing");
+    assert_eq!(
+        entries(&dir),
+        Vec::<String>::new(),
+        "a refused demo writes nothing"
+    );
 }
 
 #[test]
@@ -259,8 +280,12 @@ fn lib_prints_the_library_for_ld_preload() {
     assert_eq!(traces_in(&dir).len(), 1);
     // OOMTRACE_LIB names another file: that one; a missing one: one line.
     let mut cmd = base_command(oomtrace_bin());
-    cmd.arg("lib").env("OOMTRACE_LIB", "/nonexistent/liboomtrace.so");
-    assert_one_line_error(&output_within(cmd, TIMEOUT), &["/nonexistent/liboomtrace.so"]);
+    cmd.arg("lib")
+        .env("OOMTRACE_LIB", "/nonexistent/liboomtrace.so");
+    assert_one_line_error(
+        &output_within(cmd, TIMEOUT),
+        &["/nonexistent/liboomtrace.so"],
+    );
 }
 
 #[test]
@@ -280,8 +305,14 @@ fn a_new_build_removes_the_cache_directories_of_older_ones() {
     let out = output_within(cmd, TIMEOUT);
     assert!(out.status.success(), "{}", stderr(&out));
     let left = entries(&cache.join("oomtrace"));
-    assert!(!left.contains(&"0.0.1-python-0123456789abcdef".to_string()), "{left:?}");
-    assert!(left.contains(&"0.0.1-demo-0123456789abcdef".to_string()), "{left:?}");
+    assert!(
+        !left.contains(&"0.0.1-python-0123456789abcdef".to_string()),
+        "{left:?}"
+    );
+    assert!(
+        left.contains(&"0.0.1-demo-0123456789abcdef".to_string()),
+        "{left:?}"
+    );
     assert!(left.contains(&"notes.txt".to_string()), "{left:?}");
     assert_eq!(
         left.iter().filter(|n| n.contains("-python-")).count(),

@@ -257,7 +257,11 @@ fn export_through_a_symlink_is_refused_and_both_stay() {
     assert_eq!(names_in(&dir), ["dangling", "link.json", "target.json"]);
     // A link to a stream (`-o /dev/stdout`) is written into, as the stream itself would be.
     let mut cmd = base_command(oomtrace_bin());
-    cmd.args(export_args(traced.trace.to_str().unwrap(), "json", "/dev/stdout"));
+    cmd.args(export_args(
+        traced.trace.to_str().unwrap(),
+        "json",
+        "/dev/stdout",
+    ));
     let o = output_within(cmd, TIMEOUT);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(
