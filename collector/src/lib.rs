@@ -4,6 +4,8 @@
 //!   over a Unix socket, one thread each, every frame written to a `.oomt` trace file.
 //! - [`state`]: what is known about one process: live allocations, VMM handles and mappings,
 //!   call sites, device totals, OOMs. O(live + sites) memory, never O(events).
+//! - [`trace_writer`]: the collector's trace file: regular files only, created when the
+//!   first process connects, whole records, and a last word when the disk fills up.
 //! - [`trace`]: replays a trace file into per-process state; [`history`] shows each event of
 //!   that replay to a visitor (`oomtrace export`).
 //! - [`report`]: the `--json` report contract; [`symbolize`]: addresses to lines.
@@ -19,6 +21,7 @@ pub mod server;
 pub mod state;
 pub mod symbolize;
 pub mod trace;
+pub mod trace_writer;
 
 use std::path::PathBuf;
 

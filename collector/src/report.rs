@@ -26,11 +26,26 @@ pub struct Report {
 pub struct TraceInfo {
     pub path: String,
     pub producer: String,
-    /// The writer finished cleanly.
+    /// The writer finished cleanly and wrote everything it received.
     pub complete: bool,
     /// The file ends inside a record (its writer was killed or is still writing).
     pub truncated: bool,
     pub warnings: Vec<String>,
+    /// Present when the writer could not write everything (a full disk): the trace stops
+    /// early, for that reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<IncompleteInfo>,
+}
+
+/// Why a trace stops early, as its writer recorded it.
+#[derive(Clone, Debug, Serialize)]
+pub struct IncompleteInfo {
+    /// `disk_full`, `file_too_large` or `io_error`.
+    pub cause: &'static str,
+    /// The error as the writer saw it.
+    pub message: String,
+    /// Bytes of events received after the last whole record and not written.
+    pub unwritten_bytes: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -185,8 +200,12 @@ pub fn fmt_bytes(b: u64) -> String {
     }
 }
 
-fn status(p: &Process) -> String {
+fn status(p: &Process, trace: &Trace) -> String {
     match p.end {
+        EndState::Running if trace.incomplete.is_some() => {
+            let why = trace.incomplete.as_ref().map_or("", |i| i.cause.words());
+            format!("cut short: the trace could not be written further ({why})")
+        }
         EndState::Exited(Some(GoodbyeReason::Exit)) | EndState::Exited(None) => "exited".into(),
         EndState::Exited(Some(GoodbyeReason::UnderscoreExit)) => "exited (_exit)".into(),
         EndState::Exited(Some(GoodbyeReason::Detach)) => "detached".into(),
@@ -284,7 +303,7 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
                 // A later image of the same process: the stream ended at an exec.
                 "replaced by exec".into()
             } else {
-                status(p)
+                status(p, trace)
             },
             events: p.events,
             lost_events: p.lost.events,
@@ -438,7 +457,12 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
         trace: TraceInfo {
             path: opts.path.clone(),
             producer: trace.header.producer.clone(),
-            complete: trace.complete,
+            complete: trace.complete && trace.incomplete.is_none(),
+            incomplete: trace.incomplete.as_ref().map(|i| IncompleteInfo {
+                cause: i.cause.name(),
+                message: i.message.clone(),
+                unwritten_bytes: i.unwritten_bytes,
+            }),
             truncated: matches!(
                 trace.tail,
                 oomtrace_proto::trace_file::Tail::Truncated { .. }

@@ -6,8 +6,7 @@
 //! is closed: the shim waits for that close, so "the program exited" implies "its trace is on
 //! disk".
 
-use std::fs::File;
-use std::io::{BufWriter, Read, Write};
+use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -15,12 +14,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crossbeam_channel::{bounded, Sender};
 use oomtrace_proto::trace_file::{self, CloseReason};
 use oomtrace_proto::wire::{self, Frame, Next};
 
 use crate::state::Process;
 use crate::trace::Trace;
+use crate::trace_writer::{self, SharedFailure, TraceFile, WriterMsg};
 use crate::Error;
 
 #[derive(Clone, Debug)]
@@ -39,6 +39,11 @@ pub struct Options {
     pub no_clobber: bool,
     /// Print each new finding on stderr as it happens.
     pub live: bool,
+    /// Tell each traced process, before closing its connection, when its events could not
+    /// all be written (a full disk): for a detached collector, whose stderr goes nowhere, the
+    /// process's own stderr is where the user hears of it. Otherwise the collector says it
+    /// once on its stderr.
+    pub tell_processes: bool,
 }
 
 impl Options {
@@ -52,6 +57,7 @@ impl Options {
             compress: true,
             no_clobber: false,
             live: false,
+            tell_processes: false,
         }
     }
 }
@@ -60,27 +66,51 @@ impl Options {
 /// caller can fork in between, while the process still has a single thread.
 pub struct Collector {
     listener: UnixListener,
-    file: File,
+    trace: TraceFile,
     opts: Options,
 }
 
-enum WriterMsg {
-    Open(u32),
-    Chunk(u32, Vec<u8>),
-    Close(u32, CloseReason, String),
-    /// Flush to the OS, then acknowledge.
-    Sync(Sender<()>),
+/// What `serve` leaves besides the processes.
+pub struct Served {
+    pub trace: Trace,
+    /// Where the trace was written; None when no process ever connected (no file was left).
+    pub path: Option<PathBuf>,
 }
 
-/// Creates `path` for writing with mode 0600.
-pub fn create_private(path: &Path) -> std::io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
+/// Makes room for our socket at `path`: nothing there, or a socket nobody listens on (a
+/// collector that died), which is removed. Anything else is refused: a live collector, and
+/// any file that is not a socket (never removed: it is not ours).
+fn clear_stale_socket(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e.to_string()),
+        Ok(m) => m,
+    };
+    let t = meta.file_type();
+    if !t.is_socket() {
+        let what = if t.is_symlink() {
+            "a symbolic link"
+        } else if t.is_dir() {
+            "a directory"
+        } else if t.is_file() {
+            "a regular file"
+        } else {
+            "not a socket"
+        };
+        return Err(format!(
+            "it is {what}, not a socket: refusing to replace it"
+        ));
+    }
+    match UnixStream::connect(path) {
+        Ok(_) => Err("another collector is already listening there".into()),
+        Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
+            std::fs::remove_file(path).map_err(|e| e.to_string())
+        }
+        Err(e) => Err(format!(
+            "a socket is there and cannot be checked ({e}): left as it is"
+        )),
+    }
 }
 
 fn now_ns() -> u64 {
@@ -96,46 +126,24 @@ impl Collector {
             path: opts.socket.clone(),
             source: e.to_string(),
         };
-        if opts.socket.exists() {
-            // A live collector answers; a stale socket file from a dead one is replaced.
-            if UnixStream::connect(&opts.socket).is_ok() {
-                return Err(Error::Socket {
-                    path: opts.socket.clone(),
-                    source: "another collector is already listening there".into(),
-                });
-            }
-            std::fs::remove_file(&opts.socket).map_err(sock_err)?;
-        }
+        // The output first: a refused output leaves no socket behind.
+        let trace =
+            TraceFile::create(&opts.output, opts.no_clobber).map_err(|e| Error::Output {
+                path: opts.output.clone(),
+                source: e.to_string(),
+            })?;
+        clear_stale_socket(&opts.socket).map_err(|source| Error::Socket {
+            path: opts.socket.clone(),
+            source,
+        })?;
         let listener = UnixListener::bind(&opts.socket).map_err(sock_err)?;
         {
             use std::os::unix::fs::PermissionsExt;
             let _ = std::fs::set_permissions(&opts.socket, std::fs::Permissions::from_mode(0o600));
         }
-        let mut opts = opts;
-        let mut file = if opts.no_clobber {
-            trace_file::create_new(&opts.output).map(|(f, p)| {
-                opts.output = p;
-                f
-            })
-        } else {
-            create_private(&opts.output)
-        }
-        .map_err(|e| Error::Output {
-            path: opts.output.clone(),
-            source: e.to_string(),
-        })?;
-        trace_file::write_header(
-            &mut file,
-            now_ns(),
-            concat!("oomtrace-collect ", env!("CARGO_PKG_VERSION")),
-        )
-        .map_err(|e| Error::Output {
-            path: opts.output.clone(),
-            source: e.to_string(),
-        })?;
         Ok(Collector {
             listener,
-            file,
+            trace,
             opts,
         })
     }
@@ -147,9 +155,14 @@ impl Collector {
     /// Serves until `stop` is set (or, with `exit_when_idle`, until every process has gone),
     /// then finishes the trace file. Returns what was collected.
     pub fn serve(self, stop: &AtomicBool) -> Result<Trace, Error> {
+        self.serve_written(stop).map(|s| s.trace)
+    }
+
+    /// [`Collector::serve`], also saying where the trace went (nowhere if nobody connected).
+    pub fn serve_written(self, stop: &AtomicBool) -> Result<Served, Error> {
         let Collector {
             listener,
-            file,
+            trace: trace_file,
             opts,
         } = self;
         listener.set_nonblocking(true).map_err(|e| Error::Socket {
@@ -158,9 +171,19 @@ impl Collector {
         })?;
         let (wtx, wrx) = bounded::<WriterMsg>(256);
         let compress = opts.compress;
+        let failure = SharedFailure::default();
+        let writer_failure = failure.clone();
         let writer = std::thread::Builder::new()
             .name("oomtrace-writer".into())
-            .spawn(move || write_loop(BufWriter::with_capacity(1 << 20, file), wrx, compress))
+            .spawn(move || {
+                trace_writer::write_loop(
+                    trace_file,
+                    concat!("oomtrace-collect ", env!("CARGO_PKG_VERSION")),
+                    wrx,
+                    compress,
+                    writer_failure,
+                )
+            })
             .map_err(|e| Error::Output {
                 path: opts.output.clone(),
                 source: e.to_string(),
@@ -172,7 +195,10 @@ impl Collector {
             finished: Mutex::new(Vec::new()),
             shutting_down: AtomicBool::new(false),
             live: opts.live,
+            failure: failure.clone(),
+            tell_processes: opts.tell_processes,
         });
+        let mut failure_said = false;
         let next_conn = AtomicU32::new(1);
         let started = Instant::now();
         let mut workers = Vec::new();
@@ -210,6 +236,12 @@ impl Collector {
                 Err(_) => std::thread::sleep(Duration::from_millis(10)),
             }
             workers.retain(|h| !h.is_finished());
+            if !failure_said && !opts.tell_processes {
+                if let Some(f) = failure.lock().ok().and_then(|f| f.clone()) {
+                    eprintln!("oomtrace: {}", f.line());
+                    failure_said = true;
+                }
+            }
             if opts.exit_when_idle {
                 let active = shared.active.load(Ordering::Acquire);
                 let ever = shared.ever.load(Ordering::Acquire);
@@ -237,13 +269,15 @@ impl Collector {
             let _ = h.join();
         }
         drop(wtx);
-        let write_result = writer
-            .join()
-            .unwrap_or_else(|_| Err("writer thread panicked".into()));
-        write_result.map_err(|e| Error::Output {
+        let written = writer.join().map_err(|_| Error::Output {
             path: opts.output.clone(),
-            source: e,
+            source: "the writer thread failed".into(),
         })?;
+        if !failure_said && !opts.tell_processes {
+            if let Some(f) = &written.failure {
+                eprintln!("oomtrace: {}", f.line());
+            }
+        }
         let mut trace = Trace::new(trace_file::FileHeader {
             version: trace_file::FILE_VERSION,
             created_unix_ns: now_ns(),
@@ -258,7 +292,17 @@ impl Collector {
             trace.push_process(p);
         }
         trace.complete = true;
-        Ok(trace)
+        if let Some(f) = &written.failure {
+            trace.incomplete = Some(crate::trace::Incomplete {
+                cause: f.cause,
+                unwritten_bytes: 0,
+                message: f.error.clone(),
+            });
+        }
+        Ok(Served {
+            trace,
+            path: written.path,
+        })
     }
 }
 
@@ -269,51 +313,8 @@ struct Shared {
     finished: Mutex<Vec<Process>>,
     shutting_down: AtomicBool,
     live: bool,
-}
-
-fn write_loop(
-    mut out: BufWriter<File>,
-    rx: Receiver<WriterMsg>,
-    compress: bool,
-) -> Result<(), String> {
-    let mut conns = 0u32;
-    let mut dirty = false;
-    let mut last_flush = Instant::now();
-    loop {
-        let msg = match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(m) => Some(m),
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => None,
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
-        };
-        dirty |= msg.is_some();
-        let r = match msg {
-            Some(WriterMsg::Open(conn)) => {
-                conns += 1;
-                trace_file::write_conn_open(&mut out, conn, now_ns(), wire::WIRE_VERSION)
-            }
-            Some(WriterMsg::Chunk(conn, bytes)) => {
-                trace_file::write_chunk(&mut out, conn, &bytes, compress)
-            }
-            Some(WriterMsg::Close(conn, reason, msg)) => {
-                trace_file::write_conn_close(&mut out, conn, now_ns(), reason, &msg)
-            }
-            Some(WriterMsg::Sync(ack)) => {
-                let r = out.flush();
-                let _ = ack.send(());
-                r
-            }
-            None => Ok(()),
-        };
-        r.map_err(|e| e.to_string())?;
-        // Readable while being written: at most ~100 ms of data sits in the buffer.
-        if dirty && last_flush.elapsed() >= Duration::from_millis(100) {
-            out.flush().map_err(|e| e.to_string())?;
-            dirty = false;
-            last_flush = Instant::now();
-        }
-    }
-    trace_file::write_end(&mut out, now_ns(), conns).map_err(|e| e.to_string())?;
-    out.flush().map_err(|e| e.to_string())
+    failure: SharedFailure,
+    tell_processes: bool,
 }
 
 /// True while `pid` runs (a zombie has exited: its socket holds all it will ever send).
@@ -470,6 +471,13 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
         let (ack_tx, ack_rx) = bounded(1);
         if wtx.send(WriterMsg::Sync(ack_tx)).is_ok() {
             let _ = ack_rx.recv_timeout(Duration::from_secs(5));
+        }
+    }
+    if shared.tell_processes {
+        // The shim reads one line after its goodbye: what its user must hear about the trace.
+        if let Some(f) = shared.failure.lock().ok().and_then(|f| f.clone()) {
+            let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
+            let _ = stream.write_all(format!("{}\n", f.line()).as_bytes());
         }
     }
     let _ = stream.shutdown(std::net::Shutdown::Both);

@@ -6,7 +6,9 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
 
-use oomtrace_proto::trace_file::{CloseReason, FileHeader, Record, Tail, TraceReader};
+use oomtrace_proto::trace_file::{
+    CloseReason, FileHeader, Record, Tail, TraceReader, WriteFailure,
+};
 use oomtrace_proto::wire::{self, Frame};
 use rustc_hash::FxHashMap;
 
@@ -28,6 +30,63 @@ pub struct Trace {
     pub tail: Tail,
     /// Things a reader should know (truncation, protocol errors), one sentence each.
     pub warnings: Vec<String>,
+    /// The writer could not write everything (an `Incomplete` record: a full disk).
+    pub incomplete: Option<Incomplete>,
+}
+
+/// What an `Incomplete` record says: the trace stops early, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Incomplete {
+    pub cause: WriteFailure,
+    /// Bytes of wire frames received after the last whole record and never written.
+    pub unwritten_bytes: u64,
+    /// The error as the writer saw it (`No space left on device (os error 28)`).
+    pub message: String,
+}
+
+/// Opens a trace for reading, refusing anything but a regular file: opening a FIFO would block
+/// until someone writes to it, and a device never ends. The open itself never blocks
+/// (O_NONBLOCK, which a regular file ignores).
+fn open_regular(path: &Path) -> Result<File, String> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let t = f.metadata().map_err(|e| e.to_string())?.file_type();
+    let what = if t.is_file() {
+        return Ok(f);
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    };
+    Err(format!("it is {what}, not a trace file"))
+}
+
+/// `1.50 MiB`: the collector's byte format without depending on the report layer.
+fn fmt_size(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[i])
+    }
 }
 
 impl Trace {
@@ -39,6 +98,7 @@ impl Trace {
             complete: false,
             tail: Tail::Open,
             warnings: Vec::new(),
+            incomplete: None,
         }
     }
 
@@ -75,9 +135,9 @@ impl Trace {
                 Ok(n)
             }
         }
-        let f = File::open(path).map_err(|e| Error::Open {
+        let f = open_regular(path).map_err(|e| Error::Open {
             path: path.to_path_buf(),
-            source: e.to_string(),
+            source: e,
         })?;
         let total = f.metadata().map_or(0, |m| m.len());
         let f = Counted {
@@ -113,10 +173,21 @@ impl Trace {
                  its writer was killed or is still writing; everything before it is reported"
             ));
         }
+        if let Some(inc) = &trace.incomplete {
+            trace.warnings.push(format!(
+                "the trace stops early: {} while writing it ({}); {} of events received after \
+                 that were not written, and processes still running then are cut short \
+                 (everything before is reported)",
+                inc.cause.words(),
+                inc.message,
+                fmt_size(inc.unwritten_bytes)
+            ));
+        }
         // Without an end marker the writer may still be running (a collector waits a moment
         // for late children) or was killed; that matters only for processes whose stream has
         // not ended.
-        if !trace.complete {
+        // (A trace cut short by a full disk has said so above, for all of them.)
+        if !trace.complete && trace.incomplete.is_none() {
             for p in trace
                 .processes
                 .iter()
@@ -171,6 +242,18 @@ impl Trace {
                 }
             }
             Record::End { .. } => self.complete = true,
+            Record::Incomplete {
+                cause,
+                unwritten_bytes,
+                message,
+                ..
+            } => {
+                self.incomplete = Some(Incomplete {
+                    cause,
+                    unwritten_bytes,
+                    message,
+                })
+            }
             Record::Unknown { .. } => {}
         }
         Ok(())

@@ -9,6 +9,11 @@
 //!                raw = whole wire frames (see wire.rs) of connection `conn`
 //!   3 ConnClose  conn u32 | t_unix_ns u64 | reason u8 (CloseReason) | message str
 //!   4 End        t_unix_ns u64 | conns u32          (the writer finished cleanly)
+//!   5 Incomplete t_unix_ns u64 | cause u8 (WriteFailure) | unwritten_bytes u64 | message str
+//!                the writer could not write everything it received (a full disk): the
+//!                records before this one are whole, `unwritten_bytes` of wire frames that
+//!                came after them were dropped. Written in space reserved past the end of
+//!                the file, so that it fits on a full disk; an End may follow.
 //! ```
 //!
 //! The file is readable while it is written, and a writer that dies leaves a valid prefix
@@ -33,6 +38,59 @@ pub mod record_type {
     pub const CHUNK: u8 = 2;
     pub const CONN_CLOSE: u8 = 3;
     pub const END: u8 = 4;
+    pub const INCOMPLETE: u8 = 5;
+}
+
+/// Why a writer could not write everything (record `Incomplete`). Pinned values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteFailure {
+    /// ENOSPC or EDQUOT: the disk or the user's quota is full.
+    DiskFull = 1,
+    /// EFBIG: the file reached the largest size allowed (RLIMIT_FSIZE, the filesystem).
+    FileTooLarge = 2,
+    /// Any other I/O error (the message says which).
+    Other = 3,
+}
+
+impl WriteFailure {
+    pub fn from_u8(v: u8) -> WriteFailure {
+        match v {
+            1 => WriteFailure::DiskFull,
+            2 => WriteFailure::FileTooLarge,
+            _ => WriteFailure::Other,
+        }
+    }
+    /// The cause of an I/O error.
+    pub fn of(e: &io::Error) -> WriteFailure {
+        match e.raw_os_error() {
+            Some(libc_codes::ENOSPC | libc_codes::EDQUOT) => WriteFailure::DiskFull,
+            Some(libc_codes::EFBIG) => WriteFailure::FileTooLarge,
+            _ => WriteFailure::Other,
+        }
+    }
+    /// A stable name for JSON (`disk_full`, `file_too_large`, `io_error`).
+    pub fn name(self) -> &'static str {
+        match self {
+            WriteFailure::DiskFull => "disk_full",
+            WriteFailure::FileTooLarge => "file_too_large",
+            WriteFailure::Other => "io_error",
+        }
+    }
+    /// In a sentence's words.
+    pub fn words(self) -> &'static str {
+        match self {
+            WriteFailure::DiskFull => "disk full",
+            WriteFailure::FileTooLarge => "file too large",
+            WriteFailure::Other => "write error",
+        }
+    }
+}
+
+/// Linux's values (this crate has no libc dependency; they are the same on every Linux ABI).
+mod libc_codes {
+    pub const EFBIG: i32 = 27;
+    pub const ENOSPC: i32 = 28;
+    pub const EDQUOT: i32 = 122;
 }
 
 pub const CODEC_NONE: u8 = 0;
@@ -100,6 +158,12 @@ pub enum Record {
     End {
         t_unix_ns: u64,
         conns: u32,
+    },
+    Incomplete {
+        t_unix_ns: u64,
+        cause: WriteFailure,
+        unwritten_bytes: u64,
+        message: String,
     },
     Unknown {
         ty: u8,
@@ -249,6 +313,22 @@ pub fn write_end<W: Write>(w: &mut W, t_unix_ns: u64, conns: u32) -> io::Result<
     wr.u64(t_unix_ns);
     wr.u32(conns);
     write_record(w, record_type::END, &p)
+}
+
+pub fn write_incomplete<W: Write>(
+    w: &mut W,
+    t_unix_ns: u64,
+    cause: WriteFailure,
+    unwritten_bytes: u64,
+    message: &str,
+) -> io::Result<()> {
+    let mut p = Vec::new();
+    let mut wr = Writer { buf: &mut p };
+    wr.u64(t_unix_ns);
+    wr.u8(cause as u8);
+    wr.u64(unwritten_bytes);
+    wr.str(message);
+    write_record(w, record_type::INCOMPLETE, &p)
 }
 
 /// Streams records from a trace file without holding it in memory.
@@ -401,6 +481,12 @@ impl<R: Read> TraceReader<R> {
                     t_unix_ns: r.u64()?,
                     conns: r.u32()?,
                 },
+                record_type::INCOMPLETE => Record::Incomplete {
+                    t_unix_ns: r.u64()?,
+                    cause: WriteFailure::from_u8(r.u8()?),
+                    unwritten_bytes: r.u64()?,
+                    message: r.str()?,
+                },
                 other => Record::Unknown { ty: other },
             })
         })()
@@ -486,6 +572,50 @@ mod tests {
                 r => panic!("{r:?}"),
             }
         }
+    }
+
+    #[test]
+    fn an_incomplete_record_round_trips_and_its_cause_is_total() {
+        let mut f = Vec::new();
+        write_header(&mut f, 1, "test").unwrap();
+        write_incomplete(
+            &mut f,
+            9,
+            WriteFailure::DiskFull,
+            4096,
+            "No space left on device",
+        )
+        .unwrap();
+        write_end(&mut f, 10, 0).unwrap();
+        let (recs, tail) = read_all(&f).unwrap();
+        assert_eq!(tail, Tail::Complete);
+        assert_eq!(
+            recs[0],
+            Record::Incomplete {
+                t_unix_ns: 9,
+                cause: WriteFailure::DiskFull,
+                unwritten_bytes: 4096,
+                message: "No space left on device".into()
+            }
+        );
+        for v in 0..=255u8 {
+            let c = WriteFailure::from_u8(v);
+            assert_eq!(c as u8 == v, (1..=3).contains(&v), "{v}");
+        }
+        let enospc = io::Error::from_raw_os_error(28);
+        assert_eq!(WriteFailure::of(&enospc), WriteFailure::DiskFull);
+        assert_eq!(
+            WriteFailure::of(&io::Error::from_raw_os_error(122)),
+            WriteFailure::DiskFull
+        );
+        assert_eq!(
+            WriteFailure::of(&io::Error::from_raw_os_error(27)),
+            WriteFailure::FileTooLarge
+        );
+        assert_eq!(
+            WriteFailure::of(&io::Error::from_raw_os_error(5)),
+            WriteFailure::Other
+        );
     }
 
     #[test]

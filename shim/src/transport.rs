@@ -43,7 +43,6 @@
 
 use std::cell::Cell;
 use std::ffi::CString;
-use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -560,7 +559,7 @@ enum Sink {
         next_try: Instant,
     },
     Socket(UnixStream),
-    File(std::fs::File),
+    File(DirectFile),
     /// The collector is gone: everything is counted and dropped.
     Detached,
 }
@@ -628,6 +627,8 @@ enum Which {
 
 static DETACH_SAID: AtomicBool = AtomicBool::new(false);
 static FALLBACK_SAID: AtomicBool = AtomicBool::new(false);
+/// The output was refused: the process runs untraced by design, not for a lost collector.
+static OUTPUT_REFUSED: AtomicBool = AtomicBool::new(false);
 
 fn read_cmdline() -> Vec<String> {
     std::fs::read("/proc/self/cmdline")
@@ -978,7 +979,11 @@ impl Drainer {
                 return;
             }
             Sink::Socket(_) => return,
-            Sink::File(f) => trace_file::write_chunk(f, 0, &self.out, false),
+            Sink::File(d) => {
+                let mut record = Vec::with_capacity(self.out.len() + 32);
+                let _ = trace_file::write_chunk(&mut record, 0, &self.out, false);
+                d.write_record(&record)
+            }
         };
         match result {
             Ok(()) => {
@@ -988,10 +993,24 @@ impl Drainer {
                 self.st.shared.progressed();
             }
             Err(e) => {
+                let lost_bytes = self.out.len() as u64;
                 self.drop_out();
-                self.detach(&format!("{e}"));
+                if let Sink::File(d) = &mut self.sink {
+                    // The file ends on its last whole record, then says why it stops there.
+                    let line = d.failed(&e, lost_bytes);
+                    self.detach_quietly();
+                    log::warn(&line);
+                } else {
+                    self.detach(&format!("{e}"));
+                }
             }
         }
+    }
+
+    /// Stops delivering without the "lost the collector" line (the caller says what happened).
+    fn detach_quietly(&mut self) {
+        DETACH_SAID.store(true, Ordering::Relaxed);
+        self.detach("");
     }
 
     fn write_socket(&mut self) {
@@ -1162,6 +1181,18 @@ impl Drainer {
     /// No collector: write the trace file ourselves, in the same format a collector writes.
     fn fall_back(&mut self, why: &str) {
         let wanted = self.st.config.output_for(self.st.pid);
+        if let Some(what) = not_a_regular_file(Path::new(&wanted)) {
+            // /dev/full, a FIFO, a link: never written beside (`/dev/full.1`) or through. The
+            // collector refused it for the same reason (that is `why`): one line says it all.
+            self.drop_out();
+            OUTPUT_REFUSED.store(true, Ordering::Relaxed);
+            self.detach_quietly();
+            log::warn(&format!(
+                "not tracing: the output {wanted} (OOMTRACE_OUTPUT) is {what}; the program runs \
+                 untraced"
+            ));
+            return;
+        }
         // Never overwrite a trace (std opens files close-on-exec).
         match trace_file::create_new(Path::new(&wanted)) {
             Ok((mut f, path)) => {
@@ -1172,18 +1203,26 @@ impl Drainer {
                     .and_then(|_| {
                         trace_file::write_conn_open(&mut f, 0, clock::unix_ns(), wire::WIRE_VERSION)
                     })
-                    .and_then(|_| trace_file::write_chunk(&mut f, 0, &first, false));
-                if let Err(e) = ok {
-                    self.drop_out();
-                    self.detach(&format!("{why}; and cannot write {path}: {e}"));
-                    return;
-                }
+                    .and_then(|_| trace_file::write_chunk(&mut f, 0, &first, false))
+                    .and_then(|_| std::io::Seek::stream_position(&mut f));
+                let written = match ok {
+                    Ok(n) => n,
+                    Err(e) => {
+                        self.drop_out();
+                        self.detach(&format!("{why}; and cannot write {path}: {e}"));
+                        return;
+                    }
+                };
                 log::warn_once(
                     &FALLBACK_SAID,
                     &format!("{why}; writing the trace directly to {path}"),
                 );
                 SINK_FD.store(f.as_raw_fd(), Ordering::Relaxed);
-                self.sink = Sink::File(f);
+                self.sink = Sink::File(DirectFile {
+                    file: f,
+                    path,
+                    written,
+                });
             }
             Err(e) => {
                 self.drop_out();
@@ -1233,28 +1272,110 @@ impl Drainer {
                 // written" for whoever reads it next.
                 let _ = s.shutdown(std::net::Shutdown::Write);
                 let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                let mut buf = [0u8; 64];
-                let _ = std::io::Read::read(&mut &s, &mut buf);
+                // Before closing, the collector may send one line this process's user must
+                // hear (its trace could not all be written: a full disk). Then EOF.
+                let mut said = Vec::new();
+                let mut buf = [0u8; 512];
+                while said.len() < 4096 {
+                    match std::io::Read::read(&mut &s, &mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => said.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let said = String::from_utf8_lossy(&said);
+                if let Some(line) = said.lines().map(str::trim).find(|l| !l.is_empty()) {
+                    log::warn(line);
+                }
             }
-            Sink::File(mut f) => {
+            Sink::File(mut d) => {
+                let mut tail = Vec::new();
                 let _ = trace_file::write_conn_close(
-                    &mut f,
+                    &mut tail,
                     0,
                     clock::unix_ns(),
                     trace_file::CloseReason::Clean,
                     "",
                 );
-                let _ = trace_file::write_end(&mut f, clock::unix_ns(), 1);
-                let _ = f.flush();
+                let _ = trace_file::write_end(&mut tail, clock::unix_ns(), 1);
+                if let Err(e) = d.write_record(&tail) {
+                    log::warn(&d.failed(&e, 0));
+                }
             }
             _ => {}
         }
         SINK_FD.store(-1, Ordering::Relaxed);
         let lost = self.st.shared.total_lost();
-        if lost > 0 && DETACH_SAID.load(Ordering::Relaxed) {
-            log::warn(&format!("{lost} events were not recorded (collector lost)"));
+        if lost > 0
+            && DETACH_SAID.load(Ordering::Relaxed)
+            && !OUTPUT_REFUSED.load(Ordering::Relaxed)
+        {
+            log::warn(&format!("{lost} events were not recorded (see above)"));
         }
     }
+}
+
+/// The trace file the shim writes itself when no collector can run: whole records at known
+/// offsets, so that a failed write (a full disk) can be cut back to the last whole one.
+struct DirectFile {
+    file: std::fs::File,
+    path: String,
+    /// Bytes of the file that are whole records.
+    written: u64,
+}
+
+impl DirectFile {
+    fn write_record(&mut self, record: &[u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file.write_all_at(record, self.written)?;
+        self.written += record.len() as u64;
+        Ok(())
+    }
+
+    /// After a failed write: the file ends on its last whole record and, room permitting,
+    /// an `Incomplete` record says why. Returns the line to print.
+    fn failed(&mut self, e: &std::io::Error, lost_bytes: u64) -> String {
+        use std::os::unix::fs::FileExt;
+        let _ = self.file.set_len(self.written);
+        let cause = trace_file::WriteFailure::of(e);
+        let mut rec = Vec::new();
+        let _ = trace_file::write_incomplete(
+            &mut rec,
+            clock::unix_ns(),
+            cause,
+            lost_bytes,
+            &e.to_string(),
+        );
+        let _ = trace_file::write_end(&mut rec, clock::unix_ns(), 1);
+        if self.file.write_all_at(&rec, self.written).is_err() {
+            let _ = self.file.set_len(self.written);
+        }
+        format!(
+            "cannot write the trace {}: {} ({e}); it stops here and the program continues \
+             untraced",
+            self.path,
+            cause.words()
+        )
+    }
+}
+
+/// What `path` is when it exists and is not a regular file (a trace is never written into
+/// or beside a device, a FIFO, a directory or a link).
+fn not_a_regular_file(path: &Path) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = std::fs::symlink_metadata(path).ok()?.file_type();
+    Some(if t.is_file() {
+        return None;
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_char_device() {
+        "a character device, not a regular file"
+    } else if t.is_fifo() {
+        "a FIFO, not a regular file"
+    } else {
+        "not a regular file"
+    })
 }
 
 /// Sends as much of `buf` as the socket takes before its write timeout (or at once, with

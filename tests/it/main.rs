@@ -43,3 +43,8 @@ mod hygiene;
 /// a failed export that keeps the old file; incomplete traces that say why; progress on a
 /// terminal only.
 mod output;
+
+/// Destroy nothing, lose nothing silently: socket and output rules, OOMTRACE_OUTPUT that is a
+/// device, a FIFO given to report, and a real full disk under LD_PRELOAD, run and the shim's
+/// own file.
+mod durability;

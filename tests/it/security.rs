@@ -19,16 +19,28 @@ fn traces_and_sockets_are_private() {
     let socket = dir.join("c.sock");
     let mut c = start_collector(&socket, &dir.join("t.oomt"));
     assert_eq!(mode(&socket), 0o600, "collector socket");
-    assert_eq!(mode(&dir.join("t.oomt")), 0o600, "collector trace");
+    // Until a process connects the trace is a temporary file beside its name: private too.
+    let tmp: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert_eq!(tmp.len(), 1, "{tmp:?}");
+    assert_eq!(mode(&tmp[0]), 0o600, "collector trace before the first process");
+    let mut app = base_command(scenario("runtime_basic"));
+    app.env("LD_PRELOAD", shim()).env("OOMTRACE_SOCKET", &socket);
+    assert!(output_within(app, TIMEOUT).status.success());
     // SAFETY: signalling our own child.
     unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
     let _ = c.wait();
+    assert_eq!(mode(&dir.join("t.oomt")), 0o600, "collector trace");
 }
 
 #[test]
 fn plain_ld_preload_traces_are_private_and_never_replace_a_file() {
     let dir = scratch("private-preload");
-    // A symlink where the trace would go must not be followed (no-clobber, O_EXCL).
+    // A symlink where the trace would go is neither followed nor replaced: refused, in one
+    // line, and the program runs untraced.
     let victim = dir.join("victim");
     std::fs::write(&victim, "keep me").unwrap();
     std::os::unix::fs::symlink(&victim, dir.join("t.oomt")).unwrap();
@@ -42,12 +54,26 @@ fn plain_ld_preload_traces_are_private_and_never_replace_a_file() {
     );
     assert!(out.status.success());
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+    assert!(dir.join("t.oomt").is_symlink());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is a symbolic link"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
     let traces: Vec<_> = traces_in(&dir)
         .into_iter()
         .filter(|p| !p.is_symlink())
         .collect();
-    assert_eq!(traces.len(), 1, "{traces:?}");
-    assert_eq!(mode(&traces[0]), 0o600);
+    assert!(traces.is_empty(), "{traces:?}");
+    // A free name: the trace is private.
+    let out = output_within(
+        {
+            let mut c = preloaded("runtime_basic", &dir);
+            c.env("OOMTRACE_OUTPUT", dir.join("mine.oomt"));
+            c
+        },
+        TIMEOUT,
+    );
+    assert!(out.status.success());
+    assert_eq!(mode(&dir.join("mine.oomt")), 0o600);
 }
 
 /// Needs root to act as another user; skipped (with a line) otherwise.
@@ -83,9 +109,10 @@ fn the_collector_refuses_peers_of_another_user() {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
     let _ = c.wait();
-    let r = report_json(&trace);
+    // Not a byte of it was taken: no process ever got in, so no trace was even written.
     assert!(
-        processes(&r).is_empty(),
-        "a process of another user got into the trace: {r}"
+        !trace.exists(),
+        "a process of another user got into the trace: {}",
+        report_json(&trace)
     );
 }

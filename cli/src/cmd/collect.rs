@@ -12,7 +12,8 @@ use crate::{render, signals, Failure};
 /// Run a collector on a Unix socket; traced processes connect through OOMTRACE_SOCKET.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Unix socket to listen on (created; a stale one is replaced).
+    /// Unix socket to listen on (created; a stale socket nobody listens on is replaced,
+    /// anything else there is refused).
     #[arg(long, value_name = "PATH")]
     pub socket: PathBuf,
     /// Trace file to write [default: oomtrace.<pid>.oomt]
@@ -48,6 +49,8 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     opts.exit_when_idle = args.exit_when_idle;
     opts.no_clobber = args.no_clobber;
     opts.live = args.live || (!args.quiet && !args.detach);
+    // Detached, our stderr is /dev/null: each traced process hears of a lost trace instead.
+    opts.tell_processes = args.detach;
     if !args.exit_when_idle {
         opts.idle_grace = Duration::from_secs(1);
     }
@@ -66,9 +69,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             collector.options().output.display()
         );
     }
-    let output = collector.options().output.clone();
     let socket = collector.options().socket.clone();
-    let trace = collector.serve(&signals::STOP)?;
+    let served = collector.serve_written(&signals::STOP)?;
+    let trace = served.trace;
     if args.detach || args.parent_pid.is_some() {
         // Started by the shim or by `run`, each of which made a private directory for the
         // socket (oomtrace-XXXXXX, oomtrace-<pid>-N): remove it once empty (remove_dir never
@@ -82,6 +85,12 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             }
         }
     }
+    let Some(output) = served.path else {
+        if !args.quiet && !args.detach {
+            eprintln!("oomtrace: no traced process connected; no trace written");
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
     if !args.quiet && !args.detach {
         let report = oomtrace_collector::report::build(
             &trace,

@@ -1,0 +1,356 @@
+//! Destroy nothing, lose nothing silently: the collector's socket and trace file never replace
+//! what is not theirs, a full disk is said in one line and recorded in the trace, outputs that
+//! are not regular files are refused, and a FIFO given to `report` is refused, not read.
+//!
+//! Device nodes are made with `mknod` in each test's own directory, never the system's: that
+//! needs root (CI runs as root). The full disk is a real 256 KiB tmpfs, mounted in a private
+//! mount namespace (`unshare`).
+
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use oomtrace_tests::*;
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `mknod PATH c MAJOR MINOR`; fails the test with a clear message without root.
+fn mknod(path: &Path, major: u32, minor: u32) {
+    let out = Command::new("mknod")
+        .arg(path)
+        .args(["c", &major.to_string(), &minor.to_string()])
+        .output()
+        .expect("run mknod");
+    assert!(
+        out.status.success(),
+        "these tests need root to make device nodes in their own directory (mknod: {})",
+        stderr(&out).trim()
+    );
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string; mkfifo only creates a file.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn collect(args: &[&Path]) -> Output {
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.args(["collect", "--quiet", "--exit-when-idle", "--socket"])
+        .arg(args[0])
+        .arg("--output")
+        .arg(args[1]);
+    output_within(cmd, TIMEOUT)
+}
+
+#[test]
+fn collect_replaces_only_a_stale_socket() {
+    let dir = scratch("socket-rules");
+    let trace = dir.join("t.oomt");
+    // A regular file where the socket should go: refused, kept.
+    let file = dir.join("file.sock");
+    std::fs::write(&file, b"the user's").unwrap();
+    let out = collect(&[&file, &trace]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("regular file, not a socket"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    assert_eq!(std::fs::read(&file).unwrap(), b"the user's");
+    // A symlink: refused, kept, its target untouched.
+    let link = dir.join("link.sock");
+    std::os::unix::fs::symlink(&file, &link).unwrap();
+    let out = collect(&[&link, &trace]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("symbolic link"), "{}", stderr(&out));
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    // A live socket: refused, and its listener keeps it.
+    let live = dir.join("live.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&live).unwrap();
+    let out = collect(&[&live, &trace]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("already listening"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(std::os::unix::net::UnixStream::connect(&live).is_ok());
+    drop(listener);
+    // Now stale (nobody listens): replaced, and the collector runs.
+    let socket = live;
+    let mut c = start_collector(&socket, &trace);
+    let mut app = base_command(scenario("runtime_basic"));
+    app.env("LD_PRELOAD", shim())
+        .env("OOMTRACE_SOCKET", &socket);
+    assert!(output_within(app, TIMEOUT).status.success());
+    // SAFETY: signalling the collector we started.
+    unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
+    assert!(c.wait().unwrap().success());
+    assert_eq!(processes(&report_json(&trace)).len(), 1);
+    // No trace was ever written for the refused starts; the file and the link are kept.
+    assert_eq!(names_in(&dir), ["file.sock", "link.sock", "t.oomt"]);
+}
+
+#[test]
+fn collect_refuses_outputs_that_are_not_regular_files_and_leaves_no_socket() {
+    let dir = scratch("output-rules");
+    let socket = dir.join("c.sock");
+    let null = dir.join("null");
+    mknod(&null, 1, 3);
+    let fifo = dir.join("fifo");
+    mkfifo(&fifo);
+    let target = dir.join("target.oomt");
+    std::fs::write(&target, b"kept").unwrap();
+    let link = dir.join("link.oomt");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    for (out_path, says) in [
+        (&null, "character device"),
+        (&fifo, "FIFO"),
+        (&link, "symbolic link"),
+        (&dir.to_path_buf(), "directory"),
+    ] {
+        let out = collect(&[&socket, out_path]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{says}: {}", stderr(&out));
+        assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+        assert!(!socket.exists(), "a refused output leaves no socket");
+    }
+    assert!(std::fs::symlink_metadata(&null)
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    assert_eq!(std::fs::read(&target).unwrap(), b"kept");
+    assert_eq!(names_in(&dir), ["fifo", "link.oomt", "null", "target.oomt"]);
+}
+
+#[test]
+fn oomtrace_output_that_is_a_device_is_refused_in_one_line_and_nothing_is_written_beside_it() {
+    let dir = scratch("output-device");
+    let full = dir.join("full");
+    mknod(&full, 1, 7);
+    let fifo = dir.join("fifo");
+    mkfifo(&fifo);
+    for output in [&full, &fifo] {
+        let mut cmd = preloaded("runtime_basic", &dir);
+        cmd.env("OOMTRACE_OUTPUT", output);
+        let out = output_within(cmd, TIMEOUT);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "runtime_basic: ok\n");
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!("not tracing: the output {}", output.display())),
+            "{err}"
+        );
+        assert!(err.contains("not a regular file"), "{err}");
+    }
+    assert_eq!(
+        names_in(&dir),
+        ["fifo", "full"],
+        "no full.1, no temporary files"
+    );
+    assert!(std::fs::symlink_metadata(&full)
+        .unwrap()
+        .file_type()
+        .is_char_device());
+}
+
+#[test]
+fn report_and_export_refuse_a_fifo_instead_of_blocking() {
+    let dir = scratch("report-fifo");
+    let fifo = dir.join("t.oomt");
+    mkfifo(&fifo);
+    for args in [
+        vec!["report", fifo.to_str().unwrap()],
+        vec![
+            "export",
+            fifo.to_str().unwrap(),
+            "--format",
+            "json",
+            "-o",
+            "-",
+        ],
+    ] {
+        let mut cmd = base_command(oomtrace_bin());
+        cmd.args(&args);
+        let out = output_within(cmd, TIMEOUT);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("it is a FIFO, not a trace file"), "{err}");
+    }
+}
+
+/// Runs `sh -c script` in a private mount namespace with a 256 KiB tmpfs mounted on `dir`
+/// (`unshare` as root, or with a user namespace otherwise). The script runs in `dir`.
+fn on_a_tiny_disk(dir: &Path, script: &str) -> Output {
+    let mount = format!(
+        "mount -t tmpfs -o size=256k oomtrace-test {d} && cd {d}",
+        d = shell_quote(dir)
+    );
+    let mut tries = vec![vec!["-m"], vec!["--user", "--map-root-user", "-m"]];
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        tries.reverse();
+    }
+    let mut why = Vec::new();
+    for flags in tries {
+        // First a probe: can this kind of namespace mount a tmpfs here?
+        let probe = base_command("unshare")
+            .args(&flags)
+            .args(["sh", "-c", &mount])
+            .output()
+            .expect("run unshare");
+        if !probe.status.success() {
+            why.push(format!(
+                "unshare {}: {}",
+                flags.join(" "),
+                stderr(&probe).trim()
+            ));
+            continue;
+        }
+        let mut cmd = base_command("unshare");
+        cmd.args(&flags)
+            .args(["sh", "-c", &format!("{mount} && {script}")])
+            .env("OOMTRACE_COLLECTOR", oomtrace_bin())
+            .env("OOMTRACE_LIB", shim());
+        return output_within(cmd, TIMEOUT);
+    }
+    panic!("a tiny disk needs `unshare -m` (root) or user namespaces: {why:?}");
+}
+
+fn shell_quote(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
+}
+
+/// The one trace file left in `dir` after the tmpfs is gone (copied out by the script).
+fn the_trace(dir: &Path) -> PathBuf {
+    let traces = traces_in(dir);
+    assert_eq!(traces.len(), 1, "{:?}", names_in(dir));
+    traces[0].clone()
+}
+
+#[test]
+fn a_full_disk_under_ld_preload_is_said_and_recorded_in_the_trace() {
+    let dir = scratch("disk-full-preload");
+    let disk = dir.join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let script = format!(
+        "LD_PRELOAD=\"$OOMTRACE_LIB\" {prog} 1; echo rc=$?; \
+         while pgrep -f '[o]omtrace collect.*{disk}' >/dev/null; do sleep 0.1; done; \
+         cp -p *.oomt {out}/",
+        prog = shell_quote(&scenario("slow_loop")),
+        disk = disk.display(),
+        out = shell_quote(&dir),
+    );
+    let out = on_a_tiny_disk(&disk, &script);
+    let err = stderr(&out);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("rc=7"),
+        "{err}"
+    );
+    // One line says what was lost and why.
+    let said: Vec<&str> = err.lines().filter(|l| l.contains("disk full")).collect();
+    assert_eq!(said.len(), 1, "{err}");
+    assert!(said[0].contains("is incomplete: disk full"), "{err}");
+    let r = report_json(&the_trace(&dir));
+    assert_eq!(r["trace"]["complete"], false, "{:#}", r["trace"]);
+    assert_eq!(
+        r["trace"]["incomplete"]["cause"], "disk_full",
+        "{:#}",
+        r["trace"]
+    );
+    let p = processes(&r)[0];
+    assert!(p["status"].as_str().unwrap().contains("disk full"), "{p:#}");
+    assert!(
+        !r["trace"]["warnings"].to_string().contains("was killed"),
+        "the report names the full disk, not a killed writer: {:#}",
+        r["trace"]
+    );
+}
+
+#[test]
+fn a_full_disk_under_run_does_not_claim_the_trace_was_written() {
+    let dir = scratch("disk-full-run");
+    let disk = dir.join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let script = format!(
+        "{bin} run -o t.oomt --json r.json -- {prog} 1; echo rc=$?; cp -p t.oomt r.json {out}/",
+        bin = shell_quote(&oomtrace_bin()),
+        prog = shell_quote(&scenario("slow_loop")),
+        out = shell_quote(&dir),
+    );
+    let out = on_a_tiny_disk(&disk, &script);
+    let err = stderr(&out);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("rc=7"),
+        "{err}"
+    );
+    assert!(!err.contains("trace written to"), "{err}");
+    assert!(err.contains("is incomplete"), "{err}");
+    assert!(err.contains("disk full"), "{err}");
+    assert!(err.contains("cut short"), "{err}");
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("r.json")).unwrap()).unwrap();
+    assert_eq!(
+        r["trace"]["incomplete"]["cause"], "disk_full",
+        "{:#}",
+        r["trace"]
+    );
+    assert!(
+        r["trace"]["incomplete"]["unwritten_bytes"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+}
+
+#[test]
+fn a_full_disk_for_the_shims_own_file_is_said_and_recorded() {
+    let dir = scratch("disk-full-direct");
+    let disk = dir.join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    // No collector can start: the shim writes the trace itself.
+    let script = format!(
+        "OOMTRACE_COLLECTOR=/nonexistent/oomtrace PATH=/usr/bin:/bin LD_PRELOAD=\"$OOMTRACE_LIB\" \
+         {prog} 1; echo rc=$?; cp -p *.oomt {out}/",
+        prog = shell_quote(&scenario("slow_loop")),
+        out = shell_quote(&dir),
+    );
+    let out = on_a_tiny_disk(&disk, &script);
+    let err = stderr(&out);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("rc=7"),
+        "{err}"
+    );
+    assert!(
+        err.contains("cannot write the trace") && err.contains("disk full"),
+        "{err}"
+    );
+    let r = report_json(&the_trace(&dir));
+    assert_eq!(
+        r["trace"]["incomplete"]["cause"], "disk_full",
+        "{:#}",
+        r["trace"]
+    );
+}
