@@ -508,7 +508,7 @@ fn bad_input_is_one_line() {
     let traced = run_traced("runtime_basic", &[], &[]);
     let trace = &traced.trace;
     let t = trace.to_str().unwrap();
-    let mut bytes = std::fs::read(&trace).unwrap();
+    let mut bytes = std::fs::read(trace).unwrap();
     let n = bytes.len();
     for b in &mut bytes[n / 2..n / 2 + 64] {
         *b ^= 0x5a;

@@ -66,7 +66,7 @@ pub fn synthetic_trace(path: &Path, events: u64, live: u64, compress: bool, endi
             } else {
                 let k = i - live;
                 let slot = (k / 2) % 256;
-                let mut e = if k % 2 == 0 {
+                let mut e = if k.is_multiple_of(2) {
                     let mut e = Event::new(EventKind::Alloc, Api::cudaMalloc);
                     e.size = 4096 * (1 + (k / 2) % 64);
                     e.stack = StackId(((k / 2) % 64) as u32 + 1);
