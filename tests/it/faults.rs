@@ -3,7 +3,7 @@
 //! SIGSTOPped collector. None may hang, crash or change the program's exit code; the
 //! accounting is exact wherever the program's own numbers are.
 
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use oomtrace_tests::*;
@@ -21,31 +21,6 @@ fn live_through(report: &Value, pid: u64, function: &str) -> u64 {
         .filter(|f| u(&f["pid"]) == pid && functions(f).iter().any(|n| n == function))
         .map(|f| u(&f["bytes"]))
         .sum()
-}
-
-/// Waits for a child we spawned; kills it and fails after `timeout` (a hang is a failure).
-fn wait_within(child: &mut Child, timeout: Duration, what: &str) -> ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
-        }
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} hung (killed after {timeout:?})");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn signal(child: &Child, sig: i32) {
-    // SAFETY: signalling a child we spawned and have not reaped.
-    assert_eq!(
-        unsafe { libc::kill(child.id() as i32, sig) },
-        0,
-        "kill({sig})"
-    );
 }
 
 /// Stops a standalone collector with SIGINT (it finishes the file) and reads its trace.

@@ -18,16 +18,6 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// What is left in `dir`, by name.
-fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
 /// Pids of processes whose command line contains every one of `needles`.
 fn processes_with(needles: &[&str]) -> Vec<u32> {
     let mut pids = Vec::new();
@@ -87,7 +77,7 @@ fn a_sigkilled_run_leaves_no_collector_no_directory_and_a_finished_trace() {
         || !alive(collectors[0]),
     );
     assert_eq!(
-        entries(&tmp),
+        names_in(&tmp),
         Vec::<String>::new(),
         "the private socket directory is removed"
     );
@@ -140,12 +130,12 @@ fn every_failure_of_run_removes_its_private_directory() {
         stderr(&out)
     );
     assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
-    assert_eq!(entries(&tmp), Vec::<String>::new());
+    assert_eq!(names_in(&tmp), Vec::<String>::new());
 
     // A program that does not exist: 127, nothing left.
     let out = run(&["run", "-o", "t.oomt", "--", "/nonexistent/program"], None);
     assert_eq!(out.status.code(), Some(127), "{}", stderr(&out));
-    assert_eq!(entries(&tmp), Vec::<String>::new());
+    assert_eq!(names_in(&tmp), Vec::<String>::new());
     assert!(
         !dir.join("t.oomt").exists(),
         "no trace of a program that never ran"
@@ -159,7 +149,7 @@ fn every_failure_of_run_removes_its_private_directory() {
             Some(&format!("ulimit -n {limit}")),
         );
         assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
-        assert_eq!(entries(&tmp), Vec::<String>::new(), "ulimit -n {limit}");
+        assert_eq!(names_in(&tmp), Vec::<String>::new(), "ulimit -n {limit}");
     }
     let _ = std::fs::remove_file(dir.join("fd.oomt"));
     assert!(
@@ -178,7 +168,7 @@ fn a_program_that_never_uses_cuda_leaves_no_trace() {
         "{}",
         stderr(&out)
     );
-    assert_eq!(entries(&dir), vec!["r.json".to_string()], "no trace");
+    assert_eq!(names_in(&dir), vec!["r.json".to_string()], "no trace");
     // The report asked for says the same to a script: no processes, and why.
     let r: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("r.json")).unwrap()).unwrap();
@@ -191,7 +181,7 @@ fn a_program_that_never_uses_cuda_leaves_no_trace() {
     // The exit code is still the program's.
     let out = oomtrace_in(&dir, &["run", "--", "false"]);
     assert_eq!(out.status.code(), Some(1));
-    assert_eq!(entries(&dir), Vec::<String>::new());
+    assert_eq!(names_in(&dir), Vec::<String>::new());
 }
 
 #[test]
@@ -255,7 +245,7 @@ fn missing_arguments_and_bad_sizes_are_named() {
         );
     }
     assert_eq!(
-        entries(&dir),
+        names_in(&dir),
         Vec::<String>::new(),
         "a refused demo writes nothing"
     );
@@ -304,7 +294,7 @@ fn a_new_build_removes_the_cache_directories_of_older_ones() {
         .args(["run", "--torch", "--", "true"]);
     let out = output_within(cmd, TIMEOUT);
     assert!(out.status.success(), "{}", stderr(&out));
-    let left = entries(&cache.join("oomtrace"));
+    let left = names_in(&cache.join("oomtrace"));
     assert!(
         !left.contains(&"0.0.1-python-0123456789abcdef".to_string()),
         "{left:?}"

@@ -3,7 +3,7 @@
 //! dropping). And the bound that remains: a collector that stops reading holds the program
 //! back only briefly, and what is lost then is counted and reported by kind.
 
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use oomtrace_tests::*;
@@ -26,35 +26,6 @@ fn lossless_process(report: &Value) -> &Value {
         assert_eq!(d["lost_events"], 0, "{d}");
     }
     p
-}
-
-/// Runs `name` under `oomtrace run` with default settings, with a longer hang limit.
-fn run_long(name: &str, args: &[&str], timeout: Duration) -> Traced {
-    let dir = scratch(name);
-    let trace = dir.join("trace.oomt");
-    let json = dir.join("report.json");
-    let mut cmd = base_command(oomtrace_bin());
-    cmd.current_dir(&dir)
-        .arg("run")
-        .arg("--json")
-        .arg(&json)
-        .arg("-o")
-        .arg(&trace)
-        .arg("--")
-        .arg(scenario(name))
-        .args(args);
-    let out = output_within(cmd, timeout);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let text = std::fs::read_to_string(&json)
-        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
-    Traced {
-        status: out.status,
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr,
-        report: serde_json::from_str(&text).expect("valid JSON report"),
-        trace,
-        dir,
-    }
 }
 
 #[test]
@@ -116,9 +87,11 @@ fn ten_million_live_allocations_lose_nothing() {
     // grows to 10^7 entries; this lost 25 % before).
     let n: u64 = 10_000_000;
     let start = Instant::now();
-    let t = run_long(
+    let t = run_traced_within(
         "lossless_many_live",
+        &[],
         &[&n.to_string()],
+        &[],
         Duration::from_secs(600),
     );
     eprintln!("10^7 live allocations: {:?}", start.elapsed());
@@ -136,31 +109,6 @@ fn ten_million_live_allocations_lose_nothing() {
         Some(&n),
         "{:#?}",
         live_by_function(&t.report)
-    );
-}
-
-/// Waits for a child we spawned; kills it and fails after `timeout` (a hang is a failure).
-fn wait_within(child: &mut Child, timeout: Duration, what: &str) -> ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
-        }
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} hung (killed after {timeout:?})");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn signal(child: &Child, sig: i32) {
-    // SAFETY: signalling a child we spawned and have not reaped.
-    assert_eq!(
-        unsafe { libc::kill(child.id() as i32, sig) },
-        0,
-        "kill({sig})"
     );
 }
 

@@ -175,16 +175,6 @@ fn export_args<'a>(trace: &'a str, format: &'a str, out: &'a str) -> Vec<&'a str
     vec!["export", trace, "--format", format, "-o", out]
 }
 
-/// The names in `dir`, sorted.
-fn names_in(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
 #[test]
 fn export_to_a_full_device_fails_and_keeps_the_device() {
     let traced = run_traced("runtime_basic", &[], &[]);

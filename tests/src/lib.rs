@@ -227,6 +227,18 @@ pub fn run_traced(name: &str, args: &[&str], env: &[(&str, &str)]) -> Traced {
 
 /// `run_traced` with extra `oomtrace run` flags (before `--`).
 pub fn run_traced_with(name: &str, flags: &[&str], args: &[&str], env: &[(&str, &str)]) -> Traced {
+    run_traced_within(name, flags, args, env, TIMEOUT)
+}
+
+/// `run_traced_with` with another hang limit than [`TIMEOUT`] (a program that is meant to
+/// run long).
+pub fn run_traced_within(
+    name: &str,
+    flags: &[&str],
+    args: &[&str],
+    env: &[(&str, &str)],
+    timeout: Duration,
+) -> Traced {
     let dir = scratch(name);
     let trace = dir.join("trace.oomt");
     let json = dir.join("report.json");
@@ -244,7 +256,7 @@ pub fn run_traced_with(name: &str, flags: &[&str], args: &[&str], env: &[(&str, 
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = output_within(cmd, TIMEOUT);
+    let out = output_within(cmd, timeout);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let text = std::fs::read_to_string(&json)
         .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
@@ -256,6 +268,42 @@ pub fn run_traced_with(name: &str, flags: &[&str], args: &[&str], env: &[(&str, 
         trace,
         dir,
     }
+}
+
+/// Waits for a child we spawned; kills it and fails after `timeout` (a hang is a failure).
+pub fn wait_within(child: &mut std::process::Child, timeout: Duration, what: &str) -> ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} hung (killed after {timeout:?})");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Sends `sig` to a child we spawned and have not reaped.
+pub fn signal(child: &std::process::Child, sig: i32) {
+    // SAFETY: signalling a child we spawned and have not reaped.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as i32, sig) },
+        0,
+        "kill({sig})"
+    );
+}
+
+/// The names in `dir`, sorted.
+pub fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("dir entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
 }
 
 /// The scenario alone, without oomtrace.
