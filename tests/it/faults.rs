@@ -24,7 +24,7 @@ fn live_through(report: &Value, pid: u64, function: &str) -> u64 {
 }
 
 /// Stops a standalone collector with SIGINT (it finishes the file) and reads its trace.
-fn stop_collector(mut collector: Child, trace: &std::path::Path) -> Value {
+fn stop_collector(mut collector: Collector, trace: &std::path::Path) -> Value {
     signal(&collector, libc::SIGINT);
     let status = wait_within(&mut collector, TIMEOUT, "the collector after SIGINT");
     let mut err = String::new();

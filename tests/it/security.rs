@@ -26,9 +26,14 @@ fn traces_and_sockets_are_private() {
         .filter(|p| p.to_string_lossy().ends_with(".tmp"))
         .collect();
     assert_eq!(tmp.len(), 1, "{tmp:?}");
-    assert_eq!(mode(&tmp[0]), 0o600, "collector trace before the first process");
+    assert_eq!(
+        mode(&tmp[0]),
+        0o600,
+        "collector trace before the first process"
+    );
     let mut app = base_command(scenario("runtime_basic"));
-    app.env("LD_PRELOAD", shim()).env("OOMTRACE_SOCKET", &socket);
+    app.env("LD_PRELOAD", shim())
+        .env("OOMTRACE_SOCKET", &socket);
     assert!(output_within(app, TIMEOUT).status.success());
     // SAFETY: signalling our own child.
     unsafe { libc::kill(c.id() as i32, libc::SIGINT) };

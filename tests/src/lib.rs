@@ -186,9 +186,44 @@ pub fn output_within(mut cmd: Command, timeout: Duration) -> Output {
     out
 }
 
+/// A standalone collector a test started: killed when dropped if it is still running, so a
+/// failing test never leaves it behind. Derefs to its `Child`.
+pub struct Collector(Option<std::process::Child>);
+
+impl Collector {
+    /// Waits for the collector's end and takes its output (it must stop by itself).
+    pub fn wait_with_output(mut self) -> std::io::Result<Output> {
+        self.0.take().expect("collector").wait_with_output()
+    }
+}
+
+impl std::ops::Deref for Collector {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        self.0.as_ref().expect("collector")
+    }
+}
+
+impl std::ops::DerefMut for Collector {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        self.0.as_mut().expect("collector")
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            if matches!(c.try_wait(), Ok(None)) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
 /// A standalone `oomtrace collect --quiet` on `socket`, writing `trace`; returns once it
 /// listens.
-pub fn start_collector(socket: &Path, trace: &Path) -> std::process::Child {
+pub fn start_collector(socket: &Path, trace: &Path) -> Collector {
     let child = base_command(oomtrace_bin())
         .args(["collect", "--quiet", "--socket"])
         .arg(socket)
@@ -198,6 +233,7 @@ pub fn start_collector(socket: &Path, trace: &Path) -> std::process::Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the collector");
+    let child = Collector(Some(child));
     let start = Instant::now();
     while std::os::unix::net::UnixStream::connect(socket).is_err() {
         assert!(
@@ -300,7 +336,12 @@ pub fn signal(child: &std::process::Child, sig: i32) {
 pub fn names_in(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .expect("read dir")
-        .map(|e| e.expect("dir entry").file_name().to_string_lossy().into_owned())
+        .map(|e| {
+            e.expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
         .collect();
     v.sort();
     v
