@@ -44,8 +44,12 @@ pub struct IncompleteInfo {
     pub cause: &'static str,
     /// The error as the writer saw it.
     pub message: String,
-    /// Bytes of events received after the last whole record and not written.
+    /// Bytes of events received from then on and not written.
     pub unwritten_bytes: u64,
+    /// Events in those bytes (for all processes).
+    pub unwritten_events: u64,
+    /// When the first write failed (Unix time, ns): the trace holds nothing after it.
+    pub stops_at_unix_ns: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -462,6 +466,8 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
                 cause: i.cause.name(),
                 message: i.message.clone(),
                 unwritten_bytes: i.unwritten_bytes,
+                unwritten_events: i.unwritten_events,
+                stops_at_unix_ns: i.t_unix_ns,
             }),
             truncated: matches!(
                 trace.tail,

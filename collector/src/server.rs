@@ -40,9 +40,9 @@ pub struct Options {
     /// Print each new finding on stderr as it happens.
     pub live: bool,
     /// Tell each traced process, before closing its connection, when its events could not
-    /// all be written (a full disk): for a detached collector, whose stderr goes nowhere, the
-    /// process's own stderr is where the user hears of it. Otherwise the collector says it
-    /// once on its stderr.
+    /// all be written (a full disk), so that its user hears it on the process's own stderr:
+    /// a detached collector's stderr goes nowhere. The collector also says it once on its own
+    /// stderr, whatever this says.
     pub tell_processes: bool,
 }
 
@@ -127,11 +127,15 @@ impl Collector {
             source: e.to_string(),
         };
         // The output first: a refused output leaves no socket behind.
-        let trace =
-            TraceFile::create(&opts.output, opts.no_clobber).map_err(|e| Error::Output {
-                path: opts.output.clone(),
-                source: e.to_string(),
-            })?;
+        let trace = TraceFile::create(
+            &opts.output,
+            opts.no_clobber,
+            concat!("oomtrace-collect ", env!("CARGO_PKG_VERSION")),
+        )
+        .map_err(|e| Error::Output {
+            path: opts.output.clone(),
+            source: e.to_string(),
+        })?;
         clear_stale_socket(&opts.socket).map_err(|source| Error::Socket {
             path: opts.socket.clone(),
             source,
@@ -175,15 +179,7 @@ impl Collector {
         let writer_failure = failure.clone();
         let writer = std::thread::Builder::new()
             .name("oomtrace-writer".into())
-            .spawn(move || {
-                trace_writer::write_loop(
-                    trace_file,
-                    concat!("oomtrace-collect ", env!("CARGO_PKG_VERSION")),
-                    wrx,
-                    compress,
-                    writer_failure,
-                )
-            })
+            .spawn(move || trace_writer::write_loop(trace_file, wrx, compress, writer_failure))
             .map_err(|e| Error::Output {
                 path: opts.output.clone(),
                 source: e.to_string(),
@@ -236,8 +232,8 @@ impl Collector {
                 Err(_) => std::thread::sleep(Duration::from_millis(10)),
             }
             workers.retain(|h| !h.is_finished());
-            if !failure_said && !opts.tell_processes {
-                if let Some(f) = failure.lock().ok().and_then(|f| f.clone()) {
+            if !failure_said {
+                if let Some(f) = failure.lock().ok().and_then(|s| s.failure.clone()) {
                     eprintln!("oomtrace: {}", f.line());
                     failure_said = true;
                 }
@@ -273,7 +269,7 @@ impl Collector {
             path: opts.output.clone(),
             source: "the writer thread failed".into(),
         })?;
-        if !failure_said && !opts.tell_processes {
+        if !failure_said {
             if let Some(f) = &written.failure {
                 eprintln!("oomtrace: {}", f.line());
             }
@@ -293,11 +289,17 @@ impl Collector {
         }
         trace.complete = true;
         if let Some(f) = &written.failure {
-            trace.incomplete = Some(crate::trace::Incomplete {
+            let incomplete = crate::trace::Incomplete {
+                t_unix_ns: f.t_unix_ns,
                 cause: f.cause,
-                unwritten_bytes: 0,
+                unwritten_bytes: written.unwritten.bytes,
+                unwritten_events: written.unwritten.events,
                 message: f.error.clone(),
-            });
+            };
+            trace
+                .warnings
+                .push(incomplete.sentence(trace.header.created_unix_ns));
+            trace.incomplete = Some(incomplete);
         }
         Ok(Served {
             trace,
@@ -407,17 +409,29 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
             header_ok = true;
         }
         let mut used = 0;
+        let mut events = 0u64;
+        // Where the Hello frame ends, in the read that brought it: sent as a chunk of its own,
+        // a small record that still fits when the disk is nearly full, so that the process is
+        // in the trace even if its first events are not.
+        let mut hello_end = None;
         let mut failure = None;
         loop {
             match wire::next_frame(&buf[used..]) {
                 Ok(Next::Frame(frame, len)) => {
                     match (&frame, process.as_mut()) {
-                        (Frame::Hello(h), None) => process = Some(Process::new(conn, h.clone())),
+                        (Frame::Hello(h), None) => {
+                            process = Some(Process::new(conn, h.clone()));
+                            hello_end = Some(used + len);
+                        }
                         (_, None) => {
                             failure = Some("the first frame is not a Hello".to_string());
                             break;
                         }
-                        (_, Some(p)) => p.apply_guarded(&frame),
+                        (_, Some(p)) => {
+                            let before = p.events;
+                            p.apply_guarded(&frame);
+                            events += p.events.saturating_sub(before);
+                        }
                     }
                     if matches!(frame, Frame::Goodbye { .. }) {
                         goodbye = true;
@@ -447,7 +461,12 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
                 let _ = wtx.send(WriterMsg::Open(conn));
                 opened = true;
             }
-            let _ = wtx.send(WriterMsg::Chunk(conn, buf[..used].to_vec()));
+            let mut from = 0;
+            if let Some(end) = hello_end.filter(|&end| end < used) {
+                let _ = wtx.send(WriterMsg::Chunk(conn, buf[..end].to_vec(), 0));
+                from = end;
+            }
+            let _ = wtx.send(WriterMsg::Chunk(conn, buf[from..used].to_vec(), events));
             buf.drain(..used);
         }
         if let Some(f) = failure {
@@ -473,11 +492,17 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
             let _ = ack_rx.recv_timeout(Duration::from_secs(5));
         }
     }
-    if shared.tell_processes {
-        // The shim reads one line after its goodbye: what its user must hear about the trace.
-        if let Some(f) = shared.failure.lock().ok().and_then(|f| f.clone()) {
+    if shared.tell_processes && opened {
+        // The shim reads one line after its goodbye: what its user must hear about its trace.
+        // (After the Sync above, what this connection lost is counted.)
+        // A process whose records were all written before the failure hears nothing.
+        let told = shared.failure.lock().ok().and_then(|s| {
+            let lost = s.unwritten.get(&conn).copied()?;
+            s.failure.as_ref().map(|f| f.line_for(lost))
+        });
+        if let Some(line) = told {
             let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
-            let _ = stream.write_all(format!("{}\n", f.line()).as_bytes());
+            let _ = stream.write_all(format!("{line}\n").as_bytes());
         }
     }
     let _ = stream.shutdown(std::net::Shutdown::Both);

@@ -37,11 +37,31 @@ pub struct Trace {
 /// What an `Incomplete` record says: the trace stops early, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Incomplete {
+    /// When the first write failed: nothing after it is in the file.
+    pub t_unix_ns: u64,
     pub cause: WriteFailure,
-    /// Bytes of wire frames received after the last whole record and never written.
+    /// Bytes of wire frames received from then on and never written (the shim's own writer
+    /// counts only the write that failed: it encodes nothing after it).
     pub unwritten_bytes: u64,
-    /// The error as the writer saw it (`No space left on device (os error 28)`).
+    /// Events not written from then on, for all processes.
+    pub unwritten_events: u64,
+    /// The error as the writer saw it (`No space left on device`).
     pub message: String,
+}
+
+impl Incomplete {
+    /// The warning a report carries: when the trace stops, why, and what is missing.
+    /// `started_unix_ns` is the trace's start (its header), for a time a reader can place.
+    pub fn sentence(&self, started_unix_ns: u64) -> String {
+        let at = self.t_unix_ns.saturating_sub(started_unix_ns) as f64 / 1e9;
+        format!(
+            "the trace stops at {at:.3} s into it: {} ({}); {} events not written, and processes \
+             still running then are cut short (everything before is reported)",
+            self.cause.words(),
+            self.message,
+            self.unwritten_events,
+        )
+    }
 }
 
 /// Opens a trace for reading, refusing anything but a regular file: opening a FIFO would block
@@ -71,22 +91,6 @@ fn open_regular(path: &Path) -> Result<File, String> {
         "not a regular file"
     };
     Err(format!("it is {what}, not a trace file"))
-}
-
-/// `1.50 MiB`: the collector's byte format without depending on the report layer.
-fn fmt_size(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < UNITS.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", UNITS[i])
-    }
 }
 
 impl Trace {
@@ -174,14 +178,8 @@ impl Trace {
             ));
         }
         if let Some(inc) = &trace.incomplete {
-            trace.warnings.push(format!(
-                "the trace stops early: {} while writing it ({}); {} of events received after \
-                 that were not written, and processes still running then are cut short \
-                 (everything before is reported)",
-                inc.cause.words(),
-                inc.message,
-                fmt_size(inc.unwritten_bytes)
-            ));
+            let warning = inc.sentence(trace.header.created_unix_ns);
+            trace.warnings.push(warning);
         }
         // Without an end marker the writer may still be running (a collector waits a moment
         // for late children) or was killed; that matters only for processes whose stream has
@@ -243,14 +241,17 @@ impl Trace {
             }
             Record::End { .. } => self.complete = true,
             Record::Incomplete {
+                t_unix_ns,
                 cause,
                 unwritten_bytes,
+                unwritten_events,
                 message,
-                ..
             } => {
                 self.incomplete = Some(Incomplete {
+                    t_unix_ns,
                     cause,
                     unwritten_bytes,
+                    unwritten_events,
                     message,
                 })
             }

@@ -5,19 +5,21 @@
 //!   FIFO or a socket is refused before anything runs ([`check_output`]): oomtrace never
 //!   writes through a link and never replaces what it did not create.
 //! - **Nothing until there is something to write.** The trace is created under a temporary
-//!   name beside the output (`.NAME.oomtrace-PID.tmp`, exclusive, 0600) when the collector
-//!   starts, so an unwritable directory fails at once; it is moved into place when the first
-//!   traced process connects (rename; with no-clobber, a hard link to the first free name, so
-//!   an existing file is never replaced), and removed if none ever does: a program that never
-//!   touches CUDA leaves no file.
+//!   name beside the output (`.NAME.oomtrace-PID.tmp`, exclusive, 0600, its header written
+//!   and its reserve allocated) when the collector starts, so an unwritable directory or a
+//!   full disk fails at once; it is moved into place when the first traced process connects
+//!   (rename, which replaces a regular file; with no-clobber, a hard link to the first free
+//!   name, so an existing file is never replaced), and removed if none ever does: a program
+//!   that never touches CUDA leaves no file.
 //! - **Whole records, and room for the last word.** Records are built in memory and written
 //!   whole at known offsets. Before each write the writer reserves the bytes it is about to
 //!   write plus [`RESERVE`] past the end of the file (`fallocate` with `KEEP_SIZE`); when the
-//!   disk is full the reservation fails first, the file still ends on a whole record, and the
-//!   reserved room holds an `Incomplete` record (the cause, the bytes not written) and the
-//!   `End`. From then on records are counted, not written, so the connections are never held
-//!   back. On a filesystem without `fallocate` the same happens on the failed write itself
-//!   (the file is cut back to the last whole record), as room allows.
+//!   disk is full the reservation fails first, the records that still fit are written one by
+//!   one (a process's Hello is a record of its own, so the process is in the trace), the file
+//!   ends on a whole record, and the reserved room holds an `Incomplete` record (when, the
+//!   cause, the bytes and events not written) and the `End`. From then on records are counted per connection, not written, so the
+//!   connections are never held back. On a filesystem without `fallocate` the same happens on
+//!   the failed write itself (the file is cut back to the last whole record), as room allows.
 
 use std::fs::File;
 use std::io;
@@ -30,6 +32,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use oomtrace_proto::trace_file::{self, CloseReason, WriteFailure};
 use oomtrace_proto::wire;
+use rustc_hash::FxHashMap;
 
 /// Room kept allocated past the end of the file for the `Incomplete` and `End` records.
 pub const RESERVE: u64 = 64 << 10;
@@ -37,27 +40,45 @@ pub const RESERVE: u64 = 64 << 10;
 /// What the connections send the writer thread.
 pub enum WriterMsg {
     Open(u32),
-    Chunk(u32, Vec<u8>),
+    /// Whole wire frames of a connection, and how many events they hold.
+    Chunk(u32, Vec<u8>, u64),
     Close(u32, CloseReason, String),
     /// Flush to the OS, then acknowledge.
     Sync(Sender<()>),
 }
 
-/// Why the trace could not be written whole, shared with the connections (each tells its
-/// process) and the accept loop (which says it once).
+/// Why the trace could not be written whole.
 #[derive(Clone, Debug)]
 pub struct Failure {
     pub cause: WriteFailure,
+    /// The error in words (`No space left on device`).
     pub error: String,
     /// Where the trace is (the name it was given when placed).
     pub path: PathBuf,
+    /// When the first write failed.
+    pub t_unix_ns: u64,
 }
 
 impl Failure {
-    /// One line for a user: what was lost and why.
+    /// One line for the collector's user: what was lost and why.
     pub fn line(&self) -> String {
         format!(
-            "the trace {} is incomplete: {} ({}); events from then on were not written",
+            "the trace {} is incomplete: {} ({}); events from then on are not written",
+            self.path.display(),
+            self.cause.words(),
+            self.error
+        )
+    }
+
+    /// One line for the user of one traced process: what of its trace was lost and why.
+    pub fn line_for(&self, lost: Unwritten) -> String {
+        let what = if lost.events > 0 {
+            format!("{} events of this process were not written", lost.events)
+        } else {
+            "the end of this process was not recorded".to_string()
+        };
+        format!(
+            "the trace {} is incomplete: {} ({}); {what}",
             self.path.display(),
             self.cause.words(),
             self.error
@@ -65,7 +86,33 @@ impl Failure {
     }
 }
 
-pub type SharedFailure = Arc<Mutex<Option<Failure>>>;
+/// What one connection sent that could not be written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unwritten {
+    /// Records: chunks, and the connection's ConnClose.
+    pub records: u64,
+    pub bytes: u64,
+    pub events: u64,
+}
+
+impl Unwritten {
+    fn add(&mut self, bytes: u64, events: u64) {
+        self.records += 1;
+        self.bytes += bytes;
+        self.events += events;
+    }
+}
+
+/// The writer's failure, shared with the connections (each tells its process what it lost)
+/// and the accept loop (which says it once).
+#[derive(Debug, Default)]
+pub struct FailureState {
+    pub failure: Option<Failure>,
+    /// Per connection, what could not be written (no entry: all of it was).
+    pub unwritten: FxHashMap<u32, Unwritten>,
+}
+
+pub type SharedFailure = Arc<Mutex<FailureState>>;
 
 /// Refuses an output that exists and is not a regular file (see the module comment).
 pub fn check_output(path: &Path) -> Result<(), String> {
@@ -104,11 +151,14 @@ pub struct TraceFile {
     no_clobber: bool,
     /// Where the file is now, once placed.
     placed: Option<PathBuf>,
+    /// Bytes written at creation (the header).
+    header_len: u64,
 }
 
 impl TraceFile {
-    /// Creates the temporary file beside `dest` (see the module comment).
-    pub fn create(dest: &Path, no_clobber: bool) -> io::Result<TraceFile> {
+    /// Creates the temporary file beside `dest` with its header and its reserve (see the
+    /// module comment).
+    pub fn create(dest: &Path, no_clobber: bool, producer: &str) -> io::Result<TraceFile> {
         check_output(dest).map_err(io::Error::other)?;
         let name = dest
             .file_name()
@@ -134,13 +184,24 @@ impl TraceFile {
                 .open(&tmp)
             {
                 Ok(file) => {
-                    return Ok(TraceFile {
+                    let mut tf = TraceFile {
                         file,
                         tmp,
                         dest: dest.to_path_buf(),
                         no_clobber,
                         placed: None,
-                    })
+                        header_len: 0,
+                    };
+                    // On error, dropping `tf` removes the temporary file.
+                    let mut header = Vec::new();
+                    trace_file::write_header(&mut header, now_ns(), producer)?;
+                    tf.file.write_all_at(&header, 0)?;
+                    tf.header_len = header.len() as u64;
+                    match reserve(&tf.file, tf.header_len, RESERVE) {
+                        Err(e) if out_of_room(&e) => return Err(e),
+                        _ => {}
+                    }
+                    return Ok(tf);
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
                 Err(e) => return Err(e),
@@ -157,28 +218,38 @@ impl TraceFile {
         let path = if self.no_clobber {
             self.link_to_free_name()?
         } else {
-            // Checked again: something may have appeared there since the collector started.
-            match check_output(&self.dest) {
-                Ok(()) => {
-                    std::fs::rename(&self.tmp, &self.dest)?;
-                    self.dest.clone()
-                }
-                Err(_) => self.link_to_free_name()?,
-            }
+            // Checked again: something that is not a regular file may have appeared there
+            // since the collector started (rename would replace it). Never written beside it.
+            check_output(&self.dest).map_err(io::Error::other)?;
+            std::fs::rename(&self.tmp, &self.dest)?;
+            self.dest.clone()
         };
         self.placed = Some(path.clone());
         Ok(path)
     }
 
     /// `link` never replaces an existing name: the first of `dest`, `dest.1`, ... that is free.
+    /// Where hard links are not supported (vfat, some network filesystems), a rename that
+    /// refuses to replace (`RENAME_NOREPLACE`) does the same.
     fn link_to_free_name(&self) -> io::Result<PathBuf> {
         let mut candidate = self.dest.clone();
         for n in 1..10_000 {
-            match std::fs::hard_link(&self.tmp, &candidate) {
+            let placed = match std::fs::hard_link(&self.tmp, &candidate) {
                 Ok(()) => {
                     let _ = std::fs::remove_file(&self.tmp);
-                    return Ok(candidate);
+                    Ok(())
                 }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(e),
+                Err(link_error) => rename_noreplace(&self.tmp, &candidate).map_err(|e| {
+                    if e.kind() == io::ErrorKind::AlreadyExists {
+                        e
+                    } else {
+                        link_error
+                    }
+                }),
+            };
+            match placed {
+                Ok(()) => return Ok(candidate),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                     candidate = trace_file::numbered_path(&self.dest, n)
                 }
@@ -207,39 +278,129 @@ impl Drop for TraceFile {
     }
 }
 
+/// `rename(from, to)` that fails with `AlreadyExists` instead of replacing `to`.
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::other("a path with a NUL byte"))
+    };
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: two valid NUL-terminated paths, relative to the working directory (AT_FDCWD).
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// A failed reservation that means the disk (or the file's limit) is full. Anything else
+/// (EOPNOTSUPP, ENOSYS on a filesystem without `fallocate`) means reserving cannot work here:
+/// the writer goes on without it, and a real problem shows in the write itself.
+fn out_of_room(e: &io::Error) -> bool {
+    WriteFailure::of(e) != WriteFailure::Other
+}
+
+/// Keeps `[offset, offset + bytes)` of `file` allocated without changing its size.
+fn reserve(file: &File, offset: u64, bytes: u64) -> io::Result<()> {
+    loop {
+        // SAFETY: fallocate on a file we own, open for writing; KEEP_SIZE leaves its size as
+        // it is, so readers never see the reserved bytes.
+        let rc = unsafe {
+            libc::fallocate(
+                file.as_raw_fd(),
+                libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                bytes as libc::off_t,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        // A signal (Ctrl-C stopping the collector) is not a failed trace: try again.
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// The writer thread's file: whole records at known offsets, a reserve, and the failure.
 struct Writer {
     trace: TraceFile,
     /// Whole records built but not written yet.
     pending: Vec<u8>,
+    /// The chunks and ConnClose records in `pending`: where each ends in `pending`, its
+    /// connection, bytes and events (counted as unwritten if it is not written).
+    pending_chunks: Vec<(usize, u32, u64, u64)>,
     /// Bytes of the file that are whole records.
     written: u64,
     /// `fallocate` works here (it does on ext4, xfs, btrfs, tmpfs).
     can_reserve: bool,
     failed: Option<Failure>,
-    /// Bytes of records received after the failure (or lost in it).
-    unwritten: u64,
+    /// All connections together: what could not be written.
+    unwritten: Unwritten,
     shared: SharedFailure,
 }
 
 impl Writer {
+    fn chunk(&mut self, conn: u32, bytes: &[u8], events: u64, compress: bool) {
+        if self.failed.is_some() {
+            self.count_unwritten(conn, bytes.len() as u64, events);
+        } else {
+            let _ = trace_file::write_chunk(&mut self.pending, conn, bytes, compress);
+            self.pending_chunks
+                .push((self.pending.len(), conn, bytes.len() as u64, events));
+        }
+    }
+
+    /// A connection's ConnClose record; counted as unwritten like a chunk (no bytes, no
+    /// events), so that a connection whose end is lost is told so.
+    fn close(&mut self, conn: u32, reason: CloseReason, msg: &str) {
+        if self.failed.is_some() {
+            self.count_unwritten(conn, 0, 0);
+        } else {
+            let _ = trace_file::write_conn_close(&mut self.pending, conn, now_ns(), reason, msg);
+            self.pending_chunks.push((self.pending.len(), conn, 0, 0));
+        }
+    }
+
+    fn count_unwritten(&mut self, conn: u32, bytes: u64, events: u64) {
+        self.unwritten.add(bytes, events);
+        if let Ok(mut s) = self.shared.lock() {
+            s.unwritten.entry(conn).or_default().add(bytes, events);
+        }
+    }
+
     fn write_pending(&mut self) {
         if self.pending.is_empty() {
             return;
         }
         if self.failed.is_some() {
-            self.unwritten += self.pending.len() as u64;
-            self.pending.clear();
+            self.drop_pending();
             return;
         }
         let len = self.pending.len() as u64;
         if self.can_reserve {
-            if let Err(e) = self.reserve(len + RESERVE) {
-                if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+            if let Err(e) = reserve(&self.trace.file, self.written, len + RESERVE) {
+                if !out_of_room(&e) {
                     self.can_reserve = false;
                 } else {
-                    // Nothing written: the file still ends on a whole record, and the room
-                    // reserved last time is still there for the Incomplete record.
+                    // No room for all of it: as many whole records as fit, each with the
+                    // reserve kept behind it. The file still ends on a whole record, with
+                    // room for the Incomplete record.
+                    let done = self.write_what_fits();
+                    self.pending.drain(..done);
+                    self.pending_chunks.retain(|&(end, ..)| end > done);
                     self.fail(e, false);
                     return;
                 }
@@ -249,27 +410,48 @@ impl Writer {
             Ok(()) => {
                 self.written += len;
                 self.pending.clear();
+                self.pending_chunks.clear();
             }
             Err(e) => self.fail(e, true),
         }
     }
 
-    /// Keeps `[written, written + bytes)` allocated without changing the file's size.
-    fn reserve(&self, bytes: u64) -> io::Result<()> {
-        // SAFETY: fallocate on our own open file; KEEP_SIZE leaves its size unchanged.
-        let rc = unsafe {
-            libc::fallocate(
-                self.trace.file.as_raw_fd(),
-                libc::FALLOC_FL_KEEP_SIZE,
-                self.written as libc::off_t,
-                bytes as libc::off_t,
+    /// Writes the whole records at the start of `pending` that fit with the reserve behind
+    /// them; returns the bytes of `pending` written.
+    fn write_what_fits(&mut self) -> usize {
+        let mut done = 0usize;
+        while let Some(head) = self.pending.get(done..done + 4) {
+            let mut len = [0u8; 4];
+            len.copy_from_slice(head);
+            let end = done + 4 + u32::from_le_bytes(len) as usize;
+            let Some(record) = self.pending.get(done..end) else {
+                break;
+            };
+            if reserve(
+                &self.trace.file,
+                self.written,
+                record.len() as u64 + RESERVE,
             )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
+            .is_err()
+            {
+                break;
+            }
+            if self.trace.file.write_all_at(record, self.written).is_err() {
+                let _ = self.trace.file.set_len(self.written);
+                break;
+            }
+            self.written += record.len() as u64;
+            done = end;
         }
+        done
+    }
+
+    /// Counts what `pending` held as not written.
+    fn drop_pending(&mut self) {
+        for (_, conn, bytes, events) in std::mem::take(&mut self.pending_chunks) {
+            self.count_unwritten(conn, bytes, events);
+        }
+        self.pending.clear();
     }
 
     fn fail(&mut self, e: io::Error, cut_back: bool) {
@@ -277,38 +459,55 @@ impl Writer {
             // A half-written record would read as a killed writer: end on the last whole one.
             let _ = self.trace.file.set_len(self.written);
         }
-        self.unwritten += self.pending.len() as u64;
-        self.pending.clear();
         let failure = Failure {
             cause: WriteFailure::of(&e),
-            error: e.to_string(),
+            error: WriteFailure::message(&e),
             path: self.trace.path().to_path_buf(),
+            t_unix_ns: now_ns(),
         };
-        if let Ok(mut f) = self.shared.lock() {
-            *f = Some(failure.clone());
+        if let Ok(mut s) = self.shared.lock() {
+            s.failure = Some(failure.clone());
         }
         self.failed = Some(failure);
+        self.drop_pending();
         // Said at once, so a collector killed later still leaves the reason in the file.
         self.write_incomplete(None);
     }
 
+    /// The trace now has its final name: a failure names that.
+    fn placed(&mut self) {
+        let path = self.trace.path().to_path_buf();
+        if let Some(f) = &mut self.failed {
+            f.path = path.clone();
+        }
+        if let Ok(mut s) = self.shared.lock() {
+            if let Some(f) = &mut s.failure {
+                f.path = path;
+            }
+        }
+    }
+
     /// The Incomplete record (and the End, at the finish) in the reserved room after the
-    /// last whole record; rewritten with the final count at the finish.
+    /// last whole record; rewritten in place with the final counts at the finish (same
+    /// length: the counts are fixed-size), so it never needs room the reserve lacks.
     fn write_incomplete(&mut self, end_conns: Option<u32>) {
         let Some(failure) = &self.failed else { return };
         let mut tail = Vec::new();
         let _ = trace_file::write_incomplete(
             &mut tail,
-            now_ns(),
+            failure.t_unix_ns,
             failure.cause,
-            self.unwritten,
+            self.unwritten.bytes,
+            self.unwritten.events,
             &failure.error,
         );
         if let Some(conns) = end_conns {
             let _ = trace_file::write_end(&mut tail, now_ns(), conns);
         }
-        let _ = self.trace.file.set_len(self.written);
-        let _ = self.trace.file.write_all_at(&tail, self.written);
+        if self.trace.file.write_all_at(&tail, self.written).is_err() {
+            // No room even for that: the file ends on its last whole record.
+            let _ = self.trace.file.set_len(self.written);
+        }
     }
 }
 
@@ -324,28 +523,29 @@ pub struct Written {
     /// None when no process ever connected (the temporary file was removed).
     pub path: Option<PathBuf>,
     pub failure: Option<Failure>,
+    /// All connections together: what could not be written.
+    pub unwritten: Unwritten,
 }
 
 /// The writer thread: records from the connections into the file, flushed at least every
 /// 100 ms so the trace is readable while it is written.
 pub fn write_loop(
     trace: TraceFile,
-    producer: &str,
     rx: Receiver<WriterMsg>,
     compress: bool,
     shared: SharedFailure,
 ) -> Written {
+    let written = trace.header_len;
     let mut w = Writer {
         trace,
         pending: Vec::with_capacity(1 << 20),
-        written: 0,
+        pending_chunks: Vec::new(),
+        written,
         can_reserve: true,
         failed: None,
-        unwritten: 0,
+        unwritten: Unwritten::default(),
         shared,
     };
-    let _ = trace_file::write_header(&mut w.pending, now_ns(), producer);
-    w.write_pending();
     let mut conns = 0u32;
     let mut last_flush = Instant::now();
     loop {
@@ -356,25 +556,19 @@ pub fn write_loop(
         };
         match msg {
             Some(WriterMsg::Open(conn)) => {
-                if conns == 0 && w.trace.placed.is_none() {
-                    if let Err(e) = w.trace.place() {
-                        w.fail(e, false);
+                // Once: a trace that could not be placed is not tried again for every process.
+                if w.trace.placed.is_none() && w.failed.is_none() {
+                    match w.trace.place() {
+                        Ok(_) => w.placed(),
+                        Err(e) => w.fail(e, false),
                     }
                 }
                 conns += 1;
                 let _ =
                     trace_file::write_conn_open(&mut w.pending, conn, now_ns(), wire::WIRE_VERSION);
             }
-            Some(WriterMsg::Chunk(conn, bytes)) => {
-                if w.failed.is_some() {
-                    w.unwritten += bytes.len() as u64;
-                } else {
-                    let _ = trace_file::write_chunk(&mut w.pending, conn, &bytes, compress);
-                }
-            }
-            Some(WriterMsg::Close(conn, reason, msg)) => {
-                let _ = trace_file::write_conn_close(&mut w.pending, conn, now_ns(), reason, &msg);
-            }
+            Some(WriterMsg::Chunk(conn, bytes, events)) => w.chunk(conn, &bytes, events, compress),
+            Some(WriterMsg::Close(conn, reason, msg)) => w.close(conn, reason, &msg),
             Some(WriterMsg::Sync(ack)) => {
                 w.write_pending();
                 last_flush = Instant::now();
@@ -393,21 +587,21 @@ pub fn write_loop(
         return Written {
             path: None,
             failure: w.failed,
+            unwritten: w.unwritten,
         };
     }
-    if w.failed.is_some() {
-        w.write_pending();
-        w.write_incomplete(Some(conns));
-    } else {
+    if w.failed.is_none() {
         let _ = trace_file::write_end(&mut w.pending, now_ns(), conns);
         w.write_pending();
-        if w.failed.is_some() {
-            w.write_incomplete(Some(conns));
-        }
+    }
+    if w.failed.is_some() {
+        w.drop_pending();
+        w.write_incomplete(Some(conns));
     }
     Written {
         path: w.trace.placed.clone(),
         failure: w.failed,
+        unwritten: w.unwritten,
     }
 }
 
@@ -439,7 +633,7 @@ mod tests {
         assert!(check_output(Path::new("/dev/null"))
             .unwrap_err()
             .contains("character device"));
-        assert!(TraceFile::create(&d.join("link"), false).is_err());
+        assert!(TraceFile::create(&d.join("link"), false, "test").is_err());
         let _ = std::fs::remove_dir_all(&d);
     }
 
@@ -450,8 +644,8 @@ mod tests {
         std::fs::write(&dest, b"someone's").unwrap();
         let (tx, rx) = crossbeam_channel::bounded(8);
         let shared = SharedFailure::default();
-        let tf = TraceFile::create(&dest, true).unwrap();
-        let h = std::thread::spawn(move || write_loop(tf, "test", rx, false, shared));
+        let tf = TraceFile::create(&dest, true, "test").unwrap();
+        let h = std::thread::spawn(move || write_loop(tf, rx, false, shared));
         tx.send(WriterMsg::Open(1)).unwrap();
         drop(tx);
         let written = h.join().unwrap();
@@ -461,8 +655,8 @@ mod tests {
         assert!(t.complete);
         // Nobody connects: nothing is left, not even the temporary file.
         let (tx, rx) = crossbeam_channel::bounded(8);
-        let tf = TraceFile::create(&d.join("u.oomt"), false).unwrap();
-        let h = std::thread::spawn(move || write_loop(tf, "test", rx, false, Default::default()));
+        let tf = TraceFile::create(&d.join("u.oomt"), false, "test").unwrap();
+        let h = std::thread::spawn(move || write_loop(tf, rx, false, Default::default()));
         drop(tx);
         assert_eq!(h.join().unwrap().path, None);
         let mut left: Vec<_> = std::fs::read_dir(&d)
@@ -472,5 +666,48 @@ mod tests {
         left.sort();
         assert_eq!(left, ["t.1.oomt", "t.oomt"]);
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn the_default_mode_replaces_a_regular_file_only_when_a_process_connects() {
+        let d = scratch("replace");
+        let dest = d.join("t.oomt");
+        std::fs::write(&dest, b"old").unwrap();
+        let (tx, rx) = crossbeam_channel::bounded(8);
+        let tf = TraceFile::create(&dest, false, "test").unwrap();
+        // Created beside it, the old file untouched until then.
+        assert_eq!(std::fs::read(&dest).unwrap(), b"old");
+        let h = std::thread::spawn(move || write_loop(tf, rx, false, Default::default()));
+        tx.send(WriterMsg::Open(1)).unwrap();
+        drop(tx);
+        let written = h.join().unwrap();
+        assert_eq!(written.path, Some(dest.clone()));
+        assert!(written.failure.is_none());
+        assert!(crate::trace::Trace::load(&dest).unwrap().complete);
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_failure_is_told_with_what_each_process_lost() {
+        let f = Failure {
+            cause: WriteFailure::DiskFull,
+            error: "No space left on device".into(),
+            path: PathBuf::from("/t/x.oomt"),
+            t_unix_ns: 1,
+        };
+        let lost = Unwritten {
+            records: 2,
+            bytes: 100,
+            events: 7,
+        };
+        assert_eq!(
+            f.line_for(lost),
+            "the trace /t/x.oomt is incomplete: disk full (No space left on device); 7 events \
+             of this process were not written"
+        );
+        assert!(f
+            .line_for(Unwritten::default())
+            .ends_with("the end of this process was not recorded"));
     }
 }

@@ -9,11 +9,17 @@
 //!                raw = whole wire frames (see wire.rs) of connection `conn`
 //!   3 ConnClose  conn u32 | t_unix_ns u64 | reason u8 (CloseReason) | message str
 //!   4 End        t_unix_ns u64 | conns u32          (the writer finished cleanly)
-//!   5 Incomplete t_unix_ns u64 | cause u8 (WriteFailure) | unwritten_bytes u64 | message str
-//!                the writer could not write everything it received (a full disk): the
-//!                records before this one are whole, `unwritten_bytes` of wire frames that
-//!                came after them were dropped. Written in space reserved past the end of
-//!                the file, so that it fits on a full disk; an End may follow.
+//!   5 Incomplete t_unix_ns u64 | cause u8 (WriteFailure: 1 disk full, 2 file too large,
+//!                3 other I/O error; unknown values read as 3) | unwritten_bytes u64 |
+//!                unwritten_events u64 | message str
+//!                the writer could not write everything it received (a full disk) from
+//!                `t_unix_ns` on: the records before this one are whole; `unwritten_bytes` of
+//!                wire frames holding `unwritten_events` events came after them and were not
+//!                written (nor were the ConnClose records of connections that ended since).
+//!                Written in space reserved past the end of the file so that it fits on a
+//!                full disk; rewritten in place with the final counts, then an End. (The
+//!                shim's own writer encodes nothing after a failure: its unwritten_bytes
+//!                covers only the write that failed; its unwritten_events covers all.)
 //! ```
 //!
 //! The file is readable while it is written, and a writer that dies leaves a valid prefix
@@ -66,6 +72,14 @@ impl WriteFailure {
             Some(libc_codes::ENOSPC | libc_codes::EDQUOT) => WriteFailure::DiskFull,
             Some(libc_codes::EFBIG) => WriteFailure::FileTooLarge,
             _ => WriteFailure::Other,
+        }
+    }
+    /// The error in words without Rust's ` (os error N)` suffix: `No space left on device`.
+    pub fn message(e: &io::Error) -> String {
+        let s = e.to_string();
+        match s.rfind(" (os error ") {
+            Some(i) if s.ends_with(')') => s[..i].to_string(),
+            _ => s,
         }
     }
     /// A stable name for JSON (`disk_full`, `file_too_large`, `io_error`).
@@ -163,6 +177,7 @@ pub enum Record {
         t_unix_ns: u64,
         cause: WriteFailure,
         unwritten_bytes: u64,
+        unwritten_events: u64,
         message: String,
     },
     Unknown {
@@ -320,6 +335,7 @@ pub fn write_incomplete<W: Write>(
     t_unix_ns: u64,
     cause: WriteFailure,
     unwritten_bytes: u64,
+    unwritten_events: u64,
     message: &str,
 ) -> io::Result<()> {
     let mut p = Vec::new();
@@ -327,6 +343,7 @@ pub fn write_incomplete<W: Write>(
     wr.u64(t_unix_ns);
     wr.u8(cause as u8);
     wr.u64(unwritten_bytes);
+    wr.u64(unwritten_events);
     wr.str(message);
     write_record(w, record_type::INCOMPLETE, &p)
 }
@@ -485,6 +502,7 @@ impl<R: Read> TraceReader<R> {
                     t_unix_ns: r.u64()?,
                     cause: WriteFailure::from_u8(r.u8()?),
                     unwritten_bytes: r.u64()?,
+                    unwritten_events: r.u64()?,
                     message: r.str()?,
                 },
                 other => Record::Unknown { ty: other },
@@ -583,6 +601,7 @@ mod tests {
             9,
             WriteFailure::DiskFull,
             4096,
+            17,
             "No space left on device",
         )
         .unwrap();
@@ -595,6 +614,7 @@ mod tests {
                 t_unix_ns: 9,
                 cause: WriteFailure::DiskFull,
                 unwritten_bytes: 4096,
+                unwritten_events: 17,
                 message: "No space left on device".into()
             }
         );
@@ -604,6 +624,7 @@ mod tests {
         }
         let enospc = io::Error::from_raw_os_error(28);
         assert_eq!(WriteFailure::of(&enospc), WriteFailure::DiskFull);
+        assert_eq!(WriteFailure::message(&enospc), "No space left on device");
         assert_eq!(
             WriteFailure::of(&io::Error::from_raw_os_error(122)),
             WriteFailure::DiskFull

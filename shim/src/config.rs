@@ -23,7 +23,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "OOMTRACE_OUTPUT",
         default: "oomtrace.%p.oomt",
-        doc: "Trace file written when the shim starts its own collector or falls back to writing directly; `%p` becomes the pid.",
+        doc: "Trace file written when the shim starts its own collector or writes directly; `%p` becomes the pid. Never replaced (a taken name becomes `NAME.1.oomt`, ...); a path that is a symlink, device, FIFO or directory is refused with one line and the program runs untraced.",
     },
     Var {
         name: "OOMTRACE_DISABLE",

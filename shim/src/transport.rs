@@ -994,10 +994,18 @@ impl Drainer {
             }
             Err(e) => {
                 let lost_bytes = self.out.len() as u64;
+                let lost_events = self.out_events;
                 self.drop_out();
-                if let Sink::File(d) = &mut self.sink {
+                if matches!(self.sink, Sink::File(_)) {
+                    let Sink::File(mut d) = std::mem::replace(&mut self.sink, Sink::Detached)
+                    else {
+                        return;
+                    };
                     // The file ends on its last whole record, then says why it stops there.
-                    let line = d.failed(&e, lost_bytes);
+                    let line = d.failed(&e, lost_bytes, lost_events);
+                    // What is lost from here on is this file's loss too: counted at exit.
+                    let before = self.st.shared.total_lost().saturating_sub(lost_events);
+                    keep_failed_direct(self.st.pid, d, before);
                     self.detach_quietly();
                     log::warn(&line);
                 } else {
@@ -1194,39 +1202,30 @@ impl Drainer {
             return;
         }
         // Never overwrite a trace (std opens files close-on-exec).
-        match trace_file::create_new(Path::new(&wanted)) {
-            Ok((mut f, path)) => {
-                let path = path.display().to_string();
-                let mut first = Vec::new();
-                encode::hello(&mut first, &self.hello);
-                let ok = trace_file::write_header(&mut f, clock::unix_ns(), "liboomtrace (direct)")
-                    .and_then(|_| {
-                        trace_file::write_conn_open(&mut f, 0, clock::unix_ns(), wire::WIRE_VERSION)
-                    })
-                    .and_then(|_| trace_file::write_chunk(&mut f, 0, &first, false))
-                    .and_then(|_| std::io::Seek::stream_position(&mut f));
-                let written = match ok {
-                    Ok(n) => n,
-                    Err(e) => {
-                        self.drop_out();
-                        self.detach(&format!("{why}; and cannot write {path}: {e}"));
-                        return;
-                    }
-                };
+        let mut first = Vec::new();
+        let _ = trace_file::write_header(&mut first, clock::unix_ns(), "liboomtrace (direct)");
+        let _ = trace_file::write_conn_open(&mut first, 0, clock::unix_ns(), wire::WIRE_VERSION);
+        let mut hello = Vec::new();
+        encode::hello(&mut hello, &self.hello);
+        let _ = trace_file::write_chunk(&mut first, 0, &hello, false);
+        match DirectFile::create(Path::new(&wanted), &first) {
+            Ok(d) => {
                 log::warn_once(
                     &FALLBACK_SAID,
-                    &format!("{why}; writing the trace directly to {path}"),
+                    &format!("{why}; writing the trace directly to {}", d.path),
                 );
-                SINK_FD.store(f.as_raw_fd(), Ordering::Relaxed);
-                self.sink = Sink::File(DirectFile {
-                    file: f,
-                    path,
-                    written,
-                });
+                SINK_FD.store(d.file.as_raw_fd(), Ordering::Relaxed);
+                self.sink = Sink::File(d);
             }
-            Err(e) => {
+            Err((path, e)) => {
+                // Named as the file it was (the numbered name when one was used); nothing
+                // is left there.
                 self.drop_out();
-                self.detach(&format!("{why}; and cannot create {wanted}: {e}"));
+                self.detach(&format!(
+                    "{why}; and cannot write the trace {path}: {} ({})",
+                    trace_file::WriteFailure::of(&e).words(),
+                    trace_file::WriteFailure::message(&e)
+                ));
             }
         }
     }
@@ -1284,7 +1283,10 @@ impl Drainer {
                 }
                 let said = String::from_utf8_lossy(&said);
                 if let Some(line) = said.lines().map(str::trim).find(|l| !l.is_empty()) {
-                    log::warn(line);
+                    // Printed on the user's terminal: no control characters (a path may hold
+                    // anything).
+                    let line: String = line.chars().filter(|c| !c.is_control()).collect();
+                    log::warn(&line);
                 }
             }
             Sink::File(mut d) => {
@@ -1298,13 +1300,14 @@ impl Drainer {
                 );
                 let _ = trace_file::write_end(&mut tail, clock::unix_ns(), 1);
                 if let Err(e) = d.write_record(&tail) {
-                    log::warn(&d.failed(&e, 0));
+                    log::warn(&d.failed(&e, 0, 0));
                 }
             }
             _ => {}
         }
         SINK_FD.store(-1, Ordering::Relaxed);
         let lost = self.st.shared.total_lost();
+        finish_failed_direct(self.st.pid, lost);
         if lost > 0
             && DETACH_SAID.load(Ordering::Relaxed)
             && !OUTPUT_REFUSED.load(Ordering::Relaxed)
@@ -1315,46 +1318,181 @@ impl Drainer {
 }
 
 /// The trace file the shim writes itself when no collector can run: whole records at known
-/// offsets, so that a failed write (a full disk) can be cut back to the last whole one.
+/// offsets, and room reserved past the end (as the collector does, see
+/// collector/src/trace_writer.rs), so that when the disk fills up the file still ends on a
+/// whole record followed by an `Incomplete` record that says why.
 struct DirectFile {
     file: std::fs::File,
     path: String,
     /// Bytes of the file that are whole records.
     written: u64,
+    /// `fallocate` works on this filesystem.
+    can_reserve: bool,
+    /// What the `Incomplete` record says, once a write failed.
+    failure: Option<DirectFailure>,
 }
 
+/// Why and when the direct file stops, and what was lost (see [`DirectFile::failed`]).
+struct DirectFailure {
+    t_unix_ns: u64,
+    cause: trace_file::WriteFailure,
+    message: String,
+    lost_bytes: u64,
+    lost_events: u64,
+}
+
+/// A direct file whose write failed, kept open until exit so that its `Incomplete` record can
+/// then count every event lost since (not only the failed write's): the pid that wrote it,
+/// the file, and the events counted lost before the failure. Only the drain thread of that
+/// process touches it; a fork child sees another pid and leaves it alone, and `try_lock`
+/// never waits on a lock that a fork copied while held.
+static FAILED_DIRECT: std::sync::Mutex<Option<(u32, DirectFile, u64)>> =
+    std::sync::Mutex::new(None);
+
+fn keep_failed_direct(pid: u32, file: DirectFile, lost_before: u64) {
+    if let Ok(mut kept) = FAILED_DIRECT.try_lock() {
+        *kept = Some((pid, file, lost_before));
+    }
+}
+
+/// At exit: the failed direct file's last record counts all that was lost since its failure.
+fn finish_failed_direct(pid: u32, lost_now: u64) {
+    let Ok(mut kept) = FAILED_DIRECT.try_lock() else {
+        return;
+    };
+    if kept.as_ref().is_some_and(|(p, _, _)| *p == pid) {
+        if let Some((_, mut file, before)) = kept.take() {
+            file.recount(lost_now.saturating_sub(before));
+        }
+    }
+}
+
+/// Room kept allocated past the end of the direct file for the `Incomplete` and `End` records.
+const DIRECT_RESERVE: u64 = 16 << 10;
+
 impl DirectFile {
+    /// Creates the file: `path`, or the first free numbered name beside it (a trace is never
+    /// overwritten), with its first records. A file that cannot take them is removed: it is
+    /// ours and holds nothing.
+    fn create(wanted: &Path, first: &[u8]) -> Result<DirectFile, (String, std::io::Error)> {
+        use std::os::unix::fs::FileExt;
+        let (file, path) =
+            trace_file::create_new(wanted).map_err(|e| (wanted.display().to_string(), e))?;
+        let mut d = DirectFile {
+            file,
+            path: path.display().to_string(),
+            written: 0,
+            can_reserve: true,
+            failure: None,
+        };
+        let result = d
+            .reserve(first.len() as u64)
+            .and_then(|_| d.file.write_all_at(first, 0));
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(&path);
+            return Err((d.path, e));
+        }
+        d.written = first.len() as u64;
+        Ok(d)
+    }
+
+    /// Keeps `bytes` plus the reserve allocated after the last whole record, without
+    /// changing the file's size. A filesystem without `fallocate` just goes without.
+    fn reserve(&mut self, bytes: u64) -> std::io::Result<()> {
+        if !self.can_reserve {
+            return Ok(());
+        }
+        let e = loop {
+            // SAFETY: fallocate on our own open file; KEEP_SIZE leaves its size unchanged, so
+            // a reader never sees the reserved bytes.
+            let rc = unsafe {
+                libc::fallocate(
+                    self.file.as_raw_fd(),
+                    libc::FALLOC_FL_KEEP_SIZE,
+                    self.written as libc::off_t,
+                    (bytes + DIRECT_RESERVE) as libc::off_t,
+                )
+            };
+            if rc == 0 {
+                return Ok(());
+            }
+            let e = std::io::Error::last_os_error();
+            // Interrupted by one of the program's signals: not a failed trace.
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                break e;
+            }
+        };
+        // Only a full disk (or file size limit) is a failure; EOPNOTSUPP, ENOSYS and the like
+        // mean no reservations on this filesystem, and a real problem shows in the write.
+        if trace_file::WriteFailure::of(&e) == trace_file::WriteFailure::Other {
+            self.can_reserve = false;
+            return Ok(());
+        }
+        Err(e)
+    }
+
     fn write_record(&mut self, record: &[u8]) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
-        self.file.write_all_at(record, self.written)?;
+        // A failed reservation writes nothing: the file still ends on a whole record.
+        self.reserve(record.len() as u64)?;
+        if let Err(e) = self.file.write_all_at(record, self.written) {
+            // Part of the record may be there: cut back to the last whole one.
+            let _ = self.file.set_len(self.written);
+            return Err(e);
+        }
         self.written += record.len() as u64;
         Ok(())
     }
 
-    /// After a failed write: the file ends on its last whole record and, room permitting,
-    /// an `Incomplete` record says why. Returns the line to print.
-    fn failed(&mut self, e: &std::io::Error, lost_bytes: u64) -> String {
+    /// After a failed write: an `Incomplete` record (in the reserved room) says why the trace
+    /// stops, then the `End`. Returns the one line to print: the file, the cause, what was lost.
+    fn failed(&mut self, e: &std::io::Error, lost_bytes: u64, lost_events: u64) -> String {
+        let failure = DirectFailure {
+            t_unix_ns: clock::unix_ns(),
+            cause: trace_file::WriteFailure::of(e),
+            message: trace_file::WriteFailure::message(e),
+            lost_bytes,
+            lost_events,
+        };
+        let line = format!(
+            "the trace {} is incomplete: {} ({}); {lost_events} events not written, and the \
+             program continues untraced",
+            self.path,
+            failure.cause.words(),
+            failure.message
+        );
+        self.failure = Some(failure);
+        self.write_last_records();
+        line
+    }
+
+    /// At exit, after a failure: `lost_events` in all were not written.
+    fn recount(&mut self, lost_events: u64) {
+        if let Some(f) = &mut self.failure {
+            f.lost_events = f.lost_events.max(lost_events);
+            self.write_last_records();
+        }
+    }
+
+    /// The `Incomplete` and `End` records after the last whole record. Always the same length
+    /// (the counts are fixed-size), so a rewrite fits where the first one did.
+    fn write_last_records(&mut self) {
         use std::os::unix::fs::FileExt;
-        let _ = self.file.set_len(self.written);
-        let cause = trace_file::WriteFailure::of(e);
+        let Some(f) = &self.failure else { return };
         let mut rec = Vec::new();
         let _ = trace_file::write_incomplete(
             &mut rec,
-            clock::unix_ns(),
-            cause,
-            lost_bytes,
-            &e.to_string(),
+            f.t_unix_ns,
+            f.cause,
+            f.lost_bytes,
+            f.lost_events,
+            &f.message,
         );
         let _ = trace_file::write_end(&mut rec, clock::unix_ns(), 1);
         if self.file.write_all_at(&rec, self.written).is_err() {
+            // No room even for that: the file ends on its last whole record.
             let _ = self.file.set_len(self.written);
         }
-        format!(
-            "cannot write the trace {}: {} ({e}); it stops here and the program continues \
-             untraced",
-            self.path,
-            cause.words()
-        )
     }
 }
 
@@ -1576,8 +1714,10 @@ fn spawn_collector(config: &crate::config::Config) -> Result<PathBuf, String> {
         let _ = std::fs::remove_dir_all(&dir);
         return Err(why);
     }
+    // The collector picks the name when the first process connects (no-clobber: a numbered
+    // one if this is taken); it names the file it used in anything it says.
     log::info(&format!(
-        "started a collector writing {} (socket {})",
+        "started a collector for {} (or the first free numbered name beside it; socket {})",
         output.display(),
         socket.display()
     ));

@@ -144,13 +144,67 @@ fn collect_refuses_outputs_that_are_not_regular_files_and_leaves_no_socket() {
 }
 
 #[test]
+fn collect_touches_an_existing_output_only_when_a_process_connects() {
+    let dir = scratch("output-placement");
+    let socket = dir.join("c.sock");
+    let trace = dir.join("t.oomt");
+    std::fs::write(&trace, b"the previous trace").unwrap();
+    // Nobody connects (a probe that sends nothing is not a process): the old file is as it
+    // was, no temporary file is left, and the collector says why there is no trace.
+    let child = base_command(oomtrace_bin())
+        .args(["collect", "--socket"])
+        .arg(&socket)
+        .arg("--output")
+        .arg(&trace)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the collector");
+    let start = std::time::Instant::now();
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(start.elapsed() < TIMEOUT, "the collector did not listen");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // SAFETY: signalling the collector we started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("oomtrace: no traced process connected; no trace written"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(std::fs::read(&trace).unwrap(), b"the previous trace");
+    assert_eq!(names_in(&dir), ["t.oomt"]);
+    // A traced process connects: now the trace replaces the old file (collect's default).
+    let mut c = start_collector(&socket, &trace);
+    let mut app = base_command(scenario("runtime_basic"));
+    app.env("LD_PRELOAD", shim())
+        .env("OOMTRACE_SOCKET", &socket);
+    assert!(output_within(app, TIMEOUT).status.success());
+    // SAFETY: signalling the collector we started.
+    unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
+    assert!(c.wait().unwrap().success());
+    assert_eq!(processes(&report_json(&trace)).len(), 1);
+    assert_eq!(names_in(&dir), ["t.oomt"]);
+}
+
+#[test]
 fn oomtrace_output_that_is_a_device_is_refused_in_one_line_and_nothing_is_written_beside_it() {
     let dir = scratch("output-device");
     let full = dir.join("full");
     mknod(&full, 1, 7);
     let fifo = dir.join("fifo");
     mkfifo(&fifo);
-    for output in [&full, &fifo] {
+    let target = dir.join("target.oomt");
+    std::fs::write(&target, b"kept").unwrap();
+    let link = dir.join("link.oomt");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    for (output, what) in [
+        (&full, "a character device, not a regular file"),
+        (&fifo, "a FIFO, not a regular file"),
+        (&link, "a symbolic link"),
+    ] {
         let mut cmd = preloaded("runtime_basic", &dir);
         cmd.env("OOMTRACE_OUTPUT", output);
         let out = output_within(cmd, TIMEOUT);
@@ -162,13 +216,14 @@ fn oomtrace_output_that_is_a_device_is_refused_in_one_line_and_nothing_is_writte
             err.contains(&format!("not tracing: the output {}", output.display())),
             "{err}"
         );
-        assert!(err.contains("not a regular file"), "{err}");
+        assert!(err.contains(what), "{err}");
     }
     assert_eq!(
         names_in(&dir),
-        ["fifo", "full"],
+        ["fifo", "full", "link.oomt", "target.oomt"],
         "no full.1, no temporary files"
     );
+    assert_eq!(std::fs::read(&target).unwrap(), b"kept");
     assert!(std::fs::symlink_metadata(&full)
         .unwrap()
         .file_type()
@@ -231,13 +286,22 @@ fn on_a_tiny_disk(dir: &Path, script: &str) -> Output {
         }
         let mut cmd = base_command("unshare");
         cmd.args(&flags)
-            .args(["sh", "-c", &format!("{mount} && {script}")])
+            .args(["sh", "-c", &format!("{mount} || exit 1; {script}")])
             .env("OOMTRACE_COLLECTOR", oomtrace_bin())
             .env("OOMTRACE_LIB", shim());
         return output_within(cmd, TIMEOUT);
     }
     panic!("a tiny disk needs `unshare -m` (root) or user namespaces: {why:?}");
 }
+
+/// Shell: waits until no process in the working directory runs `oomtrace collect
+/// --exit-when-idle` (the shim's detached collector finishing the trace). Reads /proc, so it
+/// needs no procps; the pattern's brackets keep it from matching this script's own shell.
+const WAIT_FOR_COLLECTORS_HERE: &str = r#"here=$(pwd -P); n=0; while [ $n -lt 300 ]; do
+    busy=; for p in /proc/[0-9]*; do
+      [ "$(readlink $p/cwd 2>/dev/null)" = "$here" ] || continue;
+      tr '\0' ' ' < $p/cmdline 2>/dev/null | grep -q '[-]-exit-when-idle' && busy=1;
+    done; [ -z "$busy" ] && break; n=$((n+1)); sleep 0.1; done;"#;
 
 fn shell_quote(p: &Path) -> String {
     format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
@@ -256,11 +320,9 @@ fn a_full_disk_under_ld_preload_is_said_and_recorded_in_the_trace() {
     let disk = dir.join("disk");
     std::fs::create_dir(&disk).unwrap();
     let script = format!(
-        "LD_PRELOAD=\"$OOMTRACE_LIB\" {prog} 1; echo rc=$?; \
-         while pgrep -f '[o]omtrace collect.*{disk}' >/dev/null; do sleep 0.1; done; \
-         cp -p *.oomt {out}/",
+        "LD_PRELOAD=\"$OOMTRACE_LIB\" {prog} 1; echo rc=$?; {wait} cp -p *.oomt {out}/",
         prog = shell_quote(&scenario("slow_loop")),
-        disk = disk.display(),
+        wait = WAIT_FOR_COLLECTORS_HERE,
         out = shell_quote(&dir),
     );
     let out = on_a_tiny_disk(&disk, &script);
@@ -269,11 +331,34 @@ fn a_full_disk_under_ld_preload_is_said_and_recorded_in_the_trace() {
         String::from_utf8_lossy(&out.stdout).contains("rc=7"),
         "{err}"
     );
-    // One line says what was lost and why.
+    // One line says what was lost and why: the file, the cause, this process's events.
     let said: Vec<&str> = err.lines().filter(|l| l.contains("disk full")).collect();
     assert_eq!(said.len(), 1, "{err}");
-    assert!(said[0].contains("is incomplete: disk full"), "{err}");
+    assert!(
+        said[0].starts_with("oomtrace: the trace /") && said[0].contains(".oomt is incomplete"),
+        "names the file: {err}"
+    );
+    assert!(
+        said[0].contains("is incomplete: disk full (No space left on device); ")
+            && said[0].contains(" events of this process were not written"),
+        "{err}"
+    );
     let r = report_json(&the_trace(&dir));
+    let unwritten = r["trace"]["incomplete"]["unwritten_events"]
+        .as_u64()
+        .unwrap();
+    assert!(unwritten > 0, "{:#}", r["trace"]);
+    assert!(
+        said[0].contains(&format!("; {unwritten} events of this process")),
+        "the process hears the count the trace records: {err}"
+    );
+    let warnings = r["trace"]["warnings"].to_string();
+    assert!(
+        warnings.contains("the trace stops at ")
+            && warnings.contains(": disk full (No space left on device); ")
+            && warnings.contains(&format!("{unwritten} events")),
+        "{warnings}"
+    );
     assert_eq!(r["trace"]["complete"], false, "{:#}", r["trace"]);
     assert_eq!(
         r["trace"]["incomplete"]["cause"], "disk_full",
@@ -343,14 +428,67 @@ fn a_full_disk_for_the_shims_own_file_is_said_and_recorded() {
         String::from_utf8_lossy(&out.stdout).contains("rc=7"),
         "{err}"
     );
+    let said: Vec<&str> = err.lines().filter(|l| l.contains("disk full")).collect();
+    assert_eq!(said.len(), 1, "{err}");
     assert!(
-        err.contains("cannot write the trace") && err.contains("disk full"),
+        said[0].contains(".oomt is incomplete: disk full (No space left on device); ")
+            && said[0].contains(" events not written"),
         "{err}"
     );
     let r = report_json(&the_trace(&dir));
+    assert!(
+        processes(&r)[0]["status"]
+            .as_str()
+            .unwrap()
+            .contains("disk full"),
+        "{r:#}"
+    );
     assert_eq!(
         r["trace"]["incomplete"]["cause"], "disk_full",
         "{:#}",
         r["trace"]
     );
+}
+
+#[test]
+fn a_full_disk_under_a_standalone_collector_is_said_by_it_and_to_each_process() {
+    let dir = scratch("disk-full-collect");
+    let disk = dir.join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let script = format!(
+        "{bin} collect --exit-when-idle --socket s.sock --output c.oomt 2>collector.err & \
+         n=0; while [ ! -S s.sock ] && [ $n -lt 400 ]; do n=$((n+1)); sleep 0.05; done; \
+         OOMTRACE_SOCKET=s.sock LD_PRELOAD=\"$OOMTRACE_LIB\" {prog} 1; echo rc=$?; wait; \
+         cp -p c.oomt collector.err {out}/",
+        bin = shell_quote(&oomtrace_bin()),
+        prog = shell_quote(&scenario("slow_loop")),
+        out = shell_quote(&dir),
+    );
+    let out = on_a_tiny_disk(&disk, &script);
+    let err = stderr(&out);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("rc=7"),
+        "{err}"
+    );
+    // The process hears what it lost, on its own stderr.
+    let said: Vec<&str> = err.lines().filter(|l| l.contains("disk full")).collect();
+    assert_eq!(said.len(), 1, "{err}");
+    assert!(
+        said[0].contains("c.oomt is incomplete: disk full")
+            && said[0].contains("events of this process were not written"),
+        "{err}"
+    );
+    // The collector says it once when it happens, and its summary does not pass for the file.
+    let collector = std::fs::read_to_string(dir.join("collector.err")).unwrap();
+    let said: Vec<&str> = collector
+        .lines()
+        .filter(|l| l.contains("is incomplete: disk full"))
+        .collect();
+    assert_eq!(said.len(), 1, "{collector}");
+    assert!(
+        collector.contains("c.oomt holds less: the trace stops at"),
+        "{collector}"
+    );
+    let r = report_json(&dir.join("c.oomt"));
+    assert_eq!(r["trace"]["incomplete"]["cause"], "disk_full", "{r:#}");
 }

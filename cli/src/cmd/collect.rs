@@ -49,8 +49,10 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     opts.exit_when_idle = args.exit_when_idle;
     opts.no_clobber = args.no_clobber;
     opts.live = args.live || (!args.quiet && !args.detach);
-    // Detached, our stderr is /dev/null: each traced process hears of a lost trace instead.
-    opts.tell_processes = args.detach;
+    // A trace that cannot all be written (a full disk) is said to each traced process on its
+    // own stderr: detached, ours is /dev/null; standalone, ours may be far from theirs. Under
+    // `run` (a parent pid) the summary says it instead.
+    opts.tell_processes = args.detach || args.parent_pid.is_none();
     if !args.exit_when_idle {
         opts.idle_grace = Duration::from_secs(1);
     }
@@ -63,10 +65,17 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         watch_parent(parent);
     }
     if !args.quiet && !args.detach {
+        let o = collector.options();
         eprintln!(
-            "oomtrace: collecting on {} into {} (Ctrl-C to stop)",
-            collector.options().socket.display(),
-            collector.options().output.display()
+            "oomtrace: collecting on {} into {}{} (Ctrl-C to stop)",
+            o.socket.display(),
+            o.output.display(),
+            if o.no_clobber {
+                " (or the first free numbered name beside it, if it exists when the first \
+                 process connects)"
+            } else {
+                ""
+            }
         );
     }
     let socket = collector.options().socket.clone();
@@ -101,6 +110,14 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             },
         );
         eprint!("{}", render::summary(&report));
+        // The summary is what this collector saw; the file may hold less (a full disk).
+        if let Some(i) = &trace.incomplete {
+            eprintln!(
+                "oomtrace: warning: {} holds less: {}",
+                output.display(),
+                i.sentence(trace.header.created_unix_ns)
+            );
+        }
     }
     let _ = signals::STOP.load(Ordering::Relaxed);
     Ok(ExitCode::SUCCESS)
