@@ -34,6 +34,7 @@ enum Command {
     Report(cmd::report::Args),
     Demo(cmd::demo::Args),
     Export(cmd::export::Args),
+    #[command(aliases = ["lib-path", "libpath", "preload"])]
     Lib(cmd::lib::Args),
 }
 

@@ -268,6 +268,12 @@ fn lib_prints_the_library_for_ld_preload() {
     let ran = output_within(cmd, TIMEOUT);
     assert!(ran.status.success(), "{}", stderr(&ran));
     assert_eq!(traces_in(&dir).len(), 1);
+    // The alias answers the same.
+    let alias = oomtrace_in(&dir, &["lib-path"]);
+    assert_eq!(
+        String::from_utf8_lossy(&alias.stdout).trim_end(),
+        path.to_str().unwrap()
+    );
     // OOMTRACE_LIB names another file: that one; a missing one: one line.
     let mut cmd = base_command(oomtrace_bin());
     cmd.arg("lib")
