@@ -57,12 +57,22 @@ pub fn cache_dir(tag: &str, contents: &[&[u8]]) -> PathBuf {
         .join(format!("{}{tag}-{hash:016x}", env!("CARGO_PKG_VERSION")))
 }
 
-/// Removes the cache directories that other builds of oomtrace made for the same kind of
-/// content as `current` (same tag, another version or hash): each build would otherwise add
-/// one that is never cleaned. Called once `current` has been made. Only names of exactly the
-/// form `cache_dir` gives (`<x.y.z><tag>-<16 hex digits>`, a real directory, not a symlink)
-/// are touched: nothing else in the cache is ever removed.
-pub fn prune_other_builds(current: &Path) {
+/// How long another build's cache directory must have gone unused before it is removed: two
+/// builds in use at once (an installed one and a fresh one, a CI run beside a developer's)
+/// must never delete what the other is running from.
+pub const UNUSED_FOR: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Marks `current` as in use (its modification time) and removes the cache directories that
+/// other builds of oomtrace made for the same kind of content (same tag, another version or
+/// hash) and have not used for [`UNUSED_FOR`]: each build would otherwise add one that is
+/// never cleaned. Called on every use. Only names of exactly the form `cache_dir` gives
+/// (`<x.y.z><tag>-<16 hex digits>`, a real directory, not a symlink) are touched: nothing
+/// else in the cache is ever removed.
+pub fn mark_used(current: &Path) {
+    let now = std::time::SystemTime::now();
+    if let Ok(d) = std::fs::File::open(current) {
+        let _ = d.set_modified(now);
+    }
     let (Some(parent), Some(name)) = (current.parent(), current.file_name()) else {
         return;
     };
@@ -77,7 +87,11 @@ pub fn prune_other_builds(current: &Path) {
         if other == name || cache_tag(&other.to_string_lossy()).as_deref() != Some(&tag) {
             continue;
         }
-        if e.file_type().is_ok_and(|t| t.is_dir()) {
+        let unused = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age >= UNUSED_FOR));
+        if unused && e.file_type().is_ok_and(|t| t.is_dir()) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
@@ -116,6 +130,7 @@ pub fn extract_embedded(bytes: &[u8]) -> Result<PathBuf, Failure> {
     let dir = cache_dir("", &[bytes]);
     let lib = dir.join(LIB_NAME);
     if std::fs::metadata(&lib).is_ok_and(|m| m.len() == bytes.len() as u64) {
+        mark_used(&dir);
         return Ok(lib);
     }
     let fail = |e: std::io::Error| Failure::new(format!("cannot write {}: {e}", lib.display()));
@@ -136,7 +151,7 @@ pub fn extract_embedded(bytes: &[u8]) -> Result<PathBuf, Failure> {
             return Err(fail(e));
         }
     }
-    prune_other_builds(&dir);
+    mark_used(&dir);
     Ok(lib)
 }
 
@@ -225,7 +240,21 @@ mod tests {
         )
         .unwrap();
         mk("0.1.0-python-ffffffffffffffff");
-        prune_other_builds(&base.join("0.1.0-python-ffffffffffffffff"));
+        // Unused for two hours, except one used a minute ago (another build running now).
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+        for n in [
+            "0.1.0-python-1111111111111111",
+            "0.0.9-python-2222222222222222",
+            "0.1.0-demo-3333333333333333",
+            "0.1.0-python-notahash",
+        ] {
+            std::fs::File::open(base.join(n))
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        }
+        mk("0.1.0-python-6666666666666666");
+        mark_used(&base.join("0.1.0-python-ffffffffffffffff"));
         let mut left: Vec<String> = std::fs::read_dir(&base)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -237,6 +266,7 @@ mod tests {
                 "0.1.0-demo-3333333333333333",
                 "0.1.0-python-4444444444444444",
                 "0.1.0-python-5555555555555555",
+                "0.1.0-python-6666666666666666",
                 "0.1.0-python-ffffffffffffffff",
                 "0.1.0-python-notahash",
             ]

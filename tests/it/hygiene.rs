@@ -291,9 +291,20 @@ fn a_new_build_removes_the_cache_directories_of_older_ones() {
     let old = cache.join("oomtrace/0.0.1-python-0123456789abcdef");
     let other = cache.join("oomtrace/0.0.1-demo-0123456789abcdef");
     let mine = cache.join("oomtrace/notes.txt");
+    let busy = cache.join("oomtrace/0.0.2-python-0123456789abcdef");
     std::fs::create_dir_all(&old).unwrap();
     std::fs::create_dir_all(&other).unwrap();
+    std::fs::create_dir_all(&busy).unwrap();
     std::fs::write(&mine, b"not oomtrace's").unwrap();
+    // Unused for two hours; `busy` was used just now (another build running beside this one:
+    // it must keep its files).
+    let long_ago = std::time::SystemTime::now() - Duration::from_secs(7200);
+    for d in [&old, &other] {
+        std::fs::File::open(d)
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+    }
     let mut cmd = base_command(oomtrace_bin());
     cmd.current_dir(&dir)
         .env("XDG_CACHE_HOME", &cache)
@@ -310,9 +321,13 @@ fn a_new_build_removes_the_cache_directories_of_older_ones() {
         "{left:?}"
     );
     assert!(left.contains(&"notes.txt".to_string()), "{left:?}");
+    assert!(
+        left.contains(&"0.0.2-python-0123456789abcdef".to_string()),
+        "a build in use keeps its files: {left:?}"
+    );
     assert_eq!(
         left.iter().filter(|n| n.contains("-python-")).count(),
-        1,
+        2,
         "{left:?}"
     );
 }

@@ -90,6 +90,7 @@ fn installed() -> Result<(PathBuf, PathBuf), Failure> {
     let dir = locate::cache_dir("-demo", &[DEMO_APP, simcuda::LIBCUDA, simcuda::LIBCUDART]);
     let app = dir.join("train_demo");
     if app.is_file() {
+        locate::mark_used(&dir);
         return Ok((dir, app));
     }
     let fresh = locate::private_dir()?;
@@ -111,7 +112,7 @@ fn installed() -> Result<(PathBuf, PathBuf), Failure> {
             return Ok((fresh, app));
         }
     }
-    locate::prune_other_builds(&dir);
+    locate::mark_used(&dir);
     Ok((dir, app))
 }
 

@@ -159,12 +159,10 @@ fn torch_env(lib: &Path) -> Result<Vec<(OsString, OsString)>, Failure> {
         (dir.join("oomtrace").join("__init__.py"), PY_PACKAGE),
         (dir.join("boot").join("sitecustomize.py"), PY_BOOT),
     ];
-    let mut wrote = false;
     for (path, bytes) in files {
         if std::fs::read(&path).is_ok_and(|b| b == bytes) {
             continue;
         }
-        wrote = true;
         let fail =
             |e: std::io::Error| Failure::new(format!("cannot write {}: {e}", path.display()));
         if let Some(parent) = path.parent() {
@@ -177,9 +175,7 @@ fn torch_env(lib: &Path) -> Result<Vec<(OsString, OsString)>, Failure> {
             return Err(fail(e));
         }
     }
-    if wrote {
-        locate::prune_other_builds(&dir);
-    }
+    locate::mark_used(&dir);
     let mut paths = vec![dir.join("boot"), dir.clone()];
     if let Some(old) = std::env::var_os("PYTHONPATH") {
         paths.extend(std::env::split_paths(&old));
