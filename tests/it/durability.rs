@@ -380,7 +380,9 @@ fn a_full_disk_under_run_does_not_claim_the_trace_was_written() {
     let disk = dir.join("disk");
     std::fs::create_dir(&disk).unwrap();
     let script = format!(
-        "{bin} run -o t.oomt --json r.json -- {prog} 1; echo rc=$?; cp -p t.oomt r.json {out}/",
+        // The JSON report goes outside the full disk: it is the summary being checked, not
+        // whether a second file fits.
+        "{bin} run -o t.oomt --json {out}/r.json -- {prog} 1; echo rc=$?; cp -p t.oomt {out}/",
         bin = shell_quote(&oomtrace_bin()),
         prog = shell_quote(&scenario("slow_loop")),
         out = shell_quote(&dir),

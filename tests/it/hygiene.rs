@@ -346,3 +346,31 @@ fn scratch_directories_are_removed_also_when_a_test_fails() {
     let kept = kept.unwrap();
     assert!(!kept.exists(), "{kept:?} left behind");
 }
+
+#[test]
+fn a_json_report_that_cannot_be_written_is_one_line_and_keeps_the_programs_code() {
+    let dir = scratch("json-unwritable");
+    let slow = scenario("slow_loop");
+    let out = oomtrace_in(
+        &dir,
+        &[
+            "run",
+            "-o",
+            "t.oomt",
+            "--json",
+            "missing/dir/r.json",
+            "--",
+            slow.to_str().unwrap(),
+            "0.1",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(7), "{}", stderr(&out));
+    let said: Vec<String> = stderr(&out)
+        .lines()
+        .filter(|l| l.contains("missing/dir/r.json"))
+        .map(String::from)
+        .collect();
+    assert_eq!(said.len(), 1, "{}", stderr(&out));
+    assert!(said[0].starts_with("oomtrace: cannot write"), "{said:?}");
+    assert!(dir.join("t.oomt").is_file(), "the trace itself is written");
+}

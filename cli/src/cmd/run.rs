@@ -93,7 +93,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
                     symbolize: false,
                 },
             );
-            write_json(path, &r)?;
+            write_json(path, &r);
         }
         return Ok(exit_code_of(outcome.status));
     }
@@ -118,7 +118,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
                 );
             }
             if let Some(path) = &args.json {
-                write_json(path, r)?;
+                write_json(path, r);
             }
         }
         Err(f) => eprintln!("oomtrace: no report: {}", f.message),
@@ -142,10 +142,16 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     Ok(exit_code_of(outcome.status))
 }
 
-/// `--json FILE`: the report as the JSON contract.
-fn write_json(path: &Path, r: &Report) -> Result<(), Failure> {
-    let text = serde_json::to_string_pretty(r)? + "\n";
-    crate::output::write_file(path, text.as_bytes())
+/// `--json FILE`: the report as the JSON contract. A report that cannot be written is said in
+/// one line; `run` still leaves with the program's own exit code (the program ran, and that
+/// code is what a caller checks).
+fn write_json(path: &Path, r: &Report) {
+    let written = serde_json::to_string_pretty(r)
+        .map_err(Failure::from)
+        .and_then(|text| crate::output::write_file(path, (text + "\n").as_bytes()));
+    if let Err(f) = written {
+        eprintln!("oomtrace: {}", f.message);
+    }
 }
 
 /// The `oomtrace` Python package and the `--torch` sitecustomize, carried in this binary.
