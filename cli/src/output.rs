@@ -20,7 +20,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -156,12 +156,12 @@ impl Output {
             Some(m) if m.is_dir() => return Err(cannot(&"it is a directory")),
             Some(m) if !m.file_type().is_file() => {
                 // A device or FIFO: write into it as asked; never create, truncate or remove.
-                let what = file_kind(&m.file_type());
+                let what = oomtrace_proto::file_kind::describe(&m.file_type());
                 let f = OpenOptions::new()
                     .write(true)
                     .custom_flags(follow | libc::O_NOCTTY)
                     .open(path)
-                    .map_err(|e| cannot(&format!("{e} (it is a {what})")))?;
+                    .map_err(|e| cannot(&format!("{e} (it is {what})")))?;
                 Sink::Direct {
                     file: BufWriter::with_capacity(1 << 20, f),
                     path: path.to_path_buf(),
@@ -286,20 +286,6 @@ impl Drop for Output {
                 let _ = std::fs::remove_file(&*tmp);
             }
         }
-    }
-}
-
-fn file_kind(t: &std::fs::FileType) -> &'static str {
-    if t.is_char_device() {
-        "character device"
-    } else if t.is_block_device() {
-        "block device"
-    } else if t.is_fifo() {
-        "FIFO"
-    } else if t.is_socket() {
-        "socket"
-    } else {
-        "special file"
     }
 }
 

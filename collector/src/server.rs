@@ -89,17 +89,9 @@ fn clear_stale_socket(path: &Path) -> Result<(), String> {
     };
     let t = meta.file_type();
     if !t.is_socket() {
-        let what = if t.is_symlink() {
-            "a symbolic link"
-        } else if t.is_dir() {
-            "a directory"
-        } else if t.is_file() {
-            "a regular file"
-        } else {
-            "not a socket"
-        };
         return Err(format!(
-            "it is {what}, not a socket: refusing to replace it"
+            "it is {}, not a socket: refusing to replace it",
+            oomtrace_proto::file_kind::describe(&t)
         ));
     }
     match UnixStream::connect(path) {

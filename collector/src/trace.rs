@@ -68,29 +68,20 @@ impl Incomplete {
 /// until someone writes to it, and a device never ends. The open itself never blocks
 /// (O_NONBLOCK, which a regular file ignores).
 fn open_regular(path: &Path) -> Result<File, String> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| e.to_string())?;
     let t = f.metadata().map_err(|e| e.to_string())?.file_type();
-    let what = if t.is_file() {
+    if t.is_file() {
         return Ok(f);
-    } else if t.is_dir() {
-        "a directory"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else if t.is_socket() {
-        "a socket"
-    } else {
-        "not a regular file"
-    };
-    Err(format!("it is {what}, not a trace file"))
+    }
+    Err(format!(
+        "it is {}, not a trace file",
+        oomtrace_proto::file_kind::describe(&t)
+    ))
 }
 
 impl Trace {

@@ -24,7 +24,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -121,24 +121,17 @@ pub fn check_output(path: &Path) -> Result<(), String> {
         Err(e) => Err(e.to_string()),
         Ok(m) => {
             let t = m.file_type();
-            let what = if t.is_file() {
+            if t.is_file() {
                 return Ok(());
-            } else if t.is_symlink() {
-                "a symbolic link (oomtrace does not write through links: name its target)"
+            }
+            let what = oomtrace_proto::file_kind::describe(&t);
+            Err(if t.is_symlink() {
+                format!("it is {what} (oomtrace does not write through links: name its target)")
             } else if t.is_dir() {
-                "a directory"
-            } else if t.is_fifo() {
-                "a FIFO, not a regular file"
-            } else if t.is_char_device() {
-                "a character device, not a regular file"
-            } else if t.is_block_device() {
-                "a block device, not a regular file"
-            } else if t.is_socket() {
-                "a socket, not a regular file"
+                format!("it is {what}")
             } else {
-                "not a regular file"
-            };
-            Err(format!("it is {what}"))
+                format!("it is {what}, not a regular file")
+            })
         }
     }
 }

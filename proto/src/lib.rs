@@ -2,6 +2,7 @@
 //!
 //! - [`event`]: the fixed 64-byte [`Event`] and its pinned enums.
 //! - [`cuda_error`]: names of the CUDA error codes an allocation fails with.
+//! - [`file_kind`]: what a refused path is, in the words every part uses.
 //! - [`wire`]: length-framed records on the socket (`Hello`, `Events`, `StackDef`, ...).
 //! - [`python`]: Python frames inside stacks and the code objects they name.
 //! - [`trace_file`]: the `.oomt` file, which stores each connection's frames in checked,
@@ -11,6 +12,7 @@
 
 pub mod cuda_error;
 pub mod event;
+pub mod file_kind;
 pub mod python;
 pub mod trace_file;
 pub mod wire;

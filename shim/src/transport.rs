@@ -1498,22 +1498,16 @@ impl DirectFile {
 
 /// What `path` is when it exists and is not a regular file (a trace is never written into
 /// or beside a device, a FIFO, a directory or a link).
-fn not_a_regular_file(path: &Path) -> Option<&'static str> {
-    use std::os::unix::fs::FileTypeExt;
+fn not_a_regular_file(path: &Path) -> Option<String> {
     let t = std::fs::symlink_metadata(path).ok()?.file_type();
-    Some(if t.is_file() {
-        return None;
-    } else if t.is_symlink() {
-        "a symbolic link"
-    } else if t.is_dir() {
-        "a directory"
-    } else if t.is_char_device() {
-        "a character device, not a regular file"
-    } else if t.is_fifo() {
-        "a FIFO, not a regular file"
+    let what = oomtrace_proto::file_kind::describe(&t);
+    if t.is_file() {
+        None
+    } else if t.is_symlink() || t.is_dir() {
+        Some(what.to_string())
     } else {
-        "not a regular file"
-    })
+        Some(format!("{what}, not a regular file"))
+    }
 }
 
 /// Sends as much of `buf` as the socket takes before its write timeout (or at once, with
