@@ -143,6 +143,25 @@ fn main() {
         println!("cargo:rerun-if-changed={}", p.display());
     }
     println!("cargo:rerun-if-changed={}", tests_c.display());
+    // The driver is libcuda.c plus one file per area under src/driver/; the NVML stand-in
+    // is src/nvml/. Both directories are watched so that a new file is picked up.
+    let driver_dir = src.join("driver");
+    let nvml_dir = src.join("nvml");
+    let c_files = |dir: &Path| -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = fs::read_dir(dir)
+            .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        v.retain(|p| p.extension().is_some_and(|e| e == "c" || e == "h"));
+        v.sort();
+        v
+    };
+    for d in [&driver_dir, &nvml_dir] {
+        println!("cargo:rerun-if-changed={}", d.display());
+        for p in c_files(d) {
+            println!("cargo:rerun-if-changed={}", p.display());
+        }
+    }
+    println!("cargo:rerun-if-changed={}", src.join("identity.h").display());
     let mut test_sources: Vec<PathBuf> = fs::read_dir(&tests_c)
         .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
         .unwrap_or_default();
@@ -170,11 +189,38 @@ fn main() {
         os("-Wl,-soname,libcuda.so.1"),
         os("-o"),
         os(lib.join("libcuda.so.1")),
+        os(format!("-I{}", src.display())),
+        os(format!("-I{}", driver_dir.display())),
         os(src.join("libcuda.c")),
-        os("-lpthread"),
     ]);
+    args.extend(
+        c_files(&driver_dir)
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "c"))
+            .map(os),
+    );
+    args.extend([os("-ldl"), os("-lpthread")]);
     cc.run(&args);
     symlink("libcuda.so.1", &lib.join("libcuda.so"));
+
+    // libnvidia-ml.so.1: the NVML stand-in a real driver ships beside libcuda.
+    let nvml_sources: Vec<PathBuf> = c_files(&nvml_dir)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "c"))
+        .collect();
+    if !nvml_sources.is_empty() {
+        let mut args = library_flags(&cc);
+        args.extend([
+            os(format!("-I{}", src.display())),
+            os("-Wl,-soname,libnvidia-ml.so.1"),
+            os("-o"),
+            os(lib.join("libnvidia-ml.so.1")),
+        ]);
+        args.extend(nvml_sources.into_iter().map(os));
+        args.extend([os("-ldl"), os("-lpthread")]);
+        cc.run(&args);
+        symlink("libnvidia-ml.so.1", &lib.join("libnvidia-ml.so"));
+    }
 
     // libcudart.so.12: the runtime, exports under the libcudart.so.12 node.
     let mut args = library_flags(&cc);

@@ -46,9 +46,13 @@ pub const LIBCUDA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lib/libcuda
 /// The simulated runtime, `libcudart.so.12`.
 pub const LIBCUDART: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lib/libcudart.so.12"));
 
-/// Writes `libcuda.so.1`, `libcudart.so.12` and the `libcuda.so` /
-/// `libcudart.so` symlinks into `dir` (created if missing), replacing
-/// whatever is there under those names.
+/// The NVML stand-in, `libnvidia-ml.so.1`: a real driver ships NVML beside
+/// `libcuda.so.1`, and PyTorch's expandable segments call it unchecked.
+pub const LIBNVML: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lib/libnvidia-ml.so.1"));
+
+/// Writes `libcuda.so.1`, `libcudart.so.12`, `libnvidia-ml.so.1` and their
+/// unversioned symlinks into `dir` (created if missing), replacing whatever
+/// is there under those names.
 pub fn install(dir: &Path) -> io::Result<()> {
     use std::os::unix::fs::{symlink, PermissionsExt};
 
@@ -56,6 +60,7 @@ pub fn install(dir: &Path) -> io::Result<()> {
     for (name, bytes, link) in [
         ("libcuda.so.1", LIBCUDA, "libcuda.so"),
         ("libcudart.so.12", LIBCUDART, "libcudart.so"),
+        ("libnvidia-ml.so.1", LIBNVML, "libnvidia-ml.so"),
     ] {
         let path = dir.join(name);
         // Write beside and rename: a process may have the old file mapped.

@@ -1,33 +1,37 @@
 /*
- * libcuda.so.1 from simcuda: a simulated CUDA 12.8 driver, so that a GPU
- * memory tracer can be tested without a GPU.  It implements the memory
- * management surface of the driver API (contexts, device / managed / pinned
- * memory, streams, the stream-ordered allocator, virtual memory management
- * and cuGetProcAddress) with the real ABI and real error codes.
+ * libcuda.so.1 from simcuda: a simulated CUDA 13.2 driver, so that a GPU
+ * memory tracer can be tested without a GPU, against real clients (the real
+ * PyTorch wheel among them).  This file is the core: devices, contexts,
+ * device / managed / pinned memory, streams, the stream-ordered allocator,
+ * virtual memory management, stream capture and cuGetProcAddress, with the
+ * real ABI and real error codes.  The other areas live in src/driver/ (see
+ * driver/internal.h).
  *
  * Where simcuda differs from the real driver
  * ------------------------------------------
- *  - There is no memory behind device pointers.  Device addresses come from
- *    a PROT_NONE reservation of host address space, so dereferencing one on
- *    the host faults, as it would with a discrete GPU.  Managed and pinned
- *    host memory are real host memory.
- *  - No kernels, modules, events, memcpy or memset.  Streams never execute
- *    anything, so stream-ordered operations take effect at once; stream and
- *    context synchronization only matter for pool trimming.
+ *  - Device memory is host memory at the same address: each device's window
+ *    is mapped readable and writable (MAP_NORESERVE), so copies are memmove.
+ *    The VMM window stays PROT_NONE except where cuMemMap maps a physical
+ *    allocation (a memfd) into it.
+ *  - Kernels do nothing and every stream is always idle, so stream-ordered
+ *    operations take effect at once; stream and context synchronization only
+ *    matter for pool trimming.
  *  - Accounting is exact and simple: allocations are rounded up to 512 bytes,
  *    a context costs SIMCUDA_CONTEXT_BYTES, pools reserve in 2 MiB steps and
  *    the VMM granularity is 2 MiB.  A real driver rounds more coarsely,
  *    fragments, and keeps memory of its own.
  *  - One mutex serialises every call.
- *  - cuGetProcAddress knows only the functions in k_procs (with their real
- *    introduction versions); anything else is "not found".
+ *  - cuGetProcAddress knows the functions in the tables (with their real
+ *    introduction versions); any other real CUDA function is found and
+ *    answers CUDA_ERROR_NOT_SUPPORTED (driver/unsupported.c); anything else
+ *    is "not found".
  *  - The first-generation exports with 32-bit pointers or sizes (cuMemAlloc,
  *    cuMemFree, cuMemGetInfo, ...) answer CUDA_ERROR_NOT_SUPPORTED.
  *  - Destroying a context frees the device memory allocated in it (stream-
  *    ordered allocations included) but leaves pinned host memory alone.
  *  - cuMemMap accepts only offset 0 (as the real one documents) and
  *    cuMemAddressFree refuses a range that still has mappings.
- *  - Device attributes describe an imaginary sm_80 part; unknown attributes
+ *  - Device attributes describe an H100 SXM5 (identity.h); unknown attributes
  *    are CUDA_ERROR_INVALID_VALUE.
  *  - Stream capture enforces the capture-mode rules on the memory calls but
  *    records nothing: see "Stream capture" below for where it differs.
@@ -35,28 +39,26 @@
 #define _GNU_SOURCE
 #define SIMCUDA_NO_V2_MACROS
 #include "cuda.h"
+#include "identity.h"
+#include "internal.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
-
-#define EXPORT __attribute__((visibility("default")))
-/* Implementations stay out of line: each export is then a one-jump wrapper
- * whose address differs from the internal function's, which is what
- * cuGetProcAddress hands out (as the real driver is believed to). */
-#define IMPL static __attribute__((noinline))
 
 #ifndef MAP_FIXED_NOREPLACE
 #define MAP_FIXED_NOREPLACE 0x100000
 #endif
 
-#define SIM_DRIVER_VERSION 12080
 #define MAX_DEVICES 8
 #define CTX_STACK_MAX 64
 
@@ -321,15 +323,29 @@ static void va_free(struct vaspace *vs, uint64_t start, uint64_t size)
     tn_insert(&vs->free, n);
 }
 
-/* Keeps the host from mapping anything inside a simulated range, so device
- * addresses never alias host memory and a stray dereference faults.  Best
- * effort: if the kernel refuses, the range is still unique to simcuda. */
-static void reserve_host_range(uint64_t base, uint64_t span)
+/* Claims a simulated range of the host's address space, so device addresses
+ * never alias host memory.  The device windows are readable and writable
+ * (device memory is host memory at the same address, so copies are memmove
+ * and a host dereference works); the VMM window stays PROT_NONE until
+ * cuMemMap maps physical memory into it.  MAP_NORESERVE: only pages touched
+ * cost anything.  Best effort: if the kernel refuses, the range is still
+ * unique to simcuda. */
+static void reserve_host_range(uint64_t base, uint64_t span, int prot)
 {
-    void *p = mmap((void *)(uintptr_t)base, span, PROT_NONE,
+    void *p = mmap((void *)(uintptr_t)base, span, prot,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
     if (p != MAP_FAILED && (uint64_t)(uintptr_t)p != base)
         munmap(p, span); /* an old kernel treated the address as a hint */
+}
+
+/* Gives the pages of freed device memory back to the host (the range stays
+ * mapped and reads as zeros), so a long run's footprint follows its live
+ * device memory, not its peak. */
+static void release_pages(uint64_t addr, uint64_t len)
+{
+    uint64_t page = 4096, lo = (addr + page - 1) & ~(page - 1), hi = (addr + len) & ~(page - 1);
+    if (hi > lo)
+        madvise((void *)(uintptr_t)lo, hi - lo, MADV_DONTNEED);
 }
 
 static int in_simulated_range(uint64_t addr, uint64_t len)
@@ -390,11 +406,15 @@ struct capture;
 struct stream {
     struct tnode node; /* key: the handle itself */
     struct ctx *ctx;
+    unsigned flags;
+    int priority;
+    unsigned long long id;
     struct capture *cap; /* the capture sequence this stream is in, or NULL */
 };
 
 struct phys {
     uint64_t size;
+    int fd; /* memfd holding the bytes: cuMemMap maps it, export hands out a dup */
     int dev;
     int in_use;
     unsigned refs; /* handle references: cuMemCreate, cuMemRetainAllocationHandle */
@@ -620,6 +640,7 @@ static void alloc_release(struct alloc *a)
     tn_remove(&g_allocs, a->node.key);
     switch (a->kind) {
     case AK_DEVICE:
+        release_pages(a->node.key, a->charged);
         va_free(&d->va, a->node.key, a->charged);
         dev_uncharge(d, a->charged);
         break;
@@ -877,14 +898,14 @@ static CUresult init_locked(void)
         dev->primary.primary = 1;
         if (!va_init(&dev->va, base, DEV_VA_SPAN))
             return g_init_result;
-        reserve_host_range(base, DEV_VA_SPAN);
+        reserve_host_range(base, DEV_VA_SPAN, PROT_READ | PROT_WRITE);
         dev->default_pool = dev->current_pool = pool_new(d, 1);
         if (!dev->default_pool)
             return g_init_result;
     }
     if (!va_init(&g_vmm_va, VMM_VA_BASE, VMM_VA_SPAN))
         return g_init_result;
-    reserve_host_range(VMM_VA_BASE, VMM_VA_SPAN);
+    reserve_host_range(VMM_VA_BASE, VMM_VA_SPAN, PROT_NONE);
     g_ndev = g_cfg.devices;
     g_init_state = 1;
     return g_init_result = CUDA_SUCCESS;
@@ -1083,7 +1104,7 @@ static CUresult device_get_name_locked(char *name, int len, CUdevice dev)
         return CUDA_ERROR_INVALID_VALUE;
     if (!dev_valid(dev))
         return CUDA_ERROR_INVALID_DEVICE;
-    snprintf(name, (size_t)len, "%s", "Simulated GPU (simcuda)");
+    snprintf(name, (size_t)len, "%s", SIMCUDA_DEVICE_NAME);
     return CUDA_SUCCESS;
 }
 
@@ -1114,47 +1135,66 @@ IMPL CUresult impl_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     return r;
 }
 
+/* Attributes of an H100 SXM5 (what cudaGetDeviceProperties reads: it asks for
+ * nearly all of them and fails on the first it is refused).  Indexed by the
+ * attribute's value in CUDA 13.2's cuda.h; {1, v} marks a known attribute.
+ * PCI_BUS_ID (33) comes from identity.h.  139 is not in the public header, but
+ * cudart 13.2 asks for it and gives up on the device if it is refused. */
+static const struct {
+    int known, value;
+} k_attrs[149] = {
+        [1] = {1, 1024}, [2] = {1, 1024}, [3] = {1, 1024}, [4] = {1, 64}, [5] = {1, 2147483647},
+        [6] = {1, 65535}, [7] = {1, 65535}, [8] = {1, 49152}, [9] = {1, 65536}, [10] = {1, 32},
+        [11] = {1, 2147483647}, [12] = {1, 65536}, [13] = {1, 1980000}, [14] = {1, 512},
+        [15] = {1, 1}, [16] = {1, SIMCUDA_SM_COUNT}, [17] = {1, 0}, [18] = {1, 0}, [19] = {1, 1},
+        [20] = {1, 0}, [21] = {1, 131072}, [22] = {1, 131072}, [23] = {1, 65536},
+        [24] = {1, 16384}, [25] = {1, 16384}, [26] = {1, 16384}, [27] = {1, 32768},
+        [28] = {1, 32768}, [29] = {1, 2048}, [30] = {1, 512}, [31] = {1, 1}, [32] = {1, 1},
+        [34] = {1, 0}, [35] = {1, 0}, [36] = {1, 2619000}, [37] = {1, 5120},
+        [38] = {1, 52428800}, [39] = {1, 2048}, [40] = {1, 3}, [41] = {1, 1}, [42] = {1, 32768},
+        [43] = {1, 2048}, [44] = {1, 1}, [45] = {1, 32768}, [46] = {1, 32768}, [47] = {1, 8192},
+        [48] = {1, 8192}, [49] = {1, 32768}, [50] = {1, 0}, [51] = {1, 32}, [52] = {1, 32768},
+        [53] = {1, 32768}, [54] = {1, 2046}, [55] = {1, 32768}, [56] = {1, 131072},
+        [57] = {1, 65536}, [58] = {1, 16384}, [59] = {1, 16384}, [60] = {1, 16384},
+        [61] = {1, 32768}, [62] = {1, 2048}, [63] = {1, 32768}, [64] = {1, 32768},
+        [65] = {1, 2048}, [66] = {1, 32768}, [67] = {1, 32768}, [68] = {1, 2046},
+        [69] = {1, 268435456}, [70] = {1, 131072}, [71] = {1, 65000}, [72] = {1, 2097120},
+        [73] = {1, 32768}, [74] = {1, 32768}, [75] = {1, SIMCUDA_CC_MAJOR},
+        [76] = {1, SIMCUDA_CC_MINOR}, [77] = {1, 32768}, [78] = {1, 1}, [79] = {1, 1},
+        [80] = {1, 1}, [81] = {1, 233472}, [82] = {1, 65536}, [83] = {1, 1}, [84] = {1, 0},
+        [85] = {1, 0}, [86] = {1, 0}, [87] = {1, 2}, [88] = {1, 0}, [89] = {1, 1}, [90] = {1, 1},
+        [91] = {1, 0}, [92] = {1, 0}, [93] = {1, 0}, [94] = {1, 0}, [95] = {1, 1}, [96] = {1, 0},
+        [97] = {1, 232448}, [98] = {1, 0}, [99] = {1, 1}, [100] = {1, 0}, [101] = {1, 0},
+        [102] = {1, 1}, [103] = {1, 1}, [104] = {1, 0}, [105] = {1, 0}, [106] = {1, 32},
+        [107] = {1, 1}, [108] = {1, 31457280}, [109] = {1, 134213632}, [110] = {1, 1},
+        [111] = {1, 1024}, [112] = {1, 1}, [113] = {1, 1}, [114] = {1, 1}, [115] = {1, 1},
+        [116] = {1, 1}, [117] = {1, 1}, [118] = {1, 100}, [119] = {1, 1}, [120] = {1, 1},
+        [121] = {1, 1}, [122] = {1, 1}, [123] = {1, 1}, [124] = {1, 0}, [125] = {1, 1},
+        [126] = {1, 4}, [127] = {1, 1}, [128] = {1, 0}, [129] = {1, 0}, [130] = {1, 0},
+        [131] = {1, -1}, [132] = {1, 0}, [133] = {1, 0}, [134] = {1, -1}, [135] = {1, 0},
+        [136] = {1, 0}, [137] = {1, 0}, [138] = {1, 0}, [139] = {1, 0}, [140] = {1, 0}, [141] = {1, 0},
+        [142] = {1, 0}, [143] = {1, 0}, [144] = {1, 0}, [145] = {1, 0}, [146] = {1, 0},
+        [147] = {1, 0}, [148] = {1, 0},
+};
+
 static CUresult device_get_attribute_locked(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
-    static const struct {
-        CUdevice_attribute attr;
-        int value;
-    } k_attrs[] = {
-        {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024},
-        {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, 49152},
-        {CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY, 65536},
-        {CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32},
-        {CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 1410000},
-        {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 108},
-        {CU_DEVICE_ATTRIBUTE_INTEGRATED, 0},
-        {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1},
-        {CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, 0},
-        {CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, 5120},
-        {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1},
-        {CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, 0},
-        {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 8},
-        {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0},
-        {CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 1},
-        {CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 1},
-        {CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1},
-        {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
-    };
     REQUIRE_INIT();
     if (!pi)
         return CUDA_ERROR_INVALID_VALUE;
     if (!dev_valid(dev))
         return CUDA_ERROR_INVALID_DEVICE;
     if (attrib == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) {
-        *pi = dev + 1; /* distinct per device, like real bus ids */
+        *pi = simcuda_pci_bus(dev);
         return CUDA_SUCCESS;
     }
-    for (size_t i = 0; i < sizeof k_attrs / sizeof k_attrs[0]; i++) {
-        if (k_attrs[i].attr == attrib) {
-            *pi = k_attrs[i].value;
-            return CUDA_SUCCESS;
-        }
+    if ((int)attrib < 0 || (size_t)attrib >= sizeof k_attrs / sizeof k_attrs[0] ||
+        !k_attrs[attrib].known) {
+        sim_trace("device attribute %d: unknown", (int)attrib);
+        return CUDA_ERROR_INVALID_VALUE;
     }
-    return CUDA_ERROR_INVALID_VALUE;
+    *pi = k_attrs[attrib].value;
+    return CUDA_SUCCESS;
 }
 
 IMPL CUresult impl_cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
@@ -1245,6 +1285,8 @@ IMPL CUresult impl_cuDevicePrimaryCtxReset_v2(CUdevice dev)
     lock();
     CUresult r = primary_reset_locked(dev);
     unlock();
+    if (r == CUDA_SUCCESS)
+        sim_cls_context_gone((CUcontext)&g_dev[dev].primary);
     return r;
 }
 
@@ -1253,6 +1295,8 @@ IMPL CUresult impl_cuDevicePrimaryCtxReset_v1(CUdevice dev)
     lock();
     CUresult r = primary_reset_locked(dev);
     unlock();
+    if (r == CUDA_SUCCESS)
+        sim_cls_context_gone((CUcontext)&g_dev[dev].primary);
     return r;
 }
 
@@ -1379,6 +1423,8 @@ IMPL CUresult impl_cuCtxDestroy_v1(CUcontext ctx)
     lock();
     CUresult r = ctx_destroy_locked(ctx);
     unlock();
+    if (r == CUDA_SUCCESS)
+        sim_cls_context_gone(ctx); /* outside the lock: destructors call the driver */
     return r;
 }
 
@@ -1387,6 +1433,8 @@ IMPL CUresult impl_cuCtxDestroy_v2(CUcontext ctx)
     lock();
     CUresult r = ctx_destroy_locked(ctx);
     unlock();
+    if (r == CUDA_SUCCESS)
+        sim_cls_context_gone(ctx); /* outside the lock: destructors call the driver */
     return r;
 }
 
@@ -1765,8 +1813,9 @@ IMPL CUresult impl_cuMemFreeHost(void *p)
 
 /* ---- Streams --------------------------------------------------------------------- */
 
-static CUresult stream_create_locked(CUstream *ph, unsigned int flags)
+static CUresult stream_create_locked(CUstream *ph, unsigned int flags, int priority)
 {
+    static unsigned long long next_id = 3; /* 1 and 2 are the legacy and per-thread streams */
     struct ctx *c;
     REQUIRE_INIT();
     CHECK(current_ctx(&c));
@@ -1777,6 +1826,10 @@ static CUresult stream_create_locked(CUstream *ph, unsigned int flags)
         return CUDA_ERROR_OUT_OF_MEMORY;
     s->node.key = (uint64_t)(uintptr_t)s;
     s->ctx = c;
+    s->flags = flags;
+    /* Out-of-range priorities are clamped, as the real driver does. */
+    s->priority = priority > 0 ? 0 : priority < -5 ? -5 : priority;
+    s->id = next_id++;
     tn_insert(&g_streams, &s->node);
     *ph = (CUstream)s;
     return CUDA_SUCCESS;
@@ -1785,7 +1838,7 @@ static CUresult stream_create_locked(CUstream *ph, unsigned int flags)
 IMPL CUresult impl_cuStreamCreate(CUstream *ph, unsigned int flags)
 {
     lock();
-    CUresult r = stream_create_locked(ph, flags);
+    CUresult r = stream_create_locked(ph, flags, 0);
     unlock();
     return r;
 }
@@ -2361,6 +2414,9 @@ static void phys_maybe_free(struct phys *ph)
     if (ph->refs || ph->maps)
         return;
     dev_uncharge(&g_dev[ph->dev], ph->size);
+    if (ph->fd >= 0)
+        close(ph->fd);
+    ph->fd = -1;
     ph->in_use = 0;
     ph->next_free = g_phys_free;
     g_phys_free = (uint32_t)(ph - g_phys);
@@ -2387,12 +2443,23 @@ static CUresult mem_create_locked(CUmemGenericAllocationHandle *handle, size_t s
     struct device *d = &g_dev[prop->location.id];
     if (!dev_charge(d, size))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    /* The bytes: a memfd, so that cuMemMap can map the same memory at any
+     * address (and more than once) and export can share it as a POSIX file
+     * descriptor.  Out of descriptors or memory is out of memory. */
+    int fd = memfd_create("simcuda-vmm", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+        if (fd >= 0)
+            close(fd);
+        dev_uncharge(d, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     if (slot == g_nphys)
         g_nphys++;
     else
         g_phys_free = g_phys[slot].next_free;
     struct phys *ph = &g_phys[slot];
     memset(ph, 0, sizeof *ph);
+    ph->fd = fd;
     ph->size = size;
     ph->dev = prop->location.id;
     ph->in_use = 1;
@@ -2532,6 +2599,13 @@ static CUresult mem_map_locked(CUdeviceptr ptr, size_t size, size_t offset,
     struct mapping *m = calloc(1, sizeof *m);
     if (!m)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    /* Device memory is host memory at the same address: the reservation's
+     * PROT_NONE pages are replaced by the physical memory's. */
+    if (mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, ph->fd,
+             0) == MAP_FAILED) {
+        free(m);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     m->node.key = ptr;
     m->node.len = size;
     m->phys = (uint32_t)(ph - g_phys);
@@ -2570,6 +2644,8 @@ static CUresult mem_unmap_locked(CUdeviceptr ptr, size_t size)
     while ((n = tn_find_ge(g_maps, ptr)) && n->key < end) {
         struct mapping *m = (struct mapping *)tn_remove(&g_maps, n->key);
         struct phys *ph = &g_phys[m->phys];
+        mmap((void *)(uintptr_t)m->node.key, m->node.len, PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
         ph->maps--;
         phys_maybe_free(ph);
         free(m);
@@ -2678,6 +2754,670 @@ IMPL CUresult impl_cuMemGetAddressRange_v1(CUdeviceptr_v1 *pbase, unsigned int *
     return legacy_not_supported();
 }
 
+/* ---- CUDA 12 and 13 additions: streams, contexts, pointers, VMM sharing ---------------- */
+
+IMPL CUresult impl_cuStreamCreateWithPriority(CUstream *ph, unsigned flags, int priority)
+{
+    lock();
+    CUresult r = stream_create_locked(ph, flags, priority);
+    unlock();
+    return r;
+}
+
+/* Looks up a stream; the special handles mean the current context's default
+ * stream (NULL *out, priority 0, flags 0). */
+static CUresult stream_lookup_locked(CUstream h, struct ctx **c, struct stream **out)
+{
+    REQUIRE_INIT();
+    CHECK(current_ctx(c));
+    *out = NULL;
+    if (is_special_stream(h))
+        return CUDA_SUCCESS;
+    struct tnode *n = tn_find(g_streams, (uint64_t)(uintptr_t)h);
+    if (!n)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *out = (struct stream *)n;
+    return CUDA_SUCCESS;
+}
+
+enum stream_query { SQ_PRIORITY, SQ_FLAGS, SQ_ID, SQ_CTX, SQ_DEVICE };
+
+static CUresult stream_query(CUstream h, enum stream_query what, void *out)
+{
+    struct ctx *c;
+    struct stream *s;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    CUresult r = stream_lookup_locked(h, &c, &s);
+    if (r == CUDA_SUCCESS) {
+        switch (what) {
+        case SQ_PRIORITY: *(int *)out = s ? s->priority : 0; break;
+        case SQ_FLAGS: *(unsigned *)out = s ? s->flags : 0; break;
+        case SQ_ID:
+            *(unsigned long long *)out = s ? s->id : h == CU_STREAM_PER_THREAD ? 2 : 1;
+            break;
+        case SQ_CTX: *(CUcontext *)out = (CUcontext)(s ? s->ctx : c); break;
+        case SQ_DEVICE: *(CUdevice *)out = s ? s->ctx->dev : c->dev; break;
+        }
+    }
+    unlock();
+    return r;
+}
+
+static CUstream ptsz(CUstream h) { return h ? h : CU_STREAM_PER_THREAD; }
+
+IMPL CUresult impl_cuStreamGetPriority(CUstream h, int *p) { return stream_query(h, SQ_PRIORITY, p); }
+IMPL CUresult impl_cuStreamGetPriority_ptsz(CUstream h, int *p)
+{
+    return stream_query(ptsz(h), SQ_PRIORITY, p);
+}
+IMPL CUresult impl_cuStreamGetFlags(CUstream h, unsigned *f) { return stream_query(h, SQ_FLAGS, f); }
+IMPL CUresult impl_cuStreamGetFlags_ptsz(CUstream h, unsigned *f)
+{
+    return stream_query(ptsz(h), SQ_FLAGS, f);
+}
+IMPL CUresult impl_cuStreamGetId(CUstream h, unsigned long long *id)
+{
+    return stream_query(h, SQ_ID, id);
+}
+IMPL CUresult impl_cuStreamGetId_ptsz(CUstream h, unsigned long long *id)
+{
+    return stream_query(ptsz(h), SQ_ID, id);
+}
+IMPL CUresult impl_cuStreamGetCtx(CUstream h, CUcontext *c) { return stream_query(h, SQ_CTX, c); }
+IMPL CUresult impl_cuStreamGetCtx_ptsz(CUstream h, CUcontext *c)
+{
+    return stream_query(ptsz(h), SQ_CTX, c);
+}
+/* 12.5's ABI adds the green context, which simcuda never has. */
+IMPL CUresult impl_cuStreamGetCtx_v2(CUstream h, CUcontext *c, void **green)
+{
+    if (green)
+        *green = NULL;
+    return stream_query(h, SQ_CTX, c);
+}
+IMPL CUresult impl_cuStreamGetCtx_v2_ptsz(CUstream h, CUcontext *c, void **green)
+{
+    if (green)
+        *green = NULL;
+    return stream_query(ptsz(h), SQ_CTX, c);
+}
+IMPL CUresult impl_cuStreamGetDevice(CUstream h, CUdevice *d)
+{
+    return stream_query(h, SQ_DEVICE, d);
+}
+IMPL CUresult impl_cuStreamGetDevice_ptsz(CUstream h, CUdevice *d)
+{
+    return stream_query(ptsz(h), SQ_DEVICE, d);
+}
+
+/* The three ABIs of cuStreamGetCaptureInfo: simcuda records no graph, so
+ * there are never dependencies to report. */
+static CUresult capture_info(CUstream h, CUstreamCaptureStatus *status, unsigned long long *id,
+                             void **graph, const void **deps, const void **edges, size_t *ndeps)
+{
+    CUresult r = impl_cuStreamIsCapturing(h, status);
+    if (r != CUDA_SUCCESS)
+        return r;
+    lock();
+    struct capture **slot = NULL;
+    if (capture_slot(h, &slot) == CUDA_SUCCESS && id)
+        *id = slot && *slot ? (unsigned long long)(uintptr_t)*slot : 0;
+    unlock();
+    if (graph)
+        *graph = NULL;
+    if (deps)
+        *deps = NULL;
+    if (edges)
+        *edges = NULL;
+    if (ndeps)
+        *ndeps = 0;
+    return CUDA_SUCCESS;
+}
+IMPL CUresult impl_cuStreamGetCaptureInfo_v1(CUstream h, CUstreamCaptureStatus *s,
+                                             unsigned long long *id)
+{
+    return capture_info(h, s, id, NULL, NULL, NULL, NULL);
+}
+IMPL CUresult impl_cuStreamGetCaptureInfo_v1_ptsz(CUstream h, CUstreamCaptureStatus *s,
+                                                  unsigned long long *id)
+{
+    return capture_info(ptsz(h), s, id, NULL, NULL, NULL, NULL);
+}
+IMPL CUresult impl_cuStreamGetCaptureInfo_v2(CUstream h, CUstreamCaptureStatus *s,
+                                             unsigned long long *id, void **g, const void **d,
+                                             size_t *n)
+{
+    return capture_info(h, s, id, g, d, NULL, n);
+}
+IMPL CUresult impl_cuStreamGetCaptureInfo_v2_ptsz(CUstream h, CUstreamCaptureStatus *s,
+                                                  unsigned long long *id, void **g,
+                                                  const void **d, size_t *n)
+{
+    return capture_info(ptsz(h), s, id, g, d, NULL, n);
+}
+IMPL CUresult impl_cuStreamGetCaptureInfo_v3(CUstream h, CUstreamCaptureStatus *s,
+                                             unsigned long long *id, void **g, const void **d,
+                                             const void **e, size_t *n)
+{
+    return capture_info(h, s, id, g, d, e, n);
+}
+IMPL CUresult impl_cuStreamGetCaptureInfo_v3_ptsz(CUstream h, CUstreamCaptureStatus *s,
+                                                  unsigned long long *id, void **g,
+                                                  const void **d, const void **e, size_t *n)
+{
+    return capture_info(ptsz(h), s, id, g, d, e, n);
+}
+
+/* 13.0's ABIs of cuCtxGetDevice and cuCtxSynchronize name the context. */
+static CUresult ctx_or_current_locked(CUcontext h, struct ctx **out)
+{
+    REQUIRE_INIT();
+    if (!h)
+        return current_ctx(out);
+    if (!ctx_usable((struct ctx *)h))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *out = (struct ctx *)h;
+    return CUDA_SUCCESS;
+}
+IMPL CUresult impl_cuCtxGetDevice_v2(CUdevice *device, CUcontext h)
+{
+    struct ctx *c;
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    CUresult r = ctx_or_current_locked(h, &c);
+    if (r == CUDA_SUCCESS)
+        *device = c->dev;
+    unlock();
+    return r;
+}
+IMPL CUresult impl_cuCtxSynchronize_v2(CUcontext h)
+{
+    struct ctx *c;
+    lock();
+    CUresult r = ctx_or_current_locked(h, &c);
+    if (r == CUDA_SUCCESS)
+        r = capture_guard();
+    if (r == CUDA_SUCCESS)
+        trim_device_pools(c->dev);
+    unlock();
+    return r;
+}
+
+IMPL CUresult impl_cuCtxGetFlags(unsigned *flags)
+{
+    struct ctx *c;
+    if (!flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    CUresult r = g_init_state == 1 ? current_ctx(&c) : CUDA_ERROR_NOT_INITIALIZED;
+    if (r == CUDA_SUCCESS)
+        *flags = c->flags;
+    unlock();
+    return r;
+}
+IMPL CUresult impl_cuCtxSetFlags(unsigned flags)
+{
+    struct ctx *c;
+    if (flags & ~(unsigned)CU_CTX_FLAGS_MASK)
+        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    CUresult r = g_init_state == 1 ? current_ctx(&c) : CUDA_ERROR_NOT_INITIALIZED;
+    if (r == CUDA_SUCCESS)
+        c->flags = flags;
+    unlock();
+    return r;
+}
+IMPL CUresult impl_cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned flags)
+{
+    if (flags & ~(unsigned)CU_CTX_FLAGS_MASK)
+        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    CUresult r = g_init_state != 1 ? CUDA_ERROR_NOT_INITIALIZED
+                 : !dev_valid(dev)  ? CUDA_ERROR_INVALID_DEVICE
+                                    : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS)
+        g_dev[dev].primary.flags = flags;
+    unlock();
+    return r;
+}
+
+/* ---- Pointer attributes ---- */
+
+/* CUpointer_attribute and CUmemorytype values (cuda.h). */
+enum {
+    PA_CONTEXT = 1, PA_MEMORY_TYPE = 2, PA_DEVICE_POINTER = 3, PA_HOST_POINTER = 4,
+    PA_SYNC_MEMOPS = 6, PA_BUFFER_ID = 7, PA_IS_MANAGED = 8, PA_DEVICE_ORDINAL = 9,
+    PA_IS_LEGACY_CUDA_IPC_CAPABLE = 10, PA_RANGE_START_ADDR = 11, PA_RANGE_SIZE = 12,
+    PA_MAPPED = 13, PA_ALLOWED_HANDLE_TYPES = 14, PA_IS_GPU_DIRECT_RDMA_CAPABLE = 15,
+    PA_ACCESS_FLAGS = 16, PA_MEMPOOL_HANDLE = 17, PA_MAPPING_SIZE = 18,
+    PA_MAPPING_BASE_ADDR = 19, PA_MEMORY_BLOCK_ID = 20,
+};
+enum { MEMTYPE_HOST = 1, MEMTYPE_DEVICE = 2 };
+
+struct pointer_info {
+    int known, managed, host, dev;
+    struct ctx *ctx;
+    uint64_t base, size;
+    struct pool *pool;
+};
+
+static struct pointer_info pointer_lookup_locked(uint64_t p)
+{
+    struct pointer_info info = {0};
+    struct tnode *n = tn_find_le(g_allocs, p);
+    if (n && p < n->key + (n->len ? n->len : 1)) {
+        struct alloc *a = (struct alloc *)n;
+        info = (struct pointer_info){1, a->kind == AK_MANAGED, 0, a->dev, a->ctx,
+                                     n->key, n->len, a->pool};
+        return info;
+    }
+    if ((n = tn_find_le(g_host, p)) && p < n->key + n->len) {
+        info = (struct pointer_info){1, 0, 1, 0, tls_top(), n->key, n->len, NULL};
+        return info;
+    }
+    if ((n = tn_find_le(g_maps, p)) && p < n->key + n->len) {
+        struct mapping *m = (struct mapping *)n;
+        info = (struct pointer_info){1, 0, 0, g_phys[m->phys].dev,
+                                     &g_dev[g_phys[m->phys].dev].primary, n->key, n->len, NULL};
+    }
+    return info;
+}
+
+static CUresult pointer_attribute_locked(const struct pointer_info *i, int attr, void *data,
+                                         uint64_t p)
+{
+    switch (attr) {
+    case PA_CONTEXT: *(CUcontext *)data = (CUcontext)i->ctx; break;
+    case PA_MEMORY_TYPE: *(unsigned *)data = i->host ? MEMTYPE_HOST : MEMTYPE_DEVICE; break;
+    case PA_DEVICE_POINTER: *(CUdeviceptr *)data = p; break;
+    case PA_HOST_POINTER:
+        if (!i->host && !i->managed)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(void **)data = (void *)(uintptr_t)p;
+        break;
+    case PA_SYNC_MEMOPS: *(int *)data = 1; break;
+    case PA_BUFFER_ID: *(unsigned long long *)data = i->base; break;
+    case PA_IS_MANAGED: *(unsigned *)data = (unsigned)i->managed; break;
+    case PA_DEVICE_ORDINAL: *(int *)data = i->dev; break;
+    case PA_IS_LEGACY_CUDA_IPC_CAPABLE: *(int *)data = 0; break;
+    case PA_RANGE_START_ADDR: *(CUdeviceptr *)data = i->base; break;
+    case PA_RANGE_SIZE: *(size_t *)data = i->size; break;
+    case PA_MAPPED: *(int *)data = 1; break;
+    case PA_ALLOWED_HANDLE_TYPES: *(unsigned long long *)data = 0; break;
+    case PA_IS_GPU_DIRECT_RDMA_CAPABLE: *(int *)data = 0; break;
+    case PA_ACCESS_FLAGS: *(unsigned *)data = 3; /* CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE */
+        break;
+    case PA_MEMPOOL_HANDLE: *(CUmemoryPool *)data = (CUmemoryPool)i->pool; break;
+    case PA_MAPPING_SIZE: *(size_t *)data = i->size; break;
+    case PA_MAPPING_BASE_ADDR: *(CUdeviceptr *)data = i->base; break;
+    case PA_MEMORY_BLOCK_ID: *(unsigned long long *)data = i->base; break;
+    default:
+        sim_trace("pointer attribute %d: unknown", attr);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+IMPL CUresult impl_cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
+{
+    if (!data)
+        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    CUresult r = CUDA_SUCCESS;
+    if (g_init_state != 1) {
+        r = CUDA_ERROR_NOT_INITIALIZED;
+    } else {
+        struct pointer_info i = pointer_lookup_locked(p);
+        r = i.known ? pointer_attribute_locked(&i, attr, data, p) : CUDA_ERROR_INVALID_VALUE;
+    }
+    unlock();
+    return r;
+}
+
+/* Unlike the single query, an address the driver does not know is not an
+ * error here: its memory type reads as 0 ("unregistered host memory"). */
+IMPL CUresult impl_cuPointerGetAttributes(unsigned n, int *attrs, void **data, CUdeviceptr p)
+{
+    if (!attrs || !data)
+        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    CUresult r = g_init_state == 1 ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    struct pointer_info i = pointer_lookup_locked(p);
+    for (unsigned k = 0; r == CUDA_SUCCESS && k < n; k++) {
+        if (!data[k])
+            continue;
+        if (!i.known) {
+            switch (attrs[k]) {
+            case PA_CONTEXT: *(CUcontext *)data[k] = NULL; break;
+            case PA_MEMORY_TYPE: *(unsigned *)data[k] = 0; break;
+            case PA_DEVICE_POINTER: *(CUdeviceptr *)data[k] = 0; break;
+            case PA_HOST_POINTER: *(void **)data[k] = NULL; break;
+            case PA_IS_MANAGED: *(unsigned *)data[k] = 0; break;
+            case PA_DEVICE_ORDINAL: *(int *)data[k] = -2; break;
+            default: memset(data[k], 0, sizeof(int)); break;
+            }
+            continue;
+        }
+        if (pointer_attribute_locked(&i, attrs[k], data[k], p) != CUDA_SUCCESS)
+            memset(data[k], 0, sizeof(int));
+    }
+    unlock();
+    return r;
+}
+
+IMPL CUresult impl_cuMemHostGetDevicePointer(CUdeviceptr *dptr, void *p, unsigned flags)
+{
+    if (!dptr || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    struct tnode *n = g_init_state == 1 ? tn_find_le(g_host, (uint64_t)(uintptr_t)p) : NULL;
+    int ok = n && (uint64_t)(uintptr_t)p < n->key + n->len;
+    unlock();
+    if (!ok)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dptr = (CUdeviceptr)(uintptr_t)p; /* unified addressing: the same address */
+    return CUDA_SUCCESS;
+}
+
+IMPL CUresult impl_cuMemHostGetFlags(unsigned *flags, void *p)
+{
+    CUdeviceptr d;
+    if (!flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = impl_cuMemHostGetDevicePointer(&d, p, 0);
+    if (r == CUDA_SUCCESS)
+        *flags = 0x2; /* CU_MEMHOSTALLOC_DEVICEMAP: every pinned buffer is mapped */
+    return r;
+}
+
+/* ---- Sharing physical memory as a POSIX file descriptor ---- */
+
+#define HANDLE_TYPE_POSIX_FD 0x1 /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+
+IMPL CUresult impl_cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle handle,
+                                                int type, unsigned long long flags)
+{
+    if (!out || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (type != HANDLE_TYPE_POSIX_FD)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    lock();
+    struct phys *ph = g_init_state == 1 ? phys_lookup(handle) : NULL;
+    int fd = ph && ph->refs ? fcntl(ph->fd, F_DUPFD_CLOEXEC, 0) : -2;
+    unlock();
+    if (fd == -2)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *(int *)out = fd;
+    return CUDA_SUCCESS;
+}
+
+/* Importing memory this process already has gives its handle another
+ * reference (the real driver returns the same handle too); a descriptor from
+ * elsewhere becomes new physical memory of the file's size on device 0. */
+IMPL CUresult impl_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                                  void *os_handle, int type)
+{
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (type != HANDLE_TYPE_POSIX_FD)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    int fd = (int)(intptr_t)os_handle;
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+        (uint64_t)st.st_size % VMM_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    CUresult r = g_init_state == 1 ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    for (uint32_t i = 0; r == CUDA_SUCCESS && i < g_nphys; i++) {
+        struct stat mine;
+        struct phys *ph = &g_phys[i];
+        if (ph->in_use && ph->refs && fstat(ph->fd, &mine) == 0 && mine.st_ino == st.st_ino &&
+            mine.st_dev == st.st_dev) {
+            ph->refs++;
+            *handle = phys_handle(ph);
+            unlock();
+            return CUDA_SUCCESS;
+        }
+    }
+    if (r == CUDA_SUCCESS) {
+        CUmemAllocationProp prop = {0};
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = 0;
+        r = mem_create_locked(handle, (size_t)st.st_size, &prop, 0);
+        struct phys *ph = r == CUDA_SUCCESS ? phys_lookup(*handle) : NULL;
+        int dup = ph ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+        if (ph && dup >= 0) {
+            close(ph->fd);
+            ph->fd = dup;
+        }
+    }
+    unlock();
+    return r;
+}
+
+IMPL CUresult impl_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                          CUmemGenericAllocationHandle handle)
+{
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    struct phys *ph = g_init_state == 1 ? phys_lookup(handle) : NULL;
+    if (ph) {
+        memset(prop, 0, sizeof *prop);
+        prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop->location.id = ph->dev;
+        prop->requestedHandleTypes = HANDLE_TYPE_POSIX_FD;
+    }
+    unlock();
+    return ph ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+IMPL CUresult impl_cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location,
+                                  CUdeviceptr ptr)
+{
+    if (!flags || !location)
+        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    int mapped = g_init_state == 1 && mapping_at(ptr) != NULL;
+    unlock();
+    if (!mapped)
+        return CUDA_ERROR_INVALID_VALUE;
+    *flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return CUDA_SUCCESS;
+}
+
+static const struct sim_proc k_procs_more[] = {
+    {"cuStreamCreateWithPriority", 5050, (void *)impl_cuStreamCreateWithPriority, NULL},
+    {"cuStreamGetPriority", 5050, (void *)impl_cuStreamGetPriority,
+     (void *)impl_cuStreamGetPriority_ptsz},
+    {"cuStreamGetFlags", 5050, (void *)impl_cuStreamGetFlags, (void *)impl_cuStreamGetFlags_ptsz},
+    {"cuStreamGetId", 12000, (void *)impl_cuStreamGetId, (void *)impl_cuStreamGetId_ptsz},
+    {"cuStreamGetCtx", 9020, (void *)impl_cuStreamGetCtx, (void *)impl_cuStreamGetCtx_ptsz},
+    {"cuStreamGetCtx", 12050, (void *)impl_cuStreamGetCtx_v2, (void *)impl_cuStreamGetCtx_v2_ptsz},
+    {"cuStreamGetDevice", 12080, (void *)impl_cuStreamGetDevice,
+     (void *)impl_cuStreamGetDevice_ptsz},
+    {"cuStreamGetCaptureInfo", 10010, (void *)impl_cuStreamGetCaptureInfo_v1,
+     (void *)impl_cuStreamGetCaptureInfo_v1_ptsz},
+    {"cuStreamGetCaptureInfo", 11030, (void *)impl_cuStreamGetCaptureInfo_v2,
+     (void *)impl_cuStreamGetCaptureInfo_v2_ptsz},
+    {"cuStreamGetCaptureInfo", 12030, (void *)impl_cuStreamGetCaptureInfo_v3,
+     (void *)impl_cuStreamGetCaptureInfo_v3_ptsz},
+    {"cuCtxGetDevice", 13000, (void *)impl_cuCtxGetDevice_v2, NULL},
+    {"cuCtxSynchronize", 13000, (void *)impl_cuCtxSynchronize_v2, NULL},
+    {"cuCtxGetFlags", 7000, (void *)impl_cuCtxGetFlags, NULL},
+    {"cuCtxSetFlags", 12010, (void *)impl_cuCtxSetFlags, NULL},
+    {"cuDevicePrimaryCtxSetFlags", 7000, (void *)impl_cuDevicePrimaryCtxSetFlags, NULL},
+    {"cuDevicePrimaryCtxSetFlags", 11000, (void *)impl_cuDevicePrimaryCtxSetFlags, NULL},
+    {"cuPointerGetAttribute", 4000, (void *)impl_cuPointerGetAttribute, NULL},
+    {"cuPointerGetAttributes", 7000, (void *)impl_cuPointerGetAttributes, NULL},
+    {"cuMemHostGetDevicePointer", 3020, (void *)impl_cuMemHostGetDevicePointer, NULL},
+    {"cuMemHostGetFlags", 2030, (void *)impl_cuMemHostGetFlags, NULL},
+    {"cuMemExportToShareableHandle", 10020, (void *)impl_cuMemExportToShareableHandle, NULL},
+    {"cuMemImportFromShareableHandle", 10020, (void *)impl_cuMemImportFromShareableHandle, NULL},
+    {"cuMemGetAllocationPropertiesFromHandle", 10020,
+     (void *)impl_cuMemGetAllocationPropertiesFromHandle, NULL},
+    {"cuMemGetAccess", 10020, (void *)impl_cuMemGetAccess, NULL},
+};
+
+EXPORT CUresult cuStreamCreateWithPriority(CUstream *h, unsigned f, int p) { return impl_cuStreamCreateWithPriority(h, f, p); }
+EXPORT CUresult cuStreamGetPriority(CUstream h, int *p) { return impl_cuStreamGetPriority(h, p); }
+EXPORT CUresult cuStreamGetPriority_ptsz(CUstream h, int *p) { return impl_cuStreamGetPriority_ptsz(h, p); }
+EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned *f) { return impl_cuStreamGetFlags(h, f); }
+EXPORT CUresult cuStreamGetFlags_ptsz(CUstream h, unsigned *f) { return impl_cuStreamGetFlags_ptsz(h, f); }
+EXPORT CUresult cuStreamGetId(CUstream h, unsigned long long *i) { return impl_cuStreamGetId(h, i); }
+EXPORT CUresult cuStreamGetId_ptsz(CUstream h, unsigned long long *i) { return impl_cuStreamGetId_ptsz(h, i); }
+EXPORT CUresult cuStreamGetCtx(CUstream h, CUcontext *c) { return impl_cuStreamGetCtx(h, c); }
+EXPORT CUresult cuStreamGetCtx_ptsz(CUstream h, CUcontext *c) { return impl_cuStreamGetCtx_ptsz(h, c); }
+EXPORT CUresult cuStreamGetCtx_v2(CUstream h, CUcontext *c, void **g) { return impl_cuStreamGetCtx_v2(h, c, g); }
+EXPORT CUresult cuStreamGetCtx_v2_ptsz(CUstream h, CUcontext *c, void **g) { return impl_cuStreamGetCtx_v2_ptsz(h, c, g); }
+EXPORT CUresult cuStreamGetDevice(CUstream h, CUdevice *d) { return impl_cuStreamGetDevice(h, d); }
+EXPORT CUresult cuStreamGetDevice_ptsz(CUstream h, CUdevice *d) { return impl_cuStreamGetDevice_ptsz(h, d); }
+EXPORT CUresult cuStreamGetCaptureInfo(CUstream h, CUstreamCaptureStatus *s, unsigned long long *id, void **g, const void **d, const void **e, size_t *n) { return impl_cuStreamGetCaptureInfo_v3(h, s, id, g, d, e, n); }
+EXPORT CUresult cuStreamGetCaptureInfo_ptsz(CUstream h, CUstreamCaptureStatus *s, unsigned long long *id, void **g, const void **d, const void **e, size_t *n) { return impl_cuStreamGetCaptureInfo_v3_ptsz(h, s, id, g, d, e, n); }
+EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream h, CUstreamCaptureStatus *s, unsigned long long *id, void **g, const void **d, size_t *n) { return impl_cuStreamGetCaptureInfo_v2(h, s, id, g, d, n); }
+EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream h, CUstreamCaptureStatus *s, unsigned long long *id, void **g, const void **d, size_t *n) { return impl_cuStreamGetCaptureInfo_v2_ptsz(h, s, id, g, d, n); }
+EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream h, CUstreamCaptureStatus *s, unsigned long long *id, void **g, const void **d, const void **e, size_t *n) { return impl_cuStreamGetCaptureInfo_v3(h, s, id, g, d, e, n); }
+EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream h, CUstreamCaptureStatus *s, unsigned long long *id, void **g, const void **d, const void **e, size_t *n) { return impl_cuStreamGetCaptureInfo_v3_ptsz(h, s, id, g, d, e, n); }
+EXPORT CUresult cuCtxGetDevice_v2(CUdevice *d, CUcontext c) { return impl_cuCtxGetDevice_v2(d, c); }
+EXPORT CUresult cuCtxSynchronize_v2(CUcontext c) { return impl_cuCtxSynchronize_v2(c); }
+EXPORT CUresult cuCtxGetFlags(unsigned *f) { return impl_cuCtxGetFlags(f); }
+EXPORT CUresult cuCtxSetFlags(unsigned f) { return impl_cuCtxSetFlags(f); }
+EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice d, unsigned f) { return impl_cuDevicePrimaryCtxSetFlags(d, f); }
+EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice d, unsigned f) { return impl_cuDevicePrimaryCtxSetFlags(d, f); }
+EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p) { return impl_cuPointerGetAttribute(data, attr, p); }
+EXPORT CUresult cuPointerGetAttributes(unsigned n, int *a, void **d, CUdeviceptr p) { return impl_cuPointerGetAttributes(n, a, d, p); }
+EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned f) { return impl_cuMemHostGetDevicePointer(d, p, f); }
+EXPORT CUresult cuMemHostGetFlags(unsigned *f, void *p) { return impl_cuMemHostGetFlags(f, p); }
+EXPORT CUresult cuMemExportToShareableHandle(void *o, CUmemGenericAllocationHandle h, int t, unsigned long long f) { return impl_cuMemExportToShareableHandle(o, h, t, f); }
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *o, int t) { return impl_cuMemImportFromShareableHandle(h, o, t); }
+EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *p, CUmemGenericAllocationHandle h) { return impl_cuMemGetAllocationPropertiesFromHandle(p, h); }
+EXPORT CUresult cuMemGetAccess(unsigned long long *f, const CUmemLocation *l, CUdeviceptr p) { return impl_cuMemGetAccess(f, l, p); }
+
+/* ---- Interface for the other driver files (internal.h) ------------------------------ */
+
+CUresult sim_initialized(void)
+{
+    lock();
+    int ok = g_init_state == 1;
+    unlock();
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+int sim_device_count(void)
+{
+    lock();
+    int n = g_init_state == 1 ? g_ndev : 0;
+    unlock();
+    return n;
+}
+
+CUresult sim_current_ctx(CUcontext *out)
+{
+    struct ctx *c;
+    lock();
+    CUresult r = g_init_state == 1 ? current_ctx(&c) : CUDA_ERROR_NOT_INITIALIZED;
+    unlock();
+    if (r == CUDA_SUCCESS)
+        *out = (CUcontext)c;
+    return r;
+}
+
+CUresult sim_ctx_device(CUcontext ctx, CUdevice *dev)
+{
+    CUresult r = CUDA_SUCCESS;
+    lock();
+    struct ctx *c = (struct ctx *)ctx;
+    if (g_init_state != 1)
+        r = CUDA_ERROR_NOT_INITIALIZED;
+    else if (!c && current_ctx(&c) != CUDA_SUCCESS)
+        r = CUDA_ERROR_INVALID_CONTEXT;
+    else if (!ctx_known(c))
+        r = CUDA_ERROR_INVALID_CONTEXT;
+    else
+        *dev = c->dev;
+    unlock();
+    return r;
+}
+
+CUresult sim_primary_ctx(CUdevice dev, CUcontext *out)
+{
+    CUresult r = CUDA_SUCCESS;
+    lock();
+    if (g_init_state != 1)
+        r = CUDA_ERROR_NOT_INITIALIZED;
+    else if (!dev_valid(dev))
+        r = CUDA_ERROR_INVALID_DEVICE;
+    else
+        *out = (CUcontext)&g_dev[dev].primary;
+    unlock();
+    return r;
+}
+
+int sim_addressable(uint64_t addr, uint64_t len)
+{
+    lock();
+    int ok = 0;
+    struct tnode *n = tn_find_le(g_allocs, addr);
+    if (n && addr + len <= n->key + ((struct alloc *)n)->charged)
+        ok = 1;
+    if (!ok && (n = tn_find_le(g_host, addr)) && addr + len <= n->key + n->len)
+        ok = 1;
+    if (!ok && (n = tn_find_le(g_maps, addr)) && addr + len <= n->key + n->len)
+        ok = 1;
+    unlock();
+    return ok;
+}
+
+CUresult sim_stream_check(CUstream s)
+{
+    if (is_special_stream(s))
+        return CUDA_SUCCESS;
+    lock();
+    int ok = tn_find(g_streams, (uint64_t)(uintptr_t)s) != NULL;
+    unlock();
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+void sim_trace(const char *fmt, ...)
+{
+    static int enabled = -1;
+    if (enabled < 0) {
+        const char *v = getenv("SIMCUDA_TRACE");
+        enabled = v && *v && strcmp(v, "0") != 0;
+    }
+    if (!enabled)
+        return;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "simcuda: %s\n", line);
+}
+
+/* For the NVML stand-in (libnvidia-ml.so.1), which finds it with dlsym: the
+ * same free and total memory cuMemGetInfo reports, for any device. */
+EXPORT int simcuda_memory_info(int ordinal, unsigned long long *free_bytes,
+                               unsigned long long *total_bytes)
+{
+    int r = -1;
+    lock();
+    if (g_init_state == 1 && dev_valid(ordinal) && free_bytes && total_bytes) {
+        *total_bytes = g_dev[ordinal].capacity;
+        *free_bytes = g_dev[ordinal].capacity - g_dev[ordinal].used;
+        r = 0;
+    }
+    unlock();
+    return r;
+}
+
 /* ---- cuGetProcAddress ------------------------------------------------------------------- */
 
 IMPL CUresult impl_cuGetProcAddress_v1(const char *symbol, void **pfn, int cudaVersion,
@@ -2688,12 +3428,7 @@ IMPL CUresult impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaV
 /* (base name, CUDA version that introduced this ABI, implementation, the
  * per-thread-default-stream twin if there is one).  For each name the entry
  * with the highest version <= the caller's version wins. */
-static const struct proc {
-    const char *name;
-    int version;
-    void *fn;
-    void *ptsz;
-} k_procs[] = {
+static const struct sim_proc k_procs[] = {
     {"cuGetErrorString", 6000, (void *)impl_cuGetErrorString, NULL},
     {"cuGetErrorName", 6000, (void *)impl_cuGetErrorName, NULL},
     {"cuInit", 2000, (void *)impl_cuInit, NULL},
@@ -2777,6 +3512,8 @@ static const struct proc {
     {"cuGetProcAddress", 11030, (void *)impl_cuGetProcAddress_v1, NULL},
     {"cuGetProcAddress", 12000, (void *)impl_cuGetProcAddress_v2, NULL},
 };
+static const size_t k_nprocs = sizeof k_procs / sizeof k_procs[0];
+static const size_t k_nprocs_more = sizeof k_procs_more / sizeof k_procs_more[0];
 
 /* Callable before cuInit, like the real one; touches no mutable state. */
 IMPL CUresult impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
@@ -2787,16 +3524,42 @@ IMPL CUresult impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaV
     if (flags != CU_GET_PROC_ADDRESS_DEFAULT && flags != CU_GET_PROC_ADDRESS_LEGACY_STREAM &&
         flags != CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
         return CUDA_ERROR_INVALID_VALUE;
-    const struct proc *best = NULL;
+    /* libcuda.c's own table first, then each area's (see internal.h). */
+    static const struct {
+        const struct sim_proc *procs;
+        const size_t *count;
+    } tables[] = {
+        {k_procs, &k_nprocs},
+        {k_procs_more, &k_nprocs_more},
+        {sim_procs_copies, &sim_nprocs_copies},
+        {sim_procs_modules, &sim_nprocs_modules},
+        {sim_procs_events, &sim_nprocs_events},
+        {sim_procs_misc, &sim_nprocs_misc},
+        {sim_procs_export_tables, &sim_nprocs_export_tables},
+    };
+    const struct sim_proc *best = NULL;
     int known = 0;
-    for (size_t i = 0; i < sizeof k_procs / sizeof k_procs[0]; i++) {
-        const struct proc *p = &k_procs[i];
-        if (strcmp(p->name, symbol) != 0)
-            continue;
-        known = 1;
-        if (p->version <= cudaVersion && (!best || p->version > best->version))
-            best = p;
+    for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++) {
+        for (size_t i = 0; i < *tables[t].count; i++) {
+            const struct sim_proc *p = &tables[t].procs[i];
+            if (strcmp(p->name, symbol) != 0)
+                continue;
+            known = 1;
+            if (p->version <= cudaVersion && (!best || p->version > best->version))
+                best = p;
+        }
     }
+    /* A real CUDA function simcuda does not implement is found, and fails
+     * when called, as it would on a driver without that feature. */
+    for (size_t i = 0; !known && i < sim_unsupported_nprocs; i++) {
+        if (strcmp(sim_unsupported_procs[i].name, symbol) == 0) {
+            best = &sim_unsupported_procs[i];
+            known = 1;
+        }
+    }
+    if (!best)
+        sim_trace("cuGetProcAddress: %s at %d: %s", symbol, cudaVersion,
+                  known ? "version not sufficient" : "not found");
     *pfn = NULL;
     if (!best) {
         if (status)

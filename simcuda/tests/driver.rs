@@ -160,7 +160,7 @@ fn virtual_memory_management() {
 }
 
 #[test]
-fn device_pointers_fault_on_the_host() {
+fn device_memory_is_host_memory_and_unmapped_vmm_faults() {
     scenario("drvtest", "fault", &[]);
 }
 

@@ -87,7 +87,10 @@ fn install(dir: &Path) -> Result<PathBuf, Failure> {
 /// private directory first, then renamed into place, so a concurrent demo never sees (or
 /// runs) half-written files.
 fn installed() -> Result<(PathBuf, PathBuf), Failure> {
-    let dir = locate::cache_dir("-demo", &[DEMO_APP, simcuda::LIBCUDA, simcuda::LIBCUDART]);
+    let dir = locate::cache_dir(
+        "-demo",
+        &[DEMO_APP, simcuda::LIBCUDA, simcuda::LIBCUDART, simcuda::LIBNVML],
+    );
     let app = dir.join("train_demo");
     if app.is_file() {
         locate::mark_used(&dir);

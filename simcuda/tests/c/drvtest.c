@@ -87,7 +87,7 @@ static void scenario_init(void)
 
     /* Usable before cuInit, as in the real driver. */
     OK(cuDriverGetVersion(&v));
-    TRUE(v == 12080);
+    TRUE(v == 13020);
     OK(cuGetErrorName(CUDA_ERROR_OUT_OF_MEMORY, &s));
     TRUE(strcmp(s, "CUDA_ERROR_OUT_OF_MEMORY") == 0);
     OK(cuGetProcAddress_v2("cuMemAlloc", &fn, 12080, CU_GET_PROC_ADDRESS_DEFAULT, NULL));
@@ -112,11 +112,11 @@ static void scenario_init(void)
         OK(cuDeviceGet(&dev, d));
         TRUE(dev == d);
         OK(cuDeviceGetName(name, sizeof name, dev));
-        TRUE(strcmp(name, "Simulated GPU (simcuda)") == 0);
+        TRUE(strcmp(name, "NVIDIA H100 80GB HBM3 (simcuda)") == 0);
         OK(cuDeviceTotalMem_v2(&total, dev));
         printf("total%d=%zu\n", d, total);
         OK(cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
-        TRUE(value == 8);
+        TRUE(value == 9);
         OK(cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, dev));
         TRUE(value == 1);
         OK(cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev));
@@ -126,7 +126,7 @@ static void scenario_init(void)
     {
         char tiny[7];
         OK(cuDeviceGetName(tiny, sizeof tiny, 0));
-        TRUE(strcmp(tiny, "Simula") == 0);
+        TRUE(strcmp(tiny, "NVIDIA") == 0);
     }
     EXPECT(cuDeviceGet(&dev, n), CUDA_ERROR_INVALID_DEVICE);
     EXPECT(cuDeviceGet(&dev, -1), CUDA_ERROR_INVALID_DEVICE);
@@ -1020,20 +1020,43 @@ static int read_faults(volatile char *p)
     return WIFEXITED(status) && WEXITSTATUS(status) == 77;
 }
 
+/* Copies and fills: simcuda's cuda.h covers memory management only. */
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n);
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n);
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n);
+
+/* Device memory is host memory at the same address (so real clients' copies
+ * work); a VMM reservation is inaccessible until memory is mapped into it,
+ * and again after it is unmapped. */
 static void scenario_fault(void)
 {
-    CUdeviceptr d, va;
+    CUdeviceptr d, va, vb;
     CUmemGenericAllocationHandle h;
     CUmemAllocationProp prop = device_prop(0);
+    char buf[16] = "simcuda bytes", back[16] = {0};
     setup();
     OK(cuMemAlloc_v2(&d, 4096));
-    TRUE(read_faults((volatile char *)(uintptr_t)d));
+    TRUE(!read_faults((volatile char *)(uintptr_t)d));
+    OK(cuMemcpyHtoD_v2(d, buf, sizeof buf));
+    TRUE(memcmp((const void *)(uintptr_t)d, buf, sizeof buf) == 0);
+    OK(cuMemcpyDtoH_v2(back, d, sizeof back));
+    TRUE(memcmp(back, buf, sizeof buf) == 0);
+    OK(cuMemsetD8_v2(d, 0x5a, 8));
+    TRUE(((volatile unsigned char *)(uintptr_t)d)[7] == 0x5a);
     OK(cuMemAllocAsync(&d, 4096, NULL));
-    TRUE(read_faults((volatile char *)(uintptr_t)d));
+    TRUE(!read_faults((volatile char *)(uintptr_t)d));
     OK(cuMemCreate(&h, 2 * MiB, &prop, 0));
     OK(cuMemAddressReserve(&va, 2 * MiB, 0, 0, 0));
-    OK(cuMemMap(va, 2 * MiB, 0, h, 0));
+    OK(cuMemAddressReserve(&vb, 2 * MiB, 0, 0, 0));
     TRUE(read_faults((volatile char *)(uintptr_t)va));
+    OK(cuMemMap(va, 2 * MiB, 0, h, 0));
+    OK(cuMemMap(vb, 2 * MiB, 0, h, 0));
+    TRUE(!read_faults((volatile char *)(uintptr_t)va));
+    ((volatile char *)(uintptr_t)va)[100] = 42; /* one physical allocation, two addresses */
+    TRUE(((volatile char *)(uintptr_t)vb)[100] == 42);
+    OK(cuMemUnmap(va, 2 * MiB));
+    TRUE(read_faults((volatile char *)(uintptr_t)va));
+    TRUE(((volatile char *)(uintptr_t)vb)[100] == 42);
     OK(cuMemAllocManaged(&d, 4096, CU_MEM_ATTACH_GLOBAL));
     TRUE(!read_faults((volatile char *)(uintptr_t)d)); /* managed memory is host memory */
     printf("ok\n");

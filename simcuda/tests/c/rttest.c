@@ -54,7 +54,7 @@ static void scenario_basic(void)
     OK(cudaRuntimeGetVersion(&v));
     TRUE(v == 12080);
     OK(cudaDriverGetVersion(&v));
-    TRUE(v == 12080);
+    TRUE(v == 13020); /* a 13.2 driver runs a 12.8 runtime, as NVIDIA's does */
     OK(cudaGetDeviceCount(&n));
     printf("devices=%d\n", n);
     OK(cudaGetDevice(&dev));
