@@ -142,6 +142,12 @@ const TARGETS: &[Target] = &[
         ],
     },
     Target {
+        out: "pluggable_first",
+        sources: &["pluggable_first.c"],
+        // Neither libcuda nor libcudart: the entry points must load the driver themselves.
+        flags: &["-ldl"],
+    },
+    Target {
         out: "dlsym_caller",
         sources: &["dlsym_caller.c"],
         flags: &["-L$BIN", "-lwrap_puts", "-Wl,-rpath,$ORIGIN", "-ldl"],

@@ -2,10 +2,11 @@
 
 use std::fmt::Write;
 
-use oomtrace_collector::report::{fmt_bytes, Finding, ProcessReport, Report};
+use oomtrace_collector::report::{fmt_bytes, fmt_duration, Finding, ProcessReport, Report};
 use oomtrace_collector::symbolize::{culprit, FrameInfo};
 
-/// Frames shown per stack in text (the JSON has them all).
+/// Native frames shown per stack in text (the JSON has them all; Python frames are always
+/// shown in full).
 const TEXT_FRAMES: usize = 8;
 
 fn frame_text(f: &FrameInfo) -> String {
@@ -37,32 +38,34 @@ fn is_runtime_start(f: &FrameInfo) -> bool {
     )
 }
 
-fn stack_text(out: &mut String, stack: &[FrameInfo], indent: &str) {
+/// Every Python frame of `stack`, in the JSON's order (innermost first), the culprit (the
+/// innermost frame of the user's own code) led by "at". Nothing is left out: the Python stack
+/// is what the user wrote, and the text must not show less of it than the JSON. Returns false
+/// when the stack has no Python frame.
+fn python_text(out: &mut String, stack: &[FrameInfo], indent: &str) -> bool {
+    let culprit = culprit(stack).filter(|c| c.python);
+    let mut any = false;
+    for f in stack.iter().filter(|f| f.python) {
+        let lead = if culprit.is_some_and(|c| std::ptr::eq(c, f)) {
+            "at "
+        } else {
+            "   "
+        };
+        let _ = writeln!(out, "{indent}{lead}{}", frame_text(f));
+        any = true;
+    }
+    any
+}
+
+/// A call site's stack. With Python frames: all of them (see `python_text`), then the native
+/// frames that led from the innermost one to CUDA, on one line. Without: up to
+/// `native_frames` native frames.
+fn stack_text(out: &mut String, stack: &[FrameInfo], indent: &str, native_frames: usize) {
     if stack.is_empty() {
         let _ = writeln!(out, "{indent}(no stack recorded)");
         return;
     }
-    // With Python frames, the Python stack is what the user wrote: show it, from the user's
-    // own innermost frame, and the native frames that led to CUDA on one line.
-    let python_from = culprit(stack)
-        .filter(|f| f.python)
-        .and_then(|c| stack.iter().position(|f| std::ptr::eq(f, c)));
-    let shown: Vec<&FrameInfo> = match python_from {
-        Some(i) => stack[i..].iter().filter(|f| f.python).collect(),
-        None => stack.iter().filter(|f| !is_runtime_start(f)).collect(),
-    };
-    for (i, f) in shown.iter().take(TEXT_FRAMES).enumerate() {
-        let lead = if i == 0 { "at " } else { "   " };
-        let _ = writeln!(out, "{indent}{lead}{}", frame_text(f));
-    }
-    if shown.len() > TEXT_FRAMES {
-        let _ = writeln!(
-            out,
-            "{indent}   ... {} more frames",
-            shown.len() - TEXT_FRAMES
-        );
-    }
-    if python_from.is_some() {
+    if python_text(out, stack, indent) {
         let native: Vec<&str> = stack
             .iter()
             .take_while(|f| !f.python)
@@ -73,17 +76,25 @@ fn stack_text(out: &mut String, stack: &[FrameInfo], indent: &str) {
         if !native.is_empty() {
             let _ = writeln!(out, "{indent}   (native: {} ...)", native.join(" <- "));
         }
+        return;
+    }
+    let shown: Vec<&FrameInfo> = stack.iter().filter(|f| !is_runtime_start(f)).collect();
+    for (i, f) in shown.iter().take(native_frames).enumerate() {
+        let lead = if i == 0 { "at " } else { "   " };
+        let _ = writeln!(out, "{indent}{lead}{}", frame_text(f));
+    }
+    if shown.len() > native_frames {
+        let _ = writeln!(
+            out,
+            "{indent}   ... {} more frames",
+            shown.len() - native_frames
+        );
     }
 }
 
-fn duration(secs: f64) -> String {
-    if secs < 1.0 {
-        format!("{:.0} ms", secs * 1000.0)
-    } else if secs < 120.0 {
-        format!("{secs:.2} s")
-    } else {
-        format!("{:.0} min {:.0} s", (secs / 60.0).floor(), secs % 60.0)
-    }
+/// Whether a stack has Python frames (its place is then shown as the Python stack).
+fn has_python(stack: &[FrameInfo]) -> bool {
+    stack.iter().any(|f| f.python)
 }
 
 fn device_name(d: i16) -> String {
@@ -111,7 +122,7 @@ fn process_text(out: &mut String, p: &ProcessReport) {
         p.pid,
         p.command,
         p.status,
-        duration(p.duration_s),
+        fmt_duration(p.duration_s),
         p.events
     );
     for d in &p.devices {
@@ -143,7 +154,9 @@ fn process_text(out: &mut String, p: &ProcessReport) {
             d if d >= 0 => format!(" on device {d}"),
             _ => String::new(),
         };
+        // A Python stack is shown whole below the line; a native one by its culprit.
         let at = culprit(&f.stack)
+            .filter(|_| !has_python(&f.stack))
             .map(|fr| format!(" at {}", frame_text(fr)))
             .unwrap_or_default();
         let _ = writeln!(
@@ -153,6 +166,7 @@ fn process_text(out: &mut String, p: &ProcessReport) {
             f.api,
             fmt_bytes(f.last_size)
         );
+        python_text(out, &f.stack, "          ");
     }
     if p.unmatched_frees > 0 {
         let _ = writeln!(
@@ -163,22 +177,29 @@ fn process_text(out: &mut String, p: &ProcessReport) {
     }
 }
 
-fn oom_text(out: &mut String, f: &Finding, with_holders: bool) {
+fn oom_text(out: &mut String, f: &Finding, with_holders: bool, native_frames: usize) {
     let _ = writeln!(out, "  pid {}: {}", f.pid, f.message);
-    stack_text(out, &f.stack, "      ");
+    stack_text(out, &f.stack, "      ", native_frames);
     if let (true, Some(o)) = (with_holders, &f.oom) {
         if !o.top_sites.is_empty() {
             let _ = writeln!(out, "    memory held at that moment by:");
             for s in &o.top_sites {
-                let top = culprit(&s.stack)
-                    .map(frame_text)
-                    .unwrap_or_else(|| "(no stack)".into());
+                // A native holder is named by its culprit on its line; a Python one by its
+                // whole Python stack below it.
+                let top = if has_python(&s.stack) {
+                    String::new()
+                } else {
+                    culprit(&s.stack)
+                        .map(|c| format!("  {}", frame_text(c)))
+                        .unwrap_or_else(|| "  (no stack)".into())
+                };
                 let _ = writeln!(
                     out,
-                    "      {:>11} in {:>5}  {top}",
+                    "      {:>11} in {:>5}{top}",
                     fmt_bytes(s.bytes),
                     s.count
                 );
+                python_text(out, &s.stack, "          ");
             }
         }
     }
@@ -199,28 +220,31 @@ fn detected_text(out: &mut String, f: &Finding, frames: usize) {
         .filter(|e| !e["trend"].is_null())
     {
         let tr = &t["trend"];
+        // The trend of the last window and the peak; what was held when it was detected and
+        // at the end is in the message above (never the end's count as the evidence).
         let _ = writeln!(
             out,
             "      evidence: {} steps, Mann-Kendall p = {:.1e}, slope 95 % CI [{}, {}]/step, \
-             surviving from {} steps, onset step {}",
+             onset step {}, peak {} at step {}",
             tr["window"],
             tr["p_value"].as_f64().unwrap_or(1.0),
             fmt_bytes(tr["slope_ci"][0].as_f64().unwrap_or(0.0).max(0.0) as u64),
             fmt_bytes(tr["slope_ci"][1].as_f64().unwrap_or(0.0).max(0.0) as u64),
-            t["surviving_epochs"],
             t["onset_step"],
+            fmt_bytes(t["peak_bytes"].as_u64().unwrap_or(0)),
+            t["peak_step"],
         );
         if let Some(s) = t["time_to_oom_s"].as_f64() {
             let _ = writeln!(
                 out,
                 "      at this rate the device is full in {}",
-                duration(s)
+                fmt_duration(s)
             );
         }
     }
     let _ = writeln!(out, "      why: {}", f.hint);
     if !f.stack.is_empty() {
-        stack_text(out, &f.stack[..f.stack.len().min(frames)], "      ");
+        stack_text(out, &f.stack, "      ", frames);
     }
 }
 
@@ -252,7 +276,7 @@ pub fn full(r: &Report) -> String {
         let _ = writeln!(out, "\nOut of memory ({})", ooms.len());
         for (i, f) in ooms.iter().enumerate() {
             // The first failure tells the story; later ones are usually retries.
-            oom_text(&mut out, f, i == 0);
+            oom_text(&mut out, f, i == 0, TEXT_FRAMES);
             if i == 0 {
                 let _ = writeln!(out, "      why: {}", f.hint);
             }
@@ -292,7 +316,7 @@ pub fn full(r: &Report) -> String {
                 device_name(f.device),
                 f.pid
             );
-            stack_text(&mut out, &f.stack, "        ");
+            stack_text(&mut out, &f.stack, "        ", TEXT_FRAMES);
         }
     }
     out
@@ -307,7 +331,7 @@ pub fn summary(r: &Report) -> String {
     }
     if let Some(f) = r.findings.iter().find(|f| f.kind == "oom") {
         let _ = writeln!(out, "  first out-of-memory:");
-        oom_text(&mut out, f, false);
+        oom_text(&mut out, f, false, TEXT_FRAMES);
     }
     for f in r
         .findings
@@ -332,7 +356,7 @@ pub fn summary(r: &Report) -> String {
             device_name(f.device),
             f.pid
         );
-        stack_text(&mut out, &f.stack[..f.stack.len().min(3)], "      ");
+        stack_text(&mut out, &f.stack, "      ", 3);
     }
     out
 }

@@ -204,6 +204,17 @@ pub fn fmt_bytes(b: u64) -> String {
     }
 }
 
+/// "250 ms", "3.20 s", "4 min 12 s".
+pub fn fmt_duration(secs: f64) -> String {
+    if secs < 1.0 {
+        format!("{:.0} ms", secs * 1000.0)
+    } else if secs < 120.0 {
+        format!("{secs:.2} s")
+    } else {
+        format!("{:.0} min {:.0} s", (secs / 60.0).floor(), secs % 60.0)
+    }
+}
+
 fn status(p: &Process, trace: &Trace) -> String {
     match p.end {
         EndState::Running if trace.incomplete.is_some() => {

@@ -361,6 +361,7 @@ impl Process {
             ts_ns: ts,
             clock: &self.clock,
             devices: &self.devices,
+            ended: self.end != EndState::Running,
         };
         self.detect.on_epoch_end(&ctx);
     }
@@ -372,6 +373,7 @@ impl Process {
             ts_ns: self.last_ts_ns,
             clock: &self.clock,
             devices: &self.devices,
+            ended: self.end != EndState::Running,
         }
     }
 

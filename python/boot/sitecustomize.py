@@ -1,7 +1,8 @@
-# Put on PYTHONPATH by `oomtrace run --torch`: when the program imports torch, make PyTorch
-# allocate through oomtrace before anything can initialise CUDA, and mark a step after every
-# optimizer step. The program itself is not changed. A sitecustomize of the user's own,
-# further down the path, still runs.
+# Put on PYTHONPATH by `oomtrace run`: when the program imports torch, mark a step after every
+# optimizer step and, with `--torch`, make PyTorch allocate through oomtrace before anything
+# can initialise CUDA. OOMTRACE_TORCH says which (set by `oomtrace run`): a comma-separated
+# list of `allocator` and `steps`. The program itself is not changed. A sitecustomize of the
+# user's own, further down the path, still runs.
 import importlib.abc
 import importlib.util
 import os
@@ -21,8 +22,19 @@ def _run_user_sitecustomize():
             return
 
 
+def _wanted():
+    """(allocator, steps): what `oomtrace run` asked for; both when OOMTRACE_TORCH is unset
+    (this file on PYTHONPATH by hand: the `--torch` behaviour it always had)."""
+    parts = {p.strip() for p in os.environ.get("OOMTRACE_TORCH", "allocator,steps").split(",")}
+    return "allocator" in parts, "steps" in parts
+
+
 class _TorchImportHook(importlib.abc.MetaPathFinder):
     """Finds nothing itself; wraps the loader of `torch` to run oomtrace after it."""
+
+    def __init__(self, allocator, steps):
+        self.allocator = allocator
+        self.steps = steps
 
     def find_spec(self, name, path, target=None):
         if name != "torch":
@@ -33,17 +45,25 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
             return spec
         loader = spec.loader
         run_module = loader.exec_module
+        allocator, steps = self.allocator, self.steps
 
         def exec_module(module):
             run_module(module)
-            import oomtrace
-            oomtrace._on_torch_import(module)
+            try:
+                import oomtrace
+                oomtrace._on_torch_import(module, allocator=allocator, steps=steps)
+            except Exception as e:  # never break the user's `import torch`
+                print("oomtrace: cannot set up tracing of torch (%s: %s); tracing CUDA "
+                      "allocations without step markers" % (type(e).__name__, e),
+                      file=sys.stderr)
 
         loader.exec_module = exec_module
         return spec
 
 
-sys.meta_path.insert(0, _TorchImportHook())
+_allocator, _steps = _wanted()
+if _allocator or _steps:
+    sys.meta_path.insert(0, _TorchImportHook(_allocator, _steps))
 try:
     _run_user_sitecustomize()
 except Exception as e:

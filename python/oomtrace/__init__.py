@@ -9,7 +9,8 @@
 `install()` loads liboomtrace (already there under `oomtrace run` or LD_PRELOAD; otherwise
 found through OOMTRACE_LIB or next to the `oomtrace` binary on PATH), makes PyTorch allocate
 through its pluggable-allocator entry points `oomtrace_malloc` / `oomtrace_free`, so that
-every tensor is an event with its Python stack, and marks a step after every optimizer step.
+every tensor is an event with its Python stack, and marks a step after every optimizer step
+(until the program marks its own steps with `mark_step()` / `step()`).
 The trace goes where the library sends it: the collector of `oomtrace run`, or one the library
 starts itself (see OOMTRACE_SOCKET and OOMTRACE_OUTPUT in the README).
 
@@ -20,6 +21,7 @@ cudnn.benchmark, CUDA IPC and cudagraph trees are not supported (README, "PyTorc
 
 import contextlib
 import ctypes
+import importlib
 import os
 import shutil
 import sys
@@ -31,6 +33,9 @@ _LIB_NAME = "liboomtrace.so"
 _lib = None
 _lib_path = None
 _step_hook = None
+# Set once the program marks its own steps (or a mark failed): the optimizer hook marks
+# nothing from then on and is never installed again in this process.
+_optimizer_marks_stopped = False
 _allocator_installed = False
 
 
@@ -79,7 +84,16 @@ def library():
 
 
 def mark_step(label=None):
-    """Ends a step (one training iteration): the leak detector compares steps."""
+    """Ends a step (one training iteration): the leak detector compares steps.
+
+    Once the program marks its own steps, the optimizer step hook (`oomtrace run`,
+    `install()`) stops marking, so that each iteration is one step, not two.
+    """
+    _stop_optimizer_marks()
+    _mark(label)
+
+
+def _mark(label=None):
     library().oomtrace_mark(None if label is None else str(label).encode())
 
 
@@ -98,59 +112,138 @@ def flush():
 
 
 def _install_allocator(torch):
+    """None once PyTorch allocates through oomtrace; otherwise why it does not (a phrase)."""
     global _allocator_installed
     if _allocator_installed:
-        return True
-    if torch.cuda.is_initialized():
-        warnings.warn(
-            "oomtrace: CUDA is already initialised, so PyTorch's allocator cannot be swapped; "
-            "tracing stays at the CUDA level (segments, not tensors). Call oomtrace.install() "
-            "before the first CUDA use, or use `oomtrace run --torch`.",
-            stacklevel=3,
+        return None
+    try:
+        if torch.cuda.is_initialized():
+            return ("CUDA was already initialised, and PyTorch cannot swap an allocator in "
+                    "use")
+        library()
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(
+            _lib_path, "oomtrace_malloc", "oomtrace_free"
         )
-        return False
-    library()
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(
-        _lib_path, "oomtrace_malloc", "oomtrace_free"
-    )
-    torch.cuda.memory.change_current_allocator(allocator)
+        torch.cuda.memory.change_current_allocator(allocator)
+    except Exception as e:  # any failure leaves PyTorch's own allocator in place
+        return "%s: %s" % (type(e).__name__, e)
     _allocator_installed = True
-    return True
+    return None
+
+
+def _on_optimizer_step(optimizer, args, kwargs):
+    # Runs inside optimizer.step(), in Python with the GIL held like the rest of the step; the
+    # mark is a ctypes call into liboomtrace (no CUDA call, no hook). It must never break the
+    # user's training: a failure stops the marks and says so once.
+    if _optimizer_marks_stopped:
+        return
+    try:
+        _mark()
+    except Exception as e:
+        _stop_optimizer_marks()
+        print("oomtrace: optimizer steps are no longer marked (%s: %s)" % (type(e).__name__, e),
+              file=sys.stderr)
+
+
+def _stop_optimizer_marks():
+    """The program marks its own steps (or marking failed): the optimizer hook stops marking.
+
+    It stays registered, as a no-op: this may run while PyTorch iterates over its step hooks
+    (a mark made from another step hook, or from ours failing), and removing one then would
+    raise in the user's optimizer.step().
+    """
+    global _optimizer_marks_stopped
+    _optimizer_marks_stopped = True
 
 
 def _install_step_hook(torch):
+    """None once every optimizer step marks a step (or the program marks its own steps);
+    otherwise why not (a phrase)."""
     global _step_hook
-    if _step_hook is not None:
-        return
-    register = getattr(torch.optim.optimizer, "register_optimizer_step_post_hook", None)
+    if _step_hook is not None or _optimizer_marks_stopped:
+        return None
+    try:
+        library()
+    except RuntimeError as e:
+        return str(e).replace("oomtrace: ", "", 1)
+    try:
+        # torch.optim's __init__ deletes its `optimizer` name (PyTorch 2.x), so the submodule
+        # is not an attribute of torch.optim: ask the import system for it.
+        module = importlib.import_module("torch.optim.optimizer")
+    except Exception as e:
+        return "cannot import torch.optim.optimizer (%s: %s)" % (type(e).__name__, e)
+    register = getattr(module, "register_optimizer_step_post_hook", None)
     if register is None:
-        return
-    _step_hook = register(lambda optimizer, args, kwargs: mark_step())
+        return ("PyTorch %s has no torch.optim.optimizer.register_optimizer_step_post_hook "
+                "(PyTorch 2.0 added it)" % getattr(torch, "__version__", "?"))
+    try:
+        _step_hook = register(_on_optimizer_step)
+    except Exception as e:
+        return "register_optimizer_step_post_hook failed (%s: %s)" % (type(e).__name__, e)
+    return None
 
 
 def install(allocator=True, step_hook=True):
     """Traces this process's tensors through oomtrace (imports torch if it is installed).
 
     allocator: make PyTorch allocate through oomtrace (per-tensor events with Python stacks).
-    step_hook: mark a step after every optimizer step.
-    Returns True if the allocator is oomtrace's.
+    step_hook: mark a step after every optimizer step (until the program marks its own).
+    Returns True if the allocator is oomtrace's. What did not work is said in a warning.
     """
     library()
     try:
         import torch
     except ImportError:
         return False
-    ok = _install_allocator(torch) if allocator else False
+    if allocator:
+        why = _install_allocator(torch)
+        if why:
+            warnings.warn(
+                "oomtrace: PyTorch's allocator was not swapped (%s): tracing stays at the CUDA "
+                "level (segments, not tensors). Call oomtrace.install() before the first CUDA "
+                "use, or use `oomtrace run --torch`." % why,
+                stacklevel=2,
+            )
     if step_hook:
-        _install_step_hook(torch)
-    return ok
+        why = _install_step_hook(torch)
+        if why:
+            warnings.warn(
+                "oomtrace: optimizer steps are not marked (%s); call oomtrace.mark_step() once "
+                "per iteration." % why,
+                stacklevel=2,
+            )
+    return allocator and _allocator_installed
 
 
-def _on_torch_import(torch):
-    """Called by `oomtrace run --torch` right after `import torch` finished."""
-    try:
-        _install_allocator(torch)
-        _install_step_hook(torch)
-    except Exception as e:  # never break the user's import of torch
-        print("oomtrace: --torch setup failed (%s); tracing at the CUDA level" % e,
-              file=sys.stderr)
+def _on_torch_import(torch, allocator=True, steps=True):
+    """Called by the sitecustomize of `oomtrace run` right after `import torch` finished.
+
+    allocator: `--torch` (PyTorch allocates through oomtrace); steps: mark a step after every
+    optimizer step. Silent when everything asked for worked; otherwise one line on stderr that
+    says what works and what does not, and why. Never raises into the user's `import torch`.
+    """
+    def attempt(install):
+        try:
+            return install(torch)
+        except Exception as e:
+            return "%s: %s" % (type(e).__name__, e)
+
+    no_allocator = attempt(_install_allocator) if allocator else None
+    no_steps = attempt(_install_step_hook) if steps else None
+    if not (no_allocator or no_steps):
+        return
+    if allocator:
+        if no_allocator:
+            said = ("--torch: PyTorch's allocator was not swapped (%s): tracing CUDA "
+                    "allocations (segments, not tensors)" % no_allocator)
+        else:
+            said = "--torch: PyTorch allocates through oomtrace (tensors are traced)"
+        if steps:
+            if no_steps:
+                said += ("; optimizer steps are not marked (%s): steps are found "
+                         "automatically" % no_steps)
+            else:
+                said += "; a step is marked after every optimizer step"
+    else:
+        said = "optimizer steps are not marked (%s): steps are found automatically" % no_steps
+    print("oomtrace: " + said, file=sys.stderr)

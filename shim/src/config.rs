@@ -174,11 +174,12 @@ mod tests {
             .parent()
             .unwrap();
         let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-        // OOMTRACE_LIB is the CLI's own (cli/src/locate.rs).
+        // OOMTRACE_LIB is the CLI's own (cli/src/locate.rs); OOMTRACE_TORCH is what `run`
+        // tells its Python sitecustomize (cli/src/cmd/run.rs, python/boot/sitecustomize.py).
         let known: Vec<&str> = VARS
             .iter()
             .map(|v| v.name)
-            .chain(["OOMTRACE_LIB"])
+            .chain(["OOMTRACE_LIB", "OOMTRACE_TORCH"])
             .collect();
         for name in &known {
             assert!(readme.contains(name), "README lacks {name}");
@@ -197,8 +198,15 @@ mod tests {
             ci.contains("cargo test --workspace"),
             ".ci/run runs the README test command"
         );
-        let sim = std::fs::read_to_string(root.join("simcuda/src/libcuda.c")).unwrap()
+        // The driver is libcuda.c plus one file per area under src/driver/.
+        let mut sim = std::fs::read_to_string(root.join("simcuda/src/libcuda.c")).unwrap()
             + &std::fs::read_to_string(root.join("simcuda/src/libcudart.c")).unwrap();
+        for entry in std::fs::read_dir(root.join("simcuda/src/driver")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "c") {
+                sim += &std::fs::read_to_string(path).unwrap();
+            }
+        }
         for h in crate::hooks::HOOKS.iter() {
             let name = h.name_str();
             assert!(

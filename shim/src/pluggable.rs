@@ -15,13 +15,16 @@
 //!   for the rest of the process (`cuMemFree` may free memory from either).
 //! - The driver is called directly (real functions, never our wrappers), so one tensor is one
 //!   event. Recording failures never change what the caller gets.
+//! - The entry points load the driver themselves when nothing has yet (PyTorch may ask for
+//!   its first tensor before anything in the process loaded `libcuda.so.1`); a NULL then
+//!   means there is no driver to load.
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::cuda::{CUcontext, CUdevice, CUdeviceptr, CUresult, CUstream, CUDA_SUCCESS};
 use crate::hooks::record;
-use crate::resolve::{current_device, driver_fn};
+use crate::resolve::{current_device, driver_fn, load_libcuda};
 use crate::{guard, log};
 
 type AllocAsyncFn = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
@@ -137,7 +140,7 @@ fn explain_null(size: usize, device: c_int, rc: CUresult) {
     }
     let why = match rc {
         2 => "out of memory".to_string(),
-        CUDA_ERROR_NOT_INITIALIZED => "no CUDA driver".to_string(),
+        CUDA_ERROR_NOT_INITIALIZED => "no CUDA driver: libcuda.so.1 cannot be loaded".to_string(),
         rc => format!("CUDA error {rc}"),
     };
     log::warn(&format!(
@@ -157,6 +160,7 @@ pub unsafe extern "C" fn oomtrace_malloc(
     if size == 0 {
         return std::ptr::null_mut();
     }
+    load_libcuda();
     let recording = guard::enter();
     let (rc, p) = on_device(device, || {
         let (rc, p) = allocate(size, stream);
@@ -187,6 +191,7 @@ pub unsafe extern "C" fn oomtrace_free(
     if ptr.is_null() {
         return;
     }
+    load_libcuda();
     let recording = guard::enter();
     if recording {
         guard::catch(|| record::tensor_free(ptr as u64, size as u64, device as i16, stream as u64));

@@ -159,8 +159,13 @@ pub fn is_ours(p: usize) -> bool {
 
 static LIBCUDA: AtomicUsize = AtomicUsize::new(0);
 
-/// A handle to the loaded `libcuda.so.1`, or NULL if it is not loaded (we never load it).
-/// Programs that dlopen the driver RTLD_LOCAL (like libcudart) hide it from RTLD_NEXT.
+/// Set once [`load_libcuda`] has tried a real `dlopen`: on a machine without a driver the
+/// library search is paid once, not on every call.
+static LIBCUDA_LOAD_TRIED: AtomicBool = AtomicBool::new(false);
+
+/// A handle to the loaded `libcuda.so.1`, or NULL if it is not loaded (the hooks never load
+/// it: they only run once the program has). Programs that dlopen the driver RTLD_LOCAL (like
+/// libcudart) hide it from RTLD_NEXT.
 pub fn libcuda_handle() -> *mut c_void {
     let h = LIBCUDA.load(Ordering::Acquire);
     if h != 0 {
@@ -170,6 +175,28 @@ pub fn libcuda_handle() -> *mut c_void {
     let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
     if !h.is_null() {
         LIBCUDA.store(h as usize, Ordering::Release);
+    }
+    h
+}
+
+/// The driver, loaded by us if nothing in the process has loaded it yet; NULL if it cannot
+/// be loaded (no driver installed). Only for oomtrace's own entry points (`oomtrace_malloc`,
+/// `oomtrace_free`): PyTorch may call them before it has touched CUDA itself, and they are
+/// the program's allocator, so they must reach the driver on their own. After the first call
+/// this is one atomic load (loaded) or a no-load lookup (no driver), as `libcuda_handle`.
+pub fn load_libcuda() -> *mut c_void {
+    let h = libcuda_handle();
+    if !h.is_null() || LIBCUDA_LOAD_TRIED.swap(true, Ordering::AcqRel) {
+        return h;
+    }
+    // SAFETY: dlopen of the driver by its soname, as libcudart loads it. RTLD_LOCAL keeps its
+    // symbols out of the global scope (we reach it through the handle only), so symbol
+    // binding in the program is the same as if it had loaded the driver itself. The handle
+    // is never closed: function pointers taken from it stay valid.
+    let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if !h.is_null() {
+        LIBCUDA.store(h as usize, Ordering::Release);
+        log::info("loaded libcuda.so.1 for oomtrace_malloc (nothing had loaded the driver yet)");
     }
     h
 }

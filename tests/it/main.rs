@@ -31,8 +31,9 @@ mod export;
 /// Private files and sockets; peers of another user refused.
 mod security;
 
-/// Python: frames with the GIL held and released, `--torch`, `import oomtrace`, the pluggable
-/// allocator ABI.
+/// Python: frames with the GIL held and released, `--torch`, steps from the optimizer with and
+/// without it, `import oomtrace`, the pluggable allocator ABI (also before any driver is
+/// loaded), every Python frame in text reports, leaks freed at exit.
 mod python;
 
 /// Nothing left behind (a killed `run`, failed runs, programs without CUDA, old caches,

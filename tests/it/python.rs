@@ -1,7 +1,10 @@
 //! Python programs through the real shim, collector and CLI: Python frames with the GIL held
 //! and released, `oomtrace run --torch` on a stand-in `torch` (tests/scenarios/python/
-//! site-packages/torch, PyTorch's names and call paths on the simulated CUDA), `import oomtrace` without
-//! `oomtrace run`, and the pluggable-allocator ABI itself.
+//! site-packages/torch, PyTorch's names and call paths on the simulated CUDA), optimizer steps
+//! marked with and without `--torch` and the lines that say what could not be set up,
+//! `import oomtrace` without `oomtrace run`, the pluggable-allocator ABI itself (also called
+//! before anything loaded the driver), the text report's Python frames, and a leak freed at
+//! exit.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -252,8 +255,9 @@ fn torch_mode_on_a_clean_loop_reports_no_leak() {
     assert_eq!(processes(&r)[0]["steps"], 40);
 }
 
-#[test]
-fn torch_mode_keeps_the_users_own_sitecustomize() {
+/// `check.py` under `oomtrace run FLAGS` beside a sitecustomize of the user's own: prints
+/// whether that sitecustomize ran and whether PyTorch's allocator is oomtrace's.
+fn users_own_sitecustomize_under(flags: &[&str]) -> String {
     let dir = scratch("py-usersite");
     std::fs::write(
         dir.join("sitecustomize.py"),
@@ -265,7 +269,9 @@ fn torch_mode_keeps_the_users_own_sitecustomize() {
     let mut cmd = base_command(oomtrace_bin());
     let pythonpath = std::env::join_paths([dir.to_path_buf(), script("site-packages")]).unwrap();
     cmd.current_dir(&dir)
-        .args(["run", "--torch", "-o", "t.oomt", "--", "python3"])
+        .arg("run")
+        .args(flags)
+        .args(["-o", "t.oomt", "--", "python3"])
         .arg(&prog)
         .env("PYTHONPATH", pythonpath);
     let out = output_within(cmd, TIMEOUT);
@@ -274,7 +280,199 @@ fn torch_mode_keeps_the_users_own_sitecustomize() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "True True\n");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn torch_mode_keeps_the_users_own_sitecustomize() {
+    assert_eq!(users_own_sitecustomize_under(&["--torch"]), "True True\n");
+}
+
+/// Without --torch the step hook's sitecustomize is on PYTHONPATH too: the user's own still
+/// runs, and PyTorch's allocator is left alone.
+#[test]
+fn plain_run_keeps_the_users_own_sitecustomize_and_pytorchs_allocator() {
+    assert_eq!(users_own_sitecustomize_under(&[]), "True False\n");
+}
+
+/// The lines `oomtrace:` wrote on stderr about setting up torch (not findings or the summary).
+fn setup_lines(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.contains("optimizer steps") || l.contains("--torch") || l.contains("set up"))
+        .collect()
+}
+
+/// The APIs of the allocations in the trace `t.oomt` in `dir` (`oomtrace export --format json`).
+fn allocation_apis(dir: &Path) -> std::collections::BTreeSet<String> {
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.args(["export", "--format", "json", "-o", "-"])
+        .arg(dir.join("t.oomt"));
+    let out = output_within(cmd, TIMEOUT);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["type"] == "event" && v["kind"] == "alloc")
+        .map(|v| v["api"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// PyTorch 2.x deletes `torch.optim.optimizer` as an attribute (the stand-in does too): the
+/// step hook is still installed under --torch, and nothing is said when all worked.
+#[test]
+fn torch_mode_marks_optimizer_steps_although_torch_optim_hides_its_submodule() {
+    let (out, r, _) = run_python("train_leak.py", &["--torch"], &["12", "--clean"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(setup_lines(&stderr), Vec::<&str>::new(), "{stderr}");
+    let p = &processes(&r)[0];
+    assert_eq!(p["epochs"]["source"], "markers", "{p:#}");
+    assert_eq!(p["steps"], 12, "{p:#}");
+}
+
+/// The allocator is swapped but this PyTorch has no step hooks: one line says both, exactly.
+#[test]
+fn torch_mode_says_the_allocator_works_when_the_step_hook_cannot_be_installed() {
+    let (out, r, dir) = run_python(
+        "train_leak.py",
+        &["--torch"],
+        &["12", "--clean"],
+        &[("FAKE_TORCH_NO_STEP_HOOKS", "1")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        setup_lines(&stderr),
+        vec![
+            "oomtrace: --torch: PyTorch allocates through oomtrace (tensors are traced); \
+             optimizer steps are not marked (PyTorch 0.0.0+stand-in has no \
+             torch.optim.optimizer.register_optimizer_step_post_hook (PyTorch 2.0 added it)): \
+             steps are found automatically"
+        ],
+        "{stderr}"
+    );
+    let p = &processes(&r)[0];
+    assert_eq!(p["steps"], 0, "{p:#}");
+    assert_ne!(p["epochs"]["source"], "markers", "{p:#}");
+    assert_eq!(
+        allocation_apis(&dir),
+        ["oomtrace_malloc".to_string()].into()
+    );
+}
+
+/// CUDA initialised during `import torch`: the allocator cannot be swapped, the step hook is
+/// installed all the same, and the line says which is which.
+#[test]
+fn torch_mode_says_the_step_hook_works_when_the_allocator_cannot_be_swapped() {
+    let (out, r, dir) = run_python(
+        "train_leak.py",
+        &["--torch"],
+        &["12", "--clean"],
+        &[("FAKE_TORCH_INIT_CUDA_AT_IMPORT", "1")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        setup_lines(&stderr),
+        vec![
+            "oomtrace: --torch: PyTorch's allocator was not swapped (CUDA was already \
+             initialised, and PyTorch cannot swap an allocator in use): tracing CUDA \
+             allocations (segments, not tensors); a step is marked after every optimizer step"
+        ],
+        "{stderr}"
+    );
+    let p = &processes(&r)[0];
+    assert_eq!(p["steps"], 12, "{p:#}");
+    // The stand-in's runtime calls, seen at the driver: never the pluggable allocator.
+    let apis = allocation_apis(&dir);
+    assert!(
+        !apis.is_empty() && !apis.contains("oomtrace_malloc"),
+        "{apis:?}"
+    );
+}
+
+/// Plain `oomtrace run` (no --torch): the optimizer marks the steps, PyTorch keeps its own
+/// allocator, and the leak is found on those steps.
+#[test]
+fn plain_run_takes_steps_from_the_optimizer() {
+    let (out, r, dir) = run_python("train_leak.py", &[], &["40"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(setup_lines(&stderr), Vec::<&str>::new(), "{stderr}");
+    let p = &processes(&r)[0];
+    assert_eq!(p["epochs"]["source"], "markers", "{p:#}");
+    assert_eq!(p["steps"], 40, "{p:#}");
+    assert_names_the_leaking_line(&r);
+    // The stand-in's runtime calls, seen at the driver: never the pluggable allocator.
+    let apis = allocation_apis(&dir);
+    assert!(
+        !apis.is_empty() && !apis.contains("oomtrace_malloc"),
+        "{apis:?}"
+    );
+}
+
+/// `--no-step-hook` turns it off: no markers, steps found automatically, nothing said.
+#[test]
+fn plain_run_with_no_step_hook_marks_nothing() {
+    let (out, r, _) = run_python("train_leak.py", &["--no-step-hook"], &["40"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(setup_lines(&stderr), Vec::<&str>::new(), "{stderr}");
+    let p = &processes(&r)[0];
+    assert_eq!(p["steps"], 0, "{p:#}");
+    assert_ne!(p["epochs"]["source"], "markers", "{p:#}");
+}
+
+/// Without step hooks in this PyTorch, plain `run` says so in one line and still traces.
+#[test]
+fn plain_run_says_when_optimizer_steps_cannot_be_marked() {
+    let (out, r, _) = run_python(
+        "train_leak.py",
+        &[],
+        &["12", "--clean"],
+        &[("FAKE_TORCH_NO_STEP_HOOKS", "1")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        setup_lines(&stderr),
+        vec![
+            "oomtrace: optimizer steps are not marked (PyTorch 0.0.0+stand-in has no \
+             torch.optim.optimizer.register_optimizer_step_post_hook (PyTorch 2.0 added it)): \
+             steps are found automatically"
+        ],
+        "{stderr}"
+    );
+    assert_eq!(processes(&r)[0]["steps"], 0);
+}
+
+/// A program that marks its own steps (`oomtrace.mark_step()`) is not marked twice: the
+/// optimizer hook stops at the program's first own mark. The first iteration carries both
+/// (the hook's at `opt.step()`, then the program's): 40 iterations are 41 steps.
+#[test]
+fn the_programs_own_step_marks_replace_the_optimizer_hook() {
+    let (out, r, _) = run_python("train_leak.py", &[], &["40", "--mark"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let p = &processes(&r)[0];
+    assert_eq!(p["steps"], 41, "{p:#}");
+    assert_names_the_leaking_line(&r);
+}
+
+/// The same with the program's marks made from an optimizer step hook of its own: stopping
+/// oomtrace's hook while PyTorch runs the hooks must not break `optimizer.step()`.
+#[test]
+fn the_programs_own_step_hook_marks_replace_ours_without_breaking_the_step() {
+    let (out, r, _) = run_python("train_leak.py", &[], &["40", "--mark-in-hook"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "trained 40\n");
+    assert_eq!(processes(&r)[0]["steps"], 41, "{stderr}");
 }
 
 #[test]
@@ -345,4 +543,129 @@ fn pluggable_allocator_abi_capture_and_oom() {
     );
     let p = &processes(&r)[0];
     assert_eq!(p["unmatched_frees"].as_u64().unwrap_or(0), 0, "{p:#?}");
+}
+
+/// PyTorch may call `oomtrace_malloc` for its first tensor before anything loaded the driver:
+/// the entry points load `libcuda.so.1` themselves (tests/scenarios/pluggable_first.c links
+/// no CUDA library and makes no CUDA call), and the tensors are recorded.
+#[test]
+fn pluggable_entry_points_load_the_driver_themselves() {
+    let t = run_traced("pluggable_first", &[], &[]);
+    assert!(t.status.success(), "{}\n{}", t.stdout, t.stderr);
+    assert_eq!(
+        t.stdout, "driver before: absent\nalloc: ok\ndriver after: loaded\nkept: ok\n",
+        "{}",
+        t.stderr
+    );
+    assert!(!t.stderr.contains("no CUDA driver"), "{}", t.stderr);
+    let p = &processes(&t.report)[0];
+    let d = device(p, 0);
+    assert_eq!(d["allocations"], 2, "{p:#}");
+    assert_eq!(d["frees"], 1, "{p:#}");
+    assert_eq!(d["peak_bytes"], 4 * MIB, "{p:#}");
+    let live = findings(&t.report, "live_at_exit");
+    assert_eq!(live.len(), 1, "{live:#?}");
+    assert_eq!(live[0]["api"], "oomtrace_malloc");
+    assert_eq!(live[0]["bytes"], 2 * MIB);
+    assert!(
+        functions(live[0]).iter().any(|f| f == "keep_tensor"),
+        "{:?}",
+        functions(live[0])
+    );
+}
+
+/// Every place the text report (and `run`'s summary) shows a call site with Python frames
+/// shows all of them, in the JSON's order: the OOM, each holder at the OOM, the failed
+/// allocation and what was live at exit.
+#[test]
+fn text_reports_show_every_python_frame_of_ooms_holders_and_live_memory() {
+    let (out, r, dir) = run_python(
+        "oom_holders.py",
+        &["--torch"],
+        &[],
+        &[("SIMCUDA_MEMORY", "256MiB")],
+    );
+    let summary = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{summary}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "oom caught\n");
+    let text = report_text(&dir.join("t.oomt"));
+    let oom = findings(&r, "oom")[0];
+    let msg = oom["message"].as_str().unwrap();
+    assert_text_shows_python_frames(&text, msg, &oom["stack"]);
+    assert_text_shows_python_frames(&summary, msg, &oom["stack"]);
+    let holders = oom["oom"]["top_sites"].as_array().unwrap();
+    assert_eq!(holders.len(), 2, "{holders:#?}");
+    assert_text_shows_python_frames(&text, "128.00 MiB in     2", &holders[0]["stack"]);
+    assert_text_shows_python_frames(&text, "2.00 MiB in     1", &holders[1]["stack"]);
+    let failed = &processes(&r)[0]["failed_allocations"][0];
+    assert_text_shows_python_frames(&text, "last asked for 1.00 TiB", &failed["stack"]);
+    assert_text_shows_python_frames(&summary, "last asked for 1.00 TiB", &failed["stack"]);
+    let live = findings(&r, "live_at_exit");
+    assert_eq!(live.len(), 1, "{live:#?}");
+    assert_text_shows_python_frames(&text, "Still live at exit", &live[0]["stack"]);
+    assert_text_shows_python_frames(&summary, "live at exit: 2.00 MiB", &live[0]["stack"]);
+}
+
+/// A leak finding's Python frames in the text report and in `run`'s summary: all of them,
+/// in the JSON's order, although native frames come first in its stack.
+#[test]
+fn text_reports_show_every_python_frame_of_a_leak() {
+    let (out, r, dir) = run_python("train_leak.py", &["--torch"], &["40"], &[]);
+    let summary = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{summary}");
+    let leak = findings(&r, "leak")[0];
+    let msg = leak["message"].as_str().unwrap();
+    assert_text_shows_python_frames(&report_text(&dir.join("t.oomt")), msg, &leak["stack"]);
+    assert_text_shows_python_frames(&summary, msg, &leak["stack"]);
+}
+
+/// The leaked list of `train_leak.py` is freed as the interpreter exits, after the last step:
+/// the leak keeps the evidence it was detected on and says the memory was freed at exit; it
+/// never reads "0 B held in 0 allocations".
+#[test]
+fn a_leak_freed_at_exit_reports_its_evidence_and_its_end() {
+    let (out, r, dir) = run_python("train_leak.py", &["--torch"], &["40"], &[]);
+    let summary = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{summary}");
+    let leak = findings(&r, "leak")[0];
+    let e = &leak["evidence"];
+    let d = &e["at_detection"];
+    let detected_bytes = d["bytes"].as_u64().unwrap();
+    assert!(detected_bytes >= 3 * MIB, "{e:#}");
+    assert_eq!(detected_bytes, d["count"].as_u64().unwrap() * MIB, "{e:#}");
+    assert!(d["surviving_epochs"].as_u64().unwrap() >= 3, "{e:#}");
+    assert_eq!(d["step"], e["detected_step"], "{e:#}");
+    assert_eq!(d["time_s"], e["detected_s"], "{e:#}");
+    assert_eq!(
+        d["slope_bytes_per_step"].as_f64().map(|b| b.round()),
+        Some(MIB as f64)
+    );
+    assert_eq!(
+        (e["peak_bytes"].as_u64(), e["peak_step"].as_u64()),
+        (Some(40 * MIB), Some(39))
+    );
+    let end = &e["at_end"];
+    assert_eq!(end["state"], "freed", "{e:#}");
+    assert_eq!(end["process_ended"], true, "{e:#}");
+    assert_eq!(end["last_step"], 39, "{e:#}");
+    assert_eq!(end["freed_after_last_step_bytes"], 40 * MIB, "{e:#}");
+    assert_eq!(
+        (leak["bytes"].as_u64(), leak["count"].as_u64()),
+        (Some(0), Some(0))
+    );
+    let msg = leak["message"].as_str().unwrap();
+    assert!(
+        !msg.contains(" 0 B") && !msg.contains(" 0 allocations"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&format!("when detected at step {}", d["step"]))
+            && msg.ends_with(
+                "; by the end all of it was freed at exit (40.00 MiB held at step 39, the last)"
+            ),
+        "{msg}"
+    );
+    let text = report_text(&dir.join("t.oomt"));
+    assert!(text.contains(msg), "{text}");
+    assert!(!text.contains("surviving from 0"), "{text}");
 }

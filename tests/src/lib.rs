@@ -439,4 +439,58 @@ pub fn live_by_function(report: &Value) -> BTreeMap<(u64, String), u64> {
     m
 }
 
+/// "function  file:line", as the text report shows a frame (the file's base name).
+pub fn frame_text(fr: &Value) -> String {
+    let file = fr["file"].as_str().unwrap_or("");
+    format!(
+        "{}  {}:{}",
+        fr["function"].as_str().unwrap_or(""),
+        file.rsplit('/').next().unwrap_or(file),
+        fr["line"]
+    )
+}
+
+/// The text, from the first line holding `anchor` on, shows every Python frame of the JSON
+/// `stack` (library frames included), on consecutive lines, in the JSON's order.
+pub fn assert_text_shows_python_frames(text: &str, anchor: &str, stack: &Value) {
+    let expected: Vec<String> = stack
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|fr| fr["python"] == true)
+        .map(frame_text)
+        .collect();
+    assert!(expected.len() >= 2, "{stack:#}");
+    let start = text
+        .find(anchor)
+        .unwrap_or_else(|| panic!("no `{anchor}` in:\n{text}"));
+    let shown: Vec<&str> = text[start..]
+        .lines()
+        .map(|l| l.trim_start().trim_start_matches("at ").trim_end())
+        .collect();
+    let first = shown
+        .iter()
+        .position(|l| *l == expected[0])
+        .unwrap_or_else(|| panic!("`{}` not after `{anchor}` in:\n{text}", expected[0]));
+    let end = (first + expected.len()).min(shown.len());
+    assert_eq!(
+        shown[first..end],
+        expected[..],
+        "after `{anchor}` in:\n{text}"
+    );
+}
+
+/// `oomtrace report FILE` (text).
+pub fn report_text(trace: &Path) -> String {
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.arg("report").arg(trace);
+    let out = output_within(cmd, TIMEOUT);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 pub const MIB: u64 = 1 << 20;

@@ -16,9 +16,14 @@ use crate::{locate, render, signals, Failure};
 #[derive(clap::Args)]
 pub struct Args {
     /// Per-tensor tracing of PyTorch: CMD's `import torch` installs oomtrace as PyTorch's
-    /// allocator (through a sitecustomize on PYTHONPATH) and every optimizer step marks a step.
+    /// allocator (through a sitecustomize on PYTHONPATH).
     #[arg(long)]
     pub torch: bool,
+    /// Do not mark a step after every PyTorch optimizer step (by default a sitecustomize on
+    /// PYTHONPATH does, with or without --torch); steps then come from the program's own
+    /// oomtrace_mark calls or are found automatically.
+    #[arg(long)]
+    pub no_step_hook: bool,
     /// Trace file to write [default: oomtrace.<pid>.oomt]
     #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -63,8 +68,20 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             .unwrap_or_else(|| PathBuf::from(format!("oomtrace.{}.oomt", std::process::id()))),
         env: Vec::new(),
     };
-    if args.torch {
-        session.env = torch_env(&session.lib)?;
+    let hooks = PythonHooks {
+        allocator: args.torch,
+        steps: !args.no_step_hook,
+    };
+    match python_env(&session.lib, hooks) {
+        Ok(env) => session.env = env,
+        // --torch was asked for and cannot be had: say so rather than trace at another level.
+        Err(f) if hooks.allocator => return Err(f),
+        // Only the step hook: the program is traced all the same, with steps found
+        // automatically.
+        Err(f) => eprintln!(
+            "oomtrace: optimizer steps will not be marked ({}); steps are found automatically",
+            f.message
+        ),
     }
     let outcome = trace_command(&args.command, &session)?;
     if let Some(why) = &outcome.collector_died {
@@ -154,12 +171,31 @@ fn write_json(path: &Path, r: &Report) {
     }
 }
 
-/// The `oomtrace` Python package and the `--torch` sitecustomize, carried in this binary.
+/// The `oomtrace` Python package and the sitecustomize that sets it up when a program imports
+/// torch, carried in this binary.
 const PY_PACKAGE: &[u8] = include_bytes!("../../../python/oomtrace/__init__.py");
 const PY_BOOT: &[u8] = include_bytes!("../../../python/boot/sitecustomize.py");
 
-/// Environment for `--torch`: the sitecustomize first on PYTHONPATH, then the package.
-fn torch_env(lib: &Path) -> Result<Vec<(OsString, OsString)>, Failure> {
+/// What the sitecustomize does when the program imports torch.
+#[derive(Clone, Copy, Debug)]
+struct PythonHooks {
+    /// `--torch`: PyTorch allocates through oomtrace's pluggable-allocator entry points.
+    allocator: bool,
+    /// A step marker after every optimizer step (not with `--no-step-hook`).
+    steps: bool,
+}
+
+/// Environment for the program: the sitecustomize first on PYTHONPATH, then the package, and
+/// `OOMTRACE_TORCH` saying which hooks it installs. Nothing when no hook is wanted.
+fn python_env(lib: &Path, hooks: PythonHooks) -> Result<Vec<(OsString, OsString)>, Failure> {
+    let wanted: Vec<&str> = [(hooks.allocator, "allocator"), (hooks.steps, "steps")]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|&(_, name)| name)
+        .collect();
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
     let dir = locate::cache_dir("-python", &[PY_PACKAGE, PY_BOOT]);
     let files = [
         (dir.join("oomtrace").join("__init__.py"), PY_PACKAGE),
@@ -183,7 +219,8 @@ fn torch_env(lib: &Path) -> Result<Vec<(OsString, OsString)>, Failure> {
     }
     locate::mark_used(&dir);
     let mut paths = vec![dir.join("boot"), dir.clone()];
-    if let Some(old) = std::env::var_os("PYTHONPATH") {
+    // An empty PYTHONPATH adds nothing (split, it would become the working directory).
+    if let Some(old) = std::env::var_os("PYTHONPATH").filter(|v| !v.is_empty()) {
         paths.extend(std::env::split_paths(&old));
     }
     let joined = std::env::join_paths(paths)
@@ -191,6 +228,7 @@ fn torch_env(lib: &Path) -> Result<Vec<(OsString, OsString)>, Failure> {
     Ok(vec![
         ("PYTHONPATH".into(), joined),
         ("OOMTRACE_LIB".into(), lib.as_os_str().to_owned()),
+        ("OOMTRACE_TORCH".into(), wanted.join(",").into()),
     ])
 }
 

@@ -32,7 +32,7 @@ use super::stats::{self, mann_kendall, theil_sen};
 use super::{
     fmt_rate, Alert, Alerts, AllocObs, Change, Context, Detector, Evidence, Finding, Level,
 };
-use crate::report::fmt_bytes;
+use crate::report::{fmt_bytes, fmt_duration};
 use crate::state::SiteId;
 use oomtrace_proto::{Api, MemoryClass};
 
@@ -97,6 +97,40 @@ pub struct LevelChange {
     pub time_s: f64,
 }
 
+/// The evidence as it stood when the finding was first raised (`likely`): what the live line
+/// said then. Kept as it was, whatever the site does afterwards.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct AtDetection {
+    pub step: u32,
+    pub time_s: f64,
+    /// The level it was raised at (`likely`, or `confirmed` when both came at once).
+    pub level: &'static str,
+    /// Live bytes and allocations at the site at that step boundary.
+    pub bytes: u64,
+    pub count: u64,
+    /// Distinct steps (after warm-up) whose allocations here were still live.
+    pub surviving_epochs: u32,
+    pub slope_bytes_per_step: f64,
+    pub slope_bytes_per_s: Option<f64>,
+}
+
+/// What became of the site's memory by the end of the trace (the report's moment).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct AtEnd {
+    /// Live bytes and allocations at the site at the end (the finding's `bytes`/`count`).
+    pub bytes: u64,
+    pub count: u64,
+    /// `held` (some of it is still live) or `freed` (none is).
+    pub state: &'static str,
+    /// The last step boundary, and the site's live bytes there.
+    pub last_step: u32,
+    pub last_step_bytes: u64,
+    /// Bytes freed after the last step boundary (by the program's end, when it has ended).
+    pub freed_after_last_step_bytes: u64,
+    /// Whether the process had ended: frees after its last step happened on its way out.
+    pub process_ended: bool,
+}
+
 /// The evidence of a leak finding in the JSON report.
 #[derive(Clone, Debug, Serialize)]
 pub struct LeakEvidence {
@@ -118,6 +152,13 @@ pub struct LeakEvidence {
     /// Live bytes at the last epoch boundaries, oldest first.
     pub samples: Vec<u64>,
     pub history: Vec<LevelChange>,
+    /// The evidence when the finding was first raised (absent if it never was).
+    pub at_detection: Option<AtDetection>,
+    /// The site's highest live bytes at a step boundary, and that step.
+    pub peak_bytes: u64,
+    pub peak_step: u32,
+    /// What became of the memory by the end.
+    pub at_end: AtEnd,
 }
 
 #[derive(Debug)]
@@ -139,6 +180,7 @@ pub(crate) struct Site {
     class: Class,
     resolved: bool,
     detected: Option<(u32, u64)>,
+    at_detection: Option<AtDetection>,
     trend: Option<Trend>,
     history: Vec<LevelChange>,
 }
@@ -163,6 +205,7 @@ impl Site {
             class: Class::Leak,
             resolved: false,
             detected: None,
+            at_detection: None,
             trend: None,
             history: Vec::new(),
         }
@@ -329,6 +372,17 @@ impl Detector for GrowthDetector {
             };
             if change == Change::New && s.detected.is_none() {
                 s.detected = Some((e, ctx.ts_ns));
+                let per_step = s.trend.map_or(0.0, |t| t.slope_bytes_per_step);
+                s.at_detection = Some(AtDetection {
+                    step: e,
+                    time_s: seconds(ctx, ctx.ts_ns),
+                    level: s.level.map_or("likely", Level::name),
+                    bytes: s.live,
+                    count: s.count,
+                    surviving_epochs: s.generations(warm, e.saturating_sub(LAG)),
+                    slope_bytes_per_step: per_step,
+                    slope_bytes_per_s: per_second(per_step, ctx),
+                });
             }
             let name = match change {
                 Change::Resolved => "resolved",
@@ -476,15 +530,91 @@ fn seconds(ctx: &Context<'_>, ts: u64) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// A per-step rate in bytes per second, with the clock's median step duration.
+fn per_second(per_step: f64, ctx: &Context<'_>) -> Option<f64> {
+    ctx.clock
+        .median_duration_s()
+        .filter(|&d| d > 0.0)
+        .map(|d| per_step / d)
+}
+
+/// What became of the site's memory, from its last step-boundary sample and its live bytes now.
+fn at_end(s: &Site, ctx: &Context<'_>) -> AtEnd {
+    let (last_step, last_step_bytes) = s.series.back().map_or((0, 0), |x| (x.epoch, x.live));
+    AtEnd {
+        bytes: s.live,
+        count: s.count,
+        state: if s.count > 0 { "held" } else { "freed" },
+        last_step,
+        last_step_bytes,
+        freed_after_last_step_bytes: last_step_bytes.saturating_sub(s.live),
+        process_ended: ctx.ended,
+    }
+}
+
+/// "9.00 MiB held in 9 allocations surviving from 6 different steps".
+fn held_in(bytes: u64, count: u64, surviving: u32) -> String {
+    format!(
+        "{} held in {count} allocation{} surviving from {surviving} different step{}",
+        fmt_bytes(bytes),
+        if count == 1 { "" } else { "s" },
+        if surviving == 1 { "" } else { "s" }
+    )
+}
+
+/// The end of a leak's message: what became of the memory by the end of the trace.
+fn end_clause(s: &Site, end: &AtEnd) -> String {
+    if end.count > 0 {
+        let mut text = format!(
+            "by the end {} still held in {} allocation{}",
+            fmt_bytes(end.bytes),
+            end.count,
+            if end.count == 1 { "" } else { "s" }
+        );
+        if end.freed_after_last_step_bytes > 0 {
+            text.push_str(&format!(
+                " ({} freed after the last step{})",
+                fmt_bytes(end.freed_after_last_step_bytes),
+                if end.process_ended { ", at exit" } else { "" }
+            ));
+        }
+        return text;
+    }
+    if end.freed_after_last_step_bytes > 0 {
+        let when = if end.process_ended {
+            "at exit"
+        } else {
+            "after the last step"
+        };
+        return format!(
+            "by the end all of it was freed {when} ({} held at step {}, the last)",
+            fmt_bytes(end.last_step_bytes),
+            end.last_step
+        );
+    }
+    // Freed at some step boundary after its peak: the first sample that found nothing.
+    match s
+        .series
+        .iter()
+        .find(|x| x.epoch > s.hwm_epoch && x.live == 0)
+    {
+        Some(x) => format!(
+            "by the end all of it was freed (none left at step {})",
+            x.epoch
+        ),
+        None => "by the end all of it was freed".into(),
+    }
+}
+
 fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
     let per_step = s.trend.map(|t| t.slope_bytes_per_step);
-    let per_s = match (per_step, ctx.clock.median_duration_s()) {
-        (Some(b), Some(d)) if d > 0.0 => Some(b / d),
-        _ => None,
-    };
+    let per_s = per_step.and_then(|b| per_second(b, ctx));
     let onset = s.births.keys().next().copied().unwrap_or(s.first_epoch);
+    let end = at_end(s, ctx);
+    // A projection to a full device only while the site still holds memory: one whose memory
+    // is all gone will not fill anything.
     let (steps_to_oom, time_to_oom_s) = match (per_step, ctx.devices.get(&device)) {
-        (Some(b), Some(d)) if b > 0.0 && !s.resolved => match d.capacity {
+        (Some(b), Some(d)) if b > 0.0 && !s.resolved && s.count > 0 => match d.capacity {
             Some(cap) => {
                 let steps = cap.saturating_sub(d.live_bytes) as f64 / b;
                 (
@@ -510,20 +640,31 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
     let rate = per_step
         .map(|b| fmt_rate(b, per_s))
         .unwrap_or_else(|| "growing".into());
-    let message = match (kind, s.resolved, s.class) {
-        ("leak", _, _) => format!(
-            "{rate}, {} held in {} allocations surviving from {} different steps",
-            fmt_bytes(s.live),
-            s.count,
-            s.generations(warmup_end(ctx), ctx.epoch.saturating_sub(LAG))
-                .max(1)
+    let message = match (kind, s.resolved, s.class, &s.at_detection) {
+        // What was seen when it was detected, then what became of it: memory freed at exit
+        // after the last step must not turn the evidence into "0 B held".
+        ("leak", _, _, Some(d)) => format!(
+            "{} when detected at step {} ({} into the run): {}; {}",
+            fmt_rate(d.slope_bytes_per_step, d.slope_bytes_per_s),
+            d.step,
+            fmt_duration(d.time_s),
+            held_in(d.bytes, d.count, d.surviving_epochs),
+            end_clause(s, &end)
         ),
-        (_, true, _) => format!(
+        ("leak", _, _, None) => format!(
+            "{rate}, {}",
+            held_in(
+                s.live,
+                s.count,
+                s.generations(warmup_end(ctx), ctx.epoch.saturating_sub(LAG))
+            )
+        ),
+        (_, true, _, _) => format!(
             "grew ({rate}) and then stopped for {} steps; {} held now",
             ctx.epoch.saturating_sub(s.hwm_epoch),
             fmt_bytes(s.live)
         ),
-        (_, _, Class::ShapeKeyed) => format!(
+        (_, _, Class::ShapeKeyed, _) => format!(
             "grew ({rate}) with allocations of sizes never live twice; {} held in {} allocations",
             fmt_bytes(s.live),
             s.count
@@ -546,7 +687,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         api: Some(s.api),
         message,
         hint: hint(s, kind),
-        evidence: Some(Evidence::Leak(LeakEvidence {
+        evidence: Some(Evidence::Leak(Box::new(LeakEvidence {
             class: s.class,
             trend: s.trend,
             slope_bytes_per_s: per_s,
@@ -562,7 +703,11 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             time_to_oom_s,
             samples: s.series.iter().map(|x| x.live).collect(),
             history: s.history.clone(),
-        })),
+            at_detection: s.at_detection,
+            peak_bytes: s.hwm,
+            peak_step: s.hwm_epoch,
+            at_end: end,
+        }))),
         record: None,
     }
 }
@@ -679,6 +824,23 @@ mod tests {
                 label: "step".into(),
             });
         }
+        /// The process says goodbye (a normal exit).
+        fn exit(&mut self) {
+            self.p.apply(&Frame::Goodbye {
+                reason: 1,
+                last_seq: 0,
+            });
+        }
+        fn leak_finding(&self, stack: u32) -> crate::detect::Finding {
+            let ctx = self.p.context();
+            self.p
+                .detect
+                .growth
+                .findings(&ctx)
+                .into_iter()
+                .find(|f| f.site == SiteId(stack))
+                .expect("a finding at that site")
+        }
         fn leak_level(&self, stack: u32) -> Option<(&'static str, Level)> {
             let ctx = self.p.context();
             self.p
@@ -714,6 +876,86 @@ mod tests {
         );
         assert!(s.series.len() <= super::SERIES);
         assert_eq!(sim.leak_level(1), None);
+    }
+
+    fn leak_evidence(f: &crate::detect::Finding) -> &super::LeakEvidence {
+        match &f.evidence {
+            Some(crate::detect::Evidence::Leak(e)) => e,
+            other => panic!("no leak evidence: {other:?}"),
+        }
+    }
+
+    /// A leaked list freed as the process exits, after its last step: the finding keeps the
+    /// evidence it was detected on and says the memory was freed at exit, never "0 B held in
+    /// 0 allocations".
+    #[test]
+    fn a_leak_freed_at_exit_keeps_its_evidence_and_says_so() {
+        let mut sim = Sim::new();
+        let mut leaked = Vec::new();
+        for _ in 0..30 {
+            transient(&mut sim);
+            leaked.push(sim.alloc(2, MIB));
+            sim.mark();
+        }
+        for p in leaked {
+            sim.free(p);
+        }
+        sim.exit();
+        let f = sim.leak_finding(2);
+        assert_eq!((f.kind, f.level), ("leak", Level::Confirmed), "{f:?}");
+        assert_eq!((f.bytes, f.count), (0, 0));
+        let e = leak_evidence(&f);
+        let d = e.at_detection.expect("detection evidence");
+        assert_eq!(d.level, "likely");
+        assert!(
+            d.bytes >= 6 * MIB && d.count >= 6 && d.surviving_epochs >= 3,
+            "{d:?}"
+        );
+        assert_eq!(d.bytes, d.count * MIB);
+        assert_eq!(d.slope_bytes_per_step.round(), MIB as f64);
+        assert_eq!((e.peak_bytes, e.peak_step), (30 * MIB, 29));
+        assert_eq!(e.at_end.state, "freed");
+        assert_eq!(e.at_end.freed_after_last_step_bytes, 30 * MIB);
+        assert!(e.at_end.process_ended);
+        assert_eq!(e.steps_to_oom, None);
+        assert_eq!(
+            f.message,
+            format!(
+                "{} when detected at step {} ({} into the run): {} held in {} allocations \
+                 surviving from {} different steps; by the end all of it was freed at exit \
+                 (30.00 MiB held at step 29, the last)",
+                crate::detect::fmt_rate(d.slope_bytes_per_step, d.slope_bytes_per_s),
+                d.step,
+                crate::report::fmt_duration(d.time_s),
+                crate::report::fmt_bytes(d.bytes),
+                d.count,
+                d.surviving_epochs
+            )
+        );
+        assert!(!f.message.contains(" 0 B"), "{}", f.message);
+    }
+
+    /// A leak still held at the end says how much, beside what it was detected on.
+    #[test]
+    fn a_leak_still_held_at_the_end_says_how_much() {
+        let mut sim = Sim::new();
+        for _ in 0..30 {
+            transient(&mut sim);
+            sim.alloc(2, MIB);
+            sim.mark();
+        }
+        let f = sim.leak_finding(2);
+        let e = leak_evidence(&f);
+        assert_eq!(e.at_end.state, "held");
+        assert!(!e.at_end.process_ended);
+        assert_eq!(e.at_end.freed_after_last_step_bytes, 0);
+        assert!(
+            f.message
+                .ends_with("; by the end 30.00 MiB still held in 30 allocations"),
+            "{}",
+            f.message
+        );
+        assert!(f.message.contains("when detected at step"), "{}", f.message);
     }
 
     #[test]

@@ -99,7 +99,8 @@ pub struct Finding {
 #[derive(Clone, Debug, Serialize)]
 #[serde(untagged)]
 pub enum Evidence {
-    Leak(growth::LeakEvidence),
+    /// Boxed: a leak's evidence (its samples and history) is several times the others'.
+    Leak(Box<growth::LeakEvidence>),
     Fragmentation(fragmentation::FragEvidence),
     Threshold(threshold::ThresholdEvidence),
 }
@@ -126,6 +127,9 @@ pub struct Context<'a> {
     pub ts_ns: u64,
     pub clock: &'a EpochClock,
     pub devices: &'a BTreeMap<i16, DeviceState>,
+    /// The process has ended (said goodbye, or its stream ended): what it freed after its
+    /// last step was freed on its way out.
+    pub ended: bool,
 }
 
 pub trait Detector {

@@ -1,11 +1,15 @@
 # A training loop on the stand-in torch: activations come and go every step, and
 # `history.append(...)` keeps 1 MiB per step alive (the planted leak): the report must name
 # the line that allocated it (ALLOC HERE) and the loop line that called it.
-# Usage: train_leak.py [steps] [--clean] [--install]
+# Usage: train_leak.py [steps] [--clean] [--install] [--mark] [--mark-in-hook]
+# --install: oomtrace.install() first; --mark: oomtrace.mark_step() after every optimizer step
+# (the program marks its own steps); --mark-in-hook: the same from an optimizer step hook of
+# the program's own.
 import sys
 
-if "--install" in sys.argv:
+if {"--install", "--mark", "--mark-in-hook"} & set(sys.argv):
     import oomtrace
+if "--install" in sys.argv:
     oomtrace.install()
 
 import torch
@@ -14,6 +18,10 @@ MIB = 1 << 20
 steps = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 30
 clean = "--clean" in sys.argv
 opt = torch.optim.Optimizer()
+if "--mark-in-hook" in sys.argv:
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: oomtrace.mark_step())
 weights = torch.empty(8 * MIB)
 history = []
 
@@ -30,4 +38,6 @@ for step in range(steps):
     if not clean:
         history.append(output)  # LEAK HERE
     opt.step()
+    if "--mark" in sys.argv:
+        oomtrace.mark_step()
 print("trained", steps)
