@@ -185,6 +185,8 @@ impl Collector {
             live: opts.live,
             failure: failure.clone(),
             tell_processes: opts.tell_processes,
+            hold_until_written: opts.exit_when_idle,
+            held: Mutex::new(Vec::new()),
         });
         let mut failure_said = false;
         let next_conn = AtomicU32::new(1);
@@ -261,6 +263,11 @@ impl Collector {
             path: opts.output.clone(),
             source: "the writer thread failed".into(),
         })?;
+        // The trace is finished (end record written, file in place): processes still waiting
+        // at exit for their connection to close may now return.
+        drop(std::mem::take(
+            &mut *shared.held.lock().unwrap_or_else(|p| p.into_inner()),
+        ));
         if !failure_said {
             if let Some(f) = &written.failure {
                 eprintln!("oomtrace: {}", f.line());
@@ -309,6 +316,13 @@ struct Shared {
     live: bool,
     failure: SharedFailure,
     tell_processes: bool,
+    /// A collector that exits when idle (the one a preloaded shim starts for itself) keeps a
+    /// cleanly ended connection open until the trace file is finished: the shim waits for
+    /// that close at exit, so "the program returned" means "its trace is complete", as the
+    /// README promises. (A collector that keeps running closes at once: its trace is
+    /// finished only when it stops.)
+    hold_until_written: bool,
+    held: Mutex<Vec<UnixStream>>,
 }
 
 /// True while `pid` runs (a zombie has exited: its socket holds all it will ever send).
@@ -497,7 +511,13 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
             let _ = stream.write_all(format!("{line}\n").as_bytes());
         }
     }
-    let _ = stream.shutdown(std::net::Shutdown::Both);
+    if shared.hold_until_written && reason == CloseReason::Clean {
+        if let Ok(mut held) = shared.held.lock() {
+            held.push(stream);
+        }
+    } else {
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+    }
     if let Some(mut p) = process {
         p.end = match reason {
             CloseReason::Clean => p.end,
