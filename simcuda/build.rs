@@ -132,19 +132,16 @@ fn main() {
         root.join("include/cuda_runtime.h"),
     ];
     println!("cargo:rerun-if-changed=build.rs");
-    for p in headers.iter().chain(
-        [
-            src.join("libcuda.c"),
-            src.join("libcudart.c"),
-            src.join("libcudart.map"),
-        ]
-        .iter(),
-    ) {
+    for p in headers
+        .iter()
+        .chain([src.join("libcudart.c"), src.join("libcudart.map")].iter())
+    {
         println!("cargo:rerun-if-changed={}", p.display());
     }
     println!("cargo:rerun-if-changed={}", tests_c.display());
-    // The driver is libcuda.c plus one file per area under src/driver/; the NVML stand-in
-    // is src/nvml/. Both directories are watched so that a new file is picked up.
+    // The driver is one file per area under src/driver/ (driver/core.c is its core); the
+    // NVML stand-in is src/nvml/. Both directories are watched so that a new file is
+    // picked up.
     let driver_dir = src.join("driver");
     let nvml_dir = src.join("nvml");
     let c_files = |dir: &Path| -> Vec<PathBuf> {
@@ -191,7 +188,6 @@ fn main() {
         os(lib.join("libcuda.so.1")),
         os(format!("-I{}", src.display())),
         os(format!("-I{}", driver_dir.display())),
-        os(src.join("libcuda.c")),
     ]);
     args.extend(
         c_files(&driver_dir)

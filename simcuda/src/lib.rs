@@ -2,7 +2,10 @@
 //! (`libcudart.so.12`) for testing oomtrace without a GPU, and for
 //! `oomtrace demo`.
 //!
-//! The libraries are C, built by this crate's build script into `OUT_DIR`.
+//! The libraries are C, built by this crate's build script into `OUT_DIR`:
+//! the driver from `src/driver/` (one file per area, `core.c` its core; see
+//! `src/driver/internal.h`), the runtime from `src/libcudart.c`, the NVML
+//! stand-in from `src/nvml/`.
 //! They reproduce the real ABI of the memory-management part of CUDA 12.8:
 //! function names and signatures, `_v2` / `_ptsz` variants, struct layouts,
 //! enum values, error codes, `cuGetProcAddress` version/flag resolution and a

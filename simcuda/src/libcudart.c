@@ -614,7 +614,7 @@ EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 
 /* ---- Stream capture ------------------------------------------------------------------
  * All in the driver (its rules, and where simcuda's differ, are described in
- * libcuda.c); the runtime's enums share the driver's values. */
+ * driver/streams.c); the runtime's enums share the driver's values. */
 
 EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode)
 {

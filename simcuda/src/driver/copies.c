@@ -1,7 +1,7 @@
 /*
  * Copies and fills in every form the driver API has.
  *
- * In simcuda device memory is host memory at the same address (libcuda.c maps
+ * In simcuda device memory is host memory at the same address (core.c maps
  * the device windows readable and writable), so a copy between any two kinds
  * of memory is memmove and a fill is a loop.  Every stream is idle, so the
  * asynchronous forms complete before they return, which a correct program

@@ -30,7 +30,7 @@
 #define GLOBAL_ALIGN 256
 #include <sys/mman.h>
 /* Module globals live in a window of their own at a fixed address, like the
- * device windows (libcuda.c): device addresses that do not move with the
+ * device windows (vaspace.c): device addresses that do not move with the
  * host's address-space randomisation, and never alias host memory. */
 #define GLOBALS_BASE 0x5f0000000000ull
 #define GLOBALS_SPAN (64ull << 30)

@@ -340,7 +340,7 @@ _Static_assert(sizeof(nvmlPlatformInfo_v2_t) == 44, "nvmlPlatformInfo_v2_t");
 #define SIM_PCI_BASE_CLASS 0x03u
 #define SIM_PCI_SUB_CLASS 0x02u
 
-/* Same limits and defaults as the driver's configuration (libcuda.c). */
+/* Same limits and defaults as the driver's configuration (driver/core.c). */
 #define SIM_MAX_DEVICES 8
 #define SIM_DEFAULT_MEMORY (16ull << 30)
 #define SIM_MAX_MEMORY (1ull << 40)
