@@ -2,7 +2,11 @@
 
 use std::fmt::Write;
 
-use oomtrace_collector::report::{fmt_bytes, fmt_duration, Finding, ProcessReport, Report};
+use oomtrace_collector::detect::device_growth::Events;
+use oomtrace_collector::detect::Evidence;
+use oomtrace_collector::report::{
+    fmt_bytes, fmt_duration, fmt_python_lines, Finding, ProcessReport, Report,
+};
 use oomtrace_collector::symbolize::{culprit, FrameInfo};
 
 /// Native frames shown per stack in text (the JSON has them all; Python frames are always
@@ -210,6 +214,7 @@ fn detected_text(out: &mut String, f: &Finding, frames: usize) {
     let tag = match f.kind {
         "leak" => format!("{} leak", f.level),
         "growth" => "bounded growth".to_string(),
+        "device_growth" => format!("{} device growth", f.level),
         kind => format!("{kind} {}", f.level),
     };
     let _ = writeln!(out, "  [{tag}] pid {}: {}", f.pid, f.message);
@@ -242,6 +247,21 @@ fn detected_text(out: &mut String, f: &Finding, frames: usize) {
             );
         }
     }
+    // Which lines made the device (or PyTorch's cache) grow: a device's growth has no stack of
+    // its own, and a leak of segments has only the call that found the cache exhausted.
+    let grew_at = match &f.evidence {
+        Some(Evidence::DeviceGrowth(e)) => Some((e.events, &e.python_lines)),
+        Some(Evidence::Leak(e)) => Some((Events::Segments, &e.python_lines)),
+        _ => None,
+    };
+    if let Some((events, lines)) = grew_at.filter(|(_, l)| !l.is_empty()) {
+        let _ = writeln!(
+            out,
+            "      {}: {}",
+            events.grew_at(),
+            fmt_python_lines(lines, events.unit(), 5)
+        );
+    }
     let _ = writeln!(out, "      why: {}", f.hint);
     if !f.stack.is_empty() {
         stack_text(out, &f.stack, "      ", frames);
@@ -249,7 +269,10 @@ fn detected_text(out: &mut String, f: &Finding, frames: usize) {
 }
 
 fn is_detected(f: &Finding) -> bool {
-    matches!(f.kind, "leak" | "fragmentation" | "threshold" | "growth")
+    matches!(
+        f.kind,
+        "leak" | "device_growth" | "fragmentation" | "threshold" | "growth"
+    )
 }
 
 /// The whole text report. OOMs open it: after a crash that is the first question.
@@ -336,7 +359,9 @@ pub fn summary(r: &Report) -> String {
     for f in r
         .findings
         .iter()
+        // Growth that stopped or slowed (a cache filling up) is in the full report only.
         .filter(|f| is_detected(f) && f.kind != "growth")
+        .filter(|f| !(f.kind == "device_growth" && f.level == "info"))
         .take(5)
     {
         detected_text(&mut out, f, 3);

@@ -2,8 +2,10 @@
 //! detectors raise them (`oomtrace run`, `oomtrace collect`). Concise on purpose: the report
 //! has the stacks and the evidence.
 
-use crate::detect::{fmt_rate, Alert, Change};
-use crate::report::fmt_bytes;
+use crate::detect::device_growth::Events;
+use crate::detect::growth::TRACE_TENSORS;
+use crate::detect::{fmt_rate, Alert, Change, Evidence, Kind};
+use crate::report::{fmt_bytes, fmt_python_lines, resolve_device_growth, torch_segments};
 use crate::state::Process;
 use crate::symbolize::{culprit, FrameInfo, StackSymbolizer};
 
@@ -27,8 +29,9 @@ pub fn line(p: &Process, a: &Alert, sym: &mut StackSymbolizer) -> String {
     let tag = match (a.change, f.kind) {
         (Change::Resolved, _) => "resolved".to_string(),
         (Change::Downgraded, _) => "downgraded: bounded growth".to_string(),
-        (_, "leak") => format!("{} leak", f.level.name()),
-        (_, kind) => format!("{kind} {}", f.level.name()),
+        (_, Kind::Leak) => format!("{} leak", f.level.name()),
+        (_, Kind::DeviceGrowth) => format!("{} device growth", f.level.name()),
+        (_, kind) => format!("{} {}", kind.name(), f.level.name()),
     };
     let mut text = format!("oomtrace: [{tag}] pid {} ", p.pid());
     if f.device >= 0 {
@@ -36,12 +39,20 @@ pub fn line(p: &Process, a: &Alert, sym: &mut StackSymbolizer) -> String {
     } else {
         text.push_str(&format!("pinned host, step {}: ", a.epoch));
     }
-    match (f.kind, f.growth_bytes_per_step) {
-        ("leak", Some(rate)) => text.push_str(&format!(
+    match (f.kind, f.growth_bytes_per_step, &f.evidence) {
+        (Kind::Leak, Some(rate), _) => text.push_str(&format!(
             "{}, {} held",
             fmt_rate(rate, f.growth_bytes_per_s),
             fmt_bytes(f.bytes)
         )),
+        (Kind::DeviceGrowth, _, Some(Evidence::DeviceGrowth(e))) => {
+            // The device is already named before the colon.
+            let device = format!("device {}: ", f.device);
+            text.push_str(f.message.strip_prefix(&device).unwrap_or(&f.message));
+            if a.change != Change::Resolved && a.change != Change::Downgraded {
+                device_growth_tail(&mut text, p, e, sym);
+            }
+        }
         _ => text.push_str(&f.message),
     }
     if f.site.0 != 0 {
@@ -51,4 +62,30 @@ pub fn line(p: &Process, a: &Alert, sym: &mut StackSymbolizer) -> String {
         }
     }
     text
+}
+
+/// What a device growth's live line adds to its message: the lines that made the device grow
+/// and, for PyTorch's segments, how to see the tensors: all a user gets while the job runs.
+fn device_growth_tail(
+    text: &mut String,
+    p: &Process,
+    e: &crate::detect::device_growth::DeviceGrowthEvidence,
+    sym: &mut StackSymbolizer,
+) {
+    let mut e = e.clone();
+    resolve_device_growth(p, &mut e, |site| sym.site(p, site));
+    if !e.python_lines.is_empty() {
+        text.push_str(&format!(
+            "; {}: {}",
+            e.events.grew_at(),
+            fmt_python_lines(&e.python_lines, e.events.unit(), 3)
+        ));
+    }
+    if e.events == Events::Segments {
+        text.push_str(match torch_segments(p, &e.grew_at) {
+            Some(true) => "; these are PyTorch's cache segments, not tensors: ",
+            _ => "; if this is PyTorch, these are its cache segments, not tensors: ",
+        });
+        text.push_str(TRACE_TENSORS);
+    }
 }

@@ -6,9 +6,11 @@
 
 use serde::Serialize;
 
-use crate::detect::{growth, Evidence};
-use crate::state::{EndState, Process, HOST_DEVICE};
-use crate::symbolize::{FrameInfo, StackSymbolizer};
+use crate::detect::device_growth::{self, Events};
+use crate::detect::growth::GrewAt;
+use crate::detect::{growth, Evidence, Kind};
+use crate::state::{EndState, Process, SiteId, HOST_DEVICE};
+use crate::symbolize::{python_culprit, python_frames, FrameInfo, StackSymbolizer};
 use crate::trace::Trace;
 use oomtrace_proto::wire::GoodbyeReason;
 
@@ -132,7 +134,7 @@ pub struct DeviceReport {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Finding {
-    /// leak | fragmentation | oom | threshold | live_at_exit
+    /// oom | leak | device_growth | fragmentation | threshold | growth | live_at_exit
     pub kind: &'static str,
     /// error | warning | info (leaks: suspected | likely | confirmed)
     pub level: &'static str,
@@ -230,8 +232,134 @@ fn status(p: &Process, trace: &Trace) -> String {
     }
 }
 
+/// Where a device's memory grew: the innermost user Python frame of the allocations (see
+/// [`python_lines`]), or, for allocations without Python frames, the kind of thread.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PythonLine {
+    /// `""`/`0` for allocations without Python frames.
+    pub file: String,
+    pub line: u32,
+    pub function: String,
+    pub bytes: u64,
+    pub count: u64,
+    /// How the text names it: `train.py:42`, or e.g. `autograd thread (no Python frames)`.
+    pub description: String,
+}
+
+/// Lines kept in `python_lines`, largest first.
+const PYTHON_LINES: usize = 10;
+
+/// The kind of thread a stack without Python frames ran on, from its native frames.
+pub fn thread_kind(native: &[FrameInfo]) -> &'static str {
+    if native
+        .iter()
+        .any(|f| f.function.contains("torch::autograd::Engine::thread_main"))
+    {
+        "autograd thread (no Python frames)"
+    } else {
+        "threads without Python frames"
+    }
+}
+
+/// The allocations of `grew_at` by the innermost user Python frame of their call site (the
+/// line a user can change), the largest [`PYTHON_LINES`]; those without Python frames in one
+/// bucket per kind of thread, named from the native frames `native` gives. Empty when the
+/// process sent no Python code (not Python, or `OOMTRACE_PYTHON=0`).
+pub fn python_lines(
+    p: &Process,
+    grew_at: &[GrewAt],
+    mut native: impl FnMut(SiteId) -> Vec<FrameInfo>,
+) -> Vec<PythonLine> {
+    if p.codes.is_empty() {
+        return Vec::new();
+    }
+    let mut by_line: std::collections::BTreeMap<(String, u32, String, String), (u64, u64)> =
+        Default::default();
+    for g in grew_at {
+        let frames = python_frames(p, g.site);
+        let key = match python_culprit(&frames) {
+            Some(f) => {
+                let name = f.file.rsplit('/').next().unwrap_or(&f.file);
+                let description = format!("{name}:{}", f.line);
+                (f.file.clone(), f.line, f.function.clone(), description)
+            }
+            None => (
+                String::new(),
+                0,
+                String::new(),
+                thread_kind(&native(g.site)).to_string(),
+            ),
+        };
+        let e = by_line.entry(key).or_default();
+        e.0 = e.0.saturating_add(g.bytes);
+        e.1 += g.count;
+    }
+    let mut v: Vec<PythonLine> = by_line
+        .into_iter()
+        .map(
+            |((file, line, function, description), (bytes, count))| PythonLine {
+                file,
+                line,
+                function,
+                bytes,
+                count,
+                description,
+            },
+        )
+        .collect();
+    v.sort_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then(a.description.cmp(&b.description))
+    });
+    v.truncate(PYTHON_LINES);
+    v
+}
+
+/// "train.py:42 (128.00 MiB in 4 segments), autograd thread (no Python frames): 64.00 MiB in
+/// 2 segments": the first `max` lines, then how many more. `unit` names one allocation.
+pub fn fmt_python_lines(lines: &[PythonLine], unit: &str, max: usize) -> String {
+    let amount = |l: &PythonLine| {
+        format!(
+            "{} in {} {unit}{}",
+            fmt_bytes(l.bytes),
+            l.count,
+            if l.count == 1 { "" } else { "s" }
+        )
+    };
+    let mut parts: Vec<String> = lines
+        .iter()
+        .take(max)
+        .map(|l| {
+            if l.file.is_empty() {
+                format!("{}: {}", l.description, amount(l))
+            } else {
+                format!("{} ({})", l.description, amount(l))
+            }
+        })
+        .collect();
+    if lines.len() > max {
+        parts.push(format!("{} more", lines.len() - max));
+    }
+    parts.join(", ")
+}
+
+/// Whether a device's growth is made of PyTorch's caching-allocator segments: `Some(true)`
+/// when a call site that made it grow runs in PyTorch's CUDA library, `Some(false)` when the
+/// program is Python (PyTorch is likely but not seen), `None` otherwise. Only for growth
+/// without tensor-level events.
+pub fn torch_segments(p: &Process, grew_at: &[GrewAt]) -> Option<bool> {
+    if grew_at.iter().any(|g| in_torch(p, g.site)) {
+        Some(true)
+    } else if !p.codes.is_empty() {
+        Some(false)
+    } else {
+        None
+    }
+}
+
 /// Whether a site's stack passes through PyTorch's CUDA allocator.
-fn in_torch(p: &Process, site: crate::state::SiteId) -> bool {
+pub fn in_torch(p: &Process, site: SiteId) -> bool {
     p.sites.get(site.0 as usize).is_some_and(|frames| {
         frames.iter().filter_map(|f| f.module).any(|m| {
             let path = &p.modules[m].def.path;
@@ -241,7 +369,7 @@ fn in_torch(p: &Process, site: crate::state::SiteId) -> bool {
 }
 
 /// Why memory might still be live at exit, from what the trace can tell.
-fn live_hint(p: &Process, device: i16, site: crate::state::SiteId) -> String {
+fn live_hint(p: &Process, device: i16, site: SiteId) -> String {
     let leaking = p.detect.growth.is_leak(site, device);
     if leaking {
         "This call site is also reported as a leak: its memory grew step by step.".into()
@@ -253,6 +381,41 @@ fn live_hint(p: &Process, device: i16, site: crate::state::SiteId) -> String {
         "Never freed before exit. Harmless if it was meant to live until the end (weights, \
          caches); the driver reclaims it at exit. A leak shows as growth across steps instead."
             .into()
+    }
+}
+
+/// A device growth's hint once the stacks are known: PyTorch's segments are named as such
+/// (with how to see the tensors); leaks that explain the growth keep their pointer to them.
+pub fn device_growth_hint(
+    p: &Process,
+    e: &device_growth::DeviceGrowthEvidence,
+    detected: String,
+) -> String {
+    let replaceable =
+        detected == device_growth::NATIVE_HINT || detected == device_growth::EXPLAINED_HINT;
+    if !replaceable || e.events == Events::Tensors {
+        return detected;
+    }
+    match torch_segments(p, &e.grew_at) {
+        Some(certain) if detected == device_growth::EXPLAINED_HINT => {
+            format!("{detected} {}", device_growth::segments_hint(certain))
+        }
+        Some(certain) => device_growth::segments_hint(certain),
+        None => detected,
+    }
+}
+
+/// Completes a device growth's evidence from the process's stacks (the detector sees call
+/// sites only): the lines that made it grow, and whether its allocations are PyTorch's
+/// segments. `native` gives a site's symbolized stack.
+pub fn resolve_device_growth(
+    p: &Process,
+    e: &mut device_growth::DeviceGrowthEvidence,
+    native: impl FnMut(SiteId) -> Vec<FrameInfo>,
+) {
+    e.python_lines = python_lines(p, &e.grew_at, native);
+    if e.events == Events::Allocations && torch_segments(p, &e.grew_at).is_some() {
+        e.events = Events::Segments;
     }
 }
 
@@ -395,13 +558,32 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
                      had that much more room.",
                     fmt_bytes(leaked)
                 ),
-                _ if f.kind == "leak" && f.hint == growth::NATIVE_HINT && in_torch(p, f.site) => {
+                _ if f.kind == Kind::Leak
+                    && f.hint == growth::NATIVE_HINT
+                    && in_torch(p, f.site) =>
+                {
                     growth::TORCH_CACHE_HINT.to_string()
                 }
                 _ => f.hint,
             };
+            let mut evidence = f.evidence;
+            let hint = match evidence.as_mut() {
+                Some(Evidence::DeviceGrowth(e)) => {
+                    let hint = device_growth_hint(p, e, hint);
+                    resolve_device_growth(p, e, |site| stack_of(p, site));
+                    hint
+                }
+                // A leak of PyTorch's segments: the lines that made the device's cache grow
+                // over the same steps say more than the one call that found it exhausted.
+                Some(Evidence::Leak(e)) if in_torch(p, f.site) => {
+                    let grew_at = p.detect.device_growth.grew_at(f.device);
+                    e.python_lines = python_lines(p, grew_at, |site| stack_of(p, site));
+                    hint
+                }
+                _ => hint,
+            };
             detected.push(Finding {
-                kind: f.kind,
+                kind: f.kind.name(),
                 level: f.level.name(),
                 pid: p.pid(),
                 device: f.device,
@@ -414,7 +596,7 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
                 api: f.api.map(|a| a.name()).unwrap_or("").into(),
                 hint,
                 growth_bytes_per_s: f.growth_bytes_per_s,
-                evidence: f.evidence,
+                evidence,
                 oom,
             });
         }
@@ -456,13 +638,15 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> Report {
         }
     }
     live.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
-    // OOMs open the report, then leaks, fragmentation, thresholds and bounded growth.
+    // OOMs open the report, then leaks, device growth (the process-level view of the same
+    // memory), fragmentation, thresholds and bounded growth.
     let rank = |f: &Finding| match f.kind {
         "oom" => 0,
         "leak" => 1,
-        "fragmentation" => 2,
-        "threshold" => 3,
-        _ => 4,
+        "device_growth" => 2,
+        "fragmentation" => 3,
+        "threshold" => 4,
+        _ => 5,
     };
     detected.sort_by_key(|f| rank(f));
     let mut findings = detected;

@@ -82,12 +82,32 @@ fn is_oomtrace_package_file(file: &str) -> bool {
 /// The frame a one-line summary should name: the innermost Python frame in the user's own
 /// code, else the innermost Python frame, else the innermost native frame with a name.
 pub fn culprit(frames: &[FrameInfo]) -> Option<&FrameInfo> {
+    python_culprit(frames)
+        .or_else(|| frames.iter().find(|f| !f.function.is_empty()))
+        .or(frames.first())
+}
+
+/// The innermost Python frame in the user's own code (outside site-packages, the standard
+/// library and oomtrace's package), else the innermost Python frame; none without Python.
+pub fn python_culprit(frames: &[FrameInfo]) -> Option<&FrameInfo> {
     frames
         .iter()
         .find(|f| f.python && !is_library_file(&f.file))
         .or_else(|| frames.iter().find(|f| f.python))
-        .or_else(|| frames.iter().find(|f| !f.function.is_empty()))
-        .or(frames.first())
+}
+
+/// The Python frames of `site`, innermost first, from the code objects the shim sent: no
+/// module file is read (cheap, and the same with or without native symbolization).
+pub fn python_frames(p: &Process, site: SiteId) -> Vec<FrameInfo> {
+    p.sites
+        .get(site.0 as usize)
+        .map_or_else(Vec::new, |frames| {
+            frames
+                .iter()
+                .filter_map(|f| PyFrame::decode(f.addr))
+                .map(|py| python_frame(p, py))
+                .collect()
+        })
 }
 
 fn code_location(ci: Option<&CodeInfo<'_>>) -> (String, u32) {

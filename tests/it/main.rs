@@ -36,6 +36,9 @@ mod security;
 /// loaded), every Python frame in text reports, leaks freed at exit.
 mod python;
 
+/// Device growth on the labeled corpus: found with every leak, silent on clean look-alikes.
+mod device_growth;
+
 /// Nothing left behind (a killed `run`, failed runs, programs without CUDA, old caches,
 /// scratch directories) and every mistake named (missing arguments, sizes, CUDA errors).
 mod hygiene;

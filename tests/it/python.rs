@@ -297,8 +297,12 @@ fn plain_run_keeps_the_users_own_sitecustomize_and_pytorchs_allocator() {
 
 /// The lines `oomtrace:` wrote on stderr about setting up torch (not findings or the summary).
 fn setup_lines(stderr: &str) -> Vec<&str> {
-    stderr
+    // Findings may name --torch too (a device growth's hint): neither the live lines
+    // (`oomtrace: [likely device growth] ...`) nor the summary at the end are setup lines.
+    let before_summary = stderr.split("\noomtrace summary\n").next().unwrap_or("");
+    before_summary
         .lines()
+        .filter(|l| !l.starts_with("oomtrace: ["))
         .filter(|l| l.contains("optimizer steps") || l.contains("--torch") || l.contains("set up"))
         .collect()
 }
@@ -668,4 +672,127 @@ fn a_leak_freed_at_exit_reports_its_evidence_and_its_end() {
     let text = report_text(&dir.join("t.oomt"));
     assert!(text.contains(msg), "{text}");
     assert!(!text.contains("surviving from 0"), "{text}");
+}
+
+/// `cache_growth.py` on the stand-in's caching allocator, as PyTorch runs without `--torch`:
+/// the events are segments, reserved at the output's line one step and the activations' line
+/// the next. The device's growth is reported while the job runs (with the lines that made the
+/// cache grow and how to see the tensors), and in the JSON and text reports.
+#[test]
+fn plain_run_reports_device_growth_and_the_lines_that_made_the_cache_grow() {
+    let (out, r, dir) = run_python(
+        "cache_growth.py",
+        &[],
+        &["40"],
+        &[("FAKE_TORCH_CACHING", "1")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "trained 40\n");
+    let growth = findings(&r, "device_growth");
+    assert_eq!(growth.len(), 1, "{:#?}", r["findings"]);
+    let g = growth[0];
+    assert_eq!(
+        (g["level"].as_str(), g["device"].as_i64()),
+        (Some("confirmed"), Some(0)),
+        "{g:#}"
+    );
+    let rate = g["growth_bytes_per_step"].as_f64().unwrap();
+    assert!((rate / (4 * MIB) as f64 - 1.0).abs() < 0.1, "{g:#}");
+    assert!(g["growth_bytes_per_s"].as_f64().unwrap() > 0.0, "{g:#}");
+    let msg = g["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("device 0: CUDA memory grows +4.00 MiB/step ("),
+        "{msg}"
+    );
+    let e = &g["evidence"];
+    assert_eq!(e["events"], "segments", "{e:#}");
+    assert!(e["trend"]["window"].as_u64().unwrap() >= 8, "{e:#}");
+    assert!(e["at_detection"]["step"].as_u64().is_some(), "{e:#}");
+    // The cache grew at both lines, a segment of 4 MiB at a time.
+    let lines: std::collections::BTreeSet<(String, u64)> = e["python_lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            assert!(l["count"].as_u64().unwrap() > 0, "{l:#}");
+            assert_eq!(l["bytes"], l["count"].as_u64().unwrap() * 4 * MIB, "{l:#}");
+            let file = l["file"].as_str().unwrap();
+            (
+                file.rsplit('/').next().unwrap().to_string(),
+                l["line"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let output_line = line_of("cache_growth.py", "# OUTPUT HERE");
+    let activations_line = line_of("cache_growth.py", "# ACTIVATIONS HERE");
+    assert_eq!(
+        lines,
+        [
+            ("cache_growth.py".to_string(), output_line),
+            ("cache_growth.py".to_string(), activations_line)
+        ]
+        .into(),
+        "{e:#}"
+    );
+    let hint = g["hint"].as_str().unwrap();
+    for words in [
+        "caching-allocator segments",
+        "oomtrace run --torch",
+        "oomtrace.install()",
+        "_record_memory_history()",
+    ] {
+        assert!(hint.contains(words), "{words}: {hint}");
+    }
+    // Live, while the job ran: the rate, the lines, and how to see the tensors.
+    let live: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("oomtrace: [") && l.contains(" device growth] pid "))
+        .collect();
+    assert!(!live.is_empty(), "{stderr}");
+    assert!(
+        live[0].starts_with("oomtrace: [likely device growth] pid ")
+            && live[0].contains(": CUDA memory grows +4.00 MiB/step (")
+            && live[0].contains("; cache grew at: cache_growth.py:")
+            && live[0].contains("`oomtrace run --torch`"),
+        "{}",
+        live[0]
+    );
+    // The text report: the finding, then the lines.
+    let text = report_text(&dir.join("t.oomt"));
+    assert!(
+        text.contains(&format!("device growth] pid {}: {msg}\n", g["pid"])),
+        "{text}"
+    );
+    let grew = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("cache grew at: "))
+        .unwrap_or_else(|| panic!("no 'cache grew at' line: {text}"));
+    for line in [output_line, activations_line] {
+        assert!(
+            grew.contains(&format!("cache_growth.py:{line} (")) && grew.contains(" segments)"),
+            "{grew}"
+        );
+    }
+}
+
+/// The same loop without the leak: the cache reaches its steady state after the first step,
+/// and the device's growth is neither reported nor printed.
+#[test]
+fn a_clean_loop_on_a_caching_allocator_reports_no_device_growth() {
+    let (out, r, _) = run_python(
+        "cache_growth.py",
+        &[],
+        &["40", "--clean"],
+        &[("FAKE_TORCH_CACHING", "1")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        findings(&r, "device_growth").is_empty(),
+        "{:#?}",
+        r["findings"]
+    );
+    assert!(findings(&r, "leak").is_empty(), "{:#?}", r["findings"]);
+    assert!(!stderr.contains("device growth]"), "{stderr}");
 }

@@ -19,7 +19,7 @@ use serde::Serialize;
 use super::oom::{OomRecord, Retry};
 use super::stats::{mann_kendall, theil_sen};
 use super::{
-    fmt_rate, Alert, Alerts, AllocObs, Change, Context, Detector, Evidence, Finding, Level,
+    fmt_rate, Alert, Alerts, AllocObs, Change, Context, Detector, Evidence, Finding, Kind, Level,
 };
 use crate::report::fmt_bytes;
 use oomtrace_proto::Api;
@@ -226,7 +226,7 @@ fn finding(device: i16, d: &DeviceFrag) -> Finding {
         ));
     }
     Finding {
-        kind: "fragmentation",
+        kind: Kind::Fragmentation,
         level: d.level.unwrap_or(Level::Warning),
         device,
         site: Default::default(),

@@ -30,7 +30,7 @@ use serde::Serialize;
 
 use super::stats::{self, mann_kendall, theil_sen};
 use super::{
-    fmt_rate, Alert, Alerts, AllocObs, Change, Context, Detector, Evidence, Finding, Level,
+    fmt_rate, Alert, Alerts, AllocObs, Change, Context, Detector, Evidence, Finding, Kind, Level,
 };
 use crate::report::{fmt_bytes, fmt_duration};
 use crate::state::SiteId;
@@ -39,16 +39,16 @@ use oomtrace_proto::{Api, MemoryClass};
 pub const WARMUP: u32 = 3;
 /// A generation counts as surviving once it is this many epochs old (deferred frees,
 /// gradient accumulation, async frees).
-const LAG: u32 = 2;
-const MIN_GROWTH: f64 = (1u64 << 20) as f64;
-const WINDOWS: [usize; 3] = [8, 16, 32];
-const ALPHA_LIKELY: f64 = 0.01;
-const ALPHA_CONFIRMED: f64 = 0.001;
-const SERIES: usize = 32;
+pub(crate) const LAG: u32 = 2;
+pub(crate) const MIN_GROWTH: f64 = (1u64 << 20) as f64;
+pub(crate) const WINDOWS: [usize; 3] = [8, 16, 32];
+pub(crate) const ALPHA_LIKELY: f64 = 0.01;
+pub(crate) const ALPHA_CONFIRMED: f64 = 0.001;
+pub(crate) const SERIES: usize = 32;
 /// Birth-epoch buckets per site; older ones merge (a long leak must not grow memory).
-const MAX_GENERATIONS: usize = 64;
+pub(crate) const MAX_GENERATIONS: usize = 64;
 const MAX_SIZES: usize = 4096;
-const HISTORY: usize = 16;
+pub(crate) const HISTORY: usize = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -159,6 +159,11 @@ pub struct LeakEvidence {
     pub peak_step: u32,
     /// What became of the memory by the end.
     pub at_end: AtEnd,
+    /// For a leak of PyTorch's caching-allocator segments: the lines whose allocations made
+    /// the device's cache grow over the device's growth window (`crate::report` fills it in
+    /// from the device_growth finding); absent otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub python_lines: Vec<crate::report::PythonLine>,
 }
 
 #[derive(Debug)]
@@ -260,7 +265,54 @@ pub struct GrowthDetector {
     pub(crate) sites: FxHashMap<(SiteId, i16), Site>,
 }
 
+/// Live bytes and allocations of one call site on one device that were born in a range of
+/// epochs: what made a device grow over a trend window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrewAt {
+    pub site: SiteId,
+    pub bytes: u64,
+    pub count: u64,
+}
+
 impl GrowthDetector {
+    /// The sites' allocations on `device` that were born in epochs `from..=upto` and are still
+    /// live, largest first. O(sites): read once per epoch, and only while a device grows.
+    pub fn born_between(&self, device: i16, from: u32, upto: u32) -> Vec<GrewAt> {
+        if upto < from {
+            return Vec::new();
+        }
+        let mut v: Vec<GrewAt> = self
+            .sites
+            .iter()
+            .filter(|((_, d), s)| *d == device && s.count > 0)
+            .filter_map(|(&(site, _), s)| {
+                let (bytes, count) = s
+                    .births
+                    .range(from..=upto)
+                    .fold((0u64, 0u64), |(b, c), (_, g)| {
+                        (b.saturating_add(g.bytes), c + u64::from(g.count))
+                    });
+                (count > 0).then_some(GrewAt { site, bytes, count })
+            })
+            .collect();
+        v.sort_unstable_by(|a, b| b.bytes.cmp(&a.bytes).then(a.site.cmp(&b.site)));
+        v
+    }
+
+    /// The leaks reported on `device` now: how many, and the sum of their slopes (bytes per
+    /// step), to tell whether they explain a device's growth.
+    pub fn leaks_on(&self, device: i16) -> (u32, f64) {
+        self.sites
+            .iter()
+            .filter(|(&(site, d), _)| d == device && self.is_leak(site, d))
+            .fold((0, 0.0), |(n, slope), (_, s)| {
+                (
+                    n + 1,
+                    slope + s.trend.map_or(0.0, |t| t.slope_bytes_per_step),
+                )
+            })
+    }
+
     /// Whether the site is reported as a leak now.
     pub fn is_leak(&self, site: SiteId, device: i16) -> bool {
         self.sites.get(&(site, device)).is_some_and(|s| {
@@ -523,7 +575,8 @@ pub fn warmup_end(ctx: &Context<'_>) -> u32 {
     ctx.clock.stable_since + WARMUP
 }
 
-fn seconds(ctx: &Context<'_>, ts: u64) -> f64 {
+/// Seconds from the process's first event to `ts`.
+pub(crate) fn seconds(ctx: &Context<'_>, ts: u64) -> f64 {
     ctx.clock
         .start_of(0)
         .map(|t0| ts.saturating_sub(t0) as f64 / 1e9)
@@ -531,7 +584,7 @@ fn seconds(ctx: &Context<'_>, ts: u64) -> f64 {
 }
 
 /// A per-step rate in bytes per second, with the clock's median step duration.
-fn per_second(per_step: f64, ctx: &Context<'_>) -> Option<f64> {
+pub(crate) fn per_second(per_step: f64, ctx: &Context<'_>) -> Option<f64> {
     ctx.clock
         .median_duration_s()
         .filter(|&d| d > 0.0)
@@ -627,11 +680,11 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         _ => (None, None),
     };
     let kind = if s.resolved || s.class != Class::Leak || s.level < Some(Level::Likely) {
-        "growth"
+        Kind::Growth
     } else {
-        "leak"
+        Kind::Leak
     };
-    let level = if kind == "growth" {
+    let level = if kind == Kind::Growth {
         Level::Info
     } else {
         s.level.unwrap_or(Level::Suspected)
@@ -643,7 +696,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
     let message = match (kind, s.resolved, s.class, &s.at_detection) {
         // What was seen when it was detected, then what became of it: memory freed at exit
         // after the last step must not turn the evidence into "0 B held".
-        ("leak", _, _, Some(d)) => format!(
+        (Kind::Leak, _, _, Some(d)) => format!(
             "{} when detected at step {} ({} into the run): {}; {}",
             fmt_rate(d.slope_bytes_per_step, d.slope_bytes_per_s),
             d.step,
@@ -651,7 +704,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             held_in(d.bytes, d.count, d.surviving_epochs),
             end_clause(s, &end)
         ),
-        ("leak", _, _, None) => format!(
+        (Kind::Leak, _, _, None) => format!(
             "{rate}, {}",
             held_in(
                 s.live,
@@ -707,6 +760,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             peak_bytes: s.hwm,
             peak_step: s.hwm_epoch,
             at_end: end,
+            python_lines: Vec::new(),
         }))),
         record: None,
     }
@@ -717,16 +771,32 @@ pub const NATIVE_HINT: &str = "Device memory allocated here with the CUDA API is
     outside PyTorch's caching allocator: a CUDA extension or library (CuPy, NCCL, a custom \
     kernel's workspace) misses a cudaFree on some path, or keeps a buffer per step.";
 
+/// How to see tensors instead of segments, said wherever a finding is about PyTorch's cache
+/// (a macro so that the hints below can `concat!` it).
+macro_rules! trace_tensors {
+    () => {
+        "`oomtrace run --torch` (or `import oomtrace; oomtrace.install()` before CUDA is used) \
+         traces each tensor and names the line that keeps it; \
+         torch.cuda.memory._record_memory_history() also names the tensors."
+    };
+}
+pub(crate) use trace_tensors;
+
+pub const TRACE_TENSORS: &str = trace_tensors!();
+
 /// A leak at a segment of PyTorch's caching allocator (its frames are in libc10_cuda).
-pub const TORCH_CACHE_HINT: &str = "PyTorch's caching allocator keeps reserving new segments \
-    here because the tensors it holds keep growing: Python keeps a reference across steps (a \
-    list that gets .append(output), `total_loss += loss` keeping each step's graph). \
-    torch.cuda.memory._record_memory_history() names the tensors; store .detach() or .item().";
+pub const TORCH_CACHE_HINT: &str = concat!(
+    "These are PyTorch's caching-allocator segments, not tensors: the cache keeps reserving \
+     new ones here because the tensors it holds keep growing: Python keeps a reference across \
+     steps (a list that gets .append(output), `total_loss += loss` keeping each step's graph); \
+     store .detach() or .item(). ",
+    trace_tensors!()
+);
 
 /// The likely cause. What the site's API says is certain; what lies above it is a guess and
 /// is worded as one.
-fn hint(s: &Site, kind: &str) -> String {
-    if kind == "growth" {
+fn hint(s: &Site, kind: Kind) -> String {
+    if kind == Kind::Growth {
         return match (s.resolved, s.class) {
             (_, Class::ShapeKeyed) => "Every live allocation here has a size no other has: a \
                 cache keyed by shape or sequence length (rotary tables, per-shape workspaces or \
@@ -743,11 +813,14 @@ fn hint(s: &Site, kind: &str) -> String {
             `total_loss += loss` that keeps each step's graph, outputs kept for logging). Store \
             .detach() or .item() instead, or clear the container."
             .into(),
-        Api::cuMemCreate => "Physical memory created through the CUDA virtual-memory API is \
+        Api::cuMemCreate => concat!(
+            "Physical memory created through the CUDA virtual-memory API is \
             never released (cuMemCreate without cuMemRelease/cuMemUnmap): PyTorch's expandable \
             segments growing with its cache, or NCCL/another library mapping new buffers each \
-            step. Under PyTorch, torch.cuda.memory._record_memory_history() shows which tensors keep it."
-            .into(),
+            step. Under PyTorch these are its cache's segments, not tensors: ",
+            trace_tensors!()
+        )
+        .into(),
         Api::cuMemAllocAsync | Api::cudaMallocAsync | Api::cuMemAllocFromPoolAsync => {
             "Stream-ordered allocations (cudaMallocAsync) made here are never returned with \
              cudaFreeAsync: memory allocated outside PyTorch's tensors (an extension or \
@@ -764,7 +837,7 @@ fn hint(s: &Site, kind: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use crate::detect::{Detector, Level};
+    use crate::detect::{Detector, Kind, Level};
     use crate::state::{Process, SiteId};
     use oomtrace_proto::wire::{Frame, Hello};
     use oomtrace_proto::{Api, Event, EventKind, StackId};
@@ -841,7 +914,7 @@ mod tests {
                 .find(|f| f.site == SiteId(stack))
                 .expect("a finding at that site")
         }
-        fn leak_level(&self, stack: u32) -> Option<(&'static str, Level)> {
+        fn leak_level(&self, stack: u32) -> Option<(Kind, Level)> {
             let ctx = self.p.context();
             self.p
                 .detect
@@ -867,7 +940,7 @@ mod tests {
             sim.alloc(2, MIB);
             sim.mark();
         }
-        assert_eq!(sim.leak_level(2), Some(("leak", Level::Confirmed)));
+        assert_eq!(sim.leak_level(2), Some((Kind::Leak, Level::Confirmed)));
         let s = &sim.p.detect.growth.sites[&(SiteId(2), 0)];
         assert!(
             s.births.len() <= super::MAX_GENERATIONS,
@@ -902,7 +975,7 @@ mod tests {
         }
         sim.exit();
         let f = sim.leak_finding(2);
-        assert_eq!((f.kind, f.level), ("leak", Level::Confirmed), "{f:?}");
+        assert_eq!((f.kind, f.level), (Kind::Leak, Level::Confirmed), "{f:?}");
         assert_eq!((f.bytes, f.count), (0, 0));
         let e = leak_evidence(&f);
         let d = e.at_detection.expect("detection evidence");
@@ -969,7 +1042,7 @@ mod tests {
             sim.mark();
         }
         // It did look like a leak while filling; at the end it is reported as growth.
-        assert_eq!(sim.leak_level(3), Some(("growth", Level::Info)));
+        assert_eq!(sim.leak_level(3), Some((Kind::Growth, Level::Info)));
         let kinds: Vec<_> = sim.p.detect.alerts.list.iter().map(|a| a.change).collect();
         assert_eq!(
             kinds.last(),

@@ -6,12 +6,18 @@
 //! so what `oomtrace run` printed while the job ran is what `oomtrace report` shows later.
 //!
 //! - [`growth`]: leaks per call site and device (research/detection.md §5).
+//! - [`device_growth`]: the process's total on each device rising step after step, whoever
+//!   allocates it (the view that still works when a caching allocator spreads a leak over
+//!   many call sites); runs after `growth` and reads its per-site generations.
 //! - [`fragmentation`]: allocator retries, failures with free memory, reserved-minus-live creep.
 //! - [`oom`]: forensics at each failed allocation (the report opens with them).
 //! - [`threshold`]: 85 / 90 / 95 % of device capacity, once per crossing.
 //!
 //! To add a detector: a file here, a field in [`Detectors`], one line in each of its loops.
+//! A detector that reads another's state at an epoch's end (device growth reads the leaks')
+//! gets an inherent method called after that one's, instead of `Detector::on_epoch_end`.
 
+pub mod device_growth;
 pub mod fragmentation;
 pub mod growth;
 pub mod oom;
@@ -50,6 +56,34 @@ impl Level {
     }
 }
 
+/// What a finding is about. Its `name` is the report's `kind` (the JSON contract: names are
+/// added, never changed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Oom,
+    /// A call site whose memory survives step after step.
+    Leak,
+    /// A device whose total keeps growing step after step, whoever allocates it.
+    DeviceGrowth,
+    Fragmentation,
+    Threshold,
+    /// A call site that looked like a leak but whose growth stopped, slowed or is shape-keyed.
+    Growth,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Oom => "oom",
+            Kind::Leak => "leak",
+            Kind::DeviceGrowth => "device_growth",
+            Kind::Fragmentation => "fragmentation",
+            Kind::Threshold => "threshold",
+            Kind::Growth => "growth",
+        }
+    }
+}
+
 /// What changed when an alert was raised.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Change {
@@ -74,8 +108,7 @@ pub struct Alert {
 /// A finding before symbolization. `crate::report` turns it into the JSON contract.
 #[derive(Clone, Debug)]
 pub struct Finding {
-    /// leak | growth | fragmentation | threshold | oom
-    pub kind: &'static str,
+    pub kind: Kind,
     pub level: Level,
     pub device: i16,
     pub site: SiteId,
@@ -101,6 +134,7 @@ pub struct Finding {
 pub enum Evidence {
     /// Boxed: a leak's evidence (its samples and history) is several times the others'.
     Leak(Box<growth::LeakEvidence>),
+    DeviceGrowth(Box<device_growth::DeviceGrowthEvidence>),
     Fragmentation(fragmentation::FragEvidence),
     Threshold(threshold::ThresholdEvidence),
 }
@@ -165,6 +199,7 @@ impl Alerts {
 #[derive(Debug, Default)]
 pub struct Detectors {
     pub growth: growth::GrowthDetector,
+    pub device_growth: device_growth::DeviceGrowthDetector,
     pub fragmentation: fragmentation::FragmentationDetector,
     pub threshold: threshold::ThresholdDetector,
     pub oom: oom::OomDetector,
@@ -174,6 +209,7 @@ pub struct Detectors {
 impl Detectors {
     pub fn on_alloc(&mut self, a: &AllocObs) {
         self.growth.on_alloc(a, &mut self.alerts);
+        self.device_growth.on_alloc(a, &mut self.alerts);
         self.fragmentation.on_alloc(a, &mut self.alerts);
         self.threshold.on_alloc(a, &mut self.alerts);
         if let Some(r) = self.oom.take_retry(a) {
@@ -184,6 +220,7 @@ impl Detectors {
 
     pub fn on_free(&mut self, a: &AllocObs, birth: u32) {
         self.growth.on_free(a, birth);
+        self.device_growth.on_free(a, birth);
         self.fragmentation.on_free(a, birth);
         self.threshold.on_free(a, birth);
         self.oom.on_free(a, birth);
@@ -191,6 +228,9 @@ impl Detectors {
 
     pub fn on_epoch_end(&mut self, ctx: &Context<'_>) {
         self.growth.on_epoch_end(ctx, &mut self.alerts);
+        // After the leaks: it reads their generations and findings.
+        self.device_growth
+            .on_epoch_end_after_leaks(ctx, &self.growth, &mut self.alerts);
         self.fragmentation.on_epoch_end(ctx, &mut self.alerts);
         self.threshold.on_epoch_end(ctx, &mut self.alerts);
     }
@@ -199,6 +239,7 @@ impl Detectors {
     pub fn findings(&self, ctx: &Context<'_>) -> Vec<Finding> {
         let mut v = self.oom.findings(ctx);
         v.extend(self.growth.findings(ctx));
+        v.extend(self.device_growth.findings(ctx));
         v.extend(self.fragmentation.findings(ctx));
         v.extend(self.threshold.findings(ctx));
         v

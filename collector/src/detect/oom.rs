@@ -3,7 +3,7 @@
 //! program recovered by freeing and retrying (what PyTorch's caching allocator does before
 //! it raises "CUDA out of memory").
 
-use super::{Alert, Alerts, AllocObs, Change, Context, Detector, Finding, Level};
+use super::{Alert, Alerts, AllocObs, Change, Context, Detector, Finding, Kind, Level};
 use crate::report::fmt_bytes;
 use crate::state::SiteId;
 use oomtrace_proto::Api;
@@ -186,7 +186,7 @@ fn finding_of(r: &OomRecord, nth: u64) -> Finding {
         None => (Level::Error, String::new(), oom_hint(r)),
     };
     Finding {
-        kind: "oom",
+        kind: Kind::Oom,
         level,
         device: r.device,
         site: r.site,

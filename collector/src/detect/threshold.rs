@@ -8,7 +8,7 @@
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use super::{Alert, Alerts, AllocObs, Change, Context, Detector, Evidence, Finding, Level};
+use super::{Alert, Alerts, AllocObs, Change, Context, Detector, Evidence, Finding, Kind, Level};
 use crate::report::fmt_bytes;
 
 const THRESHOLDS: [u32; 3] = [85, 90, 95];
@@ -117,7 +117,7 @@ impl Detector for ThresholdDetector {
 
 fn finding(device: i16, t: u32, line: &Line, peak: f64, cap: u64, live: u64) -> Finding {
     Finding {
-        kind: "threshold",
+        kind: Kind::Threshold,
         level: if t >= 95 {
             Level::Error
         } else {
