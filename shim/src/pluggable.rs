@@ -144,8 +144,9 @@ fn explain_null(size: usize, device: c_int, rc: CUresult) {
         rc => format!("CUDA error {rc}"),
     };
     log::warn(&format!(
-        "oomtrace_malloc: {size} bytes on device {device} failed ({why}); returning NULL \
-         (PyTorch reports this as a failed allocation){}",
+        "oomtrace_malloc: {size} bytes on device {device} failed ({why}); returning NULL, which \
+         PyTorch's pluggable allocator does not turn into an OutOfMemoryError: the tensor has \
+         no memory and the program goes on (without --torch, PyTorch raises its own error){}",
         if n >= 8 { " [repeated]" } else { "" }
     ));
 }
