@@ -158,7 +158,9 @@ fn main() {
             println!("cargo:rerun-if-changed={}", p.display());
         }
     }
-    println!("cargo:rerun-if-changed={}", src.join("identity.h").display());
+    for shared in ["identity.h", "size_setting.h"] {
+        println!("cargo:rerun-if-changed={}", src.join(shared).display());
+    }
     let mut test_sources: Vec<PathBuf> = fs::read_dir(&tests_c)
         .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
         .unwrap_or_default();

@@ -30,6 +30,7 @@
 #define SIMCUDA_NO_V2_MACROS
 #include "core.h"
 #include "identity.h"
+#include "size_setting.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -63,47 +64,13 @@ void sim_unlock(void) { pthread_mutex_unlock(&g_lock); }
 
 /* ---- Configuration -------------------------------------------------------- */
 
-/* Accepts "<digits>" optionally followed by K/M/G/T or KiB/MiB/GiB/TiB (any
- * case, binary multiples). */
-static int parse_size(const char *s, uint64_t *out)
-{
-    static const struct {
-        const char *suffix;
-        unsigned shift;
-    } k_suffixes[] = {
-        {"k", 10}, {"kib", 10}, {"m", 20}, {"mib", 20},
-        {"g", 30}, {"gib", 30}, {"t", 40}, {"tib", 40},
-    };
-    char *end;
-    uint64_t mult = 1;
-    if (*s < '0' || *s > '9')
-        return 0;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno)
-        return 0;
-    if (*end) {
-        size_t i;
-        for (i = 0; i < sizeof k_suffixes / sizeof k_suffixes[0]; i++)
-            if (strcasecmp(end, k_suffixes[i].suffix) == 0)
-                break;
-        if (i == sizeof k_suffixes / sizeof k_suffixes[0])
-            return 0;
-        mult = 1ull << k_suffixes[i].shift;
-    }
-    if (v > UINT64_MAX / mult)
-        return 0;
-    *out = v * mult;
-    return 1;
-}
-
 static uint64_t env_size(const char *name, uint64_t def, uint64_t min, uint64_t max, int plain)
 {
     const char *s = getenv(name);
     uint64_t v;
     if (!s)
         return def;
-    if (!parse_size(s, &v) || v < min || v > max || (plain && s[strspn(s, "0123456789")])) {
+    if (!simcuda_parse_size(s, &v) || v < min || v > max || (plain && s[strspn(s, "0123456789")])) {
         fprintf(stderr, "simcuda: bad %s=%s; using default\n", name, s);
         return def;
     }

@@ -32,6 +32,7 @@
 #include <strings.h>
 
 #include "identity.h"
+#include "size_setting.h"
 
 #define NVML_API __attribute__((visibility("default")))
 
@@ -376,45 +377,13 @@ static _Atomic unsigned long long g_fallback_total;
 
 /* ---- Configuration ------------------------------------------------------------------ */
 
-/* Digits, then optionally K/M/G/T or KiB/MiB/GiB/TiB (any case): the driver's syntax. */
-static int parse_size(const char *s, unsigned long long *out)
-{
-    static const struct {
-        const char *suffix;
-        unsigned shift;
-    } k_suffixes[] = {
-        {"k", 10}, {"kib", 10}, {"m", 20}, {"mib", 20},
-        {"g", 30}, {"gib", 30}, {"t", 40}, {"tib", 40},
-    };
-    char *end;
-    unsigned long long mult = 1;
-    if (*s < '0' || *s > '9')
-        return 0;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno)
-        return 0;
-    if (*end) {
-        size_t i, n = sizeof k_suffixes / sizeof k_suffixes[0];
-        for (i = 0; i < n; i++)
-            if (strcasecmp(end, k_suffixes[i].suffix) == 0)
-                break;
-        if (i == n)
-            return 0;
-        mult = 1ull << k_suffixes[i].shift;
-    }
-    if (v > UINT64_MAX / mult)
-        return 0;
-    *out = v * mult;
-    return 1;
-}
 
 /* SIMCUDA_DEVICES: plain digits 0..8; anything else means the default, 1. */
 static int config_devices(void)
 {
     const char *s = getenv("SIMCUDA_DEVICES");
-    unsigned long long v;
-    if (!s || s[strspn(s, "0123456789")] || !parse_size(s, &v) || v > SIM_MAX_DEVICES)
+    uint64_t v;
+    if (!s || s[strspn(s, "0123456789")] || !simcuda_parse_size(s, &v) || v > SIM_MAX_DEVICES)
         return 1;
     return (int)v;
 }
@@ -424,8 +393,8 @@ static int config_devices(void)
 static unsigned long long config_memory(void)
 {
     const char *s = getenv("SIMCUDA_MEMORY");
-    unsigned long long v;
-    if (!s || !parse_size(s, &v) || v < 1 || v > SIM_MAX_MEMORY)
+    uint64_t v;
+    if (!s || !simcuda_parse_size(s, &v) || v < 1 || v > SIM_MAX_MEMORY)
         return SIM_DEFAULT_MEMORY;
     return v;
 }
