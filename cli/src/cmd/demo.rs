@@ -89,7 +89,12 @@ fn install(dir: &Path) -> Result<PathBuf, Failure> {
 fn installed() -> Result<(PathBuf, PathBuf), Failure> {
     let dir = locate::cache_dir(
         "-demo",
-        &[DEMO_APP, simcuda::LIBCUDA, simcuda::LIBCUDART, simcuda::LIBNVML],
+        &[
+            DEMO_APP,
+            simcuda::LIBCUDA,
+            simcuda::LIBCUDART,
+            simcuda::LIBNVML,
+        ],
     );
     let app = dir.join("train_demo");
     if app.is_file() {

@@ -700,13 +700,13 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::{DeviceGrowthEvidence, Events};
+    use crate::detect::sim::Sim;
     use crate::detect::{Change, Detector, Evidence, Finding, Kind, Level};
     use crate::report::{fmt_python_lines, python_lines, PythonLine};
-    use crate::state::{Process, SiteId};
+    use crate::state::SiteId;
     use crate::symbolize::FrameInfo;
-    use oomtrace_proto::python::{CodeDef, LineTableFormat, PyFrame};
-    use oomtrace_proto::wire::{Frame, Hello};
-    use oomtrace_proto::{Api, Event, EventKind, StackId};
+    use oomtrace_proto::wire::Frame;
+    use oomtrace_proto::StackId;
 
     const MIB: u64 = 1 << 20;
     /// Stack 1: a transient allocation every step (native frames only).
@@ -714,88 +714,18 @@ mod tests {
     /// Stack 2: weights, warm-up buffers, eval (native frames only).
     const OTHER: u32 = 2;
 
-    /// A process fed synthetic steps, one marker after each (as the optimizer hook does).
-    struct Sim {
-        p: Process,
-        ts: u64,
-        next: u64,
+    /// What these tests ask of the simulated process.
+    trait DeviceGrowthQueries {
+        /// One step's activations: allocated and freed.
+        fn transient(&mut self);
+        fn device_growth(&self) -> Vec<Finding>;
+        fn device_growth_alerts(&self) -> Vec<(Change, Level)>;
     }
 
-    impl Sim {
-        fn new() -> Sim {
-            let mut p = Process::new(1, Hello::default());
-            for s in 1..=8u32 {
-                p.apply(&Frame::StackDef {
-                    id: StackId(s),
-                    frames: vec![0x1000 * u64::from(s)],
-                });
-            }
-            Sim {
-                p,
-                ts: 1,
-                next: 0x1_0000_0000,
-            }
-        }
-        fn alloc(&mut self, stack: u32, size: u64) -> u64 {
-            self.ts += 1_000_000;
-            self.next += 1 << 32;
-            let mut e = Event::new(EventKind::Alloc, Api::cudaMalloc);
-            e.ptr = self.next;
-            e.size = size;
-            e.device = 0;
-            e.stack = StackId(stack);
-            e.ts_ns = self.ts;
-            self.p.apply_event(&e);
-            self.next
-        }
-        fn free(&mut self, ptr: u64) {
-            self.ts += 1_000_000;
-            let mut e = Event::new(EventKind::Free, Api::cudaFree);
-            e.ptr = ptr;
-            e.device = 0;
-            e.ts_ns = self.ts;
-            self.p.apply_event(&e);
-        }
-        /// One step's activations: allocated and freed.
+    impl DeviceGrowthQueries for Sim {
         fn transient(&mut self) {
             let t = self.alloc(TRANSIENT, 8 * MIB);
             self.free(t);
-        }
-        fn mark(&mut self) {
-            self.ts += 1_000_000;
-            self.p.apply(&Frame::Marker {
-                seq: 0,
-                ts_ns: self.ts,
-                tid: 0,
-                stack: StackId(0),
-                label: "step".into(),
-            });
-        }
-        fn code(&mut self, id: u32, file: &str, name: &str, line: u32) {
-            self.p.apply(&Frame::CodeDef(CodeDef {
-                id,
-                format: LineTableFormat::Lnotab as u8,
-                first_line: line,
-                filename: file.into(),
-                name: name.into(),
-                line_table: Vec::new(),
-            }));
-        }
-        /// A stack of one native frame, then Python frames of these codes, innermost first.
-        fn stack(&mut self, id: u32, native: u64, codes: &[u32]) {
-            let mut frames = vec![native];
-            frames.extend(codes.iter().enumerate().map(|(i, &code)| {
-                PyFrame {
-                    code,
-                    offset: 0,
-                    group_end: i + 1 == codes.len(),
-                }
-                .encode()
-            }));
-            self.p.apply(&Frame::StackDef {
-                id: StackId(id),
-                frames,
-            });
         }
         fn device_growth(&self) -> Vec<Finding> {
             self.p.detect.device_growth.findings(&self.p.context())
@@ -824,7 +754,7 @@ mod tests {
     /// exhausted: each step another native stack (no site grows on its own), under one of two
     /// Python lines or on the autograd thread without Python frames.
     fn cache_growth(steps: u32) -> Sim {
-        let mut sim = Sim::new();
+        let mut sim = Sim::new(1_000_000);
         sim.code(
             1,
             "/venv/lib/python3.12/site-packages/torch/_tensor.py",
@@ -982,7 +912,7 @@ mod tests {
 
     #[test]
     fn a_leak_at_one_site_explains_the_device_growth() {
-        let mut sim = Sim::new();
+        let mut sim = Sim::new(1_000_000);
         sim.alloc(OTHER, 64 * MIB);
         for _ in 0..40 {
             sim.transient();
@@ -1011,7 +941,7 @@ mod tests {
     /// segments and how to see the tensors; tensor-level events keep the tensors' hint.
     #[test]
     fn segments_from_libc10_cuda_get_the_torch_hint() {
-        let mut sim = Sim::new();
+        let mut sim = Sim::new(1_000_000);
         sim.p
             .apply(&Frame::ModuleDef(oomtrace_proto::wire::ModuleDef {
                 id: 1,
@@ -1059,7 +989,7 @@ mod tests {
 
     #[test]
     fn silent_on_a_warm_up_that_grows_then_plateaus() {
-        let mut sim = Sim::new();
+        let mut sim = Sim::new(1_000_000);
         for i in 0..80 {
             sim.transient();
             if i < 4 {
@@ -1073,7 +1003,7 @@ mod tests {
 
     #[test]
     fn silent_on_a_periodic_eval_that_rises_and_comes_back() {
-        let mut sim = Sim::new();
+        let mut sim = Sim::new(1_000_000);
         sim.alloc(OTHER, 64 * MIB);
         let mut eval = Vec::new();
         for i in 0..100 {
@@ -1092,7 +1022,7 @@ mod tests {
         assert_silent(&sim);
         // Under a caching allocator the first eval's segments stay reserved and later evals
         // reuse them: one step up, then flat.
-        let mut sim = Sim::new();
+        let mut sim = Sim::new(1_000_000);
         sim.alloc(OTHER, 64 * MIB);
         for i in 0..100 {
             sim.transient();
@@ -1110,7 +1040,7 @@ mod tests {
     /// cycle's larger shapes come after the warm-up: the cache still grows at steps 5 and 7.
     #[test]
     fn silent_on_cycling_shapes_once_the_cache_reaches_its_steady_state() {
-        let mut sim = Sim::new();
+        let mut sim = Sim::new(1_000_000);
         sim.alloc(OTHER, 64 * MIB);
         let mut free: Vec<u64> = Vec::new(); // segment sizes
         let sizes = [3, 2, 5, 4, 1, 6, 2, 8].map(|m| m * MIB + 4096);
@@ -1141,7 +1071,7 @@ mod tests {
 
     #[test]
     fn growth_that_stops_is_resolved_and_said_so() {
-        let mut sim = Sim::new();
+        let mut sim = Sim::new(1_000_000);
         sim.alloc(OTHER, 64 * MIB);
         for i in 0..80 {
             sim.transient();

@@ -837,73 +837,19 @@ fn hint(s: &Site, kind: Kind) -> String {
 
 #[cfg(test)]
 mod tests {
+    use crate::detect::sim::Sim;
     use crate::detect::{Detector, Kind, Level};
-    use crate::state::{Process, SiteId};
-    use oomtrace_proto::wire::{Frame, Hello};
-    use oomtrace_proto::{Api, Event, EventKind, StackId};
+    use crate::state::SiteId;
 
     const MIB: u64 = 1 << 20;
 
-    /// A process fed synthetic steps: each step calls `step(i, &mut alloc, &mut free)`, then
-    /// a marker.
-    struct Sim {
-        p: Process,
-        ts: u64,
-        next: u64,
+    /// What these tests ask of the simulated process.
+    trait GrowthQueries {
+        fn leak_finding(&self, stack: u32) -> crate::detect::Finding;
+        fn leak_level(&self, stack: u32) -> Option<(Kind, Level)>;
     }
 
-    impl Sim {
-        fn new() -> Sim {
-            let mut p = Process::new(1, Hello::default());
-            for s in 1..=8u32 {
-                p.apply(&Frame::StackDef {
-                    id: StackId(s),
-                    frames: vec![0x1000 * u64::from(s)],
-                });
-            }
-            Sim {
-                p,
-                ts: 1,
-                next: 0x1_0000_0000,
-            }
-        }
-        fn alloc(&mut self, stack: u32, size: u64) -> u64 {
-            self.ts += 1000;
-            self.next += 1 << 30;
-            let mut e = Event::new(EventKind::Alloc, Api::cudaMalloc);
-            e.ptr = self.next;
-            e.size = size;
-            e.device = 0;
-            e.stack = StackId(stack);
-            e.ts_ns = self.ts;
-            self.p.apply_event(&e);
-            self.next
-        }
-        fn free(&mut self, ptr: u64) {
-            self.ts += 1000;
-            let mut e = Event::new(EventKind::Free, Api::cudaFree);
-            e.ptr = ptr;
-            e.device = 0;
-            e.ts_ns = self.ts;
-            self.p.apply_event(&e);
-        }
-        fn mark(&mut self) {
-            self.ts += 1000;
-            self.p.apply(&Frame::Marker {
-                seq: 0,
-                ts_ns: self.ts,
-                tid: 0,
-                stack: StackId(0),
-                label: "step".into(),
-            });
-        }
-        /// The process says goodbye (a normal exit).
-        fn exit(&mut self) {
-            self.p.apply(&Frame::Goodbye {
-                reason: 1,
-                last_seq: 0,
-            });
-        }
+    impl GrowthQueries for Sim {
         fn leak_finding(&self, stack: u32) -> crate::detect::Finding {
             let ctx = self.p.context();
             self.p
@@ -934,7 +880,7 @@ mod tests {
 
     #[test]
     fn a_long_leak_stays_confirmed_with_bounded_generations() {
-        let mut sim = Sim::new();
+        let mut sim = Sim::new(1000);
         for _ in 0..300 {
             transient(&mut sim);
             sim.alloc(2, MIB);
@@ -963,7 +909,7 @@ mod tests {
     /// 0 allocations".
     #[test]
     fn a_leak_freed_at_exit_keeps_its_evidence_and_says_so() {
-        let mut sim = Sim::new();
+        let mut sim = Sim::new(1000);
         let mut leaked = Vec::new();
         for _ in 0..30 {
             transient(&mut sim);
@@ -1011,7 +957,7 @@ mod tests {
     /// A leak still held at the end says how much, beside what it was detected on.
     #[test]
     fn a_leak_still_held_at_the_end_says_how_much() {
-        let mut sim = Sim::new();
+        let mut sim = Sim::new(1000);
         for _ in 0..30 {
             transient(&mut sim);
             sim.alloc(2, MIB);
@@ -1033,7 +979,7 @@ mod tests {
 
     #[test]
     fn a_cache_that_fills_then_stops_is_resolved_not_a_leak() {
-        let mut sim = Sim::new();
+        let mut sim = Sim::new(1000);
         for i in 0..80 {
             transient(&mut sim);
             if i < 20 {
@@ -1053,7 +999,7 @@ mod tests {
 
     #[test]
     fn a_shape_keyed_cache_is_capped_at_suspected() {
-        let mut sim = Sim::new();
+        let mut sim = Sim::new(1000);
         for i in 0..60u64 {
             transient(&mut sim);
             // A new sequence length each step: every live size is distinct.
@@ -1069,7 +1015,7 @@ mod tests {
 
     #[test]
     fn one_off_steps_and_warm_up_are_never_leaks() {
-        let mut sim = Sim::new();
+        let mut sim = Sim::new(1000);
         let mut big = None;
         for i in 0..60 {
             transient(&mut sim);

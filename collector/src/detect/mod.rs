@@ -21,6 +21,8 @@ pub mod device_growth;
 pub mod fragmentation;
 pub mod growth;
 pub mod oom;
+#[cfg(test)]
+mod sim;
 pub mod stats;
 pub mod threshold;
 
