@@ -52,3 +52,8 @@ mod output;
 /// device, a FIFO given to report, and a real full disk under LD_PRELOAD, run and the shim's
 /// own file.
 mod durability;
+
+/// Real PyTorch (the pinned CUDA wheel, from `scripts/torch-env.sh`) on simcuda: leaky and
+/// clean training loops, an OOM at a known line and expandable segments, each under `run`,
+/// plain `LD_PRELOAD`, `--torch` and the user's own pluggable allocator.
+mod torch;

@@ -453,14 +453,7 @@ pub fn frame_text(fr: &Value) -> String {
 /// The text, from the first line holding `anchor` on, shows every Python frame of the JSON
 /// `stack` (library frames included), on consecutive lines, in the JSON's order.
 pub fn assert_text_shows_python_frames(text: &str, anchor: &str, stack: &Value) {
-    let expected: Vec<String> = stack
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|fr| fr["python"] == true)
-        .map(frame_text)
-        .collect();
-    assert!(expected.len() >= 2, "{stack:#}");
+    let expected = python_frame_texts(stack);
     let start = text
         .find(anchor)
         .unwrap_or_else(|| panic!("no `{anchor}` in:\n{text}"));
@@ -478,6 +471,33 @@ pub fn assert_text_shows_python_frames(text: &str, anchor: &str, stack: &Value) 
         expected[..],
         "after `{anchor}` in:\n{text}"
     );
+}
+
+/// How the text report shows each Python frame of a JSON `stack`, in the JSON's order.
+fn python_frame_texts(stack: &Value) -> Vec<String> {
+    let expected: Vec<String> = stack
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|fr| fr["python"] == true)
+        .map(frame_text)
+        .collect();
+    assert!(!expected.is_empty(), "no Python frames in {stack:#}");
+    expected
+}
+
+/// The text shows every Python frame of the JSON `stack`, on consecutive lines, in the JSON's
+/// order, somewhere (findings may share a headline, so no anchor).
+pub fn assert_text_has_python_frames(text: &str, stack: &Value) {
+    let expected = python_frame_texts(stack);
+    let shown: Vec<&str> = text
+        .lines()
+        .map(|l| l.trim_start().trim_start_matches("at ").trim_end())
+        .collect();
+    let found = shown
+        .windows(expected.len())
+        .any(|w| w.iter().zip(&expected).all(|(a, b)| a == b));
+    assert!(found, "{expected:#?} not shown in:\n{text}");
 }
 
 /// `oomtrace report FILE` (text).

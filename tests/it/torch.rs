@@ -1,0 +1,547 @@
+//! The real-PyTorch tier: the pinned `torch` CUDA wheel from PyPI (its own cudart, cuBLAS,
+//! cuBLASLt and caching allocator) runs on simcuda, and every oomtrace mode is checked on the
+//! training scripts in `tests/scenarios/torch/`.
+//!
+//! The wheel lives in a virtual environment outside the clone, made (or found) by
+//! `scripts/torch-env.sh`: a machine without it installs it here, never skips.
+//!
+//! Every script runs in four modes:
+//! - `run`: `oomtrace run` (the shim sees the caching allocator's segments; steps come from the
+//!   optimizer hook that `run` installs);
+//! - `preload`: plain `LD_PRELOAD` (the shim starts its own collector), then `oomtrace report`
+//!   on the trace it leaves, right after the program returns;
+//! - `torch`: `oomtrace run --torch` (every tensor through oomtrace's allocator);
+//! - `own_allocator`: the user's own `change_current_allocator(CUDAPluggableAllocator(...))`
+//!   pointing at oomtrace's entry points, under `oomtrace run`.
+//!
+//! Kernels are no-ops on simcuda, so the values computed are garbage; what a memory tracer
+//! sees (allocations, frees, streams, copies, the allocator's decisions) is PyTorch's own.
+//! PyTorch runs with address-space randomisation off (see simcuda's README: with it on,
+//! cuBLAS's first GEMM sometimes picks another kernel on the simulated driver).
+
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use oomtrace_tests::*;
+use serde_json::Value;
+
+/// How long one PyTorch run may take (importing torch alone takes a few seconds).
+const TORCH_TIMEOUT: Duration = Duration::from_secs(240);
+const STEPS: u64 = 40;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repo root")
+        .to_path_buf()
+}
+
+/// The venv's interpreter, from `scripts/torch-env.sh` (which installs the wheel if missing).
+fn python() -> &'static Path {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let out = Command::new(repo().join("scripts/torch-env.sh"))
+            .output()
+            .expect("run scripts/torch-env.sh");
+        assert!(
+            out.status.success(),
+            "scripts/torch-env.sh failed: the real-PyTorch tier needs it\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        assert!(path.is_file(), "torch-env.sh printed {}", path.display());
+        path
+    })
+}
+
+fn script(name: &str) -> PathBuf {
+    repo().join("tests/scenarios/torch").join(name)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    Run,
+    Preload,
+    Torch,
+    OwnAllocator,
+}
+
+impl Mode {
+    /// Tensor-level modes see every tensor with the Python line that made it.
+    fn tensor_level(self) -> bool {
+        matches!(self, Mode::Torch | Mode::OwnAllocator)
+    }
+}
+
+struct TorchRun {
+    status: std::process::ExitStatus,
+    stdout: String,
+    stderr: String,
+    report: Value,
+    /// `oomtrace report` (text) on the trace.
+    text: String,
+    _dir: Scratch,
+}
+
+/// The command for one mode, in `dir`, with the simulated driver and this build's oomtrace.
+fn command(script_name: &str, mode: Mode, dir: &Path, env: &[(&str, &str)]) -> Command {
+    let trace = dir.join("trace.oomt");
+    let json = dir.join("report.json");
+    let mut cmd = match mode {
+        Mode::Preload => {
+            let mut c = base_command(python());
+            c.env("LD_PRELOAD", shim())
+                .env("OOMTRACE_COLLECTOR", oomtrace_bin());
+            c
+        }
+        _ => {
+            let mut c = base_command(oomtrace_bin());
+            c.arg("run").arg("--json").arg(&json).arg("-o").arg(&trace);
+            if mode == Mode::Torch {
+                c.arg("--torch");
+            }
+            c.arg("--").arg(python());
+            c
+        }
+    };
+    cmd.arg(script(script_name))
+        .current_dir(dir)
+        .env("CUDA_MODULE_LOADING", "LAZY")
+        // The scripts live in the repository: no __pycache__ written there.
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("STEPS", STEPS.to_string())
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("OWN_ALLOCATOR");
+    if mode == Mode::OwnAllocator {
+        cmd.env("OWN_ALLOCATOR", "1");
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    // SAFETY: personality(2) is async-signal-safe; it only sets a flag the exec keeps.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::personality(libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// PyTorch's autograd thread sometimes aborts the interpreter at exit ("terminate called
+/// without an active exception", pytorch#38228), with or without tracing: not ours.
+fn pytorch_exit_abort(status: &std::process::ExitStatus, stderr: &str) -> bool {
+    (status.signal() == Some(libc::SIGABRT) || status.code() == Some(134))
+        && stderr.contains("terminate called without an active exception")
+}
+
+fn run_torch(script_name: &str, mode: Mode, env: &[(&str, &str)]) -> TorchRun {
+    let python = python();
+    for attempt in 0..2 {
+        let dir = scratch(&format!(
+            "torch-{}-{mode:?}",
+            script_name.trim_end_matches(".py")
+        ));
+        let out = output_within(command(script_name, mode, &dir, env), TORCH_TIMEOUT);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        if attempt == 0 && pytorch_exit_abort(&out.status, &stderr) {
+            eprintln!("{script_name} {mode:?}: PyTorch aborted at exit (pytorch#38228); once more");
+            continue;
+        }
+        let trace = match mode {
+            Mode::Preload => {
+                let found = traces_in(&dir);
+                assert_eq!(
+                    found.len(),
+                    1,
+                    "one trace in {}: {found:?}\n{stderr}",
+                    dir.display()
+                );
+                found[0].clone()
+            }
+            _ => dir.join("trace.oomt"),
+        };
+        let report = match mode {
+            Mode::Preload => report_json(&trace),
+            _ => serde_json::from_str(
+                &std::fs::read_to_string(dir.join("report.json"))
+                    .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}")),
+            )
+            .expect("valid JSON"),
+        };
+        let text = report_text(&trace);
+        let _ = python;
+        return TorchRun {
+            status: out.status,
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr,
+            report,
+            text,
+            _dir: dir,
+        };
+    }
+    unreachable!()
+}
+
+// ---- What every run must show --------------------------------------------------------------
+
+/// The program ran to its end, with its own exit code, and the trace is whole.
+fn assert_ran(r: &TorchRun, code: i32) {
+    assert_eq!(
+        r.status.code(),
+        Some(code),
+        "exit status {:?}\nstdout:\n{}\nstderr:\n{}",
+        r.status,
+        r.stdout,
+        r.stderr
+    );
+    assert_eq!(
+        r.report["trace"]["complete"], true,
+        "{:#}",
+        r.report["trace"]
+    );
+    assert!(!r.text.contains("incomplete trace"), "{}", r.text);
+    assert!(!r.stderr.contains("ends early"), "{}", r.stderr);
+    let procs = processes(&r.report);
+    assert_eq!(procs.len(), 1, "{:#}", r.report["processes"]);
+    assert!(
+        procs[0]["lost_events"].as_u64() == Some(0),
+        "{:#}",
+        procs[0]
+    );
+}
+
+fn assert_done(r: &TorchRun) {
+    assert!(
+        r.stdout.contains(&format!("done {STEPS}")),
+        "stdout:\n{}\nstderr:\n{}",
+        r.stdout,
+        r.stderr
+    );
+}
+
+/// Leak-like findings: a site that leaks, or a process whose device memory keeps growing.
+fn growth_findings(report: &Value) -> Vec<&Value> {
+    report["findings"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter(|f| matches!(f["kind"].as_str(), Some("leak" | "device_growth")))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn python_frames(finding: &Value) -> Vec<(String, u64)> {
+    finding["stack"]
+        .as_array()
+        .map(|s| {
+            s.iter()
+                .filter(|fr| fr["python"] == true)
+                .map(|fr| {
+                    let file = fr["file"].as_str().unwrap_or("");
+                    (
+                        file.rsplit('/').next().unwrap_or(file).to_string(),
+                        fr["line"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn has_frame(finding: &Value, file: &str, line: u64) -> bool {
+    python_frames(finding)
+        .iter()
+        .any(|(f, l)| f == file && *l == line)
+}
+
+/// Steps counted from the optimizer: one per training step (plus one when the first step
+/// carries the program's own marker too).
+fn assert_steps_from_optimizer(r: &TorchRun) {
+    let steps = processes(&r.report)[0]["steps"].as_u64().unwrap_or(0);
+    assert!(
+        (STEPS..=STEPS + 1).contains(&steps),
+        "steps {steps}: {:#}",
+        processes(&r.report)[0]
+    );
+}
+
+fn assert_no_growth_finding(r: &TorchRun) {
+    let found = growth_findings(&r.report);
+    assert!(
+        found.is_empty(),
+        "a clean loop reported as growing:\n{:#?}\n{}",
+        found.iter().map(|f| &f["message"]).collect::<Vec<_>>(),
+        r.stderr
+    );
+    assert!(!r.stderr.contains(" leak]"), "{}", r.stderr);
+}
+
+// ---- The leaky loop: an activation kept in a list every step ---------------------------------
+
+fn leak_activations(mode: Mode) {
+    let r = run_torch("leak_activations.py", mode, &[]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    check_activation_leak(&r, mode, "leak_activations.py", 10);
+}
+
+/// What a 4 MiB-per-step leak at `file:line` shows in each mode.
+fn check_activation_leak(r: &TorchRun, mode: Mode, file: &str, line: u64) {
+    let found = growth_findings(&r.report);
+    match mode {
+        Mode::Torch | Mode::OwnAllocator => {
+            assert_steps_from_optimizer(r);
+            let leak = found
+                .iter()
+                .find(|f| f["kind"] == "leak" && has_frame(f, file, line))
+                .unwrap_or_else(|| panic!("no leak at {file}:{line}: {:#?}\n{}", found, r.text));
+            assert_eq!(leak["level"], "confirmed", "{leak:#}");
+            // Tensor level: exactly the 4 MiB each step keeps.
+            let rate = leak["growth_bytes_per_step"].as_f64().unwrap();
+            assert!(
+                (rate - 4.0 * MIB as f64).abs() < 0.01 * MIB as f64,
+                "{rate}"
+            );
+            // Its evidence as detected, never "0 B held" after the list is freed at exit.
+            let at = &leak["evidence"]["at_detection"];
+            assert!(at["bytes"].as_u64().unwrap() >= 12 * MIB, "{at:#}");
+            assert!(
+                !leak["message"].as_str().unwrap().contains(" 0 B held"),
+                "{leak:#}"
+            );
+            // Text and JSON agree on the Python frames; the live line names the line.
+            assert_text_has_python_frames(&r.text, &leak["stack"]);
+            assert!(
+                r.stderr.contains(&format!("({file}:{line})")),
+                "no live line naming {file}:{line}:\n{}",
+                r.stderr
+            );
+            // Every tensor went through oomtrace's allocator, and the bytes are exact: 40 steps
+            // of 4 MiB, still held at the end (or said to be freed at exit).
+            assert_eq!(leak["api"], "oomtrace_malloc", "{leak:#}");
+            let end = &leak["evidence"]["at_end"];
+            if end["state"] == "held" {
+                assert_eq!(end["bytes"].as_u64(), Some(STEPS * 4 * MIB), "{end:#}");
+                assert_eq!(end["count"].as_u64(), Some(STEPS), "{end:#}");
+                assert!(
+                    leak["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("160.00 MiB still held in 40"),
+                    "{leak:#}"
+                );
+            } else {
+                assert!(
+                    leak["message"].as_str().unwrap().contains("freed at exit"),
+                    "{leak:#}"
+                );
+            }
+        }
+        Mode::Run => {
+            assert_steps_from_optimizer(r);
+            // Segment level: the process's CUDA memory grows step after step, at the
+            // segments' rate (close to the 4 MiB the tensors keep), live and in the report.
+            let f = found
+                .iter()
+                .find(|f| f["kind"] == "device_growth")
+                .unwrap_or_else(|| {
+                    panic!(
+                        "no device growth at segment level:\n{}\n{}",
+                        r.text, r.stderr
+                    )
+                });
+            assert!(
+                matches!(f["level"].as_str(), Some("likely" | "confirmed")),
+                "{f:#}"
+            );
+            assert_eq!(f["evidence"]["events"], "segments", "{f:#}");
+            let rate = f["growth_bytes_per_step"].as_f64().unwrap();
+            assert!(
+                (2.0 * MIB as f64..8.0 * MIB as f64).contains(&rate),
+                "{rate}: {f:#}"
+            );
+            assert!(r.stderr.contains("device growth] pid"), "{}", r.stderr);
+            // Which lines made the cache grow: the leaking line, or the autograd thread whose
+            // cuBLAS workspace happened to need the new segment; in text as in JSON.
+            let lines = f["evidence"]["python_lines"]
+                .as_array()
+                .expect("python_lines");
+            assert!(
+                lines.iter().any(|l| {
+                    (l["file"].as_str().unwrap_or("").ends_with(file) && l["line"] == line)
+                        || l["description"]
+                            .as_str()
+                            .unwrap_or("")
+                            .contains("autograd thread")
+                }),
+                "{lines:#?}"
+            );
+            assert!(r.text.contains("cache grew at: "), "{}", r.text);
+            // It says what names the tensor.
+            assert!(f["hint"].as_str().unwrap().contains("--torch"), "{f:#}");
+        }
+        Mode::Preload => {
+            // Plain LD_PRELOAD, read right after the program returned: a whole trace (checked
+            // by assert_ran) that holds the leaked segments.
+            let live = processes(&r.report)[0]["devices"][0]["live_at_exit_bytes"]
+                .as_u64()
+                .unwrap_or(0);
+            let peak = processes(&r.report)[0]["devices"][0]["peak_bytes"]
+                .as_u64()
+                .unwrap_or(0);
+            assert!(peak >= 160 * MIB, "peak {peak}: {}", r.text);
+            assert!(live <= peak, "{live} > {peak}");
+        }
+    }
+}
+
+// ---- `total_loss += loss`: every step's graph retained -----------------------------------
+
+fn total_loss(mode: Mode) {
+    let r = run_torch("total_loss.py", mode, &[]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    let found = growth_findings(&r.report);
+    if mode == Mode::Preload {
+        return;
+    }
+    assert_steps_from_optimizer(&r);
+    let f = found
+        .iter()
+        .find(|f| !mode.tensor_level() || has_frame(f, "total_loss.py", 11))
+        .unwrap_or_else(|| panic!("no growth found: {:#?}\n{}\n{}", found, r.text, r.stderr));
+    assert!(
+        matches!(f["level"].as_str(), Some("likely" | "confirmed")),
+        "{f:#}"
+    );
+    let rate = f["growth_bytes_per_step"].as_f64().unwrap();
+    assert!(rate >= 0.5 * MIB as f64, "{rate}: {f:#}");
+    if mode.tensor_level() {
+        // The graph's tensors are made at line 11, by the loss computed outside no_grad.
+        assert_text_has_python_frames(&r.text, &f["stack"]);
+        assert_eq!(f["api"], "oomtrace_malloc", "{f:#}");
+    }
+}
+
+// ---- Clean loops: no leak in any mode ----------------------------------------------------
+
+fn clean(script_name: &str, mode: Mode) {
+    let r = run_torch(script_name, mode, &[]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    assert_no_growth_finding(&r);
+    if mode != Mode::Preload {
+        assert_steps_from_optimizer(&r);
+    }
+}
+
+// ---- Out of memory at a known line on a small device --------------------------------------
+
+fn oom(mode: Mode) {
+    let r = run_torch("oom.py", mode, &[("SIMCUDA_MEMORY", "512MiB")]);
+    if mode.tensor_level() {
+        // PyTorch's pluggable allocator does not raise for the NULL oomtrace_malloc returns:
+        // the program goes on (its tensor has no memory), and oomtrace says so, live, once
+        // per failure (rate-limited).
+        assert_ran(&r, 0);
+        assert!(
+            r.stderr.contains("does not turn into an OutOfMemoryError"),
+            "{}",
+            r.stderr
+        );
+    } else {
+        // The program's own exit code: Python's, for an uncaught torch.OutOfMemoryError.
+        assert_ran(&r, 1);
+        assert!(r.stderr.contains("torch.OutOfMemoryError"), "{}", r.stderr);
+    }
+    let ooms: Vec<&Value> = findings(&r.report, "oom");
+    let oom = ooms
+        .iter()
+        .find(|f| f["level"] == "error")
+        .unwrap_or_else(|| panic!("no OOM error: {:#?}\n{}", r.report["findings"], r.text));
+    // The failed request names the line that asked for the memory, in JSON, text and live.
+    assert!(
+        has_frame(oom, "oom.py", 10),
+        "OOM not at oom.py:10: {:?}\n{}",
+        python_frames(oom),
+        r.text
+    );
+    assert_text_has_python_frames(&r.text, &oom["stack"]);
+    if mode != Mode::Preload {
+        assert!(
+            r.stderr.contains("[oom error]") && r.stderr.contains("(oom.py:10)"),
+            "{}",
+            r.stderr
+        );
+    }
+    let o = &oom["oom"];
+    assert_eq!(o["total_bytes"].as_u64(), Some(512 * MIB), "{o:#}");
+    let asked = o["requested_bytes"].as_u64().unwrap_or(0);
+    // Tensor level: the scratch buffer itself, a multiple of the 8 MiB it grows by; segment
+    // level: the caching allocator's segment for it.
+    assert!(asked >= 400 * MIB, "{o:#}");
+    if mode.tensor_level() {
+        assert_eq!(asked % (8 * MIB), 0, "{o:#}");
+    }
+}
+
+// ---- expandable_segments:True: the allocator grows one segment with VMM -------------------
+
+fn expandable(mode: Mode) {
+    let r = run_torch(
+        "leak_activations.py",
+        mode,
+        &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")],
+    );
+    assert_ran(&r, 0);
+    assert_done(&r);
+    if !mode.tensor_level() {
+        // The segment is mapped physical memory: cuMemCreate, not cudaMalloc.
+        assert!(r.text.contains("cuMemCreate"), "{}", r.text);
+    }
+    check_activation_leak(&r, mode, "leak_activations.py", 10);
+}
+
+macro_rules! in_every_mode {
+    ($($name:ident => $body:expr;)*) => {
+        $(
+            mod $name {
+                use super::*;
+                #[test]
+                fn run() { ($body)(Mode::Run) }
+                #[test]
+                fn preload() { ($body)(Mode::Preload) }
+                #[test]
+                fn torch() { ($body)(Mode::Torch) }
+                #[test]
+                fn own_allocator() { ($body)(Mode::OwnAllocator) }
+            }
+        )*
+    };
+}
+
+in_every_mode! {
+    leaky_loop => leak_activations;
+    total_loss_keeps_graphs => total_loss;
+    clean_loop => |m| clean("clean.py", m);
+    clean_loop_with_eval => |m| clean("clean_eval.py", m);
+    clean_loop_with_dynamic_shapes => |m| clean("clean_dynamic.py", m);
+    out_of_memory => oom;
+    expandable_segments => expandable;
+}
+
+/// `oomtrace_malloc` reached through the pluggable-allocator API before anything loaded the
+/// driver (torch has not initialized CUDA when `change_current_allocator` runs): it loads the
+/// driver itself and hands out memory.
+#[test]
+fn own_allocator_works_before_cuda_is_initialized() {
+    let r = run_torch("clean.py", Mode::OwnAllocator, &[]);
+    assert_ran(&r, 0);
+    assert!(!r.stderr.contains("no CUDA driver"), "{}", r.stderr);
+    assert!(r.text.contains("oomtrace_malloc"), "{}", r.text);
+}
