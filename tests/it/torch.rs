@@ -121,6 +121,13 @@ fn command(script_name: &str, mode: Mode, dir: &Path, env: &[(&str, &str)]) -> C
     for (k, v) in env {
         cmd.env(k, v);
     }
+    without_aslr(&mut cmd);
+    cmd
+}
+
+/// Runs the command with address-space randomisation off (see the module doc); inherited by
+/// everything it starts.
+fn without_aslr(cmd: &mut Command) {
     // SAFETY: personality(2) is async-signal-safe; it only sets a flag the exec keeps.
     unsafe {
         cmd.pre_exec(|| {
@@ -128,7 +135,6 @@ fn command(script_name: &str, mode: Mode, dir: &Path, env: &[(&str, &str)]) -> C
             Ok(())
         });
     }
-    cmd
 }
 
 /// PyTorch's autograd thread sometimes aborts the interpreter at exit ("terminate called
@@ -544,4 +550,58 @@ fn own_allocator_works_before_cuda_is_initialized() {
     assert_ran(&r, 0);
     assert!(!r.stderr.contains("no CUDA driver"), "{}", r.stderr);
     assert!(r.text.contains("oomtrace_malloc"), "{}", r.text);
+}
+
+// ---- The simulated driver itself ------------------------------------------------------------
+
+/// What simcuda must do for real PyTorch (`driver_surface.py` checks each on its own line),
+/// untraced: the tier's ground truth.
+fn driver_surface_untraced(env: &[(&str, &str)]) {
+    let dir = scratch("torch-driver-surface");
+    let mut cmd = base_command(python());
+    cmd.arg(script("driver_surface.py"))
+        .current_dir(&dir)
+        .env("CUDA_MODULE_LOADING", "LAZY")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    without_aslr(&mut cmd);
+    let out = output_within(cmd, TORCH_TIMEOUT);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}\n{stdout}\n{stderr}", out.status);
+    for what in [
+        "ok device NVIDIA H100",
+        "ok copies",
+        "ok streams and events",
+        "ok training step",
+        "ok memory history",
+        "ok mem_get_info",
+        "done",
+    ] {
+        assert!(stdout.contains(what), "no `{what}`:\n{stdout}\n{stderr}");
+    }
+    assert!(!dir.join("__pycache__").exists());
+}
+
+#[test]
+fn simcuda_runs_real_pytorch() {
+    driver_surface_untraced(&[]);
+}
+
+#[test]
+fn simcuda_runs_real_pytorch_with_expandable_segments() {
+    driver_surface_untraced(&[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")]);
+}
+
+/// The same script traced (segment level): it still passes every check, and the trace holds
+/// the cuBLAS handle's workspace and PyTorch's segments.
+#[test]
+fn real_pytorch_runs_unchanged_under_oomtrace_run() {
+    let r = run_torch("driver_surface.py", Mode::Run, &[]);
+    assert_ran(&r, 0);
+    assert!(r.stdout.contains("ok memory history"), "{}", r.stdout);
+    assert!(r.text.contains("cublasCreate_v2"), "{}", r.text);
 }
