@@ -302,6 +302,13 @@ fn check_activation_leak(r: &TorchRun, mode: Mode, file: &str, line: u64) {
     match mode {
         Mode::Torch | Mode::OwnAllocator => {
             assert_steps_from_optimizer(r);
+            if mode == Mode::Torch {
+                // Both halves of --torch worked on torch 2.15 (the step hook reaches
+                // torch.optim.optimizer, which `import torch` hides): nothing is said.
+                for said in ["not swapped", "not marked", "cannot set up tracing"] {
+                    assert!(!r.stderr.contains(said), "{}", r.stderr);
+                }
+            }
             let leak = found
                 .iter()
                 .find(|f| f["kind"] == "leak" && has_frame(f, file, line))
