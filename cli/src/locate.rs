@@ -43,19 +43,7 @@ pub fn shim_library() -> Result<PathBuf, Failure> {
     )))
 }
 
-/// `$XDG_CACHE_HOME/oomtrace/<version><tag>-<hash of contents>` (or `~/.cache/...`, or the
-/// temp dir): where files this binary carries are written once and kept.
-pub fn cache_dir(tag: &str, contents: &[&[u8]]) -> PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    let hash = contents
-        .iter()
-        .fold(0u64, |h, c| h.rotate_left(17) ^ fingerprint(c));
-    base.join("oomtrace")
-        .join(format!("{}{tag}-{hash:016x}", env!("CARGO_PKG_VERSION")))
-}
+pub use oomtrace_proto::cache::cache_dir;
 
 /// How long another build's cache directory must have gone unused before it is removed: two
 /// builds in use at once (an installed one and a fresh one, a CI run beside a developer's)
@@ -113,14 +101,6 @@ fn cache_tag(name: &str) -> Option<String> {
     let known_tag = tag.is_empty()
         || (tag.starts_with('-') && tag[1..].bytes().all(|b| b.is_ascii_lowercase()));
     (semver && known_tag).then(|| tag.to_string())
-}
-
-/// FNV-1a: names the cache directory after the library's content, so that a new build never
-/// reuses an old copy and two builds never write the same file.
-fn fingerprint(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 /// Writes the embedded library to `$XDG_CACHE_HOME/oomtrace/<version>-<hash>/` (or

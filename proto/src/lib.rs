@@ -1,6 +1,7 @@
 //! oomtrace-proto: the bytes that cross the shim -> collector socket and land in `.oomt` files.
 //!
 //! - [`event`]: the fixed 64-byte [`Event`] and its pinned enums.
+//! - [`cache`]: where the files oomtrace carries are kept, and its Python files.
 //! - [`cuda_error`]: names of the CUDA error codes an allocation fails with.
 //! - [`file_kind`]: what a refused path is, in the words every part uses.
 //! - [`wire`]: length-framed records on the socket (`Hello`, `Events`, `StackDef`, ...).
@@ -10,6 +11,7 @@
 //!
 //! Decoders never panic on any input: garbage is an [`Error`].
 
+pub mod cache;
 pub mod cuda_error;
 pub mod event;
 pub mod file_kind;

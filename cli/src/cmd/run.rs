@@ -171,11 +171,6 @@ fn write_json(path: &Path, r: &Report) {
     }
 }
 
-/// The `oomtrace` Python package and the sitecustomize that sets it up when a program imports
-/// torch, carried in this binary.
-const PY_PACKAGE: &[u8] = include_bytes!("../../../python/oomtrace/__init__.py");
-const PY_BOOT: &[u8] = include_bytes!("../../../python/boot/sitecustomize.py");
-
 /// What the sitecustomize does when the program imports torch.
 #[derive(Clone, Copy, Debug)]
 struct PythonHooks {
@@ -194,37 +189,15 @@ fn python_env(lib: &Path, hooks: PythonHooks) -> Result<Vec<(OsString, OsString)
         .map(|&(_, name)| name)
         .collect();
     if wanted.is_empty() {
-        return Ok(Vec::new());
+        // Said explicitly, so that the shim (which puts the step hook on PYTHONPATH in a
+        // Python program under plain LD_PRELOAD) leaves it off too.
+        return Ok(vec![("OOMTRACE_TORCH".into(), OsString::new())]);
     }
-    let dir = locate::cache_dir("-python", &[PY_PACKAGE, PY_BOOT]);
-    let files = [
-        (dir.join("oomtrace").join("__init__.py"), PY_PACKAGE),
-        (dir.join("boot").join("sitecustomize.py"), PY_BOOT),
-    ];
-    for (path, bytes) in files {
-        if std::fs::read(&path).is_ok_and(|b| b == bytes) {
-            continue;
-        }
-        let fail =
-            |e: std::io::Error| Failure::new(format!("cannot write {}: {e}", path.display()));
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(fail)?;
-        }
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        if let Err(e) = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, &path)) {
-            // Only this process writes that name: a half-written copy is ours to remove.
-            let _ = std::fs::remove_file(&tmp);
-            return Err(fail(e));
-        }
-    }
+    let dir = oomtrace_proto::cache::python_files()
+        .map_err(|e| Failure::new(format!("cannot write {e}")))?;
     locate::mark_used(&dir);
-    let mut paths = vec![dir.join("boot"), dir.clone()];
-    // An empty PYTHONPATH adds nothing (split, it would become the working directory).
-    if let Some(old) = std::env::var_os("PYTHONPATH").filter(|v| !v.is_empty()) {
-        paths.extend(std::env::split_paths(&old));
-    }
-    let joined = std::env::join_paths(paths)
-        .map_err(|e| Failure::new(format!("cannot build PYTHONPATH: {e}")))?;
+    let joined = oomtrace_proto::cache::python_path(&dir, std::env::var_os("PYTHONPATH"))
+        .map_err(Failure::new)?;
     Ok(vec![
         ("PYTHONPATH".into(), joined),
         ("OOMTRACE_LIB".into(), lib.as_os_str().to_owned()),

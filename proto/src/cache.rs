@@ -1,0 +1,73 @@
+//! Where oomtrace keeps the files its binaries carry, and the Python files themselves: shared by
+//! the CLI (`oomtrace run`, `oomtrace lib`, the demo) and the shim (which, preloaded into a
+//! Python program, puts the same step hook on `PYTHONPATH`), so both find the same directory.
+//! The CLI also prunes other builds' directories (`cli/src/locate.rs`); the shim never removes
+//! anything.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+/// `$XDG_CACHE_HOME/oomtrace/<version><tag>-<hash of contents>` (or `~/.cache/...`, or the
+/// temp dir): where files a binary carries are written once and kept.
+pub fn cache_dir(tag: &str, contents: &[&[u8]]) -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    let hash = contents
+        .iter()
+        .fold(0u64, |h, c| h.rotate_left(17) ^ fingerprint(c));
+    base.join("oomtrace")
+        .join(format!("{}{tag}-{hash:016x}", env!("CARGO_PKG_VERSION")))
+}
+
+/// FNV-1a: names a cache directory after its content, so that a new build never reuses an old
+/// copy and two builds never write the same file.
+fn fingerprint(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The `oomtrace` Python package.
+pub const PY_PACKAGE: &[u8] = include_bytes!("../../python/oomtrace/__init__.py");
+/// The sitecustomize that, when the program imports torch, installs what `OOMTRACE_TORCH` asks
+/// for (the optimizer step hook, the allocator) and then runs the user's own sitecustomize.
+pub const PY_BOOT: &[u8] = include_bytes!("../../python/boot/sitecustomize.py");
+
+/// Writes the Python files into their cache directory (once: a file already there with the
+/// same bytes is kept; each is written under a temporary name and renamed, and only that
+/// temporary file is ever removed) and returns the directory.
+pub fn python_files() -> std::io::Result<PathBuf> {
+    let dir = cache_dir("-python", &[PY_PACKAGE, PY_BOOT]);
+    for (path, bytes) in [
+        (dir.join("oomtrace").join("__init__.py"), PY_PACKAGE),
+        (dir.join("boot").join("sitecustomize.py"), PY_BOOT),
+    ] {
+        if std::fs::read(&path).is_ok_and(|b| b == bytes) {
+            continue;
+        }
+        let named =
+            |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(named)?;
+        }
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if let Err(e) = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, &path)) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(named(e));
+        }
+    }
+    Ok(dir)
+}
+
+/// `PYTHONPATH` with the sitecustomize and the package (in `dir`, from [`python_files`])
+/// first, then what it was (an empty one adds nothing: split, it would become the working
+/// directory).
+pub fn python_path(dir: &Path, old: Option<OsString>) -> Result<OsString, String> {
+    let mut paths = vec![dir.join("boot"), dir.to_path_buf()];
+    if let Some(old) = old.filter(|v| !v.is_empty()) {
+        paths.extend(std::env::split_paths(&old));
+    }
+    std::env::join_paths(paths).map_err(|e| format!("cannot build PYTHONPATH: {e}"))
+}
