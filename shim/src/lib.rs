@@ -6,7 +6,8 @@
 //! (`resolve.rs`); and the `oomtrace_*` C entry points below.
 //!
 //! Promises to the host process: a CUDA call's result is never changed; no panic crosses
-//! `extern "C"` (`guard.rs`); no constructor of our own; fork, `exit` and `_exit` are handled
+//! `extern "C"` (`guard.rs`); one constructor, which only sets three environment variables in
+//! a Python interpreter nobody configured (`python_env.rs`); fork, `exit` and `_exit` are handled
 //! (`lifecycle.rs`); if the collector dies the program runs on and losses are counted
 //! (`transport.rs`). The GIL is never touched.
 //!
@@ -29,6 +30,7 @@ pub mod lifecycle;
 pub mod log;
 pub mod pluggable;
 pub mod python;
+pub mod python_env;
 pub mod resolve;
 pub mod stack;
 pub mod transport;

@@ -1,8 +1,8 @@
 //! Lazy start on the first hook, reset in fork children, flush at exit.
 //!
-//! Nothing runs from a constructor of ours: hooks can fire before our constructor (libraries
-//! linked by the executable run theirs first) and inside `dlopen` under the loader lock, so
-//! init is lazy, uses only const-initialized statics, and never waits for the drain thread.
+//! Tracing never starts from a constructor of ours (the one there is, `python_env.rs`, only
+//! sets environment variables): hooks can fire before our constructor (libraries linked by the
+//! executable run theirs first) and inside `dlopen` under the loader lock, so init is lazy, uses only const-initialized statics, and never waits for the drain thread.
 //! The state lives behind a pointer that the fork child simply forgets (leaking the parent's
 //! queue, which may hold the parent's undrained events and locks held by threads that do not
 //! exist in the child); the child's next hook starts afresh as its own pid. `OnceLock` would

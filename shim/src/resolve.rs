@@ -152,6 +152,21 @@ fn provided_by(p: *mut c_void, prefix: &[u8]) -> bool {
     base.starts_with(prefix)
 }
 
+/// The path this library was loaded from (what `dladdr` says of one of its own functions).
+pub fn own_path() -> Option<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads the address; info is a valid out-parameter.
+    if unsafe { libc::dladdr(own_path as *const c_void, &mut info) } == 0
+        || info.dli_fname.is_null()
+    {
+        return None;
+    }
+    // SAFETY: dladdr's file name is a NUL-terminated string owned by the loader.
+    let name = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
+    std::fs::canonicalize(std::ffi::OsStr::from_bytes(name)).ok()
+}
+
 /// True for the address of one of our exported wrappers.
 pub fn is_ours(p: usize) -> bool {
     HOOKS.iter().any(|h| h.wrapper as usize == p) || p == dlsym as *const () as usize
