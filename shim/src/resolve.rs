@@ -155,6 +155,7 @@ fn provided_by(p: *mut c_void, prefix: &[u8]) -> bool {
 /// The path this library was loaded from (what `dladdr` says of one of its own functions).
 pub fn own_path() -> Option<std::path::PathBuf> {
     use std::os::unix::ffi::OsStrExt;
+    // SAFETY: Dl_info is pointers and nothing else; all-zero is a valid value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: dladdr only reads the address; info is a valid out-parameter.
     if unsafe { libc::dladdr(own_path as *const c_void, &mut info) } == 0
