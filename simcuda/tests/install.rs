@@ -39,6 +39,10 @@ fn installed_libraries_work() {
         Path::new("libcudart.so.12")
     );
     assert_eq!(
+        std::fs::read(dir.join("libnvidia-ml.so.1")).unwrap(),
+        simcuda::LIBNVML
+    );
+    assert_eq!(
         std::fs::read(dir.join("libcuda.so.1")).unwrap(),
         simcuda::LIBCUDA
     );
@@ -47,5 +51,4 @@ fn installed_libraries_work() {
     assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
     let r = run_in(lib, "rttest", &["basic"], &[]);
     assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
-    std::fs::remove_dir_all(&dir).unwrap();
 }

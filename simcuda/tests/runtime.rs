@@ -90,7 +90,6 @@ fn missing_driver_is_insufficient_driver() {
     )
     .unwrap();
     let r = run_in(dir.to_str().unwrap(), "rttest", &["nodriver"], &[]);
-    let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(
         r.code,
         Some(0),

@@ -77,9 +77,26 @@ pub fn scenario(program: &str, name: &str, env: &[(&str, &str)]) -> Run {
 }
 
 /// A fresh, empty directory under the system temp dir.
-pub fn temp_dir(tag: &str) -> PathBuf {
+pub fn temp_dir(tag: &str) -> TempDir {
     let d = std::env::temp_dir().join(format!("simcuda-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    TempDir(d)
+}
+
+/// A test's directory, removed when it drops: also when the test fails (a failed assertion
+/// unwinds through it), so no run leaves one behind.
+pub struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
