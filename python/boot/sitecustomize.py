@@ -1,7 +1,8 @@
-# Put on PYTHONPATH by `oomtrace run`: when the program imports torch, mark a step after every
-# optimizer step and, with `--torch`, make PyTorch allocate through oomtrace before anything
-# can initialise CUDA. OOMTRACE_TORCH says which (set by `oomtrace run`): a comma-separated
-# list of `allocator` and `steps`. The program itself is not changed. A sitecustomize of the
+# Put on PYTHONPATH by `oomtrace run`, or by the shim in a Python program under plain LD_PRELOAD
+# (shim/src/python_env.rs): when the program imports torch, mark a step after every optimizer
+# step and, with `--torch`, make PyTorch allocate through oomtrace before anything can
+# initialise CUDA. OOMTRACE_TORCH says which (set by whoever put this file on the path): a
+# comma-separated list of `allocator` and `steps`. The program itself is not changed. A sitecustomize of the
 # user's own, further down the path, still runs.
 import importlib.abc
 import importlib.util
