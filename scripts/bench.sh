@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every benchmark of DESIGN §5 in one run, printed as one Markdown table: each figure beside
+# Every benchmark of docs/targets.md in one run, printed as one Markdown table: each figure beside
 # its target and the baseline measured in the same run. Not part of the default test run
 # (it takes a few minutes). Usage: scripts/bench.sh > bench/$(date +%F)-table.md
 set -euo pipefail

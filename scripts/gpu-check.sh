@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The check on a real NVIDIA GPU (DESIGN §6): PyTorch, nvcc and the driver, no Rust toolchain
+# The check on a real NVIDIA GPU (docs/real-pytorch.md says what runs without one): PyTorch, nvcc and the driver, no Rust toolchain
 # and no network. The binaries are built elsewhere and carried over:
 #
 #   OOMTRACE_BIN=path/oomtrace OOMTRACE_LIB=path/liboomtrace.so OUT=dir scripts/gpu-check.sh [a] [b] [c] [d]
@@ -14,7 +14,7 @@
 #   c  an nvcc-built extension (static cudart, dlopen RTLD_LOCAL via ctypes) leaking 4 MiB per
 #      leaky_step(); the leak must name leaky_step.
 #   d  overhead: median step time untraced, under the shim, under --torch and with
-#      torch.cuda.memory._record_memory_history; ratios against untraced (DESIGN §5).
+#      torch.cuda.memory._record_memory_history; ratios against untraced (docs/targets.md).
 # Writes OUT/summary.md (date, GPU, versions, one PASS/FAIL/SKIP/INFO line per check), one
 # directory per check (stdout, stderr, trace, report.json, the judge's account, and
 # stderr-tail.txt when it failed). Every command runs under `timeout` (GPU_CHECK_TIMEOUT s,

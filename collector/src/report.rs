@@ -1,4 +1,4 @@
-//! The report: the `--json` contract of DESIGN §4 (version 1), built from a `Trace`.
+//! The report: the `--json` contract (README "CLI", version 1), built from a `Trace`.
 //!
 //! Field names are pinned by the contract; extra fields are allowed, renames are not.
 //! Findings open with OOMs (what a user asks first after a crash), then the call sites that

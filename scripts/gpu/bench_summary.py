@@ -6,7 +6,7 @@ DIR holds MODE.ROUND.json files (modes: untraced, shim, torch, history). Each mo
 is the median of its rounds' median step times. Writes DIR/bench.md (a Markdown table) and
 prints one tab-separated verdict line per check: STATUS, id, title, detail. TORCH_STATE is
 "ok" or "unavailable" (oomtrace run --torch refused by this build).
-Targets (DESIGN §5): shim <= 1 % slower than untraced; --torch faster than
+Targets (docs/targets.md): shim <= 1 % slower than untraced; --torch faster than
 _record_memory_history.
 """
 

@@ -5,7 +5,7 @@
     check_report.py REPORT --expect noleak
 
 Prints one line (the verdict's detail) on stdout, a longer account of every leak finding on
-stderr, and exits 0 (PASS) or 1 (FAIL). Field names: DESIGN §4 / README "CLI" (frames are
+stderr, and exits 0 (PASS) or 1 (FAIL). Field names: README "CLI" (frames are
 innermost first; unknown parts are "" / 0).
 
 --expect leak: PASS when some finding has kind "leak" (any level; the level is reported) and

@@ -113,7 +113,7 @@ fn main() {
             format!("{:+.1} ns", median(deltas))
         };
         let target = match *name {
-            "stacks" => "<= 1000 ns (DESIGN §5)",
+            "stacks" => "<= 1000 ns (docs/targets.md)",
             _ => "",
         };
         println!("| {name} | {med:.1} | {over} | {target} |");

@@ -1,4 +1,4 @@
-//! The collector side of DESIGN §5: ingest rate on one core, trace bytes per event, report
+//! The collector side of docs/targets.md: ingest rate on one core, trace bytes per event, report
 //! time for 10^7 events, and collector memory over 10^8 events; each beside a baseline taken
 //! in the same run.
 //!

@@ -9,7 +9,7 @@ use crate::{findings, functions};
 
 /// Steps each corpus program runs (its default `CORPUS_STEPS`).
 pub const STEPS: u32 = 60;
-/// A leak of ≥ 1 MiB/step must be found within this many epochs of its onset (DESIGN §5),
+/// A leak of ≥ 1 MiB/step must be found within this many epochs of its onset (docs/targets.md),
 /// counted from the end of warm-up when it starts earlier: growth during warm-up cannot be
 /// told apart from warm-up itself.
 pub const BUDGET_EPOCHS: u32 = 10;
