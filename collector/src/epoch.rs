@@ -1,4 +1,4 @@
-//! Epochs: the iterations a leak is measured in (research/detection.md §3).
+//! Epochs: the iterations a leak is measured in (docs/detection.md).
 //!
 //! One clock per process, fed in stream order, deterministic, so a live collector and a
 //! replay of its trace agree on every boundary. Sources, best first:

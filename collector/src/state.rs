@@ -4,7 +4,7 @@
 //! Memory is O(live allocations + sites + modules), never O(events): events only update
 //! counters and the live tables.
 //!
-//! Accounting rules (research/cuda-hooking.md §6.6):
+//! Accounting rules:
 //! - Plain allocations are keyed by pointer (unique per process under unified addressing).
 //! - VMM physical memory (`cuMemCreate`) is live while the handle has references (create and
 //!   retain add one, release removes one) *or* is mapped: PyTorch and NCCL release while

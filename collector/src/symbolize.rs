@@ -1,6 +1,6 @@
 //! Addresses to function, file and line, from the modules' files on disk (DWARF when present,
 //! ELF symbols otherwise). Runs only here, never in the traced process: the first symbolization
-//! in a process costs tens of milliseconds and megabytes (prototype-measurements.md §3).
+//! in a process costs tens of milliseconds and megabytes.
 //!
 //! Python frames (see `oomtrace_proto::python`) become file, function and line from the code
 //! objects the shim sent, and are merged into the native stack: each native frame of the

@@ -1,7 +1,7 @@
 //! A cheap timestamp for the hot path, converted to nanoseconds in the drain thread.
 //!
 //! `clock_gettime(CLOCK_MONOTONIC)` costs ~19 ns on the project's KVM guests and `rdtsc` ~2 ns
-//! (research/prototype-measurements.md §3). Hooks store raw ticks; the drain thread maps them to
+//! (measured when the shim was designed). Hooks store raw ticks; the drain thread maps them to
 //! CLOCK_MONOTONIC nanoseconds with a calibration it refreshes itself, off the hot path.
 
 /// Raw ticks: TSC on x86-64, CLOCK_MONOTONIC nanoseconds elsewhere.

@@ -1,5 +1,5 @@
 //! PyTorch's pluggable allocator entry points: `oomtrace_malloc` / `oomtrace_free`, with the
-//! ABI `torch.cuda.memory.CUDAPluggableAllocator` calls (research/cuda-hooking.md §3).
+//! ABI `torch.cuda.memory.CUDAPluggableAllocator` calls.
 //!
 //! PyTorch then asks us for every tensor, so these events are tensor-level (API
 //! `oomtrace_malloc`) and their stacks name the Python line that made the tensor. Memory comes

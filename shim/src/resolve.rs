@@ -1,7 +1,7 @@
 //! Finding real functions, and handing out our wrappers where a program looks functions up
 //! at run time (`dlsym`, `cuGetProcAddress[_v2]`, `cudaGetDriverEntryPoint*`).
 //!
-//! Rules (research/cuda-hooking.md §6.2-6.3, prototype-measurements.md §2):
+//! Rules:
 //! - Call the real resolver with the caller's exact arguments. Substitute only when the real
 //!   answer is a function we wrap, identified by exact ABI: either it is the address libcuda
 //!   exports under that exact name, or the driver gives the same address when asked for the

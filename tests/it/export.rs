@@ -41,7 +41,7 @@ fn have_python() -> bool {
 }
 
 /// Loads a memory-viz pickle with Python and checks what the viewer relies on
-/// (research/pytorch-memory.md §1.6-1.8), including a replay of the Allocator State History
+/// (segments, blocks, device traces), including a replay of the Allocator State History
 /// view backwards from the final `segments`: at every event each live block lies inside a
 /// segment. Prints a JSON summary. With a second argument `cut` the history may start after
 /// blocks were allocated (`--max-entries`): blocks live before the first entry are allowed, as

@@ -1,8 +1,8 @@
 //! A PyTorch memory snapshot (`torch.cuda.memory._dump_snapshot`'s format) of one process,
 //! as a protocol-4 pickle that pytorch.org/memory_viz opens in all three classic views
-//! (research/pytorch-memory.md §1.6–1.8).
+//! (PyTorch's `torch/cuda/_memory_viz.py` and the viewer read it).
 //!
-//! Mapping (decisions where the research leaves a choice):
+//! Mapping (decisions where the format leaves a choice):
 //! - A driver-level allocation (cudaMalloc, cuMemAlloc, pools, managed memory) is a segment
 //!   and one block of the same address and size: `segment_alloc` + `alloc`; its free is
 //!   `free_requested` + `free_completed` + `segment_free`. So non-PyTorch memory shows in the

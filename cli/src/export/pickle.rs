@@ -1,5 +1,5 @@
 //! A minimal pickle writer, protocol 4, for what pytorch.org/memory_viz reads
-//! (research/pytorch-memory.md §1.8).
+//! (the subset of protocol 4 its JavaScript unpickler reads).
 //!
 //! Only opcodes the viewer's JavaScript unpickler accepts: PROTO, EMPTY_DICT, EMPTY_LIST,
 //! MARK, SETITEMS, APPENDS, TUPLE2, BININT1, BININT2, BININT, LONG1 (at most 8 bytes: every

@@ -1,4 +1,4 @@
-//! Fragmentation (research/detection.md §4): memory that is there but cannot be used.
+//! Fragmentation (docs/detection.md): memory that is there but cannot be used.
 //!
 //! Three signals, per device:
 //! - **Allocator retries**: an allocation failed, the program freed memory, and the same

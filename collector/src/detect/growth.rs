@@ -1,5 +1,5 @@
 //! Leaks: call sites whose memory keeps surviving, one new generation per epoch
-//! (research/detection.md §5; thresholds from its §5.3, validated there on a toy model).
+//! (docs/detection.md; the thresholds are checked on the labeled corpus, tests/src/corpus.rs).
 //!
 //! Per (site, device), O(1) per event: live bytes and count, live allocations by birth epoch
 //! ("generations"), live sizes. Once per epoch, for sites that are live or had events: one

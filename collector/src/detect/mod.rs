@@ -5,7 +5,7 @@
 //! [`crate::state::Process`], identically in the live collector and in a replay of its trace,
 //! so what `oomtrace run` printed while the job ran is what `oomtrace report` shows later.
 //!
-//! - [`growth`]: leaks per call site and device (research/detection.md §5).
+//! - [`growth`]: leaks per call site and device (docs/detection.md).
 //! - [`device_growth`]: the process's total on each device rising step after step, whoever
 //!   allocates it (the view that still works when a caching allocator spreads a leak over
 //!   many call sites); runs after `growth` and reads its per-site generations.

@@ -1,4 +1,4 @@
-//! The statistics behind the leak and fragmentation rules (research/detection.md §2):
+//! The statistics behind the leak and fragmentation rules (docs/detection.md):
 //! Mann-Kendall for "is it rising", Theil-Sen for "how fast", with Sen's confidence interval.
 //! Inputs are one sample per epoch, at most a few dozen, so the O(n²) forms are used as is.
 
@@ -159,7 +159,7 @@ mod tests {
 
     #[test]
     fn strictly_increasing_series_match_the_exact_small_sample_floor() {
-        // research/detection.md §2.1: Z = 2.20 / 2.63 / 3.00 for n = 5 / 6 / 7.
+        // Exact small-sample critical values: Z = 2.20 / 2.63 / 3.00 for n = 5 / 6 / 7.
         for (n, z) in [(5, 2.20), (6, 2.63), (7, 3.00)] {
             let x: Vec<f64> = (0..n).map(f64::from).collect();
             let mk = mann_kendall(&x);
