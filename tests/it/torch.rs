@@ -108,12 +108,9 @@ fn command(script_name: &str, mode: Mode, dir: &Path, env: &[(&str, &str)]) -> C
             c
         }
     };
-    cmd.arg(script(script_name))
-        .current_dir(dir)
-        .env("CUDA_MODULE_LOADING", "LAZY")
-        // The scripts live in the repository: no __pycache__ written there.
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env("STEPS", STEPS.to_string())
+    cmd.arg(script(script_name)).current_dir(dir);
+    torch_env(&mut cmd, dir);
+    cmd.env("STEPS", STEPS.to_string())
         .env_remove("PYTORCH_CUDA_ALLOC_CONF")
         .env_remove("OWN_ALLOCATOR");
     if mode == Mode::OwnAllocator {
@@ -124,6 +121,16 @@ fn command(script_name: &str, mode: Mode, dir: &Path, env: &[(&str, &str)]) -> C
     }
     without_aslr(&mut cmd);
     cmd
+}
+
+/// What every PyTorch run here gets: lazy module loading (as the real driver defaults to),
+/// no `__pycache__` written into the repository's scripts, and PyTorch's own cache directory
+/// (which `import torch` makes, `/tmp/torchinductor_<user>` by default) inside the test's
+/// scratch directory, so that a test run leaves nothing behind.
+fn torch_env(cmd: &mut Command, dir: &Path) {
+    cmd.env("CUDA_MODULE_LOADING", "LAZY")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("TORCHINDUCTOR_CACHE_DIR", dir.join("torchinductor"));
 }
 
 /// Runs the command with address-space randomisation off (see the module doc); inherited by
@@ -554,11 +561,9 @@ fn own_allocator_works_before_cuda_is_initialized() {
 fn driver_surface_untraced(env: &[(&str, &str)]) {
     let dir = scratch("torch-driver-surface");
     let mut cmd = base_command(python());
-    cmd.arg(script("driver_surface.py"))
-        .current_dir(&dir)
-        .env("CUDA_MODULE_LOADING", "LAZY")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env_remove("PYTORCH_CUDA_ALLOC_CONF");
+    cmd.arg(script("driver_surface.py")).current_dir(&dir);
+    torch_env(&mut cmd, &dir);
+    cmd.env_remove("PYTORCH_CUDA_ALLOC_CONF");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -610,6 +615,7 @@ fn plain_preload_sets_up_the_step_hook_only_in_python() {
     let dir = scratch("preload-env");
     let preloaded_env = |program: &Path, args: &[&str], extra: &[(&str, &str)]| {
         let mut cmd = base_command(program);
+        torch_env(&mut cmd, &dir);
         cmd.args(args)
             .current_dir(&dir)
             .env("LD_PRELOAD", shim())
