@@ -9,7 +9,7 @@ use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
-use crate::{lifecycle, log};
+use crate::log;
 
 /// Tracing has not started in this process (or was reset by fork).
 pub const MODE_UNINIT: u8 = 0;
@@ -31,7 +31,7 @@ thread_local! {
 #[inline]
 pub fn enter() -> bool {
     let mode = MODE.load(Ordering::Acquire);
-    if mode != MODE_RECORDING && (mode != MODE_UNINIT || !lifecycle::start()) {
+    if mode != MODE_RECORDING && (mode != MODE_UNINIT || !crate::start_tracing()) {
         return false;
     }
     DEPTH

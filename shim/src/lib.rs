@@ -24,18 +24,28 @@ compile_error!("liboomtrace supports x86-64 Linux (the dlsym trampoline and unwi
 pub mod clock;
 pub mod config;
 pub mod cuda;
+pub mod driver_query;
 pub mod guard;
 pub mod hooks;
 pub mod lifecycle;
 pub mod log;
+pub mod modules;
 pub mod pluggable;
 pub mod python;
 pub mod python_env;
-pub mod resolve;
 pub mod stack;
+pub mod symbols;
 pub mod transport;
 
 use std::ffi::{c_char, c_int, CStr};
+
+/// The lazy start on a process's first hook. `guard` sits below `lifecycle` and never imports
+/// it; the crate root, which wires the modules together, hands it the start.
+#[cold]
+#[inline(never)]
+fn start_tracing() -> bool {
+    lifecycle::start()
+}
 
 /// Marks a step boundary (e.g. one training iteration). `label` may be NULL.
 #[unsafe(no_mangle)]

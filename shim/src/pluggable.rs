@@ -24,7 +24,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::cuda::{CUcontext, CUdevice, CUdeviceptr, CUresult, CUstream, CUDA_SUCCESS};
 use crate::hooks::record;
-use crate::resolve::{current_device, driver_fn, load_libcuda};
+use crate::driver_query::{current_device, driver_fn};
+use crate::symbols::load_libcuda;
 use crate::{guard, log};
 
 type AllocAsyncFn = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;

@@ -1,10 +1,13 @@
 //! Expands the hook table (`table.rs`) into exported wrappers, real-pointer slots and the
-//! `HOOKS` list that the resolvers (`resolve.rs`) consult.
+//! `HOOKS` list that the resolvers (`resolve.rs`, in this tree because the table lists them
+//! and they consult the table) read.
 //!
 //! Each recorded wrapper: resolve the real function (cold path once), forward untouched unless
 //! this is the outermost recording hook, then `before` -> real call (exactly once) -> `after`.
 
+mod real;
 pub mod record;
+pub mod resolve;
 mod table;
 
 use std::ffi::{c_int, CStr};
@@ -112,7 +115,7 @@ impl Hook {
             return Some(p as *const ());
         }
         // Cold path, and it reaches into the loader: never let a bug there unwind into C.
-        crate::guard::catch(|| crate::resolve::resolve_slot(self)).flatten()
+        crate::guard::catch(|| real::resolve_slot(self)).flatten()
     }
 
     /// The real function for a call made from return address `caller` (runtime hooks).
@@ -127,7 +130,7 @@ impl Hook {
                 return Some(slot.real.load(Ordering::Relaxed) as *const ());
             }
         }
-        crate::guard::catch(|| crate::resolve::resolve_for_caller(self, caller)).flatten()
+        crate::guard::catch(|| real::resolve_for_caller(self, caller)).flatten()
     }
 
     /// Remembers that calls from [start, end) go to `real` (cold path, serialized by the
@@ -153,7 +156,7 @@ impl Hook {
     /// pointer now in the slot. Our own wrappers are refused (a slot holding a wrapper would
     /// call itself forever).
     pub fn offer_real(&self, p: usize) -> usize {
-        if p == 0 || crate::resolve::is_ours(p) {
+        if p == 0 || crate::symbols::is_ours(p) {
             return self.known_real();
         }
         match self
@@ -168,7 +171,7 @@ impl Hook {
     /// What a wrapper returns when the real function cannot be found at all (the host would
     /// not have linked without it, so this is only reached in broken installations).
     pub fn unresolved(&self) -> c_int {
-        crate::resolve::warn_unresolved(self);
+        real::warn_unresolved(self);
         crate::cuda::ERROR_SYMBOL_NOT_FOUND
     }
 }

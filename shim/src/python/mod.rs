@@ -27,9 +27,9 @@ use std::sync::Mutex;
 
 use oomtrace_proto::python::{CodeDef, PyFrame, MAX_CODE_ID};
 
-use crate::lifecycle::State;
 use crate::log;
-use crate::transport::{self, Msg};
+use crate::symbols;
+use crate::transport::{Msg, Outbox};
 use layout::{FrameModel, Layout};
 
 /// Most Python frames kept per stack (the innermost ones).
@@ -60,7 +60,7 @@ static INTERPRETER: AtomicPtr<Interpreter> = AtomicPtr::new(std::ptr::null_mut()
 static SEARCHED_AT: AtomicU64 = AtomicU64::new(0);
 
 fn sym(name: &CStr) -> *mut c_void {
-    crate::resolve::real_dlsym(libc::RTLD_DEFAULT, name)
+    symbols::real_dlsym(libc::RTLD_DEFAULT, name)
 }
 
 /// The interpreter of this process, searched for again only when the loader's counters moved
@@ -227,7 +227,7 @@ impl Default for ThreadCodes {
 /// Walks the calling thread's Python frames into `out` (innermost first, encoded as
 /// `PyFrame`s). Returns how many; 0 when this thread runs no Python.
 pub fn walk(
-    st: &State,
+    ob: &Outbox,
     py: &Interpreter,
     codes: &CodeRegistry,
     cache: &mut ThreadCodes,
@@ -245,9 +245,9 @@ pub fn walk(
         return 0;
     }
     match py.trust.load(Ordering::Relaxed) {
-        TRUSTED => walk_with(&Direct, st, py, codes, cache, ts, out).unwrap_or(0),
+        TRUSTED => walk_with(&Direct, ob, py, codes, cache, ts, out).unwrap_or(0),
         BROKEN => 0,
-        _ => match walk_with(&Checked, st, py, codes, cache, ts, out) {
+        _ => match walk_with(&Checked, ob, py, codes, cache, ts, out) {
             Some(0) => 0,
             Some(n) => {
                 py.trust.store(TRUSTED, Ordering::Relaxed);
@@ -269,7 +269,7 @@ pub fn walk(
 /// None: something did not look like the layout says (only reported while unverified).
 fn walk_with<M: Mem>(
     m: &M,
-    st: &State,
+    ob: &Outbox,
     py: &Interpreter,
     codes: &CodeRegistry,
     cache: &mut ThreadCodes,
@@ -326,7 +326,7 @@ fn walk_with<M: Mem>(
             frame = back;
             continue;
         }
-        let id = code_id(m, st, py, codes, cache, code)?;
+        let id = code_id(m, ob, py, codes, cache, code)?;
         out[n] = PyFrame {
             code: id,
             offset,
@@ -357,7 +357,7 @@ fn end_group(out: &mut [u64; MAX_PY_FRAMES], n: usize) {
 /// and another allocated at its address is told apart by its file name, name and table.
 fn code_id<M: Mem>(
     m: &M,
-    st: &State,
+    ob: &Outbox,
     py: &Interpreter,
     codes: &CodeRegistry,
     cache: &mut ThreadCodes,
@@ -383,7 +383,7 @@ fn code_id<M: Mem>(
                 if id > MAX_CODE_ID {
                     return None;
                 }
-                if !transport::send_reliable(st, Msg::Code(Box::new(CodeDef { id, ..def }))) {
+                if !ob.send_reliable(Msg::Code(Box::new(CodeDef { id, ..def }))) {
                     return None;
                 }
                 map.insert(code, (check, id));
