@@ -4,7 +4,7 @@
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::cuda::{CuCtxGetDeviceFn, CuMemGetInfoFn, CUdevice, CUDA_SUCCESS};
+use crate::cuda::{CUdevice, CuCtxGetDeviceFn, CuMemGetInfoFn, CUDA_SUCCESS};
 use crate::symbols::{is_ours, libcuda_handle, real_dlsym};
 
 /// A driver function by name (the real one, never our wrapper), cached in `slot`; 0 if absent.

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use oomtrace_proto::{Api, Event, EventKind, MemoryClass, DEVICE_UNKNOWN};
 
 use crate::cuda::{CUmemAllocationProp, CU_MEM_LOCATION_TYPE_DEVICE};
-use crate::guard::Recorder;
 use crate::driver_query;
+use crate::guard::Recorder;
 use crate::stack;
 use crate::transport::outbox;
 

@@ -307,4 +307,3 @@ runtime_resolver!(cudaGetDriverEntryPointByVersion, entry_point_by_version_imp =
     (symbol: *const c_char, func_ptr: *mut *mut c_void, version: u32, flags: u64, status: *mut c_int));
 runtime_resolver!(cudaGetDriverEntryPointByVersion_ptsz, entry_point_by_version_ptsz_imp => entry_point_by_version,
     (symbol: *const c_char, func_ptr: *mut *mut c_void, version: u32, flags: u64, status: *mut c_int));
-

@@ -24,9 +24,9 @@ use framehop::{
 use oomtrace_proto::StackId;
 
 use crate::config::MAX_STACK_DEPTH;
+use crate::modules::{self, LoadCounts, LoadedModule};
 use crate::python::{self, CodeRegistry, Interpreter, ThreadCodes, MAX_PY_FRAMES};
 use crate::transport::{Msg, Outbox};
-use crate::modules::{self, LoadCounts, LoadedModule};
 
 type NativeUnwinder = framehop::UnwinderNative<Vec<u8>, MayAllocateDuringUnwind>;
 type NativeCache = framehop::CacheNative<MayAllocateDuringUnwind>;
@@ -399,7 +399,14 @@ impl ThreadStacks {
                 Err(())
             }
         };
-        unwind_with(&self.snapshot, &mut self.cache, (pc, sp, bp), depth, v, read)
+        unwind_with(
+            &self.snapshot,
+            &mut self.cache,
+            (pc, sp, bp),
+            depth,
+            v,
+            read,
+        )
     }
 
     /// The id of a recent stack from (sp, bp) whose return addresses are all still in place.
@@ -707,7 +714,13 @@ fn with_python(cap: &Capturer, ts: &mut ThreadStacks, native: StackId) -> StackI
         return native;
     };
     let stacks = cap.stacks();
-    let n = python::walk(cap.outbox, py, &stacks.codes, &mut ts.py.codes, &mut ts.py.frames);
+    let n = python::walk(
+        cap.outbox,
+        py,
+        &stacks.codes,
+        &mut ts.py.codes,
+        &mut ts.py.frames,
+    );
     if n == 0 {
         return native;
     }

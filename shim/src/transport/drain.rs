@@ -189,7 +189,11 @@ fn read_cmdline() -> Vec<String> {
 
 impl Drainer {
     fn new(ob: &'static Outbox, rx: Receiver<Msg>, setup: DrainSetup) -> Drainer {
-        let socket = match (&setup.config.socket, &setup.own_collector, inherited_socket()) {
+        let socket = match (
+            &setup.config.socket,
+            &setup.own_collector,
+            inherited_socket(),
+        ) {
             (Some(p), _, _) => Some(Ok((PathBuf::from(p), SocketSource::Configured))),
             (None, Some(Ok(p)), _) => Some(Ok((p.clone(), SocketSource::Spawned))),
             (None, Some(Err(e)), _) => Some(Err(NoCollector(e.clone()))),

@@ -65,7 +65,10 @@ impl DirectFile {
     /// Creates the file: `path`, or the first free numbered name beside it (a trace is never
     /// overwritten), with its first records. A file that cannot take them is removed: it is
     /// ours and holds nothing.
-    pub(super) fn create(wanted: &Path, first: &[u8]) -> Result<DirectFile, (String, std::io::Error)> {
+    pub(super) fn create(
+        wanted: &Path,
+        first: &[u8],
+    ) -> Result<DirectFile, (String, std::io::Error)> {
         use std::os::unix::fs::FileExt;
         let (file, path) =
             trace_file::create_new(wanted).map_err(|e| (wanted.display().to_string(), e))?;
@@ -137,7 +140,12 @@ impl DirectFile {
 
     /// After a failed write: an `Incomplete` record (in the reserved room) says why the trace
     /// stops, then the `End`. Returns the one line to print: the file, the cause, what was lost.
-    pub(super) fn failed(&mut self, e: &std::io::Error, lost_bytes: u64, lost_events: u64) -> String {
+    pub(super) fn failed(
+        &mut self,
+        e: &std::io::Error,
+        lost_bytes: u64,
+        lost_events: u64,
+    ) -> String {
         let failure = DirectFailure {
             t_unix_ns: clock::unix_ns(),
             cause: trace_file::WriteFailure::of(e),

@@ -41,7 +41,6 @@
 //!   socket taking a byte), the shim says so on stderr: those counts cannot reach the
 //!   collector any more.
 
-
 mod drain;
 mod file;
 pub mod outbox;

@@ -5,8 +5,10 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use oomtrace_proto::{collector_spawn, private_dir};
+
 use crate::config::Config;
-use crate::log;
+use crate::{log, symbols};
 
 /// The socket of the collector this process started, inherited by forked children so that
 /// they report to the same collector.
@@ -29,11 +31,12 @@ pub fn start_own_collector(config: &Config) -> Result<PathBuf, String> {
 fn find_collector() -> Option<PathBuf> {
     let executable = |p: &Path| {
         CString::new(p.as_os_str().as_encoded_bytes())
-            // SAFETY: valid C string.
+            // SAFETY: `c` is a valid NUL-terminated path; access only reads it.
             .map(|c| unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0)
             .unwrap_or(false)
     };
-    if let Some(dir) = own_dir() {
+    // The directory liboomtrace.so was loaded from.
+    if let Some(dir) = symbols::own_path().as_deref().and_then(Path::parent) {
         let p = dir.join("oomtrace");
         if executable(&p) {
             return Some(p);
@@ -43,42 +46,6 @@ fn find_collector() -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|d| d.join("oomtrace"))
         .find(|p| executable(p))
-}
-
-/// The directory liboomtrace.so was loaded from.
-fn own_dir() -> Option<PathBuf> {
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: dladdr on one of our own functions.
-    if unsafe { libc::dladdr(find_collector as *const libc::c_void, &mut info) } == 0
-        || info.dli_fname.is_null()
-    {
-        return None;
-    }
-    let p = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
-    let p = PathBuf::from(p.to_string_lossy().into_owned());
-    let p = std::fs::canonicalize(&p).unwrap_or(p);
-    p.parent().map(Path::to_path_buf)
-}
-
-/// A fresh 0700 directory for the collector's socket.
-fn private_dir() -> std::io::Result<PathBuf> {
-    let base = std::env::var_os("TMPDIR")
-        .map(PathBuf::from)
-        .filter(|p| p.is_dir())
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    let template = base.join("oomtrace-XXXXXX");
-    let mut bytes = template.into_os_string().into_encoded_bytes();
-    bytes.push(0);
-    // SAFETY: a writable NUL-terminated template.
-    let p = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
-    if p.is_null() {
-        return Err(std::io::Error::last_os_error());
-    }
-    bytes.pop();
-    // SAFETY: mkdtemp filled in the template with path bytes.
-    Ok(PathBuf::from(unsafe {
-        std::ffi::OsString::from_encoded_bytes_unchecked(bytes)
-    }))
 }
 
 /// Starts `oomtrace collect --detach` for this process and returns its socket. The collector
@@ -91,45 +58,15 @@ fn spawn_collector(config: &Config) -> Result<PathBuf, String> {
         .map(PathBuf::from)
         .or_else(find_collector)
         .ok_or("no `oomtrace` binary next to liboomtrace.so or on PATH (set OOMTRACE_COLLECTOR)")?;
-    let dir = private_dir().map_err(|e| format!("cannot create a private directory: {e}"))?;
+    let dir = private_dir::create(&private_dir::default_base(), "oomtrace-")
+        .map_err(|e| format!("cannot create a private directory: {e}"))?;
     let socket = dir.join("collector.sock");
     // SAFETY: getpid has no preconditions.
     let output = config.output_for(unsafe { libc::getpid() } as u32);
     let output = std::env::current_dir()
         .map(|d| d.join(&output))
         .unwrap_or_else(|_| PathBuf::from(&output));
-    let started = std::process::Command::new(&exe)
-        .arg("collect")
-        .arg("--socket")
-        .arg(&socket)
-        .arg("--output")
-        .arg(&output)
-        .arg("--detach")
-        .arg("--exit-when-idle")
-        // Processes sharing an output name (exec under the same pid, several ranks with one
-        // OOMTRACE_OUTPUT) each get their own file instead of overwriting each other's.
-        .arg("--no-clobber")
-        .arg("--quiet")
-        .env_remove("LD_PRELOAD")
-        .env_remove("OOMTRACE_SOCKET")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .output();
-    let failure = match started {
-        Err(e) => Some(format!("cannot run {}: {e}", exe.display())),
-        Ok(r) if !r.status.success() => {
-            let msg = String::from_utf8_lossy(&r.stderr);
-            let line = msg.lines().next().unwrap_or("").trim().to_string();
-            Some(format!(
-                "{} exited with {}: {line}",
-                exe.display(),
-                r.status
-            ))
-        }
-        Ok(_) => None,
-    };
-    if let Some(why) = failure {
+    if let Err(why) = collector_spawn::run_detached(&exe, &socket, &output) {
         let _ = std::fs::remove_dir_all(&dir);
         return Err(why);
     }
