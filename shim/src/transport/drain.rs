@@ -3,7 +3,6 @@
 //! can run. It alone decides when the collector is stalled (see the transport module doc).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
@@ -16,7 +15,8 @@ use oomtrace_proto::{Event, EventKind, StackId};
 
 use super::file::{finish_failed_direct, keep_failed_direct, not_a_regular_file, DirectFile};
 use super::outbox::{Done, Msg, Outbox, ON_DRAIN_THREAD};
-use super::socket::{peer_pid, send_all, send_some, SOCKET_WRITE_WAIT};
+use super::sink::Sink;
+use super::socket::UnixSink;
 use super::spawn::{inherited_socket, start_own_collector};
 use crate::clock::{self, Calibration};
 use crate::config::Config;
@@ -39,8 +39,6 @@ const STALL_WAIT: Duration = Duration::from_millis(250);
 /// be seen): a running collector can be busy for over a second without reading (the first
 /// symbolization of a large library, a debug build), which must not cost events.
 const HUNG_WAIT: Duration = Duration::from_secs(10);
-/// How often the collector's process state is read while it takes nothing.
-const PEER_CHECK_EVERY: Duration = Duration::from_millis(100);
 /// The drain thread tells waiting hooks about room every this many messages taken.
 const ROOM_EVERY: usize = 1024;
 
@@ -65,7 +63,7 @@ pub fn spawn_drainer(ob: &'static Outbox, rx: Receiver<Msg>, setup: DrainSetup) 
         .stack_size(256 << 10)
         .spawn(move || {
             let _ = ON_DRAIN_THREAD.try_with(|f| f.set(true));
-            crate::guard::catch(|| Drainer::new(ob, rx, setup).run());
+            crate::guard::catch(|| Drainer::<UnixSink>::new(ob, rx, setup, Instant::now).run());
             // Ended (or failed): nobody waits for room any more; waiting hooks re-check.
             ob.shared.draining.store(false, Ordering::Release);
             ob.shared.progressed();
@@ -98,7 +96,8 @@ enum SocketSource {
 /// Why there is no collector to connect to: fall back to writing the file at once.
 struct NoCollector(String);
 
-enum Sink {
+/// Where the stream goes: connecting, a connected sink, the direct file, or nowhere.
+enum Conn<S> {
     /// Not connected yet; events accumulate in `out` (bounded).
     Connecting {
         /// None: start a collector first. Err: none could be started.
@@ -106,7 +105,7 @@ enum Sink {
         deadline: Instant,
         next_try: Instant,
     },
-    Socket(UnixStream),
+    Stream(S),
     File(DirectFile),
     /// The collector is gone: everything is counted and dropped.
     Detached,
@@ -124,11 +123,13 @@ const STALLED_LIMIT: usize = 16 << 20;
 /// At exit, how long the end of the stream may go without the socket taking a byte.
 const FINISH_WRITE_WAIT: Duration = Duration::from_millis(2000);
 
-struct Drainer {
+struct Drainer<S: Sink> {
     ob: &'static Outbox,
     setup: DrainSetup,
     rx: Receiver<Msg>,
-    sink: Sink,
+    sink: Conn<S>,
+    /// The time source (`Instant::now`; a fake clock in tests).
+    now: fn() -> Instant,
     /// Encoded frames not yet written.
     out: Vec<u8>,
     /// Bytes already committed to the socket stream but not yet taken by the collector: a
@@ -144,10 +145,6 @@ struct Drainer {
     last_taken: Instant,
     /// Bytes of the stream written so far (socket or file).
     sent_total: u64,
-    /// The collector's pid (SO_PEERCRED: the process that listened), 0 if unknown.
-    peer_pid: i32,
-    peer_checked: Instant,
-    peer_was_stopped: bool,
     /// Events in `out`, to count them if `out` is dropped.
     out_events: u64,
     /// Offset of the open Events frame in `out`.
@@ -162,6 +159,19 @@ struct Drainer {
     last_lost: Lost,
     lost_checked: Instant,
     idle_rounds: u32,
+    /// Flush requests, each with the stream position it waits for.
+    flushes: Vec<(u64, Arc<Done>)>,
+}
+
+/// What one round of the drain loop did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Round {
+    /// Shut down: the stream has ended.
+    Finished,
+    /// Took nothing from the queue: sleep a little.
+    Idle,
+    /// Took messages (or held back at the cap): go on at once.
+    Busy,
 }
 
 /// Which buffer `Drainer::send_counted` sends.
@@ -187,8 +197,13 @@ fn read_cmdline() -> Vec<String> {
         .unwrap_or_default()
 }
 
-impl Drainer {
-    fn new(ob: &'static Outbox, rx: Receiver<Msg>, setup: DrainSetup) -> Drainer {
+impl<S: Sink> Drainer<S> {
+    fn new(
+        ob: &'static Outbox,
+        rx: Receiver<Msg>,
+        setup: DrainSetup,
+        now_fn: fn() -> Instant,
+    ) -> Drainer<S> {
         let socket = match (
             &setup.config.socket,
             &setup.own_collector,
@@ -200,7 +215,7 @@ impl Drainer {
             (None, None, Some(p)) => Some(Ok((p.clone(), SocketSource::Inherited))),
             (None, None, None) => None,
         };
-        let now = Instant::now();
+        let now = now_fn();
         let hello = Hello {
             pid: ob.pid,
             // SAFETY: getppid has no preconditions.
@@ -220,7 +235,8 @@ impl Drainer {
         Drainer {
             ob,
             rx,
-            sink: Sink::Connecting {
+            now: now_fn,
+            sink: Conn::Connecting {
                 deadline: now
                     + match socket {
                         Some(Ok((_, SocketSource::Spawned))) => Duration::from_secs(5),
@@ -235,9 +251,6 @@ impl Drainer {
             stalled: false,
             last_taken: now,
             sent_total: 0,
-            peer_pid: 0,
-            peer_checked: now,
-            peer_was_stopped: false,
             out_events: 0,
             events_at: None,
             events_in_frame: 0,
@@ -249,132 +262,125 @@ impl Drainer {
             last_lost: Lost::default(),
             lost_checked: now,
             idle_rounds: 0,
+            flushes: Vec::new(),
         }
     }
 
     fn run(mut self) {
-        // Flush requests, each with the stream position it waits for.
-        let mut flushes: Vec<(u64, Arc<Done>)> = Vec::new();
         loop {
-            self.ob.shared.heartbeat.fetch_add(1, Ordering::Relaxed);
-            self.cal.refresh();
-            let mut got = 0usize;
-            let mut shutdown = None;
-            let mut held_back = false;
-            while got < 200_000 {
-                // At the cap, while the collector still reads: leave the rest in the queue
-                // (hooks wait for room) instead of dropping it.
-                if self.holding_back() {
-                    held_back = true;
+            match self.round() {
+                Round::Finished => return,
+                Round::Idle => {
+                    self.idle_rounds = self.idle_rounds.saturating_add(1);
+                    // 0.2 ms while busy, backing off to 5 ms when idle; producers wake us
+                    // early.
+                    let sleep = Duration::from_micros(200 * u64::from(self.idle_rounds.min(25)));
+                    self.ob.shared.drainer_idle.store(true, Ordering::Relaxed);
+                    if self.rx.is_empty() {
+                        std::thread::park_timeout(sleep);
+                    }
+                    self.ob.shared.drainer_idle.store(false, Ordering::Relaxed);
+                }
+                Round::Busy => self.idle_rounds = 0,
+            }
+        }
+    }
+
+    /// One turn of the drain loop: take what the queue holds (up to the cap), write, decide
+    /// the stall, answer flushes. Never sleeps (`run` does, between idle rounds).
+    fn round(&mut self) -> Round {
+        let mut flushes = std::mem::take(&mut self.flushes);
+        self.ob.shared.heartbeat.fetch_add(1, Ordering::Relaxed);
+        self.cal.refresh();
+        let mut got = 0usize;
+        let mut shutdown = None;
+        let mut held_back = false;
+        while got < 200_000 {
+            // At the cap, while the collector still reads: leave the rest in the queue
+            // (hooks wait for room) instead of dropping it.
+            if self.holding_back() {
+                held_back = true;
+                break;
+            }
+            let Ok(msg) = self.rx.try_recv() else { break };
+            got += 1;
+            match msg {
+                Msg::Flush(done) => flushes.push((self.stream_end(), done)),
+                Msg::Shutdown(reason, done) => {
+                    shutdown = Some((reason, done));
                     break;
                 }
-                let Ok(msg) = self.rx.try_recv() else { break };
-                got += 1;
-                match msg {
-                    Msg::Flush(done) => flushes.push((self.stream_end(), done)),
-                    Msg::Shutdown(reason, done) => {
-                        shutdown = Some((reason, done));
-                        break;
-                    }
-                    other => self.encode(other),
-                }
-                if got.is_multiple_of(ROOM_EVERY) {
-                    self.ob.shared.progressed();
-                }
-                if self.out.len() >= WRITE_CHUNK {
-                    if self.unsent.is_empty() {
-                        self.write_out();
-                    } else {
-                        // The socket was full: a write that waits would wait once per chunk;
-                        // take what it has room for now and let the rest gather in `out`.
-                        self.write_unsent_now();
-                    }
-                }
+                other => self.encode(other),
             }
-            if got > 0 {
+            if got.is_multiple_of(ROOM_EVERY) {
                 self.ob.shared.progressed();
             }
-            if let Some((reason, done)) = shutdown {
-                // Whatever other threads queued before the goodbye still goes out (past the
-                // cap if need be: the queue bounds it).
-                while let Ok(msg) = self.rx.try_recv() {
-                    match msg {
-                        Msg::Flush(d) => flushes.push((u64::MAX, d)),
-                        Msg::Shutdown(_, d) => d.set(),
-                        other => self.encode(other),
-                    }
+            if self.out.len() >= WRITE_CHUNK {
+                if self.unsent.is_empty() {
+                    self.write_out();
+                } else {
+                    // The socket was full: a write that waits would wait once per chunk;
+                    // take what it has room for now and let the rest gather in `out`.
+                    self.write_unsent_now();
                 }
-                self.finish(reason);
-                for (_, d) in flushes.drain(..) {
+            }
+        }
+        if got > 0 {
+            self.ob.shared.progressed();
+        }
+        if let Some((reason, done)) = shutdown {
+            // Whatever other threads queued before the goodbye still goes out (past the
+            // cap if need be: the queue bounds it).
+            while let Ok(msg) = self.rx.try_recv() {
+                match msg {
+                    Msg::Flush(d) => flushes.push((u64::MAX, d)),
+                    Msg::Shutdown(_, d) => d.set(),
+                    other => self.encode(other),
+                }
+            }
+            self.finish(reason);
+            for (_, d) in flushes.drain(..) {
+                d.set();
+            }
+            done.set();
+            return Round::Finished;
+        }
+        self.progress_connection(false);
+        self.maybe_send_lost();
+        self.write_out();
+        self.update_stall();
+        // A flush is done when its data left the process, not when a write was tried: a
+        // collector that reads slowly keeps flushes waiting (their callers give up only
+        // when nothing moves).
+        if !matches!(self.sink, Conn::Stream(_)) {
+            for (_, d) in flushes.drain(..) {
+                d.set();
+            }
+        } else if !flushes.is_empty() {
+            let sent = self.sent_total;
+            let drained = self.drained();
+            flushes.retain(|(mark, d)| {
+                let done = sent >= *mark || drained;
+                if done {
                     d.set();
                 }
-                done.set();
-                return;
-            }
-            self.progress_connection(false);
-            self.maybe_send_lost();
-            self.write_out();
-            self.update_stall();
-            // A flush is done when its data left the process, not when a write was tried: a
-            // collector that reads slowly keeps flushes waiting (their callers give up only
-            // when nothing moves).
-            if !matches!(self.sink, Sink::Socket(_)) {
-                for (_, d) in flushes.drain(..) {
-                    d.set();
-                }
-            } else if !flushes.is_empty() {
-                let sent = self.sent_total;
-                let drained = self.drained();
-                flushes.retain(|(mark, d)| {
-                    let done = sent >= *mark || drained;
-                    if done {
-                        d.set();
-                    }
-                    !done
-                });
-            }
-            if got == 0 && !held_back {
-                self.idle_rounds = self.idle_rounds.saturating_add(1);
-                // 0.2 ms while busy, backing off to 5 ms when idle; producers wake us early.
-                let sleep = Duration::from_micros(200 * u64::from(self.idle_rounds.min(25)));
-                self.ob.shared.drainer_idle.store(true, Ordering::Relaxed);
-                if self.rx.is_empty() {
-                    std::thread::park_timeout(sleep);
-                }
-                self.ob.shared.drainer_idle.store(false, Ordering::Relaxed);
-            } else {
-                self.idle_rounds = 0;
-            }
+                !done
+            });
+        }
+        self.flushes = flushes;
+        if got == 0 && !held_back {
+            Round::Idle
+        } else {
+            Round::Busy
         }
     }
 
     /// Connected, `STALLED_LIMIT` waiting, and the collector still reading: take nothing more
     /// from the queue until the socket has taken some.
     fn holding_back(&self) -> bool {
-        matches!(self.sink, Sink::Socket(_))
+        matches!(self.sink, Conn::Stream(_))
             && !self.stalled
             && self.unsent.len() + self.out.len() >= self.stalled_limit
-    }
-
-    /// Whether the collector's process is stopped (state `T` or `t`: SIGSTOP, a debugger), read
-    /// from /proc at most every `PEER_CHECK_EVERY`. Unknown (another pid namespace, a
-    /// collector that forked after `listen`, whose listening pid has gone): false.
-    fn peer_stopped(&mut self, now: Instant) -> bool {
-        if self.peer_pid <= 0 {
-            return false;
-        }
-        if now.duration_since(self.peer_checked) >= PEER_CHECK_EVERY {
-            self.peer_checked = now;
-            self.peer_was_stopped = std::fs::read(format!("/proc/{}/stat", self.peer_pid))
-                .ok()
-                .and_then(|stat| {
-                    // "pid (comm) S ...": the state follows the last ')'.
-                    let at = stat.iter().rposition(|&c| c == b')')?;
-                    stat.get(at + 2).copied()
-                })
-                .is_some_and(|state| state == b'T' || state == b't');
-        }
-        self.peer_was_stopped
     }
 
     /// The stream position just past everything encoded so far (closes the open frame).
@@ -387,22 +393,22 @@ impl Drainer {
     /// `STALL_WAIT` while its process is stopped, or for `HUNG_WAIT` whatever it does (or no
     /// collector at all), and tells the hooks when that changes.
     fn update_stall(&mut self) {
-        let now = Instant::now();
-        let stalled = match self.sink {
-            Sink::Detached => true,
-            Sink::Socket(_) => {
-                if self.drained() {
+        let now = (self.now)();
+        let stalled = match &mut self.sink {
+            Conn::Detached => true,
+            Conn::Stream(s) => {
+                if self.out.is_empty() && self.unsent.is_empty() {
                     self.last_taken = now;
                 }
                 let quiet = now.duration_since(self.last_taken);
-                quiet >= HUNG_WAIT || (quiet >= STALL_WAIT && self.peer_stopped(now))
+                quiet >= HUNG_WAIT || (quiet >= STALL_WAIT && s.reader_stopped(now))
             }
-            Sink::Connecting { .. } | Sink::File(_) => false,
+            Conn::Connecting { .. } | Conn::File(_) => false,
         };
         if stalled != self.stalled {
             self.stalled = stalled;
             self.ob.shared.set_stalled(stalled);
-            if matches!(self.sink, Sink::Socket(_)) {
+            if matches!(self.sink, Conn::Stream(_)) {
                 log::info(&if stalled {
                     format!(
                         "the collector has taken nothing for {} ms: events that find the queue \
@@ -429,10 +435,10 @@ impl Drainer {
         // (a lost free is a lost free, not a phantom leak); stack and module definitions still
         // go out, so later events stay readable. A collector that still reads never gets
         // here over the cap: `run` stops taking from the queue instead.
-        let stalled = matches!(self.sink, Sink::Socket(_))
+        let stalled = matches!(self.sink, Conn::Stream(_))
             && self.stalled
             && self.unsent.len() + self.out.len() > self.stalled_limit;
-        if matches!(self.sink, Sink::Detached) || stalled {
+        if matches!(self.sink, Conn::Detached) || stalled {
             if let Msg::Event(ev) | Msg::Marker { ev, .. } = msg {
                 self.ob.shared.count_lost(&ev);
                 return;
@@ -489,7 +495,7 @@ impl Drainer {
     }
 
     fn maybe_send_lost(&mut self) {
-        let now = Instant::now();
+        let now = (self.now)();
         if now.duration_since(self.lost_checked) < Duration::from_millis(500) {
             return;
         }
@@ -512,25 +518,25 @@ impl Drainer {
         if self.drained() {
             return;
         }
-        if matches!(self.sink, Sink::Socket(_)) {
+        if matches!(self.sink, Conn::Stream(_)) {
             return self.write_socket();
         }
         if self.out.is_empty() {
             return;
         }
         let result = match &mut self.sink {
-            Sink::Connecting { .. } => {
+            Conn::Connecting { .. } => {
                 if self.out.len() > PENDING_LIMIT {
                     self.drop_out();
                 }
                 return;
             }
-            Sink::Detached => {
+            Conn::Detached => {
                 self.drop_out();
                 return;
             }
-            Sink::Socket(_) => return,
-            Sink::File(d) => {
+            Conn::Stream(_) => return,
+            Conn::File(d) => {
                 let mut record = Vec::with_capacity(self.out.len() + 32);
                 let _ = trace_file::write_chunk(&mut record, 0, &self.out, false);
                 d.write_record(&record)
@@ -547,8 +553,8 @@ impl Drainer {
                 let lost_bytes = self.out.len() as u64;
                 let lost_events = self.out_events;
                 self.drop_out();
-                if matches!(self.sink, Sink::File(_)) {
-                    let Sink::File(mut d) = std::mem::replace(&mut self.sink, Sink::Detached)
+                if matches!(self.sink, Conn::File(_)) {
+                    let Conn::File(mut d) = std::mem::replace(&mut self.sink, Conn::Detached)
                     else {
                         return;
                     };
@@ -573,11 +579,11 @@ impl Drainer {
     }
 
     fn write_socket(&mut self) {
-        let Sink::Socket(s) = std::mem::replace(&mut self.sink, Sink::Detached) else {
+        let Conn::Stream(mut s) = std::mem::replace(&mut self.sink, Conn::Detached) else {
             return;
         };
-        match self.send_to_socket(&s) {
-            Ok(()) => self.sink = Sink::Socket(s),
+        match self.send_to_socket(&mut s) {
+            Ok(()) => self.sink = Conn::Stream(s),
             Err(e) => {
                 self.unsent.clear();
                 self.drop_out();
@@ -589,13 +595,13 @@ impl Drainer {
     /// Sends what the socket takes, each write waiting at most `SOCKET_WRITE_WAIT` for room:
     /// first the committed bytes, then `out`. Frames the socket does not take wait here up to
     /// `STALLED_LIMIT` (then `run` holds back, or once stalled `encode` counts events lost).
-    fn send_to_socket(&mut self, s: &UnixStream) -> std::io::Result<()> {
+    fn send_to_socket(&mut self, s: &mut S) -> std::io::Result<()> {
         if !self.unsent.is_empty() {
-            let n = self.send_counted(s, Which::Unsent, 0)?;
+            let n = self.send_counted(s, Which::Unsent, false)?;
             self.unsent.drain(..n);
         }
         if self.unsent.is_empty() {
-            let n = self.send_counted(s, Which::Out, 0)?;
+            let n = self.send_counted(s, Which::Out, false)?;
             if n < self.out.len() {
                 self.unsent.extend_from_slice(&self.out[n..]);
             }
@@ -606,33 +612,33 @@ impl Drainer {
     }
 
     /// `send_some` of `unsent` or `out`, counting the bytes taken as progress.
-    fn send_counted(&mut self, s: &UnixStream, which: Which, flags: i32) -> std::io::Result<usize> {
+    fn send_counted(&mut self, s: &mut S, which: Which, now_only: bool) -> std::io::Result<usize> {
         let buf = match which {
             Which::Unsent => &self.unsent,
             Which::Out => &self.out,
         };
         let shared = &self.ob.shared;
         let mut taken = 0u64;
-        let r = send_some(s, buf, flags, |n| {
+        let r = s.send(buf, now_only, &mut |n| {
             taken += n as u64;
             shared.progressed();
         });
         if taken > 0 {
             self.sent_total += taken;
-            self.last_taken = Instant::now();
+            self.last_taken = (self.now)();
         }
         r
     }
 
     /// What the socket takes of `unsent` right now, without waiting.
     fn write_unsent_now(&mut self) {
-        let Sink::Socket(s) = std::mem::replace(&mut self.sink, Sink::Detached) else {
+        let Conn::Stream(mut s) = std::mem::replace(&mut self.sink, Conn::Detached) else {
             return;
         };
-        match self.send_counted(&s, Which::Unsent, libc::MSG_DONTWAIT) {
+        match self.send_counted(&mut s, Which::Unsent, true) {
             Ok(n) => {
                 self.unsent.drain(..n);
-                self.sink = Sink::Socket(s);
+                self.sink = Conn::Stream(s);
             }
             Err(e) => {
                 self.unsent.clear();
@@ -660,7 +666,7 @@ impl Drainer {
     }
 
     fn detach(&mut self, why: &str) {
-        self.sink = Sink::Detached;
+        self.sink = Conn::Detached;
         SINK_FD.store(-1, Ordering::Relaxed);
         // Nothing will be delivered any more: hooks stop waiting for room.
         self.stalled = true;
@@ -677,7 +683,7 @@ impl Drainer {
     /// when that cannot work fall back to writing the trace file directly. `finishing` = at
     /// exit: one last attempt, then the fallback at once (the program is waiting).
     fn progress_connection(&mut self, finishing: bool) {
-        let Sink::Connecting {
+        let Conn::Connecting {
             socket,
             deadline,
             next_try,
@@ -685,7 +691,7 @@ impl Drainer {
         else {
             return;
         };
-        let now = Instant::now();
+        let now = (self.now)();
         if now < *next_try && !finishing {
             return;
         }
@@ -696,7 +702,7 @@ impl Drainer {
                     .map(|p| (p, SocketSource::Spawned))
                     .map_err(NoCollector),
             );
-            *deadline = Instant::now() + Duration::from_secs(5);
+            *deadline = (self.now)() + Duration::from_secs(5);
         }
         let (path, source) = match socket {
             Some(Ok((path, source))) => (path.clone(), *source),
@@ -707,7 +713,7 @@ impl Drainer {
             }
             None => return,
         };
-        match UnixStream::connect(&path) {
+        match S::connect(&path) {
             Ok(stream) => self.connected(stream),
             // Our fork parent's collector has gone: start our own.
             Err(_) if source == SocketSource::Inherited => {
@@ -722,19 +728,17 @@ impl Drainer {
         }
     }
 
-    fn connected(&mut self, stream: UnixStream) {
+    fn connected(&mut self, mut stream: S) {
         let mut head = wire::stream_header().to_vec();
         encode::hello(&mut head, &self.hello);
-        if let Err(e) = send_all(&stream, &head) {
+        if let Err(e) = stream.start(&head) {
             self.drop_out();
             self.detach(&format!("{e}"));
             return;
         }
-        let _ = stream.set_write_timeout(Some(SOCKET_WRITE_WAIT));
-        self.peer_pid = peer_pid(&stream);
-        SINK_FD.store(stream.as_raw_fd(), Ordering::Relaxed);
+        SINK_FD.store(stream.fd(), Ordering::Relaxed);
         log::info(&format!("connected to the collector (pid {})", self.ob.pid));
-        self.sink = Sink::Socket(stream);
+        self.sink = Conn::Stream(stream);
     }
 
     /// No collector: write the trace file ourselves, in the same format a collector writes.
@@ -766,7 +770,7 @@ impl Drainer {
                     &format!("{why}; writing the trace directly to {}", d.path),
                 );
                 SINK_FD.store(d.file.as_raw_fd(), Ordering::Relaxed);
-                self.sink = Sink::File(d);
+                self.sink = Conn::File(d);
             }
             Err((path, e)) => {
                 // Named as the file it was (the numbered name when one was used); nothing
@@ -791,17 +795,17 @@ impl Drainer {
         self.write_out();
         // As long as the collector takes bytes, the end of the stream is worth waiting for.
         let mut sent = self.sent_total;
-        let mut since = Instant::now();
-        while matches!(self.sink, Sink::Socket(_)) && !self.drained() {
+        let mut since = (self.now)();
+        while matches!(self.sink, Conn::Stream(_)) && !self.drained() {
             self.write_out();
             if self.sent_total != sent {
                 sent = self.sent_total;
-                since = Instant::now();
-            } else if since.elapsed() >= FINISH_WRITE_WAIT {
+                since = (self.now)();
+            } else if (self.now)().duration_since(since) >= FINISH_WRITE_WAIT {
                 break;
             }
         }
-        if matches!(self.sink, Sink::Socket(_)) && !self.drained() {
+        if matches!(self.sink, Conn::Stream(_)) && !self.drained() {
             // The collector is stopped or far behind: say so, since the counts of what is
             // missing cannot reach it any more.
             log::warn(&format!(
@@ -811,28 +815,15 @@ impl Drainer {
                 FINISH_WRITE_WAIT.as_millis(),
                 self.ob.shared.total_lost()
             ));
-            self.sink = Sink::Detached;
+            self.sink = Conn::Detached;
             SINK_FD.store(-1, Ordering::Relaxed);
             return;
         }
-        match std::mem::replace(&mut self.sink, Sink::Detached) {
-            Sink::Socket(s) => {
-                // Wait (bounded) for the collector to close its end: it does so after the
-                // process's data is in the trace file, so "program exited" implies "trace
-                // written" for whoever reads it next.
-                let _ = s.shutdown(std::net::Shutdown::Write);
-                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                // Before closing, the collector may send one line this process's user must
-                // hear (its trace could not all be written: a full disk). Then EOF.
-                let mut said = Vec::new();
-                let mut buf = [0u8; 512];
-                while said.len() < 4096 {
-                    match std::io::Read::read(&mut &s, &mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => said.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let said = String::from_utf8_lossy(&said);
+        match std::mem::replace(&mut self.sink, Conn::Detached) {
+            Conn::Stream(s) => {
+                // The collector closes its end once this process's data is in the trace
+                // file; before that it may send one line this process's user must hear.
+                let said = s.close();
                 if let Some(line) = said.lines().map(str::trim).find(|l| !l.is_empty()) {
                     // Printed on the user's terminal: no control characters (a path may hold
                     // anything).
@@ -840,7 +831,7 @@ impl Drainer {
                     log::warn(&line);
                 }
             }
-            Sink::File(mut d) => {
+            Conn::File(mut d) => {
                 let mut tail = Vec::new();
                 let _ = trace_file::write_conn_close(
                     &mut tail,
@@ -875,5 +866,237 @@ pub fn close_inherited_sink() {
         // SAFETY: closes the child's copy of the parent's socket or file; the parent's copy
         // stays open.
         drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The drain loop against an in-memory sink and a fake clock: no collector, no socket,
+    //! no sleeping.
+
+    use std::cell::{Cell, RefCell};
+    use std::rc::Rc;
+    use std::sync::OnceLock;
+
+    use oomtrace_proto::Api;
+
+    use super::*;
+
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    thread_local! {
+        static ELAPSED: Cell<Duration> = const { Cell::new(Duration::ZERO) };
+    }
+
+    fn fake_now() -> Instant {
+        *BASE.get_or_init(Instant::now) + ELAPSED.with(Cell::get)
+    }
+
+    fn advance(d: Duration) {
+        ELAPSED.with(|e| e.set(e.get() + d));
+    }
+
+    /// A reader that takes at most `room` more bytes, and may be "stopped".
+    struct MemSink {
+        got: Rc<RefCell<Vec<u8>>>,
+        room: Rc<Cell<usize>>,
+        stopped: bool,
+    }
+
+    impl Sink for MemSink {
+        fn connect(_: &Path) -> std::io::Result<MemSink> {
+            Err(std::io::ErrorKind::NotFound.into())
+        }
+        fn start(&mut self, head: &[u8]) -> std::io::Result<()> {
+            self.got.borrow_mut().extend_from_slice(head);
+            Ok(())
+        }
+        fn send(
+            &mut self,
+            buf: &[u8],
+            _now_only: bool,
+            taken: &mut dyn FnMut(usize),
+        ) -> std::io::Result<usize> {
+            let n = buf.len().min(self.room.get());
+            if n > 0 {
+                self.room.set(self.room.get() - n);
+                self.got.borrow_mut().extend_from_slice(&buf[..n]);
+                taken(n);
+            }
+            Ok(n)
+        }
+        fn reader_stopped(&mut self, _now: Instant) -> bool {
+            self.stopped
+        }
+        fn fd(&self) -> i32 {
+            -1
+        }
+        fn close(self) -> String {
+            String::new()
+        }
+    }
+
+    struct Rig {
+        d: Drainer<MemSink>,
+        ob: &'static Outbox,
+        got: Rc<RefCell<Vec<u8>>>,
+        room: Rc<Cell<usize>>,
+    }
+
+    /// A drainer connected to a `MemSink` that takes nothing yet, with a 4 KiB cap.
+    fn rig(stopped: bool) -> Rig {
+        let (ob, rx) = Outbox::create(1 << 16, std::process::id());
+        let mut config = Config::from_env();
+        config.socket = Some("/nonexistent/oomtrace-test.sock".into());
+        let setup = DrainSetup {
+            config,
+            own_collector: None,
+            clock_origin: Calibration::new(),
+        };
+        let mut d = Drainer::<MemSink>::new(ob, rx, setup, fake_now);
+        let got = Rc::new(RefCell::new(Vec::new()));
+        let room = Rc::new(Cell::new(0));
+        d.sink = Conn::Stream(MemSink {
+            got: got.clone(),
+            room: room.clone(),
+            stopped,
+        });
+        d.stalled_limit = 4096;
+        Rig { d, ob, got, room }
+    }
+
+    fn alloc(device: i16) -> Event {
+        let mut ev = Event::new(EventKind::Alloc, Api::cuMemAlloc_v2);
+        ev.device = device;
+        ev.size = 4096;
+        ev
+    }
+
+    fn free(device: i16) -> Event {
+        let mut ev = Event::new(EventKind::Free, Api::cuMemFree_v2);
+        ev.device = device;
+        ev
+    }
+
+    fn stalled(ob: &Outbox) -> bool {
+        ob.shared.stalled.load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn a_stopped_collector_costs_events_only_after_the_stall_time() {
+        let mut r = rig(true);
+        for _ in 0..1000 {
+            r.ob.send_event(alloc(0));
+        }
+        // At the cap the drain thread holds back: the rest waits in the queue, nothing lost.
+        assert_eq!(r.d.round(), Round::Busy);
+        assert!(!r.ob.tx.is_empty());
+        advance(STALL_WAIT / 2);
+        r.d.round();
+        assert_eq!(r.ob.total_lost(), 0);
+        assert!(!stalled(r.ob));
+        // Nothing taken for the stall time: stalled; from the next round on, events that do
+        // not fit are counted lost (each one), instead of waiting.
+        advance(STALL_WAIT);
+        r.d.round();
+        assert!(stalled(r.ob));
+        assert_eq!(r.ob.total_lost(), 0);
+        let queued = r.ob.tx.len() as u64;
+        r.d.round();
+        assert!(r.ob.tx.is_empty());
+        assert_eq!(r.ob.total_lost(), queued);
+        // The collector reads again: the stall ends, hooks wait again.
+        r.room.set(usize::MAX);
+        r.d.round();
+        assert!(!stalled(r.ob));
+        assert!(!r.got.borrow().is_empty());
+    }
+
+    #[test]
+    fn a_running_collector_that_reads_nothing_is_stalled_only_after_the_hung_time() {
+        let mut r = rig(false);
+        for _ in 0..200 {
+            r.ob.send_event(alloc(1));
+        }
+        r.d.round();
+        advance(STALL_WAIT * 4);
+        r.d.round();
+        assert!(
+            !stalled(r.ob),
+            "a busy collector is not stalled after STALL_WAIT"
+        );
+        advance(HUNG_WAIT);
+        r.d.round();
+        assert!(stalled(r.ob));
+        r.d.round();
+        assert!(r.ob.total_lost() > 0);
+    }
+
+    #[test]
+    fn losses_are_counted_by_kind_and_device() {
+        let mut r = rig(false);
+        r.d.sink = Conn::Detached;
+        r.ob.send_event(alloc(0));
+        r.ob.send_event(free(3));
+        r.ob.send_event(free(3));
+        r.ob.send_event(alloc(40)); // beyond the per-device slots: "other"
+        r.d.round();
+        let lost = r.ob.shared.snapshot();
+        assert_eq!(lost.events, 4);
+        assert_eq!(lost.frees, 2);
+        assert_eq!(lost.stacks, 0);
+        assert_eq!(lost.by_device, vec![(0, 1), (3, 2), (-1, 1)]);
+        r.ob.count_lost_stack();
+        assert_eq!(r.ob.shared.snapshot().stacks, 1);
+        assert_eq!(r.ob.total_lost(), 4);
+    }
+
+    #[test]
+    fn a_flush_is_done_when_the_sink_took_everything_before_it() {
+        let mut r = rig(false);
+        for _ in 0..10 {
+            r.ob.send_event(alloc(0));
+        }
+        let done = Done::new();
+        assert!(r.ob.tx.try_send(Msg::Flush(done.clone())).is_ok());
+        r.d.round();
+        assert!(!done.wait(Duration::ZERO), "nothing was taken yet");
+        // The sink takes part of it: still not done.
+        r.room.set(100);
+        r.d.round();
+        assert!(!done.wait(Duration::ZERO));
+        r.room.set(usize::MAX);
+        r.d.round();
+        assert!(done.wait(Duration::ZERO));
+        assert!(r.got.borrow().len() >= 10 * oomtrace_proto::EVENT_SIZE);
+        assert_eq!(r.ob.total_lost(), 0);
+    }
+
+    #[test]
+    fn a_flush_without_a_stream_is_answered_at_once() {
+        let mut r = rig(false);
+        r.d.sink = Conn::Detached;
+        let done = Done::new();
+        assert!(r.ob.tx.try_send(Msg::Flush(done.clone())).is_ok());
+        r.d.round();
+        assert!(done.wait(Duration::ZERO));
+    }
+
+    #[test]
+    fn shutdown_writes_everything_queued_before_it_then_ends() {
+        let mut r = rig(false);
+        r.room.set(usize::MAX);
+        for _ in 0..5 {
+            r.ob.send_event(free(0));
+        }
+        let done = Done::new();
+        assert!(r
+            .ob
+            .tx
+            .try_send(Msg::Shutdown(GoodbyeReason::Exit, done.clone()))
+            .is_ok());
+        assert_eq!(r.d.round(), Round::Finished);
+        assert!(done.wait(Duration::ZERO));
+        assert!(r.got.borrow().len() >= 5 * oomtrace_proto::EVENT_SIZE);
+        assert_eq!(r.ob.total_lost(), 0);
     }
 }

@@ -44,6 +44,7 @@
 mod drain;
 mod file;
 pub mod outbox;
+mod sink;
 mod socket;
 mod spawn;
 
