@@ -764,6 +764,109 @@ mod tests {
         assert_eq!(a, hash_frames(&[1, 2, 3, 4, 5]));
     }
 
+    /// A fake stack image: 8-byte words by address; anything else is unreadable.
+    fn fake_read(
+        mem: &std::collections::HashMap<u64, u64>,
+    ) -> impl FnMut(u64) -> Result<u64, ()> + '_ {
+        |addr| mem.get(&addr).copied().ok_or(())
+    }
+
+    fn empty_snapshot(own: (u64, u64)) -> Snapshot {
+        Snapshot {
+            unwinder: NativeUnwinder::new(),
+            active: Vec::new(),
+            known: Vec::new(),
+            counts: LoadCounts::default(),
+            own,
+        }
+    }
+
+    fn verified() -> Box<Verified> {
+        Box::new(Verified {
+            sp: 0,
+            bp: 0,
+            n: 0,
+            raw: [0; RAW_DEPTH],
+            slots: [0; RAW_DEPTH],
+            id: 0,
+        })
+    }
+
+    /// Code without unwind tables is unwound through its frame pointers: [bp] holds the
+    /// caller's bp, [bp + 8] the return address.
+    #[test]
+    fn unwinds_a_fake_frame_pointer_chain_and_skips_our_own_frames() {
+        let own = (0x1000, 0x2000);
+        let (sp, bp0, bp1, bp2) = (0x7000_0000u64, 0x7000_0100, 0x7000_0200, 0x7000_0300);
+        let mem: std::collections::HashMap<u64, u64> = [
+            (bp0, bp1),
+            (bp0 + 8, 0x1800), // back into oomtrace (the hook's frame)
+            (bp1, bp2),
+            (bp1 + 8, 0x40_1000), // the caller
+            (bp2, 0),
+            (bp2 + 8, 0x40_2000), // its caller; bp 0 ends the chain
+        ]
+        .into_iter()
+        .collect();
+        let snap = empty_snapshot(own);
+        let mut cache = NativeCache::new();
+        let mut v = verified();
+        let n = unwind_with(
+            &snap,
+            &mut cache,
+            (0x1500, sp, bp0),
+            64,
+            &mut v,
+            fake_read(&mem),
+        );
+        assert!(n >= 4, "{:x?}", &v.raw[..n]);
+        assert_eq!(&v.raw[..4], &[0x1500, 0x1800, 0x40_1000, 0x40_2000]);
+        assert_eq!(&v.slots[1..4], &[bp0 + 8, bp1 + 8, bp2 + 8]);
+        assert_eq!(&caller_frames(&v, own, 64)[..2], &[0x40_1000, 0x40_2000]);
+        // The depth counts the caller's frames only.
+        let n = unwind_with(
+            &snap,
+            &mut cache,
+            (0x1500, sp, bp0),
+            1,
+            &mut v,
+            fake_read(&mem),
+        );
+        assert_eq!(&v.raw[..n], &[0x1500, 0x1800, 0x40_1000]);
+        assert_eq!(caller_frames(&v, own, 1), &[0x40_1000]);
+    }
+
+    #[test]
+    fn an_unreadable_or_looping_chain_stops_the_walk() {
+        let (sp, bp0) = (0x7000_0000u64, 0x7000_0100);
+        // [bp0] is missing: only the first frame.
+        let mem: std::collections::HashMap<u64, u64> = [(bp0 + 8, 0x40_1000)].into_iter().collect();
+        let snap = empty_snapshot((0, 0));
+        let mut cache = NativeCache::new();
+        let mut v = verified();
+        let n = unwind_with(
+            &snap,
+            &mut cache,
+            (0x40_0500, sp, bp0),
+            64,
+            &mut v,
+            fake_read(&mem),
+        );
+        assert!(n <= 2, "{:x?}", &v.raw[..n]);
+        // A frame that points back at itself: the stack must move up, so it ends.
+        let looping: std::collections::HashMap<u64, u64> =
+            [(bp0, bp0), (bp0 + 8, 0x40_1000)].into_iter().collect();
+        let n = unwind_with(
+            &snap,
+            &mut cache,
+            (0x40_0500, sp, bp0),
+            64,
+            &mut v,
+            fake_read(&looping),
+        );
+        assert!(n < 8, "{:x?}", &v.raw[..n]);
+    }
+
     #[test]
     fn ranges_lookup() {
         let r = [(10, 20), (30, 40)];
