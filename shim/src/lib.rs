@@ -30,6 +30,7 @@ pub mod hooks;
 pub mod lifecycle;
 pub mod log;
 pub mod modules;
+pub mod once;
 pub mod pluggable;
 pub mod python;
 pub mod python_env;

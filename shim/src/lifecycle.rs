@@ -9,7 +9,7 @@
 //! not do: a fork while another thread is inside it leaves the child stuck forever.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 use std::time::Duration;
 
 use oomtrace_proto::wire::GoodbyeReason;
@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::guard::{self, MODE, MODE_FORWARD, MODE_RECORDING, MODE_UNINIT};
 use crate::hooks::record;
 use crate::log;
+use crate::once::OneShot;
 use crate::stack::{Capturer, StackConfig};
 use crate::transport::{self, DrainSetup, Outbox};
 
@@ -33,8 +34,8 @@ const INIT_NONE: u8 = 0;
 const INIT_RUNNING: u8 = 1;
 const INIT_DONE: u8 = 2;
 static INIT: AtomicU8 = AtomicU8::new(INIT_NONE);
-static HOOKS_REGISTERED: AtomicBool = AtomicBool::new(false);
-static FINISHED: AtomicBool = AtomicBool::new(false);
+static HOOKS_REGISTERED: OneShot = OneShot::new();
+static FINISHED: OneShot = OneShot::new();
 
 thread_local! {
     static IN_INIT: Cell<bool> = const { Cell::new(false) };
@@ -127,7 +128,7 @@ fn init() -> bool {
 }
 
 fn register_process_hooks() {
-    if HOOKS_REGISTERED.swap(true, Ordering::AcqRel) {
+    if !HOOKS_REGISTERED.first() {
         return; // atfork and atexit registrations survive fork: once per process tree
     }
     // SAFETY: registering plain extern "C" functions that never unwind.
@@ -144,7 +145,7 @@ extern "C" fn atfork_child() {
     Capturer::forget();
     INIT.store(INIT_NONE, Ordering::Release);
     MODE.store(MODE_UNINIT, Ordering::Release);
-    FINISHED.store(false, Ordering::Release);
+    FINISHED.reset();
     record::reset_after_fork();
     let _ = IN_INIT.try_with(|f| f.set(false));
     transport::close_inherited_sink();
@@ -162,7 +163,7 @@ pub fn finish(reason: GoodbyeReason, timeout: Duration) {
     if unsafe { libc::getpid() } as u32 != st.pid {
         return;
     }
-    if FINISHED.swap(true, Ordering::AcqRel) {
+    if !FINISHED.first() {
         return;
     }
     MODE.store(MODE_FORWARD, Ordering::Release);
@@ -231,8 +232,8 @@ pub extern "C" fn _Exit(status: std::ffi::c_int) -> ! {
 fn before_exec() {
     let _ = std::panic::catch_unwind(|| {
         if let Some(st) = state() {
-            // SAFETY: getpid has no preconditions.
             if MODE.load(Ordering::Acquire) == MODE_RECORDING
+                // SAFETY: getpid has no preconditions.
                 && st.pid == unsafe { libc::getpid() } as u32
             {
                 st.outbox.flush(Duration::from_secs(2));

@@ -3,8 +3,9 @@
 //! liboomtrace's own. Nothing here knows the hook table.
 
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::once::OneShot;
 use crate::{log, modules};
 
 type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
@@ -45,11 +46,13 @@ pub fn real_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
 
 /// True if `p` lies in an object whose file name starts with `prefix`.
 pub(crate) fn provided_by(p: *mut c_void, prefix: &[u8]) -> bool {
+    // SAFETY: Dl_info is pointers and integers; all-zero is a valid value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: dladdr only reads p; info is a valid out-parameter.
     if unsafe { libc::dladdr(p, &mut info) } == 0 || info.dli_fname.is_null() {
         return false;
     }
+    // SAFETY: dladdr's non-null file name is a NUL-terminated string owned by the loader.
     let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
     let base = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
     base.starts_with(prefix)
@@ -107,7 +110,7 @@ static LIBCUDA: AtomicUsize = AtomicUsize::new(0);
 
 /// Set once [`load_libcuda`] has tried a real `dlopen`: on a machine without a driver the
 /// library search is paid once, not on every call.
-static LIBCUDA_LOAD_TRIED: AtomicBool = AtomicBool::new(false);
+static LIBCUDA_LOAD_TRIED: OneShot = OneShot::new();
 
 /// A handle to the loaded `libcuda.so.1`, or NULL if it is not loaded (the hooks never load
 /// it: they only run once the program has). Programs that dlopen the driver RTLD_LOCAL (like
@@ -132,7 +135,7 @@ pub fn libcuda_handle() -> *mut c_void {
 /// this is one atomic load (loaded) or a no-load lookup (no driver), as `libcuda_handle`.
 pub fn load_libcuda() -> *mut c_void {
     let h = libcuda_handle();
-    if !h.is_null() || LIBCUDA_LOAD_TRIED.swap(true, Ordering::AcqRel) {
+    if !h.is_null() || !LIBCUDA_LOAD_TRIED.first() {
         return h;
     }
     // SAFETY: dlopen of the driver by its soname, as libcudart loads it. RTLD_LOCAL keeps its
@@ -176,6 +179,7 @@ pub fn loaded_cudart_symbol(name: &CStr) -> *mut c_void {
 
 /// Takes a reference on the object that contains `p` (never dropped).
 pub(crate) fn pin_provider(p: *mut c_void) {
+    // SAFETY: Dl_info is pointers and integers; all-zero is a valid value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: dladdr only reads p.
     if unsafe { libc::dladdr(p, &mut info) } != 0 && !info.dli_fname.is_null() {

@@ -285,10 +285,13 @@ macro_rules! call_recorded {
         // SAFETY: `p` was resolved for this exact symbol, whose C signature is this one.
         let real: Real = unsafe { core::mem::transmute::<*const (), Real>(p) };
         if !crate::guard::enter() {
+            // SAFETY: the real function of this symbol, called once with the caller's own
+            // arguments (its contract is the caller's).
             return unsafe { real( $( $arg ),* ) };
         }
         let mut rec = record::$rec::new(Api::$name, $( $rarg ),* );
         crate::guard::before(&mut rec);
+        // SAFETY: as above: the one real call, with the caller's arguments, outside `catch`.
         let rc = unsafe { real( $( $arg ),* ) };
         crate::guard::after(&mut rec, rc);
         crate::guard::leave();
@@ -337,6 +340,30 @@ pub(crate) use {c_name, call_recorded, caller_first_trampoline, family, gpa, hoo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// simcuda defines every function we hook, so the integration tests can reach each one.
+    #[test]
+    fn simcuda_defines_every_hooked_function() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap();
+        // The runtime is libcudart.c; the driver is one file per area under src/driver/
+        // (driver/core.c is its core).
+        let mut sim = std::fs::read_to_string(root.join("simcuda/src/libcudart.c")).unwrap();
+        for entry in std::fs::read_dir(root.join("simcuda/src/driver")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "c") {
+                sim += &std::fs::read_to_string(path).unwrap();
+            }
+        }
+        for h in HOOKS.iter() {
+            let name = h.name_str();
+            assert!(
+                sim.contains(&format!("{name}(")),
+                "simcuda does not define {name}"
+            );
+        }
+    }
 
     #[test]
     fn names_are_unique_and_match_their_api() {

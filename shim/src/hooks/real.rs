@@ -3,11 +3,11 @@
 //! module (`resolve_for_caller`: several libcudart copies may be loaded).
 
 use std::ffi::c_void;
-use std::sync::atomic::AtomicBool;
 
 use super::{Family, Hook};
 use crate::log;
 use crate::modules;
+use crate::once::OneShot;
 use crate::symbols::{is_ours, libcuda_handle, loaded_cudart_symbol, pin_provider, real_dlsym};
 
 /// Cold path of `Hook::real`: find the function a symbol-bound call would have reached.
@@ -71,7 +71,7 @@ pub fn resolve_for_caller(hook: &Hook, caller: u64) -> Option<*const ()> {
     Some(real as *const ())
 }
 
-static UNRESOLVED_SAID: AtomicBool = AtomicBool::new(false);
+static UNRESOLVED_SAID: OneShot = OneShot::new();
 
 pub fn warn_unresolved(hook: &Hook) {
     log::warn_once(

@@ -178,8 +178,8 @@ impl<P: OutPtr> AllocOut<P> {
 
 impl<P: OutPtr> Recorder for AllocOut<P> {
     fn after(&mut self, rc: c_int) {
-        // SAFETY: read only after success.
         let ptr = if rc == 0 {
+            // SAFETY: read only after success: the real call then wrote the out-parameter.
             unsafe { self.out.get() }
         } else {
             0
@@ -215,8 +215,8 @@ impl<P: OutPtr> Recorder for AllocPitch<P> {
         } else {
             0
         };
-        // SAFETY: read only after success.
         let ptr = if rc == 0 {
+            // SAFETY: read only after success: the real call then wrote the out-parameter.
             unsafe { self.out.get() }
         } else {
             0
@@ -434,8 +434,9 @@ impl Recorder for MemInfo {
             return;
         }
         let mut ev = Event::new(EventKind::MemInfo, self.api);
-        // SAFETY: written by the successful real call.
+        // SAFETY: both out-parameters were written by the successful real call.
         ev.ptr = unsafe { self.free.read() } as u64;
+        // SAFETY: as above.
         ev.size = unsafe { self.total.read() } as u64;
         ev.device = driver_query::current_device();
         emit(ev);

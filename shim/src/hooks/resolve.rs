@@ -111,6 +111,7 @@ fn real_gpa(name: &CStr, version: c_int, flags: u64) -> usize {
         let mut status: c_int = 0;
         // SAFETY: the slot holds the driver's cuGetProcAddress_v2 (CUDA 12 ABI).
         let f = unsafe { std::mem::transmute::<*const (), CuGetProcAddressV2Fn>(p) };
+        // SAFETY: a valid C string and out-parameters that live across the call.
         let rc = unsafe { f(name.as_ptr(), &mut out, version, flags, &mut status) };
         if rc != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS {
             return 0;
@@ -118,6 +119,7 @@ fn real_gpa(name: &CStr, version: c_int, flags: u64) -> usize {
     } else if let Some(p) = HOOKS[HookId::cuGetProcAddress as usize].real() {
         // SAFETY: the slot holds the driver's cuGetProcAddress (CUDA 11.3 ABI).
         let f = unsafe { std::mem::transmute::<*const (), CuGetProcAddressFn>(p) };
+        // SAFETY: a valid C string and an out-parameter that lives across the call.
         if unsafe { f(name.as_ptr(), &mut out, version, flags) } != CUDA_SUCCESS {
             return 0;
         }
@@ -173,6 +175,7 @@ fn substitute_answer(symbol: *const c_char, pfn: *mut *mut c_void, version: c_in
     if p == 0 || is_ours(p) {
         return;
     }
+    // SAFETY: the caller passed `symbol` to the resolver as a C string (checked non-null).
     let name = unsafe { CStr::from_ptr(symbol) };
     if !name.to_bytes().starts_with(b"cu") {
         return;
@@ -201,6 +204,7 @@ pub unsafe extern "C" fn cuGetProcAddress(
     };
     // SAFETY: the slot holds the driver's function of this exact ABI.
     let real = unsafe { std::mem::transmute::<*const (), CuGetProcAddressFn>(p) };
+    // SAFETY: the one real call, with the caller's exact arguments.
     let rc = unsafe { real(symbol, pfn, cuda_version, flags) };
     if rc == CUDA_SUCCESS {
         guard::catch(|| substitute_answer(symbol, pfn, cuda_version));
@@ -221,7 +225,9 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     };
     // SAFETY: as above.
     let real = unsafe { std::mem::transmute::<*const (), CuGetProcAddressV2Fn>(p) };
+    // SAFETY: the one real call, with the caller's exact arguments.
     let rc = unsafe { real(symbol, pfn, cuda_version, flags, symbol_status) };
+    // SAFETY: a non-null `symbol_status` is the caller's out-parameter, written by the call.
     let found = symbol_status.is_null() || unsafe { *symbol_status } == CU_GET_PROC_ADDRESS_SUCCESS;
     if rc == CUDA_SUCCESS && found {
         guard::catch(|| substitute_answer(symbol, pfn, cuda_version));
@@ -252,6 +258,7 @@ unsafe fn entry_point(
     };
     // SAFETY: the runtime's function of this exact ABI.
     let real = unsafe { std::mem::transmute::<*const (), EntryPointFn>(p) };
+    // SAFETY: the one real call, with the caller's exact arguments.
     let rc = unsafe { real(symbol, func_ptr, flags, status) };
     if rc == 0 {
         guard::catch(|| substitute_answer(symbol, func_ptr, c_int::MAX));
@@ -274,6 +281,7 @@ unsafe fn entry_point_by_version(
     };
     // SAFETY: as above.
     let real = unsafe { std::mem::transmute::<*const (), EntryPointByVersionFn>(p) };
+    // SAFETY: the one real call, with the caller's exact arguments.
     let rc = unsafe { real(symbol, func_ptr, version, flags, status) };
     if rc == 0 {
         let v = c_int::try_from(version).unwrap_or(c_int::MAX);
@@ -294,6 +302,7 @@ macro_rules! runtime_resolver {
         }
 
         unsafe extern "C" fn $imp(caller: usize, $($arg: $ty),*) -> c_int {
+            // SAFETY: the caller's arguments, passed on untouched with its return address.
             unsafe { $inner(HookId::$name, caller, $($arg),*) }
         }
     };

@@ -104,6 +104,7 @@ fn version() -> Option<(u8, u8)> {
     }
     // SAFETY: `const char *Py_GetVersion(void)`, safe without the GIL ("3.10.12 (main, ...").
     let f: unsafe extern "C" fn() -> *const c_char = unsafe { std::mem::transmute(get) };
+    // SAFETY: Py_GetVersion returns a static NUL-terminated string.
     let s = unsafe { CStr::from_ptr(f()) }.to_str().ok()?;
     let mut it = s.split(|c: char| !c.is_ascii_digit());
     let major = it.next()?.parse().ok()?;
@@ -139,6 +140,7 @@ fn find() -> Option<Interpreter> {
         this_thread_state: unsafe {
             std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> *mut c_void>(tstate)
         },
+        // SAFETY: `int Py_IsFinalizing(void)` (or `_Py_IsFinalizing`), found non-null.
         is_finalizing: (!fin.is_null()).then(|| unsafe {
             std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(fin)
         }),

@@ -580,6 +580,7 @@ pub fn capture() -> StackId {
     // Registers of this very frame: unwinding starts here and runs in deeper frames, so the
     // part of the stack it reads (this frame and its callers) stays untouched meanwhile.
     #[cfg(target_arch = "x86_64")]
+    // SAFETY: reads three registers into outputs; no memory, stack or flags are touched.
     unsafe {
         core::arch::asm!(
             "lea {pc}, [rip]",

@@ -21,6 +21,7 @@ use super::spawn::{inherited_socket, start_own_collector};
 use crate::clock::{self, Calibration};
 use crate::config::Config;
 use crate::log;
+use crate::once::OneShot;
 
 /// What the drain thread needs to know of the process besides its outbox.
 pub struct DrainSetup {
@@ -49,9 +50,12 @@ pub static SINK_FD: AtomicI32 = AtomicI32::new(-1);
 /// Starts the drain thread with all signals blocked, so signals meant for the program are
 /// never delivered to it.
 pub fn spawn_drainer(ob: &'static Outbox, rx: Receiver<Msg>, setup: DrainSetup) -> bool {
-    // SAFETY: plain signal-mask calls on the current thread; restored right after.
+    // SAFETY: sigset_t is a plain bit array; all-zero is a valid (empty) set.
     let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
     let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: plain signal-mask calls on the current thread with valid sets; the old mask is
+    // restored right after the spawn.
     unsafe {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
@@ -181,8 +185,8 @@ enum Which {
     Out,
 }
 
-static DETACH_SAID: AtomicBool = AtomicBool::new(false);
-static FALLBACK_SAID: AtomicBool = AtomicBool::new(false);
+static DETACH_SAID: OneShot = OneShot::new();
+static FALLBACK_SAID: OneShot = OneShot::new();
 /// The output was refused: the process runs untraced by design, not for a lost collector.
 static OUTPUT_REFUSED: AtomicBool = AtomicBool::new(false);
 
@@ -574,7 +578,7 @@ impl<S: Sink> Drainer<S> {
 
     /// Stops delivering without the "lost the collector" line (the caller says what happened).
     fn detach_quietly(&mut self) {
-        DETACH_SAID.store(true, Ordering::Relaxed);
+        DETACH_SAID.first();
         self.detach("");
     }
 
@@ -850,10 +854,7 @@ impl<S: Sink> Drainer<S> {
         SINK_FD.store(-1, Ordering::Relaxed);
         let lost = self.ob.shared.total_lost();
         finish_failed_direct(self.ob.pid, lost);
-        if lost > 0
-            && DETACH_SAID.load(Ordering::Relaxed)
-            && !OUTPUT_REFUSED.load(Ordering::Relaxed)
-        {
+        if lost > 0 && DETACH_SAID.taken() && !OUTPUT_REFUSED.load(Ordering::Relaxed) {
             log::warn(&format!("{lost} events were not recorded (see above)"));
         }
     }
