@@ -1,8 +1,15 @@
 //! Lazy start on the first hook, reset in fork children, flush at exit.
 //!
+//! The top of the shim: this module reads the configuration, creates the outbox and publishes
+//! it and the stack capture, starts the drain thread, and drives the mode (off, recording,
+//! forward-only) through fork, exit, exec and `oomtrace_flush`. No other module imports it
+//! (the crate root hands `guard` the lazy start), so lower modules cannot reach the process
+//! state: hooks see only the outbox they send through.
+//!
 //! Tracing never starts from a constructor of ours (the one there is, `python_env.rs`, only
 //! sets environment variables): hooks can fire before our constructor (libraries linked by the
-//! executable run theirs first) and inside `dlopen` under the loader lock, so init is lazy, uses only const-initialized statics, and never waits for the drain thread.
+//! executable run theirs first) and inside `dlopen` under the loader lock, so init is lazy, uses
+//! only const-initialized statics, and never waits for the drain thread.
 //! The state lives behind a pointer that the fork child simply forgets (leaking the parent's
 //! queue, which may hold the parent's undrained events and locks held by threads that do not
 //! exist in the child); the child's next hook starts afresh as its own pid. `OnceLock` would

@@ -1,4 +1,9 @@
-//! Handing out our wrappers where a program looks functions up at run time (`dlsym`, `cuGetProcAddress[_v2]`, `cudaGetDriverEntryPoint*`).
+//! Handing out our wrappers where a program looks functions up at run time (`dlsym`,
+//! `cuGetProcAddress[_v2]`, `cudaGetDriverEntryPoint*`).
+//!
+//! This lives inside the hook tree because the two depend on each other by nature: the table
+//! lists these exported resolvers, and they consult the table. Plain lookup (glibc's `dlsym`,
+//! the driver library) is `crate::symbols`, which knows nothing of hooks.
 //!
 //! Rules:
 //! - Call the real resolver with the caller's exact arguments. Substitute only when the real

@@ -204,7 +204,7 @@ impl Mem for Checked {
     }
 }
 
-/// Code objects already announced, per process (rebuilt after fork with the rest of State).
+/// Code objects already announced, per process (rebuilt after fork with the stack state).
 #[derive(Default)]
 pub struct CodeRegistry {
     /// Code object address -> (identity check, id).

@@ -1,6 +1,12 @@
 //! From hooks to the collector: a bounded lock-free queue, one drain thread, framed records
 //! over a Unix socket (or, failing that, straight into a trace file).
 //!
+//! Data flows one way: hooks, stacks and Python frames hold an [`Outbox`] (`outbox.rs`: the
+//! queue and the counters); the drain thread (`drain.rs`) empties it into a `Sink` (the
+//! collector's socket, `socket.rs`) or the shim's own trace file (`file.rs`); `spawn.rs`
+//! starts a collector when none was configured. Nothing here knows the process lifecycle:
+//! `lifecycle.rs` creates the outbox and starts the drain thread.
+//!
 //! - Lossless while the collector reads. A hook whose event finds the queue full (allocations,
 //!   frees, stack and module definitions alike) wakes the drain thread and waits for room on a
 //!   futex the drain thread bumps as it empties the queue. Every sign of progress (room made,
