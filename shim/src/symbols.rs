@@ -60,6 +60,11 @@ pub(crate) fn provided_by(p: *mut c_void, prefix: &[u8]) -> bool {
 
 /// The path this library was loaded from (what `dladdr` says of one of its own functions).
 pub fn own_path() -> Option<std::path::PathBuf> {
+    std::fs::canonicalize(loaded_from()?).ok()
+}
+
+/// The file name the loader has for this library, as it was loaded (not canonicalized).
+pub fn loaded_from() -> Option<std::path::PathBuf> {
     use std::os::unix::ffi::OsStrExt;
     // SAFETY: Dl_info is pointers and nothing else; all-zero is a valid value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
@@ -71,7 +76,7 @@ pub fn own_path() -> Option<std::path::PathBuf> {
     }
     // SAFETY: dladdr's file name is a NUL-terminated string owned by the loader.
     let name = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
-    std::fs::canonicalize(std::ffi::OsStr::from_bytes(name)).ok()
+    Some(std::ffi::OsStr::from_bytes(name).into())
 }
 
 /// True for an address inside liboomtrace itself (one of our exported wrappers, our `dlsym`):

@@ -26,7 +26,10 @@ impl Sink for UnixSink {
         Ok(UnixSink {
             stream,
             peer_pid: 0,
-            peer_checked: Instant::now(),
+            // The first look at the collector's state is due at once.
+            peer_checked: Instant::now()
+                .checked_sub(PEER_CHECK_EVERY)
+                .unwrap_or_else(Instant::now),
             peer_was_stopped: false,
         })
     }

@@ -36,7 +36,8 @@ fn find_collector() -> Option<PathBuf> {
             .unwrap_or(false)
     };
     // The directory liboomtrace.so was loaded from.
-    if let Some(dir) = symbols::own_path().as_deref().and_then(Path::parent) {
+    let own = symbols::loaded_from().map(|p| std::fs::canonicalize(&p).unwrap_or(p));
+    if let Some(dir) = own.as_deref().and_then(Path::parent) {
         let p = dir.join("oomtrace");
         if executable(&p) {
             return Some(p);
