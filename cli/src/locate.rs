@@ -139,24 +139,14 @@ fn absolute(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
-/// A new private (0700) directory for sockets.
+/// A new private directory (0700 from its creation, see `oomtrace_proto::private_dir`).
 pub fn private_dir() -> Result<PathBuf, Failure> {
     let base = std::env::temp_dir();
-    for attempt in 0..100u32 {
-        let p = base.join(format!("oomtrace-{}-{attempt}", std::process::id()));
-        match std::fs::create_dir(&p) {
-            Ok(()) => {
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700))?;
-                return Ok(p);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(Failure::new(format!("cannot create {}: {e}", p.display()))),
-        }
-    }
-    Err(Failure::new(
-        "cannot create a private directory in the temp dir",
-    ))
+    let prefix = format!("oomtrace-{}-", std::process::id());
+    oomtrace_proto::private_dir::create(&base, &prefix).map_err(|e| {
+        let at = base.join(format!("{prefix}XXXXXX"));
+        Failure::new(format!("cannot create {}: {e}", at.display()))
+    })
 }
 
 #[cfg(test)]

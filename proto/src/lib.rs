@@ -2,9 +2,11 @@
 //!
 //! - [`event`]: the fixed 64-byte [`Event`] and its pinned enums.
 //! - [`cache`]: where the files oomtrace carries are kept, and its Python files.
+//! - [`collector_spawn`]: the one way to start an `oomtrace collect` (shim and `run`).
 //! - [`cuda_error`]: names of the CUDA error codes an allocation fails with.
 //! - [`file_kind`]: what a refused path is, in the words every part uses.
 //! - [`wire`]: length-framed records on the socket (`Hello`, `Events`, `StackDef`, ...).
+//! - [`private_dir`]: the one way to make a private (0700 from creation) directory.
 //! - [`python`]: Python frames inside stacks and the code objects they name.
 //! - [`trace_file`]: the `.oomt` file, which stores each connection's frames in checked,
 //!   optionally compressed chunks and tolerates a truncated tail.
@@ -12,9 +14,11 @@
 //! Decoders never panic on any input: garbage is an [`Error`].
 
 pub mod cache;
+pub mod collector_spawn;
 pub mod cuda_error;
 pub mod event;
 pub mod file_kind;
+pub mod private_dir;
 pub mod python;
 pub mod trace_file;
 pub mod wire;

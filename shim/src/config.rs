@@ -87,6 +87,8 @@ fn getenv(name: &str) -> Option<String> {
     if p.is_null() {
         return None;
     }
+    // SAFETY: a non-null getenv result is a NUL-terminated string in the environment; it is
+    // copied at once, before anything could change the environment.
     let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
     if s.is_empty() {
         None
@@ -165,11 +167,10 @@ mod tests {
         }
     }
 
-    /// The README documents every variable (and mentions no other), CI runs the README's test
-    /// command, and simcuda defines every function we hook (so the tests can reach each one).
-    /// Lives here because this crate owns both lists.
+    /// The README documents every variable (and mentions no other), and CI runs the README's
+    /// test command. (That simcuda defines every hooked function is checked in `hooks`.)
     #[test]
-    fn readme_ci_and_simcuda_agree_with_the_tables() {
+    fn readme_and_ci_agree_with_the_table() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .parent()
             .unwrap();
@@ -198,22 +199,6 @@ mod tests {
             ci.contains("cargo test --workspace"),
             ".ci/run runs the README test command"
         );
-        // The runtime is libcudart.c; the driver is one file per area under src/driver/
-        // (driver/core.c is its core).
-        let mut sim = std::fs::read_to_string(root.join("simcuda/src/libcudart.c")).unwrap();
-        for entry in std::fs::read_dir(root.join("simcuda/src/driver")).unwrap() {
-            let path = entry.unwrap().path();
-            if path.extension().is_some_and(|e| e == "c") {
-                sim += &std::fs::read_to_string(path).unwrap();
-            }
-        }
-        for h in crate::hooks::HOOKS.iter() {
-            let name = h.name_str();
-            assert!(
-                sim.contains(&format!("{name}(")),
-                "simcuda does not define {name}"
-            );
-        }
     }
 
     #[test]

@@ -7,9 +7,10 @@
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
-use crate::{lifecycle, log};
+use crate::log;
+use crate::once::OneShot;
 
 /// Tracing has not started in this process (or was reset by fork).
 pub const MODE_UNINIT: u8 = 0;
@@ -31,7 +32,7 @@ thread_local! {
 #[inline]
 pub fn enter() -> bool {
     let mode = MODE.load(Ordering::Acquire);
-    if mode != MODE_RECORDING && (mode != MODE_UNINIT || !lifecycle::start()) {
+    if mode != MODE_RECORDING && (mode != MODE_UNINIT || !crate::start_tracing()) {
         return false;
     }
     DEPTH
@@ -69,7 +70,7 @@ pub fn catch<T>(f: impl FnOnce() -> T) -> Option<T> {
     }
 }
 
-static DISABLED_SAID: AtomicBool = AtomicBool::new(false);
+static DISABLED_SAID: OneShot = OneShot::new();
 
 /// Switches this process to forward-only mode and says why, once.
 pub fn disable(why: &str) {

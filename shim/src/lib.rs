@@ -3,16 +3,17 @@
 //!
 //! Ways in: `LD_PRELOAD=liboomtrace.so` (or `oomtrace run`), which interposes the driver and
 //! runtime exports, `dlsym`, and the `cuGetProcAddress` / `cudaGetDriverEntryPoint` resolvers
-//! (`resolve.rs`); and the `oomtrace_*` C entry points below.
+//! (`hooks/resolve.rs`); and the `oomtrace_*` C entry points below.
 //!
 //! Promises to the host process: a CUDA call's result is never changed; no panic crosses
 //! `extern "C"` (`guard.rs`); one constructor, which only sets three environment variables in
 //! a Python interpreter nobody configured (`python_env.rs`); fork, `exit` and `_exit` are handled
 //! (`lifecycle.rs`); if the collector dies the program runs on and losses are counted
-//! (`transport.rs`). The GIL is never touched.
+//! (`transport/`). The GIL is never touched.
 //!
 //! Where to change what: hooked functions are one line each in `hooks/table.rs`; what they
-//! record is `hooks/record.rs`; configuration is the `OOMTRACE_*` table in `config.rs`.
+//! record is `hooks/record.rs`; configuration is the `OOMTRACE_*` table in `config.rs`. The
+//! module map (which module may import which, one way) is in `shim/README.md`.
 
 // The exported functions are CUDA's and libc's own C entry points: their safety contract is
 // the one in CUDA's and glibc's documentation, not ours to restate per function.
@@ -24,18 +25,29 @@ compile_error!("liboomtrace supports x86-64 Linux (the dlsym trampoline and unwi
 pub mod clock;
 pub mod config;
 pub mod cuda;
+pub mod driver_query;
 pub mod guard;
 pub mod hooks;
 pub mod lifecycle;
 pub mod log;
+pub mod modules;
+pub mod once;
 pub mod pluggable;
 pub mod python;
 pub mod python_env;
-pub mod resolve;
 pub mod stack;
+pub mod symbols;
 pub mod transport;
 
 use std::ffi::{c_char, c_int, CStr};
+
+/// The lazy start on a process's first hook. `guard` sits below `lifecycle` and never imports
+/// it; the crate root, which wires the modules together, hands it the start.
+#[cold]
+#[inline(never)]
+fn start_tracing() -> bool {
+    lifecycle::start()
+}
 
 /// Marks a step boundary (e.g. one training iteration). `label` may be NULL.
 #[unsafe(no_mangle)]

@@ -1,56 +1,39 @@
 //! Lazy start on the first hook, reset in fork children, flush at exit.
 //!
+//! The top of the shim: this module reads the configuration, creates the outbox and publishes
+//! it and the stack capture, starts the drain thread, and drives the mode (off, recording,
+//! forward-only) through fork, exit, exec and `oomtrace_flush`. No other module imports it
+//! (the crate root hands `guard` the lazy start), so lower modules cannot reach the process
+//! state: hooks see only the outbox they send through.
+//!
 //! Tracing never starts from a constructor of ours (the one there is, `python_env.rs`, only
 //! sets environment variables): hooks can fire before our constructor (libraries linked by the
-//! executable run theirs first) and inside `dlopen` under the loader lock, so init is lazy, uses only const-initialized statics, and never waits for the drain thread.
+//! executable run theirs first) and inside `dlopen` under the loader lock, so init is lazy, uses
+//! only const-initialized statics, and never waits for the drain thread.
 //! The state lives behind a pointer that the fork child simply forgets (leaking the parent's
 //! queue, which may hold the parent's undrained events and locks held by threads that do not
 //! exist in the child); the child's next hook starts afresh as its own pid. `OnceLock` would
 //! not do: a fork while another thread is inside it leaves the child stuck forever.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 use std::time::Duration;
 
-use crossbeam_channel::Sender;
 use oomtrace_proto::wire::GoodbyeReason;
 
 use crate::config::Config;
 use crate::guard::{self, MODE, MODE_FORWARD, MODE_RECORDING, MODE_UNINIT};
+use crate::hooks::record;
 use crate::log;
-use crate::stack::Stacks;
-use crate::transport::{self, Msg, Shared};
+use crate::once::OneShot;
+use crate::stack::{Capturer, StackConfig};
+use crate::transport::{self, DrainSetup, Outbox};
 
-/// Everything a traced process has; one per process image (fork children build their own).
-pub struct State {
-    pub config: Config,
-    pub pid: u32,
-    /// The collector this process started at init (plain LD_PRELOAD): its socket, or why not.
-    pub own_collector: Option<Result<std::path::PathBuf, String>>,
-    pub tx: Sender<Msg>,
-    pub shared: Shared,
-    /// The clock origin, taken before this process's first event was stamped.
-    pub clock_origin: crate::clock::Calibration,
-    stacks: OnceLock<Stacks>,
-    seen_devices: AtomicU64,
-}
-
-impl State {
-    /// Stack state, built on the first stack capture (processes with stacks off never
-    /// enumerate modules).
-    pub fn stacks(&self) -> &Stacks {
-        self.stacks.get_or_init(|| Stacks::new(self))
-    }
-
-    /// True the first time `device` is seen in this process.
-    pub fn first_sight_of_device(&self, device: i16) -> bool {
-        if !(0..64).contains(&device) {
-            return false;
-        }
-        let bit = 1u64 << device;
-        self.seen_devices.fetch_or(bit, Ordering::Relaxed) & bit == 0
-    }
+/// What this module keeps of a traced process; one per process image (fork children build
+/// their own). Hooks never see it: they reach the outbox and stack capture it published.
+struct State {
+    pid: u32,
+    outbox: &'static Outbox,
 }
 
 static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
@@ -58,36 +41,19 @@ const INIT_NONE: u8 = 0;
 const INIT_RUNNING: u8 = 1;
 const INIT_DONE: u8 = 2;
 static INIT: AtomicU8 = AtomicU8::new(INIT_NONE);
-static HOOKS_REGISTERED: AtomicBool = AtomicBool::new(false);
-static FINISHED: AtomicBool = AtomicBool::new(false);
+static HOOKS_REGISTERED: OneShot = OneShot::new();
+static FINISHED: OneShot = OneShot::new();
 
 thread_local! {
-    static TID: Cell<u32> = const { Cell::new(0) };
     static IN_INIT: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The current process's state, if tracing started.
 #[inline]
-pub fn state() -> Option<&'static State> {
+fn state() -> Option<&'static State> {
     let p = STATE.load(Ordering::Acquire);
     // SAFETY: a published State is leaked, never freed.
     unsafe { p.as_ref() }
-}
-
-/// The kernel thread id, cached per thread.
-#[inline]
-pub fn tid() -> u32 {
-    TID.try_with(|t| {
-        let v = t.get();
-        if v != 0 {
-            return v;
-        }
-        // SAFETY: gettid has no preconditions.
-        let v = unsafe { libc::gettid() } as u32;
-        t.set(v);
-        v
-    })
-    .unwrap_or_else(|_| unsafe { libc::gettid() } as u32)
 }
 
 /// Starts tracing in this process (first hook). True if hooks should record.
@@ -140,20 +106,27 @@ fn init() -> bool {
     } else {
         None
     };
-    let (tx, rx) = crossbeam_channel::bounded(config.buffer);
-    let st: &'static State = Box::leak(Box::new(State {
-        own_collector,
-        shared: Shared::new(config.buffer),
-        clock_origin: crate::clock::Calibration::new(),
-        // SAFETY: getpid has no preconditions.
-        pid: unsafe { libc::getpid() } as u32,
-        config,
-        tx,
-        stacks: OnceLock::new(),
-        seen_devices: AtomicU64::new(0),
-    }));
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    let clock_origin = crate::clock::Calibration::new();
+    let (outbox, rx) = Outbox::create(config.buffer, pid);
+    Capturer::publish(
+        outbox,
+        StackConfig {
+            native: config.stacks,
+            python: config.python,
+            depth: config.stack_depth,
+        },
+    );
+    Outbox::publish(outbox);
+    let st: &'static State = Box::leak(Box::new(State { pid, outbox }));
     STATE.store(st as *const State as *mut State, Ordering::Release);
-    if !transport::spawn_drainer(st, rx) {
+    let setup = DrainSetup {
+        config,
+        own_collector,
+        clock_origin,
+    };
+    if !transport::spawn_drainer(outbox, rx, setup) {
         guard::disable("cannot start the drain thread; this process continues untraced");
         return false;
     }
@@ -162,7 +135,7 @@ fn init() -> bool {
 }
 
 fn register_process_hooks() {
-    if HOOKS_REGISTERED.swap(true, Ordering::AcqRel) {
+    if !HOOKS_REGISTERED.first() {
         return; // atfork and atexit registrations survive fork: once per process tree
     }
     // SAFETY: registering plain extern "C" functions that never unwind.
@@ -175,10 +148,12 @@ fn register_process_hooks() {
 /// In the child of `fork`: forget the parent's state; the next hook starts afresh.
 extern "C" fn atfork_child() {
     STATE.store(std::ptr::null_mut(), Ordering::Release);
+    Outbox::forget();
+    Capturer::forget();
     INIT.store(INIT_NONE, Ordering::Release);
     MODE.store(MODE_UNINIT, Ordering::Release);
-    FINISHED.store(false, Ordering::Release);
-    let _ = TID.try_with(|t| t.set(0));
+    FINISHED.reset();
+    record::reset_after_fork();
     let _ = IN_INIT.try_with(|f| f.set(false));
     transport::close_inherited_sink();
 }
@@ -195,18 +170,18 @@ pub fn finish(reason: GoodbyeReason, timeout: Duration) {
     if unsafe { libc::getpid() } as u32 != st.pid {
         return;
     }
-    if FINISHED.swap(true, Ordering::AcqRel) {
+    if !FINISHED.first() {
         return;
     }
     MODE.store(MODE_FORWARD, Ordering::Release);
-    if guard::catch(|| transport::shutdown(st, reason, timeout)) == Some(false) {
+    if guard::catch(|| st.outbox.shutdown(reason, timeout)) == Some(false) {
         // The drain thread did not finish in time (starved, or a collector far behind):
         // whatever it still held leaves with the process, and the user should know.
         crate::log::warn(&format!(
             "the end of this process's trace could not be delivered within {} ms; the trace \
              ends early ({} events were already counted lost)",
             timeout.as_millis(),
-            st.shared.total_lost()
+            st.outbox.total_lost()
         ));
     }
 }
@@ -215,7 +190,7 @@ pub fn finish(reason: GoodbyeReason, timeout: Duration) {
 pub fn flush() -> bool {
     match state() {
         Some(st) if MODE.load(Ordering::Acquire) == MODE_RECORDING => {
-            transport::flush(st, Duration::from_secs(2))
+            st.outbox.flush(Duration::from_secs(2))
         }
         _ => false,
     }
@@ -224,9 +199,9 @@ pub fn flush() -> bool {
 type ExitFn = unsafe extern "C" fn(std::ffi::c_int) -> !;
 
 fn real_exit(name: &std::ffi::CStr, status: std::ffi::c_int) -> ! {
-    let p = crate::resolve::real_dlsym(libc::RTLD_NEXT, name);
+    let p = crate::symbols::real_dlsym(libc::RTLD_NEXT, name);
     if !p.is_null()
-        && !crate::resolve::is_ours(p as usize)
+        && !crate::symbols::is_ours(p as usize)
         && !std::ptr::eq(p as *const (), _exit as *const ())
     {
         // SAFETY: glibc's _exit/_Exit.
@@ -264,11 +239,11 @@ pub extern "C" fn _Exit(status: std::ffi::c_int) -> ! {
 fn before_exec() {
     let _ = std::panic::catch_unwind(|| {
         if let Some(st) = state() {
-            // SAFETY: getpid has no preconditions.
             if MODE.load(Ordering::Acquire) == MODE_RECORDING
+                // SAFETY: getpid has no preconditions.
                 && st.pid == unsafe { libc::getpid() } as u32
             {
-                transport::flush(st, Duration::from_secs(2));
+                st.outbox.flush(Duration::from_secs(2));
             }
         }
     });
@@ -283,8 +258,8 @@ type ExecvFn = unsafe extern "C" fn(*const libc::c_char, *const *const libc::c_c
 
 /// The next definition of an exec function, never our own.
 fn real_exec(name: &std::ffi::CStr) -> *mut std::ffi::c_void {
-    let p = crate::resolve::real_dlsym(libc::RTLD_NEXT, name);
-    if p.is_null() || crate::resolve::is_ours(p as usize) {
+    let p = crate::symbols::real_dlsym(libc::RTLD_NEXT, name);
+    if p.is_null() || crate::symbols::is_ours(p as usize) {
         return std::ptr::null_mut();
     }
     p

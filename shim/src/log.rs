@@ -3,6 +3,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::once::OneShot;
+
 static VERBOSE: AtomicBool = AtomicBool::new(false);
 
 pub fn set_verbose(v: bool) {
@@ -38,8 +40,8 @@ pub fn info(msg: &str) {
 }
 
 /// A warning printed at most once per `flag`.
-pub fn warn_once(flag: &AtomicBool, msg: &str) {
-    if !flag.swap(true, Ordering::Relaxed) {
+pub fn warn_once(flag: &OneShot, msg: &str) {
+    if flag.first() {
         write_line(msg);
     }
 }

@@ -23,8 +23,9 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::cuda::{CUcontext, CUdevice, CUdeviceptr, CUresult, CUstream, CUDA_SUCCESS};
+use crate::driver_query::{current_device, driver_fn};
 use crate::hooks::record;
-use crate::resolve::{current_device, driver_fn, load_libcuda};
+use crate::symbols::load_libcuda;
 use crate::{guard, log};
 
 type AllocAsyncFn = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;

@@ -49,7 +49,7 @@ fn prepare_python_env() {
     let Ok(path) = oomtrace_proto::cache::python_path(&dir, std::env::var_os("PYTHONPATH")) else {
         return;
     };
-    let lib = crate::resolve::own_path();
+    let lib = crate::symbols::own_path();
     // Constructors run before main, on the only thread there is: nothing reads the
     // environment concurrently.
     std::env::set_var("PYTHONPATH", path);

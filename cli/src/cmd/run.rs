@@ -4,11 +4,12 @@
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitCode, ExitStatus};
 use std::time::{Duration, Instant};
 
 use oomtrace_collector::report::{self, Report, ReportOptions};
 use oomtrace_collector::trace::Trace;
+use oomtrace_proto::collector_spawn::{self, NotListening};
 
 use crate::{locate, render, signals, Failure};
 
@@ -216,50 +217,31 @@ pub fn exit_code_of(status: ExitStatus) -> ExitCode {
 fn spawn_collector(socket: &Path, output: &Path) -> Result<Child, Failure> {
     let exe =
         std::env::current_exe().map_err(|e| Failure::new(format!("cannot locate myself: {e}")))?;
-    let mut cmd = Command::new(exe);
-    cmd.arg("collect")
-        .arg("--socket")
-        .arg(socket)
-        .arg("--output")
-        .arg(output)
-        .arg("--quiet")
-        .arg("--live")
-        // If `run` is killed (SIGKILL leaves no chance to stop it), the collector notices
-        // that its parent is gone, finishes the trace and removes the socket directory.
-        .arg("--parent-pid")
-        .arg(std::process::id().to_string())
-        .env_remove("LD_PRELOAD")
-        .env_remove("OOMTRACE_SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
+    let mode = collector_spawn::Mode::Owned {
+        parent_pid: std::process::id(),
+    };
+    let mut child = collector_spawn::command(&exe, socket, output, mode)
         // Its own process group: a Ctrl-C meant for the program must not kill the collector
         // before it has written the trace.
-        .process_group(0);
-    let mut child = cmd
+        .process_group(0)
         .spawn()
         .map_err(|e| Failure::new(format!("cannot start the collector: {e}")))?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-            return Ok(child);
+    match collector_spawn::wait_listening(&mut child, socket, Duration::from_secs(10)) {
+        Ok(()) => Ok(child),
+        // Exit 2 is `collect` refusing its arguments (an output it cannot write, a socket it
+        // may not replace): it has said why on our stderr, in one line.
+        Err(NotListening::Exited(status)) if status.code() == Some(2) => {
+            Err(Failure::already_said(2))
         }
-        if let Ok(Some(status)) = child.try_wait() {
-            // Exit 2 is `collect` refusing its arguments (an output it cannot write, a socket
-            // it may not replace): it has said why on our stderr, in one line.
-            if status.code() == Some(2) {
-                return Err(Failure::already_said(2));
-            }
-            return Err(Failure::new(format!(
-                "the collector exited at start ({status})"
-            )));
-        }
-        if Instant::now() > deadline {
+        Err(NotListening::Exited(status)) => Err(Failure::new(format!(
+            "the collector exited at start ({status})"
+        ))),
+        Err(NotListening::TimedOut) => {
             let _ = child.kill();
-            return Err(Failure::new(
+            Err(Failure::new(
                 "the collector did not start listening within 10 s",
-            ));
+            ))
         }
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

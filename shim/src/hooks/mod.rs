@@ -1,10 +1,13 @@
 //! Expands the hook table (`table.rs`) into exported wrappers, real-pointer slots and the
-//! `HOOKS` list that the resolvers (`resolve.rs`) consult.
+//! `HOOKS` list that the resolvers (`resolve.rs`, in this tree because the table lists them
+//! and they consult the table) read.
 //!
 //! Each recorded wrapper: resolve the real function (cold path once), forward untouched unless
 //! this is the outermost recording hook, then `before` -> real call (exactly once) -> `after`.
 
+mod real;
 pub mod record;
+pub mod resolve;
 mod table;
 
 use std::ffi::{c_int, CStr};
@@ -112,7 +115,7 @@ impl Hook {
             return Some(p as *const ());
         }
         // Cold path, and it reaches into the loader: never let a bug there unwind into C.
-        crate::guard::catch(|| crate::resolve::resolve_slot(self)).flatten()
+        crate::guard::catch(|| real::resolve_slot(self)).flatten()
     }
 
     /// The real function for a call made from return address `caller` (runtime hooks).
@@ -127,7 +130,7 @@ impl Hook {
                 return Some(slot.real.load(Ordering::Relaxed) as *const ());
             }
         }
-        crate::guard::catch(|| crate::resolve::resolve_for_caller(self, caller)).flatten()
+        crate::guard::catch(|| real::resolve_for_caller(self, caller)).flatten()
     }
 
     /// Remembers that calls from [start, end) go to `real` (cold path, serialized by the
@@ -153,7 +156,7 @@ impl Hook {
     /// pointer now in the slot. Our own wrappers are refused (a slot holding a wrapper would
     /// call itself forever).
     pub fn offer_real(&self, p: usize) -> usize {
-        if p == 0 || crate::resolve::is_ours(p) {
+        if p == 0 || crate::symbols::is_ours(p) {
             return self.known_real();
         }
         match self
@@ -168,7 +171,7 @@ impl Hook {
     /// What a wrapper returns when the real function cannot be found at all (the host would
     /// not have linked without it, so this is only reached in broken installations).
     pub fn unresolved(&self) -> c_int {
-        crate::resolve::warn_unresolved(self);
+        real::warn_unresolved(self);
         crate::cuda::ERROR_SYMBOL_NOT_FOUND
     }
 }
@@ -282,10 +285,13 @@ macro_rules! call_recorded {
         // SAFETY: `p` was resolved for this exact symbol, whose C signature is this one.
         let real: Real = unsafe { core::mem::transmute::<*const (), Real>(p) };
         if !crate::guard::enter() {
+            // SAFETY: the real function of this symbol, called once with the caller's own
+            // arguments (its contract is the caller's).
             return unsafe { real( $( $arg ),* ) };
         }
         let mut rec = record::$rec::new(Api::$name, $( $rarg ),* );
         crate::guard::before(&mut rec);
+        // SAFETY: as above: the one real call, with the caller's arguments, outside `catch`.
         let rc = unsafe { real( $( $arg ),* ) };
         crate::guard::after(&mut rec, rc);
         crate::guard::leave();
@@ -334,6 +340,30 @@ pub(crate) use {c_name, call_recorded, caller_first_trampoline, family, gpa, hoo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// simcuda defines every function we hook, so the integration tests can reach each one.
+    #[test]
+    fn simcuda_defines_every_hooked_function() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap();
+        // The runtime is libcudart.c; the driver is one file per area under src/driver/
+        // (driver/core.c is its core).
+        let mut sim = std::fs::read_to_string(root.join("simcuda/src/libcudart.c")).unwrap();
+        for entry in std::fs::read_dir(root.join("simcuda/src/driver")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "c") {
+                sim += &std::fs::read_to_string(path).unwrap();
+            }
+        }
+        for h in HOOKS.iter() {
+            let name = h.name_str();
+            assert!(
+                sim.contains(&format!("{name}(")),
+                "simcuda does not define {name}"
+            );
+        }
+    }
 
     #[test]
     fn names_are_unique_and_match_their_api() {

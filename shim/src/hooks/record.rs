@@ -5,13 +5,17 @@
 //! thread gets the same address back, its event is queued after ours, and the collector never
 //! sees an allocation of an address that is still live.
 
+use std::cell::Cell;
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use oomtrace_proto::{Api, Event, EventKind, MemoryClass, DEVICE_UNKNOWN};
 
 use crate::cuda::{CUmemAllocationProp, CU_MEM_LOCATION_TYPE_DEVICE};
+use crate::driver_query;
 use crate::guard::Recorder;
-use crate::{lifecycle, resolve, stack, transport};
+use crate::stack;
+use crate::transport::outbox;
 
 /// An out-parameter holding a pointer-sized value (CUdeviceptr or void*).
 pub trait OutPtr: Copy {
@@ -42,25 +46,59 @@ impl OutPtr for *mut *mut c_void {
     }
 }
 
-/// Sends `ev` stamped with thread and time; removals go reliably (a lost free would become a
-/// phantom leak), everything else best-effort with loss counted.
+/// Sends `ev` stamped with thread and time. Every event waits for room while the collector
+/// reads (a lost free would become a phantom leak); one that cannot go is counted lost.
 fn emit(mut ev: Event) {
-    let Some(st) = lifecycle::state() else { return };
-    ev.tid = lifecycle::tid();
+    let Some(ob) = outbox::current() else { return };
+    ev.tid = tid();
     ev.ts_ns = crate::clock::ticks();
-    match ev.kind() {
-        Some(EventKind::Free | EventKind::PhysRelease | EventKind::Unmap | EventKind::VaFree) => {
-            transport::send_reliable_event(st, ev)
+    ob.send_event(ev);
+}
+
+thread_local! {
+    static TID: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Devices seen so far in this process (bit per device 0..63).
+static SEEN_DEVICES: AtomicU64 = AtomicU64::new(0);
+
+/// The kernel thread id, cached per thread.
+#[inline]
+pub fn tid() -> u32 {
+    TID.try_with(|t| {
+        let v = t.get();
+        if v != 0 {
+            return v;
         }
-        _ => transport::send_event(st, ev),
+        // SAFETY: gettid has no preconditions.
+        let v = unsafe { libc::gettid() } as u32;
+        t.set(v);
+        v
+    })
+    // SAFETY: gettid has no preconditions (this thread's thread-locals are being destroyed).
+    .unwrap_or_else(|_| unsafe { libc::gettid() } as u32)
+}
+
+/// In a fork child: its thread has a new id, and it has seen no device yet.
+pub fn reset_after_fork() {
+    let _ = TID.try_with(|t| t.set(0));
+    SEEN_DEVICES.store(0, Ordering::Relaxed);
+}
+
+/// True the first time `device` is seen in this process.
+fn first_sight_of_device(device: i16) -> bool {
+    if !(0..64).contains(&device) {
+        return false;
     }
+    let bit = 1u64 << device;
+    SEEN_DEVICES.fetch_or(bit, Ordering::Relaxed) & bit == 0
 }
 
 fn device_of(api: Api) -> i16 {
     if api.memory_class() == MemoryClass::HostPinned {
         DEVICE_UNKNOWN
     } else {
-        resolve::current_device()
+        driver_query::current_device()
     }
 }
 
@@ -70,7 +108,7 @@ fn record_mem_info(device: i16) {
     if device < 0 {
         return;
     }
-    if let Some((free, total)) = resolve::mem_get_info() {
+    if let Some((free, total)) = driver_query::mem_get_info() {
         let mut ev = Event::new(EventKind::MemInfo, Api::cuMemGetInfo_v2);
         ev.ptr = free;
         ev.size = total;
@@ -80,10 +118,8 @@ fn record_mem_info(device: i16) {
 }
 
 fn first_sight(device: i16) {
-    if let Some(st) = lifecycle::state() {
-        if st.first_sight_of_device(device) {
-            record_mem_info(device);
-        }
+    if outbox::current().is_some() && first_sight_of_device(device) {
+        record_mem_info(device);
     }
 }
 
@@ -142,8 +178,8 @@ impl<P: OutPtr> AllocOut<P> {
 
 impl<P: OutPtr> Recorder for AllocOut<P> {
     fn after(&mut self, rc: c_int) {
-        // SAFETY: read only after success.
         let ptr = if rc == 0 {
+            // SAFETY: read only after success: the real call then wrote the out-parameter.
             unsafe { self.out.get() }
         } else {
             0
@@ -179,8 +215,8 @@ impl<P: OutPtr> Recorder for AllocPitch<P> {
         } else {
             0
         };
-        // SAFETY: read only after success.
         let ptr = if rc == 0 {
+            // SAFETY: read only after success: the real call then wrote the out-parameter.
             unsafe { self.out.get() }
         } else {
             0
@@ -373,7 +409,7 @@ impl Recorder for Reserve {
             ev.ptr = unsafe { self.out.get() };
             ev.size = self.size;
             ev.extra = self.alignment;
-            ev.device = resolve::current_device();
+            ev.device = driver_query::current_device();
             emit(ev);
         }
     }
@@ -398,10 +434,11 @@ impl Recorder for MemInfo {
             return;
         }
         let mut ev = Event::new(EventKind::MemInfo, self.api);
-        // SAFETY: written by the successful real call.
+        // SAFETY: both out-parameters were written by the successful real call.
         ev.ptr = unsafe { self.free.read() } as u64;
+        // SAFETY: as above.
         ev.size = unsafe { self.total.read() } as u64;
-        ev.device = resolve::current_device();
+        ev.device = driver_query::current_device();
         emit(ev);
     }
 }
@@ -427,12 +464,12 @@ impl Recorder for Init {
 
 /// `oomtrace_mark`: a step boundary with its label and call site.
 pub fn marker(label: &str) {
-    let Some(st) = lifecycle::state() else { return };
+    let Some(ob) = outbox::current() else { return };
     let mut ev = Event::new(EventKind::Marker, Api::oomtrace_mark);
-    ev.tid = lifecycle::tid();
+    ev.tid = tid();
     ev.ts_ns = crate::clock::ticks();
     ev.stack = stack::capture();
-    transport::send_marker(st, ev, label);
+    ob.send_marker(ev, label);
 }
 
 /// A tensor-level allocation through `oomtrace_malloc` (or its failure, `rc` != 0), on the

@@ -87,12 +87,12 @@ hook_table! {
         cudaFreeHost: Runtime (ptr: *mut c_void) => Release(EventKind::Free, ptr as u64, 0, 0);
     }
     custom {
-        cuGetProcAddress: DriverResolver("cuGetProcAddress", 11030) => crate::resolve::cuGetProcAddress;
-        cuGetProcAddress_v2: DriverResolver("cuGetProcAddress", 12000) => crate::resolve::cuGetProcAddress_v2;
-        cudaGetDriverEntryPoint: RuntimeResolver => crate::resolve::cudaGetDriverEntryPoint;
-        cudaGetDriverEntryPoint_ptsz: RuntimeResolver => crate::resolve::cudaGetDriverEntryPoint_ptsz;
-        cudaGetDriverEntryPointByVersion: RuntimeResolver => crate::resolve::cudaGetDriverEntryPointByVersion;
-        cudaGetDriverEntryPointByVersion_ptsz: RuntimeResolver => crate::resolve::cudaGetDriverEntryPointByVersion_ptsz;
+        cuGetProcAddress: DriverResolver("cuGetProcAddress", 11030) => super::resolve::cuGetProcAddress;
+        cuGetProcAddress_v2: DriverResolver("cuGetProcAddress", 12000) => super::resolve::cuGetProcAddress_v2;
+        cudaGetDriverEntryPoint: RuntimeResolver => super::resolve::cudaGetDriverEntryPoint;
+        cudaGetDriverEntryPoint_ptsz: RuntimeResolver => super::resolve::cudaGetDriverEntryPoint_ptsz;
+        cudaGetDriverEntryPointByVersion: RuntimeResolver => super::resolve::cudaGetDriverEntryPointByVersion;
+        cudaGetDriverEntryPointByVersion_ptsz: RuntimeResolver => super::resolve::cudaGetDriverEntryPointByVersion_ptsz;
     }
 }
 

@@ -75,8 +75,10 @@ pub fn read(runtime: *mut c_void, major: u8, minor: u8) -> Option<Layout> {
     // SAFETY: `_PyRuntime` is a static of at least this size in every 3.13+ interpreter
     // (the debug offsets alone are 584 bytes in 3.13, 760 in 3.14).
     let word = |at: usize| -> usize {
+        // SAFETY: see above; callers read offsets within the debug offsets.
         (unsafe { (base.add(at) as *const u64).read_unaligned() }) as usize
     };
+    // SAFETY: the first 8 bytes of `_PyRuntime` (the cookie).
     let cookie = unsafe { std::slice::from_raw_parts(base, 8) };
     if cookie != b"xdebugpy" {
         return None;

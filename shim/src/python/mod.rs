@@ -27,9 +27,9 @@ use std::sync::Mutex;
 
 use oomtrace_proto::python::{CodeDef, PyFrame, MAX_CODE_ID};
 
-use crate::lifecycle::State;
 use crate::log;
-use crate::transport::{self, Msg};
+use crate::symbols;
+use crate::transport::{Msg, Outbox};
 use layout::{FrameModel, Layout};
 
 /// Most Python frames kept per stack (the innermost ones).
@@ -60,7 +60,7 @@ static INTERPRETER: AtomicPtr<Interpreter> = AtomicPtr::new(std::ptr::null_mut()
 static SEARCHED_AT: AtomicU64 = AtomicU64::new(0);
 
 fn sym(name: &CStr) -> *mut c_void {
-    crate::resolve::real_dlsym(libc::RTLD_DEFAULT, name)
+    symbols::real_dlsym(libc::RTLD_DEFAULT, name)
 }
 
 /// The interpreter of this process, searched for again only when the loader's counters moved
@@ -104,6 +104,7 @@ fn version() -> Option<(u8, u8)> {
     }
     // SAFETY: `const char *Py_GetVersion(void)`, safe without the GIL ("3.10.12 (main, ...").
     let f: unsafe extern "C" fn() -> *const c_char = unsafe { std::mem::transmute(get) };
+    // SAFETY: Py_GetVersion returns a static NUL-terminated string.
     let s = unsafe { CStr::from_ptr(f()) }.to_str().ok()?;
     let mut it = s.split(|c: char| !c.is_ascii_digit());
     let major = it.next()?.parse().ok()?;
@@ -139,6 +140,7 @@ fn find() -> Option<Interpreter> {
         this_thread_state: unsafe {
             std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> *mut c_void>(tstate)
         },
+        // SAFETY: `int Py_IsFinalizing(void)` (or `_Py_IsFinalizing`), found non-null.
         is_finalizing: (!fin.is_null()).then(|| unsafe {
             std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(fin)
         }),
@@ -151,7 +153,8 @@ fn find() -> Option<Interpreter> {
 
 pub mod debug_offsets;
 
-/// Reads process memory: plain loads once the layout is trusted, `process_vm_readv` before.
+/// How the walk reads the target's memory: plain loads once the layout is trusted,
+/// `process_vm_readv` before, a fake memory image in tests.
 trait Mem {
     fn read(&self, addr: u64, out: &mut [u8]) -> bool;
     fn u64(&self, addr: u64) -> Option<u64> {
@@ -201,7 +204,7 @@ impl Mem for Checked {
     }
 }
 
-/// Code objects already announced, per process (rebuilt after fork with the rest of State).
+/// Code objects already announced, per process (rebuilt after fork with the stack state).
 #[derive(Default)]
 pub struct CodeRegistry {
     /// Code object address -> (identity check, id).
@@ -227,7 +230,7 @@ impl Default for ThreadCodes {
 /// Walks the calling thread's Python frames into `out` (innermost first, encoded as
 /// `PyFrame`s). Returns how many; 0 when this thread runs no Python.
 pub fn walk(
-    st: &State,
+    ob: &Outbox,
     py: &Interpreter,
     codes: &CodeRegistry,
     cache: &mut ThreadCodes,
@@ -245,9 +248,9 @@ pub fn walk(
         return 0;
     }
     match py.trust.load(Ordering::Relaxed) {
-        TRUSTED => walk_with(&Direct, st, py, codes, cache, ts, out).unwrap_or(0),
+        TRUSTED => walk_with(&Direct, ob, py, codes, cache, ts, out).unwrap_or(0),
         BROKEN => 0,
-        _ => match walk_with(&Checked, st, py, codes, cache, ts, out) {
+        _ => match walk_with(&Checked, ob, py, codes, cache, ts, out) {
             Some(0) => 0,
             Some(n) => {
                 py.trust.store(TRUSTED, Ordering::Relaxed);
@@ -269,7 +272,7 @@ pub fn walk(
 /// None: something did not look like the layout says (only reported while unverified).
 fn walk_with<M: Mem>(
     m: &M,
-    st: &State,
+    ob: &Outbox,
     py: &Interpreter,
     codes: &CodeRegistry,
     cache: &mut ThreadCodes,
@@ -326,7 +329,7 @@ fn walk_with<M: Mem>(
             frame = back;
             continue;
         }
-        let id = code_id(m, st, py, codes, cache, code)?;
+        let id = code_id(m, ob, py, codes, cache, code)?;
         out[n] = PyFrame {
             code: id,
             offset,
@@ -357,7 +360,7 @@ fn end_group(out: &mut [u64; MAX_PY_FRAMES], n: usize) {
 /// and another allocated at its address is told apart by its file name, name and table.
 fn code_id<M: Mem>(
     m: &M,
-    st: &State,
+    ob: &Outbox,
     py: &Interpreter,
     codes: &CodeRegistry,
     cache: &mut ThreadCodes,
@@ -383,7 +386,7 @@ fn code_id<M: Mem>(
                 if id > MAX_CODE_ID {
                     return None;
                 }
-                if !transport::send_reliable(st, Msg::Code(Box::new(CodeDef { id, ..def }))) {
+                if !ob.send_reliable(Msg::Code(Box::new(CodeDef { id, ..def }))) {
                     return None;
                 }
                 map.insert(code, (check, id));
@@ -460,4 +463,218 @@ fn read_bytes<M: Mem>(m: &M, py: &Interpreter, b: u64) -> Option<Vec<u8>> {
     }
     let mut out = vec![0u8; len];
     m.read(b + l.bytes_data as u64, &mut out).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The walk over a fake memory image: a CPython 3.11 thread state, two frames, their code
+    //! objects, names and line tables, at made-up addresses.
+
+    use super::*;
+    use crate::transport::Outbox;
+
+    /// Regions of fake memory; a read must fall inside one.
+    #[derive(Default)]
+    struct FakeMem {
+        regions: Vec<(u64, Vec<u8>)>,
+    }
+
+    impl FakeMem {
+        fn put(&mut self, addr: u64, bytes: &[u8]) {
+            for (base, data) in &mut self.regions {
+                if addr >= *base && addr + bytes.len() as u64 <= *base + data.len() as u64 {
+                    let at = (addr - *base) as usize;
+                    data[at..at + bytes.len()].copy_from_slice(bytes);
+                    return;
+                }
+            }
+            panic!("no region at {addr:#x}");
+        }
+        fn region(&mut self, base: u64, len: usize) {
+            self.regions.push((base, vec![0; len]));
+        }
+        fn set_u64(&mut self, addr: u64, v: u64) {
+            self.put(addr, &v.to_le_bytes());
+        }
+        fn set_u32(&mut self, addr: u64, v: u32) {
+            self.put(addr, &v.to_le_bytes());
+        }
+        fn set_u8(&mut self, addr: u64, v: u8) {
+            self.put(addr, &[v]);
+        }
+    }
+
+    impl Mem for FakeMem {
+        fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+            self.regions.iter().any(|(base, data)| {
+                let end = *base + data.len() as u64;
+                if addr >= *base && addr + out.len() as u64 <= end {
+                    let at = (addr - *base) as usize;
+                    out.copy_from_slice(&data[at..at + out.len()]);
+                    true
+                } else {
+                    false
+                }
+            })
+        }
+    }
+
+    const CODE_TYPE: u64 = 0xC0DE_0000;
+    const UNICODE_TYPE: u64 = 0x5717_0000;
+    const BYTES_TYPE: u64 = 0xB17E_0000;
+
+    unsafe extern "C" fn no_thread_state() -> *mut c_void {
+        std::ptr::null_mut()
+    }
+
+    fn interpreter_311() -> Interpreter {
+        Interpreter {
+            layout: layout::builtin(3, 11).unwrap(),
+            this_thread_state: no_thread_state,
+            is_finalizing: None,
+            code_type: CODE_TYPE,
+            unicode_type: UNICODE_TYPE,
+            bytes_type: BYTES_TYPE,
+            trust: AtomicU8::new(UNVERIFIED),
+        }
+    }
+
+    /// An ASCII str object at `at`.
+    fn put_str(m: &mut FakeMem, l: &Layout, at: u64, s: &str) {
+        m.region(at, 256);
+        m.set_u64(at + 8, UNICODE_TYPE);
+        m.set_u64(at + l.str_length as u64, s.len() as u64);
+        // kind 1, compact, ascii
+        m.set_u32(at + l.str_state as u64, (1 << 2) | (1 << 5) | (1 << 6));
+        m.put(at + l.str_ascii_size as u64, s.as_bytes());
+    }
+
+    /// A code object at `at` named `name` in `file`, first line `line`.
+    fn put_code(m: &mut FakeMem, l: &Layout, at: u64, file: &str, name: &str, line: u32) {
+        m.region(at, 512);
+        m.set_u64(at + 8, CODE_TYPE);
+        put_str(m, l, at + 0x1000, file);
+        put_str(m, l, at + 0x2000, name);
+        m.region(at + 0x3000, 64);
+        m.set_u64(at + 0x3000 + 8, BYTES_TYPE);
+        m.set_u64(at + 0x3000 + l.bytes_size as u64, 3);
+        m.put(at + 0x3000 + l.bytes_data as u64, &[1, 2, 3]);
+        m.set_u64(at + l.co_filename as u64, at + 0x1000);
+        m.set_u64(at + l.co_name as u64, at + 0x2000);
+        m.set_u64(at + l.co_linetable as u64, at + 0x3000);
+        m.set_u32(at + l.co_firstlineno as u64, line);
+    }
+
+    /// Thread state -> cframe -> inner frame -> outer frame (the loop entry), 3.11 style.
+    fn fake_311(l: &Layout) -> (FakeMem, u64) {
+        let FrameModel::Interpreter {
+            is_entry,
+            owner,
+            offset_of_code,
+            ..
+        } = l.model
+        else {
+            panic!("3.11 has interpreter frames")
+        };
+        let mut m = FakeMem::default();
+        let (ts, cframe, inner, outer) = (0x10_000u64, 0x11_000u64, 0x20_000u64, 0x21_000u64);
+        let (code_a, code_b) = (0x100_000u64, 0x200_000u64);
+        m.region(ts, 256);
+        m.region(cframe, 64);
+        m.region(inner, 128);
+        m.region(outer, 128);
+        m.set_u64(ts + l.ts_frame as u64, cframe);
+        m.set_u64(cframe + l.cframe_current.unwrap() as u64, inner);
+        for (frame, back, code, instr, entry) in [
+            (inner, outer, code_a, 10u64, 0u8),
+            (outer, 0, code_b, 24, 1),
+        ] {
+            m.set_u64(frame + l.frame_back as u64, back);
+            m.set_u64(frame + l.frame_code as u64, code);
+            m.set_u64(
+                frame + l.frame_lasti as u64,
+                code + offset_of_code as u64 + instr,
+            );
+            m.set_u8(frame + is_entry.unwrap() as u64, entry);
+            m.set_u8(frame + owner as u64, 0);
+        }
+        put_code(&mut m, l, code_a, "train.py", "Model.forward", 7);
+        put_code(&mut m, l, code_b, "train.py", "main", 40);
+        (m, ts)
+    }
+
+    fn code_defs(rx: &crossbeam_channel::Receiver<Msg>) -> Vec<CodeDef> {
+        rx.try_iter()
+            .filter_map(|m| match m {
+                Msg::Code(def) => Some(*def),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn walks_a_fake_python_311_frame_chain() {
+        let py = interpreter_311();
+        let (m, ts) = fake_311(&py.layout);
+        let (ob, rx) = Outbox::create(64, std::process::id());
+        let codes = CodeRegistry::default();
+        let mut cache = ThreadCodes::default();
+        let mut out = [0u64; MAX_PY_FRAMES];
+        let n = walk_with(&m, ob, &py, &codes, &mut cache, ts, &mut out).unwrap();
+        assert_eq!(n, 2);
+        let frames: Vec<PyFrame> = out[..n]
+            .iter()
+            .map(|&f| PyFrame::decode(f).unwrap())
+            .collect();
+        // Innermost first; offsets from the start of the bytecode; the loop entry (and the
+        // outermost frame) ends a group.
+        assert_eq!(
+            (frames[0].code, frames[0].offset, frames[0].group_end),
+            (1, 10, false)
+        );
+        assert_eq!(
+            (frames[1].code, frames[1].offset, frames[1].group_end),
+            (2, 24, true)
+        );
+        let defs = code_defs(&rx);
+        assert_eq!(defs.len(), 2);
+        assert_eq!((defs[0].id, defs[0].name.as_str()), (1, "Model.forward"));
+        assert_eq!(
+            (defs[0].filename.as_str(), defs[0].first_line),
+            ("train.py", 7)
+        );
+        assert_eq!(defs[0].line_table, [1, 2, 3]);
+        assert_eq!(
+            (defs[1].id, defs[1].name.as_str(), defs[1].first_line),
+            (2, "main", 40)
+        );
+        // A second walk finds the same ids and announces nothing new.
+        let n = walk_with(&m, ob, &py, &codes, &mut cache, ts, &mut out).unwrap();
+        assert_eq!(n, 2);
+        assert!(code_defs(&rx).is_empty());
+    }
+
+    #[test]
+    fn a_frame_that_is_not_a_code_object_is_skipped_and_a_bad_pointer_fails_the_walk() {
+        let py = interpreter_311();
+        let l = py.layout;
+        let (mut m, ts) = fake_311(&l);
+        // The outer frame runs something that is not a code object.
+        m.set_u64(0x200_000 + 8, 0xDEAD_0000);
+        let (ob, _rx) = Outbox::create(64, std::process::id());
+        let codes = CodeRegistry::default();
+        let mut cache = ThreadCodes::default();
+        let mut out = [0u64; MAX_PY_FRAMES];
+        let n = walk_with(&m, ob, &py, &codes, &mut cache, ts, &mut out).unwrap();
+        assert_eq!(n, 1);
+        // A frame pointer into unmapped memory: the walk reports that the layout is wrong.
+        m.set_u64(0x20_000 + l.frame_back as u64, 0x9999_0000);
+        assert!(walk_with(&m, ob, &py, &codes, &mut cache, ts, &mut out).is_none());
+        // No thread state frame: no Python frames.
+        m.set_u64(0x11_000 + l.cframe_current.unwrap() as u64, 0);
+        assert_eq!(
+            walk_with(&m, ob, &py, &codes, &mut cache, ts, &mut out),
+            Some(0)
+        );
+    }
 }

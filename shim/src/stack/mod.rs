@@ -13,11 +13,9 @@
 //!
 //! Symbolization never happens here: the collector and CLI map addresses to lines.
 
-pub mod modules;
-
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use framehop::{
     ExplicitModuleSectionInfo, FrameAddress, MayAllocateDuringUnwind, Module, UnwindRegsNative,
@@ -26,10 +24,9 @@ use framehop::{
 use oomtrace_proto::StackId;
 
 use crate::config::MAX_STACK_DEPTH;
-use crate::lifecycle::{self, State};
+use crate::modules::{self, LoadCounts, LoadedModule};
 use crate::python::{self, CodeRegistry, Interpreter, ThreadCodes, MAX_PY_FRAMES};
-use crate::transport::{self, Msg};
-use modules::{LoadCounts, LoadedModule};
+use crate::transport::{Msg, Outbox};
 
 type NativeUnwinder = framehop::UnwinderNative<Vec<u8>, MayAllocateDuringUnwind>;
 type NativeCache = framehop::CacheNative<MayAllocateDuringUnwind>;
@@ -88,7 +85,7 @@ struct Registry {
     own: (u64, u64),
 }
 
-/// Per-process stack state (part of `lifecycle::State`, rebuilt after fork).
+/// Per-process stack state (built on the first capture, rebuilt after fork).
 pub struct Stacks {
     registry: Mutex<Registry>,
     snapshot: Mutex<Arc<Snapshot>>,
@@ -125,7 +122,7 @@ impl Registry {
     }
 
     /// Loads the unwind tables of entry `i` and announces it to the collector.
-    fn activate(&mut self, st: &State, i: usize) {
+    fn activate(&mut self, ob: &Outbox, i: usize) {
         let id = self.next_module_id;
         self.next_module_id += 1;
         let e = &mut self.entries[i];
@@ -150,11 +147,11 @@ impl Registry {
         }
         self.unwinder
             .add_module(Module::new(m.path.clone(), m.start..m.end, m.bias, info));
-        transport::send_reliable(st, Msg::Module(Box::new(m.def(id))));
+        ob.send_reliable(Msg::Module(Box::new(m.def(id))));
     }
 
     /// Re-reads the loaded modules; returns true if an active module went away.
-    fn rescan(&mut self, st: &State) -> bool {
+    fn rescan(&mut self, ob: &Outbox) -> bool {
         let (mods, counts) = modules::enumerate();
         let mut removed_active = false;
         let mut kept = Vec::with_capacity(mods.len());
@@ -166,7 +163,7 @@ impl Registry {
                 kept.push(old);
             } else if let Some(id) = old.id {
                 self.unwinder.remove_module(old.module.start);
-                transport::send_reliable(st, Msg::ModuleGone(id));
+                ob.send_reliable(Msg::ModuleGone(id));
                 removed_active = true;
             }
         }
@@ -188,7 +185,7 @@ impl Registry {
 }
 
 impl Stacks {
-    pub fn new(st: &State) -> Stacks {
+    fn new(ob: &Outbox) -> Stacks {
         let (mods, counts) = modules::enumerate();
         let here = capture as *const () as u64;
         let own = mods
@@ -208,7 +205,7 @@ impl Stacks {
         };
         // Our own tables are needed to unwind out of the hook's frames.
         if let Some(i) = reg.entries.iter().position(|e| e.module.contains(here)) {
-            reg.activate(st, i);
+            reg.activate(ob, i);
         }
         let snap = Arc::new(reg.snapshot());
         Stacks {
@@ -232,14 +229,14 @@ impl Stacks {
     /// Rescans the loaded modules if the loader's counters moved since the last scan (a
     /// dlclose, perhaps followed by another library at the same address: its frames would
     /// otherwise fall inside a stale range and be unwound and attributed with the old tables).
-    fn refresh_if_loader_changed(&self, st: &State) {
+    fn refresh_if_loader_changed(&self, ob: &Outbox) {
         let Ok(mut reg) = self.registry.lock() else {
             return;
         };
         if modules::load_counts() == reg.counts {
             return;
         }
-        if reg.rescan(st) {
+        if reg.rescan(ob) {
             self.intern_gen.fetch_add(1, Ordering::AcqRel);
         }
         let snap = Arc::new(reg.snapshot());
@@ -251,7 +248,7 @@ impl Stacks {
 
     /// Makes every frame's module active (rescanning if the loader changed). Returns true if
     /// the snapshot changed, so the caller should unwind again.
-    fn cover(&self, st: &State, frames: &[u64]) -> bool {
+    fn cover(&self, ob: &Outbox, frames: &[u64]) -> bool {
         let Ok(mut reg) = self.registry.lock() else {
             return false;
         };
@@ -261,7 +258,7 @@ impl Stacks {
             !reg.entries.iter().any(|e| e.module.contains(a))
         }) && modules::load_counts() != reg.counts;
         if needs_rescan {
-            if reg.rescan(st) {
+            if reg.rescan(ob) {
                 self.intern_gen.fetch_add(1, Ordering::AcqRel);
             }
             changed = true;
@@ -273,7 +270,7 @@ impl Stacks {
                 .iter()
                 .position(|e| e.id.is_none() && e.module.contains(a))
             {
-                reg.activate(st, i);
+                reg.activate(ob, i);
                 changed = true;
             }
         }
@@ -308,7 +305,7 @@ impl Snapshot {
 }
 
 struct ThreadStacks {
-    /// The `State` this belongs to; a new State (after fork) means start over.
+    /// The `Capturer` this belongs to; a new one (after fork) means start over.
     owner: usize,
     snapshot_gen: u64,
     snapshot: Arc<Snapshot>,
@@ -356,15 +353,15 @@ fn stack_bounds() -> (u64, u64) {
 }
 
 impl ThreadStacks {
-    fn new(st: &State) -> ThreadStacks {
-        let (snapshot_gen, snapshot) = st.stacks().current();
+    fn new(cap: &Capturer) -> ThreadStacks {
+        let (snapshot_gen, snapshot) = cap.stacks().current();
         let (stack_lo, stack_hi) = stack_bounds();
         ThreadStacks {
-            owner: st as *const State as usize,
+            owner: cap as *const Capturer as usize,
             snapshot_gen,
             snapshot,
             cache: Box::new(NativeCache::new()),
-            intern_gen: st.stacks().intern_gen.load(Ordering::Acquire),
+            intern_gen: cap.stacks().intern_gen.load(Ordering::Acquire),
             interned: vec![(0u64, 0u32); INTERN_SLOTS].into_boxed_slice(),
             verified: Vec::with_capacity(VERIFIED_ENTRIES),
             next_verified: 0,
@@ -393,49 +390,23 @@ impl ThreadStacks {
             return 0; // on a stack we do not know the bounds of (signal or fiber stack)
         }
         let hi = self.stack_hi;
-        let mut read = |addr: u64| -> Result<u64, ()> {
+        let read = |addr: u64| -> Result<u64, ()> {
             if addr >= sp && addr.wrapping_add(8) <= hi && addr & 7 == 0 {
-                // SAFETY: inside this thread's stack, below its top and above the current sp.
+                // SAFETY: inside this thread's stack, below its top and above the current sp,
+                // aligned: mapped memory of this thread that the unwind does not change.
                 Ok(unsafe { (addr as *const u64).read() })
             } else {
                 Err(())
             }
         };
-        let own = self.snapshot.own;
-        let mut regs = UnwindRegsNative::new(pc, sp, bp);
-        let mut frame = FrameAddress::from_instruction_pointer(pc);
-        v.raw[0] = pc;
-        v.slots[0] = 0;
-        let mut n = 1;
-        let mut callers = 0;
-        while n < RAW_DEPTH && callers < depth {
-            let prev_sp = regs.sp();
-            match self
-                .snapshot
-                .unwinder
-                .unwind_frame(frame, &mut regs, &mut *self.cache, &mut read)
-            {
-                Ok(Some(ra)) => {
-                    // The stack must move up, or a corrupt frame could loop forever.
-                    if regs.sp() <= prev_sp {
-                        break;
-                    }
-                    v.raw[n] = ra;
-                    v.slots[n] = regs.sp().wrapping_sub(8);
-                    n += 1;
-                    if callers > 0 || !(own.0 <= ra && ra < own.1) {
-                        callers += 1;
-                    }
-                    match FrameAddress::from_return_address(ra) {
-                        Some(f) => frame = f,
-                        None => break,
-                    }
-                }
-                _ => break,
-            }
-        }
-        v.n = n;
-        n
+        unwind_with(
+            &self.snapshot,
+            &mut self.cache,
+            (pc, sp, bp),
+            depth,
+            v,
+            read,
+        )
     }
 
     /// The id of a recent stack from (sp, bp) whose return addresses are all still in place.
@@ -464,6 +435,54 @@ impl ThreadStacks {
             self.next_verified = (self.next_verified + 1) % VERIFIED_ENTRIES;
         }
     }
+}
+
+/// Unwinds from `regs` = (pc, sp, bp) with `snapshot`'s rules, reading the stack through
+/// `read` (the live stack in `ThreadStacks::unwind`, a fake memory image in tests): return
+/// addresses and their slots, innermost first, oomtrace's own frames included, stopping after
+/// `depth` frames of the caller's. Returns the number of frames.
+fn unwind_with(
+    snapshot: &Snapshot,
+    cache: &mut NativeCache,
+    (pc, sp, bp): (u64, u64, u64),
+    depth: usize,
+    v: &mut Verified,
+    mut read: impl FnMut(u64) -> Result<u64, ()>,
+) -> usize {
+    let own = snapshot.own;
+    let mut regs = UnwindRegsNative::new(pc, sp, bp);
+    let mut frame = FrameAddress::from_instruction_pointer(pc);
+    v.raw[0] = pc;
+    v.slots[0] = 0;
+    let mut n = 1;
+    let mut callers = 0;
+    while n < RAW_DEPTH && callers < depth {
+        let prev_sp = regs.sp();
+        match snapshot
+            .unwinder
+            .unwind_frame(frame, &mut regs, cache, &mut read)
+        {
+            Ok(Some(ra)) => {
+                // The stack must move up, or a corrupt frame could loop forever.
+                if regs.sp() <= prev_sp {
+                    break;
+                }
+                v.raw[n] = ra;
+                v.slots[n] = regs.sp().wrapping_sub(8);
+                n += 1;
+                if callers > 0 || !(own.0 <= ra && ra < own.1) {
+                    callers += 1;
+                }
+                match FrameAddress::from_return_address(ra) {
+                    Some(f) => frame = f,
+                    None => break,
+                }
+            }
+            _ => break,
+        }
+    }
+    v.n = n;
+    n
 }
 
 /// The caller's return addresses: `raw` without oomtrace's own leading frames, at most `depth`.
@@ -499,19 +518,69 @@ fn hash_frames(frames: &[u64]) -> u64 {
     x ^ (x >> 31)
 }
 
+/// What stack capture is asked to do in this process.
+#[derive(Clone, Copy, Debug)]
+pub struct StackConfig {
+    /// Native stacks at all (`OOMTRACE_STACKS`).
+    pub native: bool,
+    /// Python frames after the native ones (`OOMTRACE_PYTHON`).
+    pub python: bool,
+    /// Most caller frames kept.
+    pub depth: usize,
+}
+
+/// Stack capture for one process image: where definitions go, what to capture, and the
+/// module state (built on the first capture: processes with stacks off never enumerate
+/// modules). Published by whoever starts tracing; a fork child forgets it and gets its own.
+pub struct Capturer {
+    outbox: &'static Outbox,
+    config: StackConfig,
+    stacks: OnceLock<Stacks>,
+}
+
+static CURRENT: AtomicPtr<Capturer> = AtomicPtr::new(std::ptr::null_mut());
+
+impl Capturer {
+    /// Makes stack capture send to `outbox` with `config` in this process from now on.
+    pub fn publish(outbox: &'static Outbox, config: StackConfig) {
+        let cap: &'static Capturer = Box::leak(Box::new(Capturer {
+            outbox,
+            config,
+            stacks: OnceLock::new(),
+        }));
+        CURRENT.store(cap as *const Capturer as *mut Capturer, Ordering::Release);
+    }
+
+    /// In a fork child: forget the parent's (leaked) capture state.
+    pub fn forget() {
+        CURRENT.store(std::ptr::null_mut(), Ordering::Release);
+    }
+
+    fn stacks(&self) -> &Stacks {
+        self.stacks.get_or_init(|| Stacks::new(self.outbox))
+    }
+}
+
+fn current() -> Option<&'static Capturer> {
+    let p = CURRENT.load(Ordering::Acquire);
+    // SAFETY: only `publish` stores a non-null pointer, from a leaked box never freed.
+    unsafe { p.as_ref() }
+}
+
 /// The calling thread's native stack as an interned id (0 if stacks are off or unavailable).
 #[inline(never)]
 pub fn capture() -> StackId {
-    let Some(st) = lifecycle::state() else {
+    let Some(cap) = current() else {
         return StackId::NONE;
     };
-    if !st.config.stacks {
+    if !cap.config.native {
         return StackId::NONE;
     }
     let (pc, sp, bp): (u64, u64, u64);
     // Registers of this very frame: unwinding starts here and runs in deeper frames, so the
     // part of the stack it reads (this frame and its callers) stays untouched meanwhile.
     #[cfg(target_arch = "x86_64")]
+    // SAFETY: reads three registers into outputs; no memory, stack or flags are touched.
     unsafe {
         core::arch::asm!(
             "lea {pc}, [rip]",
@@ -532,14 +601,14 @@ pub fn capture() -> StackId {
             let Ok(mut slot) = cell.try_borrow_mut() else {
                 return StackId::NONE; // re-entered from a signal handler
             };
-            if slot.as_ref().map(|t| t.owner) != Some(st as *const State as usize) {
-                *slot = Some(ThreadStacks::new(st));
+            if slot.as_ref().map(|t| t.owner) != Some(cap as *const Capturer as usize) {
+                *slot = Some(ThreadStacks::new(cap));
             }
             match slot.as_mut() {
                 Some(ts) => {
-                    let native = intern(st, ts, pc, sp, bp);
-                    if st.config.python && !native.is_none() {
-                        with_python(st, ts, native)
+                    let native = intern(cap, ts, pc, sp, bp);
+                    if cap.config.python && !native.is_none() {
+                        with_python(cap, ts, native)
                     } else {
                         native
                     }
@@ -550,8 +619,8 @@ pub fn capture() -> StackId {
         .unwrap_or(StackId::NONE)
 }
 
-fn intern(st: &State, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> StackId {
-    let stacks = st.stacks();
+fn intern(cap: &Capturer, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> StackId {
+    let stacks = cap.stacks();
     if let Some(id) = ts.verified_hit(sp, bp) {
         if stacks.intern_gen.load(Ordering::Acquire) == ts.intern_gen {
             return StackId(id);
@@ -560,7 +629,7 @@ fn intern(st: &State, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> Stack
     // A miss: before unwinding, make sure no module was unloaded or replaced since the last
     // scan (one dl_iterate_phdr call that stops at the first object; misses are rare).
     if modules::load_counts() != ts.snapshot.counts {
-        stacks.refresh_if_loader_changed(st);
+        stacks.refresh_if_loader_changed(cap.outbox);
     }
     let gen = stacks.snapshot_gen.load(Ordering::Acquire);
     if gen != ts.snapshot_gen {
@@ -574,7 +643,7 @@ fn intern(st: &State, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> Stack
         ts.verified.clear();
         ts.intern_gen = igen;
     }
-    let depth = st.config.stack_depth;
+    let depth = cap.config.depth;
     let mut v = Box::new(Verified {
         sp,
         bp,
@@ -593,7 +662,7 @@ fn intern(st: &State, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> Stack
     // module), so repeat until nothing changes; a stack crosses few modules.
     for _ in 0..16 {
         if ts.snapshot.covers(caller_frames(&v, own, depth))
-            || !stacks.cover(st, caller_frames(&v, own, depth))
+            || !stacks.cover(cap.outbox, caller_frames(&v, own, depth))
         {
             break;
         }
@@ -618,10 +687,10 @@ fn intern(st: &State, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> Stack
             id,
             frames: frames.to_vec().into_boxed_slice(),
         };
-        if !transport::send_reliable(st, msg) {
+        if !cap.outbox.send_reliable(msg) {
             // Not remembered: the next occurrence tries again rather than pointing at a stack
             // the collector never received.
-            st.shared.count_lost_stack();
+            cap.outbox.count_lost_stack();
             return StackId::NONE;
         }
         ts.interned[slot] = (h, id);
@@ -636,7 +705,7 @@ fn intern(st: &State, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> Stack
 
 /// The native stack `native` with the calling thread's Python frames after it, interned on
 /// its own (the same native path runs many Python lines), or `native` if there are none.
-fn with_python(st: &State, ts: &mut ThreadStacks, native: StackId) -> StackId {
+fn with_python(cap: &Capturer, ts: &mut ThreadStacks, native: StackId) -> StackId {
     if ts.py.looked_at_gen != ts.snapshot_gen {
         ts.py.looked_at_gen = ts.snapshot_gen;
         let c = ts.snapshot.counts;
@@ -645,8 +714,14 @@ fn with_python(st: &State, ts: &mut ThreadStacks, native: StackId) -> StackId {
     let Some(py) = ts.py.interpreter else {
         return native;
     };
-    let stacks = st.stacks();
-    let n = python::walk(st, py, &stacks.codes, &mut ts.py.codes, &mut ts.py.frames);
+    let stacks = cap.stacks();
+    let n = python::walk(
+        cap.outbox,
+        py,
+        &stacks.codes,
+        &mut ts.py.codes,
+        &mut ts.py.frames,
+    );
     if n == 0 {
         return native;
     }
@@ -658,7 +733,7 @@ fn with_python(st: &State, ts: &mut ThreadStacks, native: StackId) -> StackId {
     }
     // New: send the native frames (still in the verified table under `native`) and these.
     let own = ts.snapshot.own;
-    let depth = st.config.stack_depth;
+    let depth = cap.config.depth;
     let Some(v) = ts.verified.iter().find(|v| v.id == native.0) else {
         return native;
     };
@@ -669,8 +744,8 @@ fn with_python(st: &State, ts: &mut ThreadStacks, native: StackId) -> StackId {
         id,
         frames: frames.into_boxed_slice(),
     };
-    if !transport::send_reliable(st, msg) {
-        st.shared.count_lost_stack();
+    if !cap.outbox.send_reliable(msg) {
+        cap.outbox.count_lost_stack();
         return native;
     }
     ts.py.interned[slot] = (h, id);
@@ -688,6 +763,109 @@ mod tests {
         assert_ne!(a, hash_frames(&[1, 2, 3, 4]));
         assert_ne!(hash_frames(&[0]), hash_frames(&[0, 0]));
         assert_eq!(a, hash_frames(&[1, 2, 3, 4, 5]));
+    }
+
+    /// A fake stack image: 8-byte words by address; anything else is unreadable.
+    fn fake_read(
+        mem: &std::collections::HashMap<u64, u64>,
+    ) -> impl FnMut(u64) -> Result<u64, ()> + '_ {
+        |addr| mem.get(&addr).copied().ok_or(())
+    }
+
+    fn empty_snapshot(own: (u64, u64)) -> Snapshot {
+        Snapshot {
+            unwinder: NativeUnwinder::new(),
+            active: Vec::new(),
+            known: Vec::new(),
+            counts: LoadCounts::default(),
+            own,
+        }
+    }
+
+    fn verified() -> Box<Verified> {
+        Box::new(Verified {
+            sp: 0,
+            bp: 0,
+            n: 0,
+            raw: [0; RAW_DEPTH],
+            slots: [0; RAW_DEPTH],
+            id: 0,
+        })
+    }
+
+    /// Code without unwind tables is unwound through its frame pointers: [bp] holds the
+    /// caller's bp, [bp + 8] the return address.
+    #[test]
+    fn unwinds_a_fake_frame_pointer_chain_and_skips_our_own_frames() {
+        let own = (0x1000, 0x2000);
+        let (sp, bp0, bp1, bp2) = (0x7000_0000u64, 0x7000_0100, 0x7000_0200, 0x7000_0300);
+        let mem: std::collections::HashMap<u64, u64> = [
+            (bp0, bp1),
+            (bp0 + 8, 0x1800), // back into oomtrace (the hook's frame)
+            (bp1, bp2),
+            (bp1 + 8, 0x40_1000), // the caller
+            (bp2, 0),
+            (bp2 + 8, 0x40_2000), // its caller; bp 0 ends the chain
+        ]
+        .into_iter()
+        .collect();
+        let snap = empty_snapshot(own);
+        let mut cache = NativeCache::new();
+        let mut v = verified();
+        let n = unwind_with(
+            &snap,
+            &mut cache,
+            (0x1500, sp, bp0),
+            64,
+            &mut v,
+            fake_read(&mem),
+        );
+        assert!(n >= 4, "{:x?}", &v.raw[..n]);
+        assert_eq!(&v.raw[..4], &[0x1500, 0x1800, 0x40_1000, 0x40_2000]);
+        assert_eq!(&v.slots[1..4], &[bp0 + 8, bp1 + 8, bp2 + 8]);
+        assert_eq!(&caller_frames(&v, own, 64)[..2], &[0x40_1000, 0x40_2000]);
+        // The depth counts the caller's frames only.
+        let n = unwind_with(
+            &snap,
+            &mut cache,
+            (0x1500, sp, bp0),
+            1,
+            &mut v,
+            fake_read(&mem),
+        );
+        assert_eq!(&v.raw[..n], &[0x1500, 0x1800, 0x40_1000]);
+        assert_eq!(caller_frames(&v, own, 1), &[0x40_1000]);
+    }
+
+    #[test]
+    fn an_unreadable_or_looping_chain_stops_the_walk() {
+        let (sp, bp0) = (0x7000_0000u64, 0x7000_0100);
+        // [bp0] is missing: only the first frame.
+        let mem: std::collections::HashMap<u64, u64> = [(bp0 + 8, 0x40_1000)].into_iter().collect();
+        let snap = empty_snapshot((0, 0));
+        let mut cache = NativeCache::new();
+        let mut v = verified();
+        let n = unwind_with(
+            &snap,
+            &mut cache,
+            (0x40_0500, sp, bp0),
+            64,
+            &mut v,
+            fake_read(&mem),
+        );
+        assert!(n <= 2, "{:x?}", &v.raw[..n]);
+        // A frame that points back at itself: the stack must move up, so it ends.
+        let looping: std::collections::HashMap<u64, u64> =
+            [(bp0, bp0), (bp0 + 8, 0x40_1000)].into_iter().collect();
+        let n = unwind_with(
+            &snap,
+            &mut cache,
+            (0x40_0500, sp, bp0),
+            64,
+            &mut v,
+            fake_read(&looping),
+        );
+        assert!(n < 8, "{:x?}", &v.raw[..n]);
     }
 
     #[test]

@@ -72,6 +72,7 @@ unsafe extern "C" fn collect_cb(
 ) -> c_int {
     // SAFETY: dl_iterate_phdr passes a valid info of `size` bytes and our `data`.
     let c = unsafe { &mut *(data as *mut Collect) };
+    // SAFETY: as above: `info` is valid for the duration of the callback.
     let info = unsafe { &*info };
     if size >= std::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) + 8 {
         c.counts = LoadCounts {
@@ -82,6 +83,7 @@ unsafe extern "C" fn collect_cb(
     let name = if info.dlpi_name.is_null() {
         String::new()
     } else {
+        // SAFETY: a non-null `dlpi_name` is the loader's NUL-terminated object name.
         unsafe { CStr::from_ptr(info.dlpi_name) }
             .to_string_lossy()
             .into_owned()
@@ -179,6 +181,7 @@ unsafe extern "C" fn counts_cb(
     // SAFETY: as in collect_cb.
     let out = unsafe { &mut *(data as *mut LoadCounts) };
     if size >= std::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) + 8 {
+        // SAFETY: as in collect_cb.
         let info = unsafe { &*info };
         *out = LoadCounts {
             adds: info.dlpi_adds,
@@ -260,6 +263,7 @@ pub fn unwind_tables(m: &LoadedModule) -> Option<UnwindTables> {
             if at + 12 > seg_end {
                 break;
             }
+            // SAFETY: `at + 12 <= seg_end` was checked: the 8 bytes lie in the mapped segment.
             12 + unsafe { ((at + 4) as *const u64).read_unaligned() }
         } else {
             4 + len

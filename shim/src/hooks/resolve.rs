@@ -1,5 +1,9 @@
-//! Finding real functions, and handing out our wrappers where a program looks functions up
-//! at run time (`dlsym`, `cuGetProcAddress[_v2]`, `cudaGetDriverEntryPoint*`).
+//! Handing out our wrappers where a program looks functions up at run time (`dlsym`,
+//! `cuGetProcAddress[_v2]`, `cudaGetDriverEntryPoint*`).
+//!
+//! This lives inside the hook tree because the two depend on each other by nature: the table
+//! lists these exported resolvers, and they consult the table. Plain lookup (glibc's `dlsym`,
+//! the driver library) is `crate::symbols`, which knows nothing of hooks.
 //!
 //! Rules:
 //! - Call the real resolver with the caller's exact arguments. Substitute only when the real
@@ -25,47 +29,12 @@
 //!   imports `dlvsym` for its libc lookups.)
 
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use super::{by_name, Family, Hook, HookId, HOOKS};
 use crate::cuda::*;
-use crate::hooks::{Family, Hook, HookId, HOOKS};
-use crate::{guard, log};
-
-type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
-
-/// glibc's `dlsym`. Read by the trampoline's tail jump; filled by `dlsym_filter` on the first
-/// call (before the jump), so it is never 0 when jumped through.
-static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
-
-fn init_real_dlsym() -> usize {
-    let cur = REAL_DLSYM.load(Ordering::Acquire);
-    if cur != 0 {
-        return cur;
-    }
-    // GLIBC_2.34 is the current version; 2.2.5 is x86-64's base version (older glibc). On
-    // glibc >= 2.34 both name the same function. Never the public dlsym (it would be us) and
-    // never _dl_sym (GLIBC_PRIVATE, gone from some builds).
-    for ver in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
-        // SAFETY: dlvsym is not interposed by oomtrace; all arguments are valid C strings.
-        let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), ver.as_ptr()) };
-        if !p.is_null() {
-            REAL_DLSYM.store(p as usize, Ordering::Release);
-            return p as usize;
-        }
-    }
-    0
-}
-
-/// glibc's `dlsym`, for oomtrace's own lookups. `handle` is passed through, never read.
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
-pub fn real_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
-    let p = init_real_dlsym();
-    if p == 0 {
-        return std::ptr::null_mut();
-    }
-    // SAFETY: p is glibc's dlsym.
-    unsafe { std::mem::transmute::<usize, DlsymFn>(p)(handle, name.as_ptr()) }
-}
+use crate::guard;
+use crate::log;
+use crate::symbols::{init_real_dlsym, is_ours, libcuda_handle, provided_by, real_dlsym};
 
 /// `dlsym`, exported. The filter decides in Rust; the jump keeps the caller's identity.
 #[cfg(target_arch = "x86_64")]
@@ -89,7 +58,7 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "2:",
         "ret",
         filter = sym dlsym_filter,
-        real = sym REAL_DLSYM,
+        real = sym crate::symbols::REAL_DLSYM,
     )
 }
 
@@ -124,7 +93,7 @@ extern "C" fn dlsym_filter(handle: *mut c_void, symbol: *const c_char) -> *mut c
 }
 
 fn substitute_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
-    let Some(hook) = crate::hooks::by_name(name.to_bytes()) else {
+    let Some(hook) = by_name(name.to_bytes()) else {
         return std::ptr::null_mut();
     };
     if !matches!(hook.family, Family::Driver | Family::DriverResolver) {
@@ -140,246 +109,6 @@ fn substitute_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
     hook.wrapper as *mut c_void
 }
 
-/// True if `p` lies in an object whose file name starts with `prefix`.
-fn provided_by(p: *mut c_void, prefix: &[u8]) -> bool {
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: dladdr only reads p; info is a valid out-parameter.
-    if unsafe { libc::dladdr(p, &mut info) } == 0 || info.dli_fname.is_null() {
-        return false;
-    }
-    let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
-    let base = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
-    base.starts_with(prefix)
-}
-
-/// The path this library was loaded from (what `dladdr` says of one of its own functions).
-pub fn own_path() -> Option<std::path::PathBuf> {
-    use std::os::unix::ffi::OsStrExt;
-    // SAFETY: Dl_info is pointers and nothing else; all-zero is a valid value.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: dladdr only reads the address; info is a valid out-parameter.
-    if unsafe { libc::dladdr(own_path as *const c_void, &mut info) } == 0
-        || info.dli_fname.is_null()
-    {
-        return None;
-    }
-    // SAFETY: dladdr's file name is a NUL-terminated string owned by the loader.
-    let name = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
-    std::fs::canonicalize(std::ffi::OsStr::from_bytes(name)).ok()
-}
-
-/// True for the address of one of our exported wrappers.
-pub fn is_ours(p: usize) -> bool {
-    HOOKS.iter().any(|h| h.wrapper as usize == p) || p == dlsym as *const () as usize
-}
-
-static LIBCUDA: AtomicUsize = AtomicUsize::new(0);
-
-/// Set once [`load_libcuda`] has tried a real `dlopen`: on a machine without a driver the
-/// library search is paid once, not on every call.
-static LIBCUDA_LOAD_TRIED: AtomicBool = AtomicBool::new(false);
-
-/// A handle to the loaded `libcuda.so.1`, or NULL if it is not loaded (the hooks never load
-/// it: they only run once the program has). Programs that dlopen the driver RTLD_LOCAL (like
-/// libcudart) hide it from RTLD_NEXT.
-pub fn libcuda_handle() -> *mut c_void {
-    let h = LIBCUDA.load(Ordering::Acquire);
-    if h != 0 {
-        return h as *mut c_void;
-    }
-    // SAFETY: plain dlopen with NOLOAD: only finds an already loaded driver.
-    let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-    if !h.is_null() {
-        LIBCUDA.store(h as usize, Ordering::Release);
-    }
-    h
-}
-
-/// The driver, loaded by us if nothing in the process has loaded it yet; NULL if it cannot
-/// be loaded (no driver installed). Only for oomtrace's own entry points (`oomtrace_malloc`,
-/// `oomtrace_free`): PyTorch may call them before it has touched CUDA itself, and they are
-/// the program's allocator, so they must reach the driver on their own. After the first call
-/// this is one atomic load (loaded) or a no-load lookup (no driver), as `libcuda_handle`.
-pub fn load_libcuda() -> *mut c_void {
-    let h = libcuda_handle();
-    if !h.is_null() || LIBCUDA_LOAD_TRIED.swap(true, Ordering::AcqRel) {
-        return h;
-    }
-    // SAFETY: dlopen of the driver by its soname, as libcudart loads it. RTLD_LOCAL keeps its
-    // symbols out of the global scope (we reach it through the handle only), so symbol
-    // binding in the program is the same as if it had loaded the driver itself. The handle
-    // is never closed: function pointers taken from it stay valid.
-    let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if !h.is_null() {
-        LIBCUDA.store(h as usize, Ordering::Release);
-        log::info("loaded libcuda.so.1 for oomtrace_malloc (nothing had loaded the driver yet)");
-    }
-    h
-}
-
-/// A loaded libcudart found by file name, for runtime symbols that RTLD_NEXT cannot see
-/// (a libcudart that is only a local dependency of a dlopened extension).
-fn loaded_cudart_symbol(name: &CStr) -> *mut c_void {
-    let mut found = std::ptr::null_mut();
-    for path in crate::stack::modules::loaded_paths() {
-        let base = path.rsplit('/').next().unwrap_or(&path);
-        if !base.starts_with("libcudart.so") {
-            continue;
-        }
-        let Ok(c) = std::ffi::CString::new(path.clone()) else {
-            continue;
-        };
-        // SAFETY: NOLOAD: takes a reference to an already loaded object, which keeps the
-        // pointer we return valid (the reference is deliberately never dropped).
-        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-        if h.is_null() {
-            continue;
-        }
-        let p = real_dlsym(h, name);
-        if !p.is_null() && !is_ours(p as usize) {
-            found = p;
-            break;
-        }
-    }
-    found
-}
-
-/// Cold path of `Hook::real`: find the function a symbol-bound call would have reached.
-pub fn resolve_slot(hook: &Hook) -> Option<*const ()> {
-    let mut p = real_dlsym(libc::RTLD_NEXT, hook.name);
-    if p.is_null() || is_ours(p as usize) {
-        p = match hook.family {
-            Family::Driver | Family::DriverResolver => {
-                let h = libcuda_handle();
-                if h.is_null() {
-                    std::ptr::null_mut()
-                } else {
-                    real_dlsym(h, hook.name)
-                }
-            }
-            Family::Runtime | Family::RuntimeResolver => loaded_cudart_symbol(hook.name),
-        };
-    }
-    if p.is_null() || is_ours(p as usize) {
-        return None;
-    }
-    match hook.offer_real(p as usize) {
-        0 => None,
-        v => Some(v as *const ()),
-    }
-}
-
-/// Serializes the cold path that fills the per-caller tables.
-static CALLER_TABLES: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// The runtime function a call from return address `caller` would have bound to without us:
-/// the caller module's own dependency scope first (an extension's private libcudart), then
-/// the global one. Remembered per calling module.
-pub fn resolve_for_caller(hook: &Hook, caller: u64) -> Option<*const ()> {
-    let _serial = CALLER_TABLES.lock().unwrap_or_else(|p| p.into_inner());
-    let (mods, _) = crate::stack::modules::enumerate();
-    let Some(module) = mods.iter().find(|m| m.contains(caller)) else {
-        return hook.real();
-    };
-    let mut p: *mut c_void = std::ptr::null_mut();
-    if let Ok(path) = std::ffi::CString::new(module.path.clone()) {
-        // SAFETY: NOLOAD: a handle to the already loaded caller, released right after.
-        let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-        if !h.is_null() {
-            p = real_dlsym(h, hook.name);
-            // SAFETY: drops only our own reference.
-            unsafe { libc::dlclose(h) };
-        }
-    }
-    let real = if p.is_null() || is_ours(p as usize) {
-        // The caller sees the global scope (the main program, or a library without its own
-        // runtime): what symbol binding would have found after us.
-        hook.real()? as usize
-    } else {
-        // Keep the runtime copy that provides it loaded even if the caller is unloaded, so a
-        // remembered pointer can never dangle.
-        pin_provider(p);
-        p as usize
-    };
-    hook.remember_caller(module.start, module.end, real);
-    Some(real as *const ())
-}
-
-/// Takes a reference on the object that contains `p` (never dropped).
-fn pin_provider(p: *mut c_void) {
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: dladdr only reads p.
-    if unsafe { libc::dladdr(p, &mut info) } != 0 && !info.dli_fname.is_null() {
-        // SAFETY: NOLOAD on an object that is loaded.
-        unsafe { libc::dlopen(info.dli_fname, libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-    }
-}
-
-static UNRESOLVED_SAID: AtomicBool = AtomicBool::new(false);
-
-pub fn warn_unresolved(hook: &Hook) {
-    log::warn_once(
-        &UNRESOLVED_SAID,
-        &format!(
-            "cannot find the real {} (is the CUDA library loaded?); returning an error to the caller",
-            hook.name_str()
-        ),
-    );
-}
-
-/// A driver function by name (the real one, never our wrapper), cached in `slot`; 0 if absent.
-pub fn driver_fn(slot: &AtomicUsize, name: &CStr) -> usize {
-    let p = slot.load(Ordering::Acquire);
-    if p != 0 {
-        return p;
-    }
-    let h = libcuda_handle();
-    let mut p = if h.is_null() {
-        std::ptr::null_mut()
-    } else {
-        real_dlsym(h, name)
-    };
-    if p.is_null() {
-        p = real_dlsym(libc::RTLD_NEXT, name);
-    }
-    if p.is_null() || is_ours(p as usize) {
-        return 0;
-    }
-    slot.store(p as usize, Ordering::Release);
-    p as usize
-}
-
-static CTX_GET_DEVICE: AtomicUsize = AtomicUsize::new(0);
-static MEM_GET_INFO: AtomicUsize = AtomicUsize::new(0);
-
-/// The device of the calling thread's current context, or -1.
-pub fn current_device() -> i16 {
-    let p = driver_fn(&CTX_GET_DEVICE, c"cuCtxGetDevice");
-    if p == 0 {
-        return oomtrace_proto::DEVICE_UNKNOWN;
-    }
-    let mut dev: CUdevice = -1;
-    // SAFETY: p is the driver's cuCtxGetDevice.
-    let rc = unsafe { std::mem::transmute::<usize, CuCtxGetDeviceFn>(p)(&mut dev) };
-    if rc == CUDA_SUCCESS && (0..i16::MAX as i32).contains(&dev) {
-        dev as i16
-    } else {
-        oomtrace_proto::DEVICE_UNKNOWN
-    }
-}
-
-/// (free, total) bytes of the current device, as the driver reports them.
-pub fn mem_get_info() -> Option<(u64, u64)> {
-    let p = driver_fn(&MEM_GET_INFO, c"cuMemGetInfo_v2");
-    if p == 0 {
-        return None;
-    }
-    let (mut free, mut total) = (0usize, 0usize);
-    // SAFETY: p is the driver's cuMemGetInfo_v2.
-    let rc = unsafe { std::mem::transmute::<usize, CuMemGetInfoFn>(p)(&mut free, &mut total) };
-    (rc == CUDA_SUCCESS).then_some((free as u64, total as u64))
-}
-
 /// Asks the real driver resolver for `name` at `version` with `flags`.
 fn real_gpa(name: &CStr, version: c_int, flags: u64) -> usize {
     let mut out: *mut c_void = std::ptr::null_mut();
@@ -387,6 +116,7 @@ fn real_gpa(name: &CStr, version: c_int, flags: u64) -> usize {
         let mut status: c_int = 0;
         // SAFETY: the slot holds the driver's cuGetProcAddress_v2 (CUDA 12 ABI).
         let f = unsafe { std::mem::transmute::<*const (), CuGetProcAddressV2Fn>(p) };
+        // SAFETY: a valid C string and out-parameters that live across the call.
         let rc = unsafe { f(name.as_ptr(), &mut out, version, flags, &mut status) };
         if rc != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS {
             return 0;
@@ -394,6 +124,7 @@ fn real_gpa(name: &CStr, version: c_int, flags: u64) -> usize {
     } else if let Some(p) = HOOKS[HookId::cuGetProcAddress as usize].real() {
         // SAFETY: the slot holds the driver's cuGetProcAddress (CUDA 11.3 ABI).
         let f = unsafe { std::mem::transmute::<*const (), CuGetProcAddressFn>(p) };
+        // SAFETY: a valid C string and an out-parameter that lives across the call.
         if unsafe { f(name.as_ptr(), &mut out, version, flags) } != CUDA_SUCCESS {
             return 0;
         }
@@ -449,6 +180,7 @@ fn substitute_answer(symbol: *const c_char, pfn: *mut *mut c_void, version: c_in
     if p == 0 || is_ours(p) {
         return;
     }
+    // SAFETY: the caller passed `symbol` to the resolver as a C string (checked non-null).
     let name = unsafe { CStr::from_ptr(symbol) };
     if !name.to_bytes().starts_with(b"cu") {
         return;
@@ -477,6 +209,7 @@ pub unsafe extern "C" fn cuGetProcAddress(
     };
     // SAFETY: the slot holds the driver's function of this exact ABI.
     let real = unsafe { std::mem::transmute::<*const (), CuGetProcAddressFn>(p) };
+    // SAFETY: the one real call, with the caller's exact arguments.
     let rc = unsafe { real(symbol, pfn, cuda_version, flags) };
     if rc == CUDA_SUCCESS {
         guard::catch(|| substitute_answer(symbol, pfn, cuda_version));
@@ -497,7 +230,9 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     };
     // SAFETY: as above.
     let real = unsafe { std::mem::transmute::<*const (), CuGetProcAddressV2Fn>(p) };
+    // SAFETY: the one real call, with the caller's exact arguments.
     let rc = unsafe { real(symbol, pfn, cuda_version, flags, symbol_status) };
+    // SAFETY: a non-null `symbol_status` is the caller's out-parameter, written by the call.
     let found = symbol_status.is_null() || unsafe { *symbol_status } == CU_GET_PROC_ADDRESS_SUCCESS;
     if rc == CUDA_SUCCESS && found {
         guard::catch(|| substitute_answer(symbol, pfn, cuda_version));
@@ -528,6 +263,7 @@ unsafe fn entry_point(
     };
     // SAFETY: the runtime's function of this exact ABI.
     let real = unsafe { std::mem::transmute::<*const (), EntryPointFn>(p) };
+    // SAFETY: the one real call, with the caller's exact arguments.
     let rc = unsafe { real(symbol, func_ptr, flags, status) };
     if rc == 0 {
         guard::catch(|| substitute_answer(symbol, func_ptr, c_int::MAX));
@@ -550,6 +286,7 @@ unsafe fn entry_point_by_version(
     };
     // SAFETY: as above.
     let real = unsafe { std::mem::transmute::<*const (), EntryPointByVersionFn>(p) };
+    // SAFETY: the one real call, with the caller's exact arguments.
     let rc = unsafe { real(symbol, func_ptr, version, flags, status) };
     if rc == 0 {
         let v = c_int::try_from(version).unwrap_or(c_int::MAX);
@@ -570,6 +307,7 @@ macro_rules! runtime_resolver {
         }
 
         unsafe extern "C" fn $imp(caller: usize, $($arg: $ty),*) -> c_int {
+            // SAFETY: the caller's arguments, passed on untouched with its return address.
             unsafe { $inner(HookId::$name, caller, $($arg),*) }
         }
     };

@@ -1,0 +1,210 @@
+//! The shim's own trace file, written when no collector can run: the same format a
+//! collector writes, whole records only, cut back to the last whole record on a full disk.
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+use oomtrace_proto::trace_file;
+
+use crate::clock;
+
+/// The trace file the shim writes itself when no collector can run: whole records at known
+/// offsets, and room reserved past the end (as the collector does, see
+/// collector/src/trace_writer.rs), so that when the disk fills up the file still ends on a
+/// whole record followed by an `Incomplete` record that says why.
+pub(super) struct DirectFile {
+    pub(super) file: std::fs::File,
+    pub(super) path: String,
+    /// Bytes of the file that are whole records.
+    written: u64,
+    /// `fallocate` works on this filesystem.
+    can_reserve: bool,
+    /// What the `Incomplete` record says, once a write failed.
+    failure: Option<DirectFailure>,
+}
+
+/// Why and when the direct file stops, and what was lost (see [`DirectFile::failed`]).
+struct DirectFailure {
+    t_unix_ns: u64,
+    cause: trace_file::WriteFailure,
+    message: String,
+    lost_bytes: u64,
+    lost_events: u64,
+}
+
+/// A direct file whose write failed, kept open until exit so that its `Incomplete` record can
+/// then count every event lost since (not only the failed write's): the pid that wrote it,
+/// the file, and the events counted lost before the failure. Only the drain thread of that
+/// process touches it; a fork child sees another pid and leaves it alone, and `try_lock`
+/// never waits on a lock that a fork copied while held.
+static FAILED_DIRECT: std::sync::Mutex<Option<(u32, DirectFile, u64)>> =
+    std::sync::Mutex::new(None);
+
+pub(super) fn keep_failed_direct(pid: u32, file: DirectFile, lost_before: u64) {
+    if let Ok(mut kept) = FAILED_DIRECT.try_lock() {
+        *kept = Some((pid, file, lost_before));
+    }
+}
+
+/// At exit: the failed direct file's last record counts all that was lost since its failure.
+pub(super) fn finish_failed_direct(pid: u32, lost_now: u64) {
+    let Ok(mut kept) = FAILED_DIRECT.try_lock() else {
+        return;
+    };
+    if kept.as_ref().is_some_and(|(p, _, _)| *p == pid) {
+        if let Some((_, mut file, before)) = kept.take() {
+            file.recount(lost_now.saturating_sub(before));
+        }
+    }
+}
+
+/// Room kept allocated past the end of the direct file for the `Incomplete` and `End` records.
+const DIRECT_RESERVE: u64 = 16 << 10;
+
+impl DirectFile {
+    /// Creates the file: `path`, or the first free numbered name beside it (a trace is never
+    /// overwritten), with its first records. A file that cannot take them is removed: it is
+    /// ours and holds nothing.
+    pub(super) fn create(
+        wanted: &Path,
+        first: &[u8],
+    ) -> Result<DirectFile, (String, std::io::Error)> {
+        use std::os::unix::fs::FileExt;
+        let (file, path) =
+            trace_file::create_new(wanted).map_err(|e| (wanted.display().to_string(), e))?;
+        let mut d = DirectFile {
+            file,
+            path: path.display().to_string(),
+            written: 0,
+            can_reserve: true,
+            failure: None,
+        };
+        let result = d
+            .reserve(first.len() as u64)
+            .and_then(|_| d.file.write_all_at(first, 0));
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(&path);
+            return Err((d.path, e));
+        }
+        d.written = first.len() as u64;
+        Ok(d)
+    }
+
+    /// Keeps `bytes` plus the reserve allocated after the last whole record, without
+    /// changing the file's size. A filesystem without `fallocate` just goes without.
+    fn reserve(&mut self, bytes: u64) -> std::io::Result<()> {
+        if !self.can_reserve {
+            return Ok(());
+        }
+        let e = loop {
+            // SAFETY: fallocate on our own open file; KEEP_SIZE leaves its size unchanged, so
+            // a reader never sees the reserved bytes.
+            let rc = unsafe {
+                libc::fallocate(
+                    self.file.as_raw_fd(),
+                    libc::FALLOC_FL_KEEP_SIZE,
+                    self.written as libc::off_t,
+                    (bytes + DIRECT_RESERVE) as libc::off_t,
+                )
+            };
+            if rc == 0 {
+                return Ok(());
+            }
+            let e = std::io::Error::last_os_error();
+            // Interrupted by one of the program's signals: not a failed trace.
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                break e;
+            }
+        };
+        // Only a full disk (or file size limit) is a failure; EOPNOTSUPP, ENOSYS and the like
+        // mean no reservations on this filesystem, and a real problem shows in the write.
+        if trace_file::WriteFailure::of(&e) == trace_file::WriteFailure::Other {
+            self.can_reserve = false;
+            return Ok(());
+        }
+        Err(e)
+    }
+
+    pub(super) fn write_record(&mut self, record: &[u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        // A failed reservation writes nothing: the file still ends on a whole record.
+        self.reserve(record.len() as u64)?;
+        if let Err(e) = self.file.write_all_at(record, self.written) {
+            // Part of the record may be there: cut back to the last whole one.
+            let _ = self.file.set_len(self.written);
+            return Err(e);
+        }
+        self.written += record.len() as u64;
+        Ok(())
+    }
+
+    /// After a failed write: an `Incomplete` record (in the reserved room) says why the trace
+    /// stops, then the `End`. Returns the one line to print: the file, the cause, what was lost.
+    pub(super) fn failed(
+        &mut self,
+        e: &std::io::Error,
+        lost_bytes: u64,
+        lost_events: u64,
+    ) -> String {
+        let failure = DirectFailure {
+            t_unix_ns: clock::unix_ns(),
+            cause: trace_file::WriteFailure::of(e),
+            message: trace_file::WriteFailure::message(e),
+            lost_bytes,
+            lost_events,
+        };
+        let line = format!(
+            "the trace {} is incomplete: {} ({}); {lost_events} events not written, and the \
+             program continues untraced",
+            self.path,
+            failure.cause.words(),
+            failure.message
+        );
+        self.failure = Some(failure);
+        self.write_last_records();
+        line
+    }
+
+    /// At exit, after a failure: `lost_events` in all were not written.
+    fn recount(&mut self, lost_events: u64) {
+        if let Some(f) = &mut self.failure {
+            f.lost_events = f.lost_events.max(lost_events);
+            self.write_last_records();
+        }
+    }
+
+    /// The `Incomplete` and `End` records after the last whole record. Always the same length
+    /// (the counts are fixed-size), so a rewrite fits where the first one did.
+    fn write_last_records(&mut self) {
+        use std::os::unix::fs::FileExt;
+        let Some(f) = &self.failure else { return };
+        let mut rec = Vec::new();
+        let _ = trace_file::write_incomplete(
+            &mut rec,
+            f.t_unix_ns,
+            f.cause,
+            f.lost_bytes,
+            f.lost_events,
+            &f.message,
+        );
+        let _ = trace_file::write_end(&mut rec, clock::unix_ns(), 1);
+        if self.file.write_all_at(&rec, self.written).is_err() {
+            // No room even for that: the file ends on its last whole record.
+            let _ = self.file.set_len(self.written);
+        }
+    }
+}
+
+/// What `path` is when it exists and is not a regular file (a trace is never written into
+/// or beside a device, a FIFO, a directory or a link).
+pub(super) fn not_a_regular_file(path: &Path) -> Option<String> {
+    let t = std::fs::symlink_metadata(path).ok()?.file_type();
+    let what = oomtrace_proto::file_kind::describe(&t);
+    if t.is_file() {
+        None
+    } else if t.is_symlink() || t.is_dir() {
+        Some(what.to_string())
+    } else {
+        Some(format!("{what}, not a regular file"))
+    }
+}

@@ -1,0 +1,59 @@
+//! From hooks to the collector: a bounded lock-free queue, one drain thread, framed records
+//! over a Unix socket (or, failing that, straight into a trace file).
+//!
+//! Data flows one way: hooks, stacks and Python frames hold an [`Outbox`] (`outbox.rs`: the
+//! queue and the counters); the drain thread (`drain.rs`) empties it into a `Sink` (the
+//! collector's socket, `socket.rs`) or the shim's own trace file (`file.rs`); `spawn.rs`
+//! starts a collector when none was configured. Nothing here knows the process lifecycle:
+//! `lifecycle.rs` creates the outbox and starts the drain thread.
+//!
+//! - Lossless while the collector reads. A hook whose event finds the queue full (allocations,
+//!   frees, stack and module definitions alike) wakes the drain thread and waits for room on a
+//!   futex the drain thread bumps as it empties the queue. Every sign of progress (room made,
+//!   bytes taken by the socket or the file) restarts the wait, so a collector that is slower
+//!   than the program slows the program to its pace and loses nothing.
+//! - Bounded when the collector stops reading. The drain thread calls the collector *stalled*
+//!   when data has waited without the socket taking a byte for `STALL_WAIT` (250 ms) while
+//!   the collector's process is stopped (SIGSTOP or a debugger: state `T`/`t` of the pid that
+//!   listened, from SO_PEERCRED and /proc), or for `HUNG_WAIT` (10 s) whatever it is doing: a
+//!   running collector can be busy for over a second without reading (first symbolization of
+//!   a large library, a debug build), and that must not cost events. Each socket write waits
+//!   at most 20 ms, so the drain thread notices while blocked. From then on hooks do not
+//!   wait: an event that finds the queue full is counted lost, each with its kind and device
+//!   (a lost free is a lost free, not a phantom leak). Once the socket takes bytes again the
+//!   stall ends and hooks wait again. A stopped collector therefore holds the program back
+//!   about `STALL_WAIT` per stop. A hook also stops waiting after `WAIT_BACKSTOP` (2 s) in
+//!   which the drain thread neither ran its loop nor made progress (blocked elsewhere, e.g.
+//!   on a slow disk).
+//! - Hooks never wait where waiting could deadlock or is pointless: on the drain thread
+//!   itself, in a fork (or vfork) child still holding the parent's state, once the thread's
+//!   own thread-locals are being destroyed (thread exit), once the process is finishing
+//!   (`shutdown`: atexit, `_exit`), or when the drain thread has ended or the collector is
+//!   gone. There the event goes in if the queue has room and is counted lost if not.
+//! - The fast path is unchanged: one `try_send`, and a wake-up of the drain thread only when
+//!   it sleeps and the queue is a quarter full. The drain thread polls with a short sleep
+//!   rather than parking per event (a parked receiver makes every send pay a futex wake:
+//!   +280 ns/pair in the prototype).
+//! - What the socket does not take waits in the drain thread, up to 16 MiB (or twice the
+//!   queue). At that cap the drain thread stops taking from the queue (so hooks wait) while
+//!   the collector still reads; only when stalled does it take events and count them lost,
+//!   while stack and module definitions still go out. When the collector reads again,
+//!   everything waiting and the `Lost` counts (sent every 500 ms when they change) reach it.
+//! - `flush` waits until everything queued before it has left the process; `shutdown` (exit)
+//!   until the end of the stream has; both give up after their timeout passes with no
+//!   progress (a collector still reading is waited for).
+//! - If the collector goes away, the process keeps running at full speed; the drain thread
+//!   discards and counts. At exit, if the end of the stream cannot get out (2 s without the
+//!   socket taking a byte), the shim says so on stderr: those counts cannot reach the
+//!   collector any more.
+
+mod drain;
+mod file;
+pub mod outbox;
+mod sink;
+mod socket;
+mod spawn;
+
+pub use drain::{close_inherited_sink, spawn_drainer, DrainSetup};
+pub use outbox::{Msg, Outbox};
+pub use spawn::{inherited_socket, start_own_collector};

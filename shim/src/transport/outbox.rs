@@ -1,0 +1,500 @@
+//! The hooks' side of the transport: the bounded queue and the counters it shares with the
+//! drain thread (sent, lost by kind and device, progress, stall). Hooks, stacks and Python
+//! frames get an [`Outbox`] and nothing else of the process state, so data flows one way:
+//! hook -> event -> outbox -> drain thread.
+//!
+//! Waiting for room (lossless while the collector reads, bounded when it stalls) is decided
+//! here; when the drain thread calls the collector stalled is decided in `drain.rs`.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use oomtrace_proto::wire::{GoodbyeReason, Lost, ModuleDef};
+use oomtrace_proto::{Event, EventKind};
+
+/// The queue and counters of one process image (a fork child makes its own).
+pub struct Outbox {
+    pub(super) tx: Sender<Msg>,
+    /// The process this outbox belongs to: a (v)fork child that still sees it never waits.
+    pub(super) pid: u32,
+    pub(super) shared: Shared,
+}
+
+static CURRENT: AtomicPtr<Outbox> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The outbox of this process, once tracing started (None before, and in a fork child until
+/// its own start).
+#[inline]
+pub fn current() -> Option<&'static Outbox> {
+    let p = CURRENT.load(Ordering::Acquire);
+    // SAFETY: only `publish` stores a non-null pointer, and it comes from a leaked
+    // `&'static Outbox` that is never freed.
+    unsafe { p.as_ref() }
+}
+
+impl Outbox {
+    /// A queue of `capacity` messages for process `pid`, and the receiving end for the drain
+    /// thread. The outbox is leaked: hooks on any thread may hold it until the process ends.
+    pub fn create(capacity: usize, pid: u32) -> (&'static Outbox, Receiver<Msg>) {
+        let (tx, rx) = crossbeam_channel::bounded(capacity);
+        let ob = Box::leak(Box::new(Outbox {
+            tx,
+            pid,
+            shared: Shared::new(capacity),
+        }));
+        (ob, rx)
+    }
+
+    /// Makes `ob` what [`current`] returns.
+    pub fn publish(ob: &'static Outbox) {
+        CURRENT.store(ob as *const Outbox as *mut Outbox, Ordering::Release);
+    }
+
+    /// In a fork child: forget the parent's outbox (leaked with what it held).
+    pub fn forget() {
+        CURRENT.store(std::ptr::null_mut(), Ordering::Release);
+    }
+
+    /// An allocation or a removal: waits for room while the collector reads; counted lost
+    /// (with its kind and device) if it cannot go.
+    #[inline]
+    pub fn send_event(&self, ev: Event) {
+        send_event(self, ev)
+    }
+
+    /// Queues `msg` (a stack, module or code definition), waiting for room while the
+    /// collector reads; false if it could not go.
+    pub fn send_reliable(&self, msg: Msg) -> bool {
+        send_reliable(self, msg)
+    }
+
+    pub fn send_marker(&self, ev: Event, label: &str) {
+        send_marker(self, ev, label)
+    }
+
+    /// A stack that could not be queued.
+    pub fn count_lost_stack(&self) {
+        self.shared.count_lost_stack()
+    }
+
+    /// Events counted lost so far.
+    pub fn total_lost(&self) -> u64 {
+        self.shared.total_lost()
+    }
+
+    /// Everything queued so far leaves the process (bounded wait; see [`flush`]).
+    pub fn flush(&self, timeout: Duration) -> bool {
+        flush(self, timeout)
+    }
+
+    /// The end of the stream (bounded wait; see [`shutdown`]).
+    pub fn shutdown(&self, reason: GoodbyeReason, timeout: Duration) -> bool {
+        shutdown(self, reason, timeout)
+    }
+}
+
+pub enum Msg {
+    Event(Event),
+    Stack {
+        id: u32,
+        frames: Box<[u64]>,
+    },
+    Module(Box<ModuleDef>),
+    ModuleGone(u32),
+    /// A Python code object, before the first stack that names it.
+    Code(Box<oomtrace_proto::python::CodeDef>),
+    Marker {
+        ev: Event,
+        label: Box<str>,
+    },
+    /// Write out everything queued before this, then signal.
+    Flush(Arc<Done>),
+    /// Write everything, say goodbye, close, signal; the drain thread then ends.
+    Shutdown(GoodbyeReason, Arc<Done>),
+}
+
+/// A one-shot signal with a bounded wait.
+pub struct Done {
+    flag: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Done {
+    pub fn new() -> Arc<Done> {
+        Arc::new(Done {
+            flag: Mutex::new(false),
+            cv: Condvar::new(),
+        })
+    }
+    pub(super) fn set(&self) {
+        if let Ok(mut f) = self.flag.lock() {
+            *f = true;
+        }
+        self.cv.notify_all();
+    }
+    /// True if signalled within `timeout`.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let Ok(guard) = self.flag.lock() else {
+            return false;
+        };
+        match self.cv.wait_timeout_while(guard, timeout, |f| !*f) {
+            Ok((g, _)) => *g,
+            Err(_) => false,
+        }
+    }
+}
+
+/// Lost-event slots: devices 0..15, then one for unknown/other devices.
+const LOST_SLOTS: usize = 17;
+
+/// A waiting hook gives up after this long without the drain thread running its loop or
+/// making progress: a drain thread blocked somewhere other than a socket write (a slow disk),
+/// which the stall rule does not cover.
+const WAIT_BACKSTOP: Duration = Duration::from_millis(2000);
+/// A waiting hook re-checks stall, shutdown and the backstop this often.
+const WAIT_SLICE: Duration = Duration::from_millis(10);
+
+thread_local! {
+    /// Set on the drain thread: it must never wait for room in its own queue.
+    pub(super) static ON_DRAIN_THREAD: Cell<bool> = const { Cell::new(false) };
+    /// Touched by a thread the first time it waits; once the thread's thread-local
+    /// destructors have dropped it, `try_with` fails: the thread is exiting, never wait.
+    static THREAD_LIVE: Live = const { Live };
+}
+
+struct Live;
+
+impl Drop for Live {
+    fn drop(&mut self) {}
+}
+
+/// Counters and signals shared by hooks and the drain thread.
+pub(super) struct Shared {
+    pub(super) lost_events: AtomicU64,
+    pub(super) lost_frees: AtomicU64,
+    pub(super) lost_stacks: AtomicU64,
+    pub(super) lost_by_device: [AtomicU64; LOST_SLOTS],
+    /// Bumped by the drain thread whenever it makes progress (room in the queue, bytes
+    /// written) or its state changes; waiting hooks sleep on it (a futex word).
+    pub(super) progress: AtomicU32,
+    /// Hooks currently waiting on `progress`.
+    pub(super) waiters: AtomicU32,
+    /// Bumped by the drain thread once per loop: it is alive (no wake-up).
+    pub(super) heartbeat: AtomicU32,
+    /// The collector took nothing for `STALL_WAIT` while data waited, or is gone: hooks do not
+    /// wait for room (set and cleared by the drain thread).
+    pub(super) stalled: AtomicBool,
+    /// The drain thread runs (set before it starts, cleared when it ends).
+    pub(super) draining: AtomicBool,
+    /// `shutdown` has begun: the process is finishing; hooks do not wait any more.
+    pub(super) closing: AtomicBool,
+    pub(super) drainer: OnceLock<std::thread::Thread>,
+    pub(super) drainer_idle: AtomicBool,
+    pub(super) capacity: usize,
+}
+
+impl Shared {
+    fn new(capacity: usize) -> Shared {
+        Shared {
+            lost_events: AtomicU64::new(0),
+            lost_frees: AtomicU64::new(0),
+            lost_stacks: AtomicU64::new(0),
+            lost_by_device: std::array::from_fn(|_| AtomicU64::new(0)),
+            progress: AtomicU32::new(0),
+            waiters: AtomicU32::new(0),
+            heartbeat: AtomicU32::new(0),
+            stalled: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            drainer: OnceLock::new(),
+            drainer_idle: AtomicBool::new(false),
+            capacity,
+        }
+    }
+
+    pub fn count_lost(&self, ev: &Event) {
+        self.lost_events.fetch_add(1, Ordering::Relaxed);
+        if ev.kind() == Some(EventKind::Free) {
+            self.lost_frees.fetch_add(1, Ordering::Relaxed);
+        }
+        let slot = if (0..16).contains(&ev.device) {
+            ev.device as usize
+        } else {
+            LOST_SLOTS - 1
+        };
+        self.lost_by_device[slot].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn count_lost_stack(&self) {
+        self.lost_stacks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn snapshot(&self) -> Lost {
+        let by_device = self
+            .lost_by_device
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let n = c.load(Ordering::Relaxed);
+                let dev = if i == LOST_SLOTS - 1 { -1 } else { i as i16 };
+                (n > 0).then_some((dev, n))
+            })
+            .collect();
+        Lost {
+            events: self.lost_events.load(Ordering::Relaxed),
+            frees: self.lost_frees.load(Ordering::Relaxed),
+            stacks: self.lost_stacks.load(Ordering::Relaxed),
+            by_device,
+        }
+    }
+
+    pub fn total_lost(&self) -> u64 {
+        self.lost_events.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn wake(&self) {
+        if let Some(t) = self.drainer.get() {
+            t.unpark();
+        }
+    }
+
+    /// Wakes an idle drain thread once the queue is a quarter full. The length is read only
+    /// when the drain thread sleeps: it lives on cache lines the drain thread is writing.
+    #[inline]
+    fn nudge(&self, tx: &Sender<Msg>) {
+        if self.drainer_idle.load(Ordering::Relaxed) && tx.len() * 4 >= self.capacity {
+            self.wake();
+        }
+    }
+
+    /// The drain thread made progress (or changed state): bump the futex word and wake the
+    /// hooks waiting on it, if any. SeqCst pairs with `wait_for_room`: a hook that registered
+    /// as a waiter either is seen here or sees the new value before it sleeps.
+    pub(super) fn progressed(&self) {
+        self.progress.fetch_add(1, Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            futex_wake_all(&self.progress);
+        }
+    }
+
+    pub(super) fn set_stalled(&self, stalled: bool) {
+        if self.stalled.swap(stalled, Ordering::SeqCst) != stalled {
+            self.progressed();
+        }
+    }
+}
+
+/// Sleeps until `word` is no longer `expected`, a wake-up, or `timeout`.
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a live, aligned u32 for the whole call; FUTEX_WAIT only reads it and
+    // returns at once if it no longer holds `expected`; `ts` is a valid relative timeout.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: `word` is a live, aligned u32; FUTEX_WAKE does not access memory beyond it.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// Whether this thread may wait for room at all: never on the drain thread, when the drain
+/// thread has ended, or in a (v)fork child that still sees the parent's state.
+fn may_wait_at_all(ob: &Outbox) -> bool {
+    if ON_DRAIN_THREAD.try_with(Cell::get).unwrap_or(true)
+        || !ob.shared.draining.load(Ordering::Acquire)
+    {
+        return false;
+    }
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() as u32 == ob.pid }
+}
+
+/// Whether a hook may wait for room: as `may_wait_at_all`, and not while the thread's
+/// thread-locals are being destroyed, once the process is finishing, or while the collector
+/// is stalled or gone.
+fn may_wait(ob: &Outbox) -> bool {
+    let sh = &ob.shared;
+    !sh.closing.load(Ordering::Acquire)
+        && !sh.stalled.load(Ordering::Acquire)
+        && THREAD_LIVE.try_with(|_| ()).is_ok()
+        && may_wait_at_all(ob)
+}
+
+/// The slow path of every send: the queue was full. Waits for room while the drain thread
+/// makes progress (see the module doc); gives the message back if it cannot go.
+/// `control` (flush, shutdown): also waits while stalled or closing (the drain thread still
+/// takes messages then), giving up after `limit` in which no room was made and no byte
+/// written.
+#[cold]
+#[inline(never)]
+fn wait_for_room(ob: &Outbox, mut msg: Msg, control: Option<Duration>) -> Result<(), Msg> {
+    let sh = &ob.shared;
+    let allowed = || match control {
+        Some(_) => may_wait_at_all(ob),
+        None => may_wait(ob),
+    };
+    if !allowed() {
+        return Err(msg);
+    }
+    let limit = control.unwrap_or(WAIT_BACKSTOP);
+    sh.wake();
+    sh.waiters.fetch_add(1, Ordering::SeqCst);
+    let mut seen = sh.progress.load(Ordering::SeqCst);
+    let mut beat = sh.heartbeat.load(Ordering::Relaxed);
+    let mut since = Instant::now();
+    let result = loop {
+        match ob.tx.try_send(msg) {
+            Ok(()) => break Ok(()),
+            Err(TrySendError::Disconnected(m)) => break Err(m),
+            Err(TrySendError::Full(m)) => msg = m,
+        }
+        futex_wait(&sh.progress, seen, WAIT_SLICE);
+        if !allowed() {
+            break Err(msg);
+        }
+        let now = sh.progress.load(Ordering::SeqCst);
+        // A hook's wait goes on while the drain thread runs at all (it decides the stall); a
+        // flush or shutdown waits only while something moves, so exit stays bounded by its
+        // caller's timeout even when a running collector reads nothing.
+        let now_beat = match control {
+            None => sh.heartbeat.load(Ordering::Relaxed),
+            Some(_) => beat,
+        };
+        if now != seen || now_beat != beat {
+            seen = now;
+            beat = now_beat;
+            since = Instant::now();
+        } else if since.elapsed() >= limit {
+            break Err(msg);
+        }
+        sh.wake();
+    };
+    sh.waiters.fetch_sub(1, Ordering::SeqCst);
+    result
+}
+
+/// An allocation (or any event that is not a removal): waits for room like every event (see
+/// the module doc); counted lost if it cannot go.
+#[inline]
+fn send_event(ob: &Outbox, ev: Event) {
+    match ob.tx.try_send(Msg::Event(ev)) {
+        Ok(()) => ob.shared.nudge(&ob.tx),
+        Err(TrySendError::Full(msg)) => {
+            if wait_for_room(ob, msg, None).is_err() {
+                ob.shared.count_lost(&ev);
+            }
+        }
+        Err(TrySendError::Disconnected(_)) => ob.shared.count_lost(&ev),
+    }
+}
+
+/// Queues `msg`, waiting for room while the collector reads; false if it could not go.
+fn send_reliable(ob: &Outbox, msg: Msg) -> bool {
+    match ob.tx.try_send(msg) {
+        Ok(()) => {
+            ob.shared.nudge(&ob.tx);
+            true
+        }
+        Err(TrySendError::Full(msg)) => wait_for_room(ob, msg, None).is_ok(),
+        Err(TrySendError::Disconnected(_)) => false,
+    }
+}
+
+fn send_marker(ob: &Outbox, ev: Event, label: &str) {
+    let msg = Msg::Marker {
+        ev,
+        label: label.into(),
+    };
+    if !send_reliable(ob, msg) {
+        ob.shared.count_lost(&ev);
+    }
+}
+
+/// Queues a flush or shutdown request: waits for room even while stalled (the drain thread
+/// still takes messages then), up to `limit` with no progress.
+fn send_control(ob: &Outbox, msg: Msg, limit: Duration) -> bool {
+    match ob.tx.try_send(msg) {
+        Ok(()) => true,
+        Err(TrySendError::Full(msg)) => wait_for_room(ob, msg, Some(limit)).is_ok(),
+        Err(TrySendError::Disconnected(_)) => false,
+    }
+}
+
+/// Waits for `done` while the drain thread makes progress; false after `limit` without any.
+fn wait_done(ob: &Outbox, done: &Done, limit: Duration) -> bool {
+    let sh = &ob.shared;
+    let mut seen = sh.progress.load(Ordering::SeqCst);
+    let mut since = Instant::now();
+    loop {
+        if done.wait(Duration::from_millis(50)) {
+            return true;
+        }
+        if !sh.draining.load(Ordering::Acquire) {
+            return done.wait(Duration::ZERO);
+        }
+        let now = sh.progress.load(Ordering::SeqCst);
+        if now != seen {
+            seen = now;
+            since = Instant::now();
+        } else if since.elapsed() >= limit {
+            return false;
+        }
+    }
+}
+
+/// Asks the drain thread to write out what is queued; waits until it has left the process,
+/// giving up after `timeout` without progress.
+fn flush(ob: &Outbox, timeout: Duration) -> bool {
+    if !may_wait_at_all(ob) {
+        return false;
+    }
+    let done = Done::new();
+    if !send_control(ob, Msg::Flush(done.clone()), timeout) {
+        return false;
+    }
+    ob.shared.wake();
+    wait_done(ob, &done, timeout)
+}
+
+/// Asks the drain thread to finish (goodbye, close); waits until it has, giving up after
+/// `timeout` without progress. From here on hooks never wait for room.
+fn shutdown(ob: &Outbox, reason: GoodbyeReason, timeout: Duration) -> bool {
+    if ON_DRAIN_THREAD.try_with(Cell::get).unwrap_or(true) {
+        return false;
+    }
+    ob.shared.closing.store(true, Ordering::SeqCst);
+    // Hooks already waiting re-check and stop.
+    ob.shared.progressed();
+    let done = Done::new();
+    if !send_control(ob, Msg::Shutdown(reason, done.clone()), timeout) {
+        return false;
+    }
+    ob.shared.wake();
+    wait_done(ob, &done, timeout)
+}
