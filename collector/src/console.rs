@@ -10,7 +10,7 @@ pub trait Console: Send + Sync {
     fn warn(&self, text: &str);
 }
 
-/// Says nothing (the default of [`crate::server::Options`]).
+/// Says nothing (the server's default).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Silent;
 

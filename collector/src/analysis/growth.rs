@@ -152,7 +152,7 @@ pub struct LeakEvidence {
     /// What became of the memory by the end.
     pub at_end: AtEnd,
     /// For a leak of PyTorch's caching-allocator segments: the lines whose allocations made
-    /// the device's cache grow over the device's growth window (`crate::report` fills it in
+    /// the device's cache grow over the device's growth window (the report fills it in
     /// from the device_growth finding); absent otherwise.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub python_lines: Vec<PythonLine>,

@@ -27,7 +27,7 @@ pub fn thread_kind(native: &[FrameInfo]) -> &'static str {
 }
 
 /// The allocations of `grew_at` by the innermost user Python frame of their call site (the
-/// line a user can change), the largest [`PYTHON_LINES`]; those without Python frames in one
+/// line a user can change), the largest `PYTHON_LINES`; those without Python frames in one
 /// bucket per kind of thread, named from the native frames `native` gives. Empty when the
 /// process sent no Python code (not Python, or `OOMTRACE_PYTHON=0`).
 pub fn python_lines(
