@@ -2,12 +2,12 @@
 
 use std::fmt::Write;
 
-use oomtrace_collector::detect::device_growth::Events;
-use oomtrace_collector::detect::Evidence;
-use oomtrace_collector::report::{
-    fmt_bytes, fmt_duration, fmt_python_lines, Finding, ProcessReport, Report,
-};
-use oomtrace_collector::symbolize::{culprit, FrameInfo};
+use oomtrace_collector::analysis::device_growth::Events;
+use oomtrace_collector::analysis::growth::Trend;
+use oomtrace_collector::analysis::Evidence;
+use oomtrace_collector::report::symbolize::{culprit, FrameInfo};
+use oomtrace_collector::report::{fmt_python_lines, Finding, Kind, Level, ProcessReport, Report};
+use oomtrace_collector::units::{fmt_bytes, fmt_duration};
 
 /// Native frames shown per stack in text (the JSON has them all; Python frames are always
 /// shown in full).
@@ -209,37 +209,71 @@ fn oom_text(out: &mut String, f: &Finding, with_holders: bool, native_frames: us
     }
 }
 
+/// The trend behind a leak or a device growth, with what the text says beside it.
+struct TrendText<'a> {
+    trend: &'a Trend,
+    onset_step: u32,
+    peak_bytes: u64,
+    peak_step: u32,
+    time_to_oom_s: Option<f64>,
+}
+
+fn trend_text(e: &Evidence) -> Option<TrendText<'_>> {
+    match e {
+        Evidence::Leak(e) => e.trend.as_ref().map(|trend| TrendText {
+            trend,
+            onset_step: e.onset_step,
+            peak_bytes: e.peak_bytes,
+            peak_step: e.peak_step,
+            time_to_oom_s: e.time_to_oom_s,
+        }),
+        Evidence::DeviceGrowth(e) => e.trend.as_ref().map(|trend| TrendText {
+            trend,
+            onset_step: e.onset_step,
+            peak_bytes: e.peak_bytes,
+            peak_step: e.peak_step,
+            time_to_oom_s: e.time_to_oom_s,
+        }),
+        Evidence::Fragmentation(_) | Evidence::Threshold(_) => None,
+    }
+}
+
+/// `x`, or `otherwise` when it is not finite (what the JSON writes as `null`).
+fn finite_or(x: f64, otherwise: f64) -> f64 {
+    if x.is_finite() {
+        x
+    } else {
+        otherwise
+    }
+}
+
 /// A detector's finding: what, the rate, the likely cause, where.
 fn detected_text(out: &mut String, f: &Finding, frames: usize) {
     let tag = match f.kind {
-        "leak" => format!("{} leak", f.level),
-        "growth" => "bounded growth".to_string(),
-        "device_growth" => format!("{} device growth", f.level),
-        kind => format!("{kind} {}", f.level),
+        Kind::Leak => format!("{} leak", f.level.name()),
+        Kind::Growth => "bounded growth".to_string(),
+        Kind::DeviceGrowth => format!("{} device growth", f.level.name()),
+        kind => format!("{} {}", kind.name(), f.level.name()),
     };
     let _ = writeln!(out, "  [{tag}] pid {}: {}", f.pid, f.message);
-    if let Some(t) = f
-        .evidence
-        .as_ref()
-        .and_then(|e| serde_json::to_value(e).ok())
-        .filter(|e| !e["trend"].is_null())
-    {
-        let tr = &t["trend"];
+    if let Some(t) = f.evidence.as_ref().and_then(trend_text) {
+        let tr = t.trend;
+        let ci = |i: usize| fmt_bytes(finite_or(tr.slope_ci[i], 0.0).max(0.0) as u64);
         // The trend of the last window and the peak; what was held when it was detected and
         // at the end is in the message above (never the end's count as the evidence).
         let _ = writeln!(
             out,
             "      evidence: {} steps, Mann-Kendall p = {:.1e}, slope 95 % CI [{}, {}]/step, \
              onset step {}, peak {} at step {}",
-            tr["window"],
-            tr["p_value"].as_f64().unwrap_or(1.0),
-            fmt_bytes(tr["slope_ci"][0].as_f64().unwrap_or(0.0).max(0.0) as u64),
-            fmt_bytes(tr["slope_ci"][1].as_f64().unwrap_or(0.0).max(0.0) as u64),
-            t["onset_step"],
-            fmt_bytes(t["peak_bytes"].as_u64().unwrap_or(0)),
-            t["peak_step"],
+            tr.window,
+            finite_or(tr.p_value, 1.0),
+            ci(0),
+            ci(1),
+            t.onset_step,
+            fmt_bytes(t.peak_bytes),
+            t.peak_step,
         );
-        if let Some(s) = t["time_to_oom_s"].as_f64() {
+        if let Some(s) = t.time_to_oom_s.filter(|s| s.is_finite()) {
             let _ = writeln!(
                 out,
                 "      at this rate the device is full in {}",
@@ -269,10 +303,7 @@ fn detected_text(out: &mut String, f: &Finding, frames: usize) {
 }
 
 fn is_detected(f: &Finding) -> bool {
-    matches!(
-        f.kind,
-        "leak" | "device_growth" | "fragmentation" | "threshold" | "growth"
-    )
+    f.kind.detected()
 }
 
 /// The whole text report. OOMs open it: after a crash that is the first question.
@@ -294,7 +325,7 @@ pub fn full(r: &Report) -> String {
     for w in warnings {
         let _ = writeln!(out, "  (warning: {w})");
     }
-    let ooms: Vec<&Finding> = r.findings.iter().filter(|f| f.kind == "oom").collect();
+    let ooms: Vec<&Finding> = r.findings.iter().filter(|f| f.kind == Kind::Oom).collect();
     if !ooms.is_empty() {
         let _ = writeln!(out, "\nOut of memory ({})", ooms.len());
         for (i, f) in ooms.iter().enumerate() {
@@ -319,7 +350,7 @@ pub fn full(r: &Report) -> String {
     let live: Vec<&Finding> = r
         .findings
         .iter()
-        .filter(|f| f.kind == "live_at_exit")
+        .filter(|f| f.kind == Kind::LiveAtExit)
         .collect();
     if live.is_empty() {
         let _ = writeln!(
@@ -335,7 +366,7 @@ pub fn full(r: &Report) -> String {
                 i + 1,
                 fmt_bytes(f.bytes),
                 f.count,
-                f.api,
+                f.api_name(),
                 device_name(f.device),
                 f.pid
             );
@@ -352,7 +383,7 @@ pub fn summary(r: &Report) -> String {
     for p in &r.processes {
         process_text(&mut out, p);
     }
-    if let Some(f) = r.findings.iter().find(|f| f.kind == "oom") {
+    if let Some(f) = r.findings.iter().find(|f| f.kind == Kind::Oom) {
         let _ = writeln!(out, "  first out-of-memory:");
         oom_text(&mut out, f, false, TEXT_FRAMES);
     }
@@ -360,8 +391,8 @@ pub fn summary(r: &Report) -> String {
         .findings
         .iter()
         // Growth that stopped or slowed (a cache filling up) is in the full report only.
-        .filter(|f| is_detected(f) && f.kind != "growth")
-        .filter(|f| !(f.kind == "device_growth" && f.level == "info"))
+        .filter(|f| is_detected(f) && f.kind != Kind::Growth)
+        .filter(|f| !(f.kind == Kind::DeviceGrowth && f.level == Level::INFO))
         .take(5)
     {
         detected_text(&mut out, f, 3);
@@ -369,7 +400,7 @@ pub fn summary(r: &Report) -> String {
     for f in r
         .findings
         .iter()
-        .filter(|f| f.kind == "live_at_exit")
+        .filter(|f| f.kind == Kind::LiveAtExit)
         .take(3)
     {
         let _ = writeln!(
@@ -377,7 +408,7 @@ pub fn summary(r: &Report) -> String {
             "  live at exit: {} in {} ({}), {}, pid {}",
             fmt_bytes(f.bytes),
             f.count,
-            f.api,
+            f.api_name(),
             device_name(f.device),
             f.pid
         );

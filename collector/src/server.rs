@@ -5,6 +5,10 @@
 //! others. After a process says goodbye its data is flushed to the file before the connection
 //! is closed: the shim waits for that close, so "the program exited" implies "its trace is on
 //! disk".
+//!
+//! The top of the crate: owns each process's model and its analysis side by side, feeds
+//! both, and hands the live lines (`report::live`) and its warnings to the caller's
+//! [`Console`]; it never prints.
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -18,10 +22,13 @@ use crossbeam_channel::{bounded, Sender};
 use oomtrace_proto::trace_file::{self, CloseReason};
 use oomtrace_proto::wire::{self, Frame, Next};
 
-use crate::state::Process;
-use crate::trace::Trace;
+use crate::analysis::Analysis;
+use crate::console::{Console, Silent};
+use crate::model::trace::{Incomplete, Trace};
+use crate::model::{EndState, Error, Observer, Process};
+use crate::report::live;
+use crate::report::symbolize::StackSymbolizer;
 use crate::trace_writer::{self, SharedFailure, TraceFile, WriterMsg};
-use crate::Error;
 
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -37,13 +44,21 @@ pub struct Options {
     pub compress: bool,
     /// Never overwrite: if `output` exists, write `name.1.oomt`, `name.2.oomt`, ... instead.
     pub no_clobber: bool,
-    /// Print each new finding on stderr as it happens.
+    /// Say each new finding as it happens (to `console`).
     pub live: bool,
     /// Tell each traced process, before closing its connection, when its events could not
     /// all be written (a full disk), so that its user hears it on the process's own stderr:
     /// a detached collector's stderr goes nowhere. The collector also says it once on its own
     /// stderr, whatever this says.
     pub tell_processes: bool,
+    /// Where the live lines and the collector's warnings go ([`Silent`] unless set).
+    pub console: Arc<dyn Console>,
+}
+
+impl std::fmt::Debug for dyn Console {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Console")
+    }
 }
 
 impl Options {
@@ -58,6 +73,7 @@ impl Options {
             no_clobber: false,
             live: false,
             tell_processes: false,
+            console: Arc::new(Silent),
         }
     }
 }
@@ -72,7 +88,7 @@ pub struct Collector {
 
 /// What `serve` leaves besides the processes.
 pub struct Served {
-    pub trace: Trace,
+    pub trace: Trace<Analysis>,
     /// Where the trace was written; None when no process ever connected (no file was left).
     pub path: Option<PathBuf>,
 }
@@ -150,7 +166,7 @@ impl Collector {
 
     /// Serves until `stop` is set (or, with `exit_when_idle`, until every process has gone),
     /// then finishes the trace file. Returns what was collected.
-    pub fn serve(self, stop: &AtomicBool) -> Result<Trace, Error> {
+    pub fn serve(self, stop: &AtomicBool) -> Result<Trace<Analysis>, Error> {
         self.serve_written(stop).map(|s| s.trace)
     }
 
@@ -183,6 +199,7 @@ impl Collector {
             finished: Mutex::new(Vec::new()),
             shutting_down: AtomicBool::new(false),
             live: opts.live,
+            console: opts.console.clone(),
             failure: failure.clone(),
             tell_processes: opts.tell_processes,
             hold_until_written: opts.exit_when_idle,
@@ -228,7 +245,7 @@ impl Collector {
             workers.retain(|h| !h.is_finished());
             if !failure_said {
                 if let Some(f) = failure.lock().ok().and_then(|s| s.failure.clone()) {
-                    eprintln!("oomtrace: {}", f.line());
+                    opts.console.warn(&format!("oomtrace: {}", f.line()));
                     failure_said = true;
                 }
             }
@@ -270,7 +287,7 @@ impl Collector {
         ));
         if !failure_said {
             if let Some(f) = &written.failure {
-                eprintln!("oomtrace: {}", f.line());
+                opts.console.warn(&format!("oomtrace: {}", f.line()));
             }
         }
         let mut trace = Trace::new(trace_file::FileHeader {
@@ -282,13 +299,13 @@ impl Collector {
             Ok(s) => s.finished.into_inner().unwrap_or_default(),
             Err(s) => std::mem::take(&mut *s.finished.lock().unwrap_or_else(|p| p.into_inner())),
         };
-        procs.sort_by_key(|p| p.conn);
-        for p in procs {
-            trace.push_process(p);
+        procs.sort_by_key(|(p, _)| p.conn);
+        for (p, a) in procs {
+            trace.push_process(p, a);
         }
         trace.complete = true;
         if let Some(f) = &written.failure {
-            let incomplete = crate::trace::Incomplete {
+            let incomplete = Incomplete {
                 t_unix_ns: f.t_unix_ns,
                 cause: f.cause,
                 unwritten_bytes: written.unwritten.bytes,
@@ -311,9 +328,11 @@ struct Shared {
     active: AtomicUsize,
     ever: AtomicBool,
     last_close: Mutex<Instant>,
-    finished: Mutex<Vec<Process>>,
+    /// Each process that has gone, beside its analysis.
+    finished: Mutex<Vec<(Process, Analysis)>>,
     shutting_down: AtomicBool,
     live: bool,
+    console: Arc<dyn Console>,
     failure: SharedFailure,
     tell_processes: bool,
     /// A collector that exits when idle (the one a preloaded shim starts for itself) keeps a
@@ -368,12 +387,13 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
     }
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
     let mut header_ok = false;
-    let mut process: Option<Process> = None;
+    let mut process: Option<(Process, Analysis)> = None;
+    let mut failure_said = false;
     let mut goodbye = false;
     let mut opened = false;
     let mut chunk = vec![0u8; 256 << 10];
     let mut printed = 0usize;
-    let mut sym: Option<crate::symbolize::StackSymbolizer> = None;
+    let mut sym: Option<StackSymbolizer> = None;
     let close = |reason: CloseReason, msg: String| {
         let _ = wtx.send(WriterMsg::Close(conn, reason, msg));
     };
@@ -382,7 +402,9 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
         // collector would wait for the program to end. A process that has exited is read to
         // its end instead: what waits in the socket is the end of its trace.
         if shared.shutting_down.load(Ordering::Acquire)
-            && process.as_ref().is_some_and(|p| still_running(p.pid()))
+            && process
+                .as_ref()
+                .is_some_and(|(p, _)| still_running(p.pid()))
         {
             break Ok(());
         }
@@ -426,17 +448,21 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
                 Ok(Next::Frame(frame, len)) => {
                     match (&frame, process.as_mut()) {
                         (Frame::Hello(h), None) => {
-                            process = Some(Process::new(conn, h.clone()));
+                            process = Some((Process::new(conn, h.clone()), Analysis::default()));
                             hello_end = Some(used + len);
                         }
                         (_, None) => {
                             failure = Some("the first frame is not a Hello".to_string());
                             break;
                         }
-                        (_, Some(p)) => {
+                        (_, Some((p, a))) => {
                             let before = p.events;
-                            p.apply_guarded(&frame);
+                            a.apply_frame(p, &frame);
                             events += p.events.saturating_sub(before);
+                            if a.failed && !failure_said {
+                                shared.console.warn(&Analysis::failure_warning(p.pid()));
+                                failure_said = true;
+                            }
                         }
                     }
                     if matches!(frame, Frame::Goodbye { .. }) {
@@ -451,13 +477,12 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
                 }
             }
         }
-        if let Some(p) = process.as_ref().filter(|_| shared.live) {
-            let alerts = &p.detect.alerts.list;
+        if let Some((p, a)) = process.as_ref().filter(|_| shared.live) {
+            let alerts = &a.alerts.list;
             if alerts.len() > printed {
-                let sym = sym.get_or_insert_with(crate::symbolize::StackSymbolizer::new);
-                let mut err = std::io::stderr().lock();
-                for a in &alerts[printed..] {
-                    let _ = writeln!(err, "{}", crate::live::line(p, a, sym));
+                let sym = sym.get_or_insert_with(StackSymbolizer::new);
+                for alert in &alerts[printed..] {
+                    shared.console.line(&live::line(p, alert, sym));
                 }
                 printed = alerts.len();
             }
@@ -518,15 +543,15 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
     } else {
         let _ = stream.shutdown(std::net::Shutdown::Both);
     }
-    if let Some(mut p) = process {
+    if let Some((mut p, a)) = process {
         p.end = match reason {
             CloseReason::Clean => p.end,
-            CloseReason::ProtocolError => crate::state::EndState::ProtocolError,
-            CloseReason::Abrupt => crate::state::EndState::Abrupt,
-            CloseReason::CollectorShutdown => crate::state::EndState::Running,
+            CloseReason::ProtocolError => EndState::ProtocolError,
+            CloseReason::Abrupt => EndState::Abrupt,
+            CloseReason::CollectorShutdown => EndState::Running,
         };
         if let Ok(mut f) = shared.finished.lock() {
-            f.push(p);
+            f.push((p, a));
         }
     }
 }

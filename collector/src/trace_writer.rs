@@ -644,7 +644,7 @@ mod tests {
         let written = h.join().unwrap();
         assert_eq!(written.path, Some(d.join("t.1.oomt")));
         assert_eq!(std::fs::read(&dest).unwrap(), b"someone's");
-        let t = crate::trace::Trace::load(&d.join("t.1.oomt")).unwrap();
+        let t = crate::model::trace::Trace::<()>::load(&d.join("t.1.oomt")).unwrap();
         assert!(t.complete);
         // Nobody connects: nothing is left, not even the temporary file.
         let (tx, rx) = crossbeam_channel::bounded(8);
@@ -676,7 +676,11 @@ mod tests {
         let written = h.join().unwrap();
         assert_eq!(written.path, Some(dest.clone()));
         assert!(written.failure.is_none());
-        assert!(crate::trace::Trace::load(&dest).unwrap().complete);
+        assert!(
+            crate::model::trace::Trace::<()>::load(&dest)
+                .unwrap()
+                .complete
+        );
         assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
         let _ = std::fs::remove_dir_all(&d);
     }

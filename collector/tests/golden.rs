@@ -5,8 +5,8 @@
 //!
 //! Regenerate both after an intended change: `UPDATE_GOLDEN=1 cargo test -p oomtrace-collector --test golden`.
 
+use oomtrace_collector::model::trace::Trace;
 use oomtrace_collector::report::{build, ReportOptions};
-use oomtrace_collector::trace::Trace;
 use oomtrace_proto::trace_file as tf;
 use oomtrace_proto::wire::{encode, GoodbyeReason, Hello, Lost, ModuleDef};
 use oomtrace_proto::{Api, Event, EventKind, StackId};

@@ -10,8 +10,8 @@
 
 use std::time::Instant;
 
+use oomtrace_collector::model::trace::Trace;
 use oomtrace_collector::report::{self, ReportOptions};
-use oomtrace_collector::trace::Trace;
 use oomtrace_tests::corpus::{self, Label, BUDGET_EPOCHS, CORPUS};
 use oomtrace_tests::{base_command, output_within, scenario, scratch, shim, TIMEOUT};
 

@@ -16,10 +16,11 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
+use oomtrace_collector::analysis::Analysis;
+use oomtrace_collector::model::trace::Trace;
+use oomtrace_collector::model::Process;
 use oomtrace_collector::report::{self, ReportOptions};
 use oomtrace_collector::server::{Collector, Options};
-use oomtrace_collector::state::Process;
-use oomtrace_collector::trace::Trace;
 use oomtrace_proto::trace_file::TraceReader;
 use oomtrace_proto::wire::{self, encode, Frame, GoodbyeReason, Hello, Next};
 use oomtrace_proto::{Api, Event, EventKind, StackId};
@@ -124,18 +125,20 @@ fn main() {
         assert_eq!(n, events);
         decode.push(events as f64 / t.elapsed().as_secs_f64());
         let t = Instant::now();
-        let mut p: Option<Process> = None;
+        let mut p: Option<(Process, Analysis)> = None;
         let mut used = 0;
         while let Ok(Next::Frame(f, len)) = wire::next_frame(&frames[used..]) {
             match (&f, p.as_mut()) {
-                (Frame::Hello(h), None) => p = Some(Process::new(1, h.clone())),
-                (_, Some(p)) => p.apply(&f),
+                (Frame::Hello(h), None) => {
+                    p = Some((Process::new(1, h.clone()), Analysis::default()))
+                }
+                (_, Some((p, a))) => p.apply(&f, a),
                 _ => {}
             }
             used += len;
         }
         ingest.push(events as f64 / t.elapsed().as_secs_f64());
-        let p = p.expect("process");
+        let (p, _) = p.expect("process");
         assert_eq!(p.events, events);
     }
     line(
@@ -188,7 +191,7 @@ fn main() {
         while r.next_record().unwrap().is_some() {}
         read.push(t.elapsed().as_secs_f64());
         let t = Instant::now();
-        let tr = Trace::load(&trace).expect("load");
+        let tr = Trace::<Analysis>::load(&trace).expect("load");
         let _ = report::build(
             &tr,
             &ReportOptions {

@@ -1,10 +1,13 @@
 //! `oomtrace collect`: a standalone collector for any number of traced processes.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
+use oomtrace_collector::console::Console;
 use oomtrace_collector::server::{Collector, Options};
 
 use crate::{render, signals, Failure};
@@ -41,11 +44,24 @@ pub struct Args {
     pub parent_pid: Option<u32>,
 }
 
+/// The collector's live lines and warnings, on our stderr.
+struct Stderr;
+
+impl Console for Stderr {
+    fn line(&self, text: &str) {
+        let _ = writeln!(std::io::stderr().lock(), "{text}");
+    }
+    fn warn(&self, text: &str) {
+        let _ = writeln!(std::io::stderr().lock(), "{text}");
+    }
+}
+
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let output = args
         .output
         .unwrap_or_else(|| PathBuf::from(format!("oomtrace.{}.oomt", std::process::id())));
     let mut opts = Options::new(args.socket, output);
+    opts.console = Arc::new(Stderr);
     opts.exit_when_idle = args.exit_when_idle;
     opts.no_clobber = args.no_clobber;
     opts.live = args.live || (!args.quiet && !args.detach);

@@ -4,7 +4,7 @@ use std::io::{self, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use oomtrace_collector::history;
+use oomtrace_collector::model::history;
 
 use crate::export::{self, memory_viz, Format};
 use crate::output::Output;

@@ -4,8 +4,9 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use oomtrace_collector::analysis::Analysis;
+use oomtrace_collector::model::trace::Trace;
 use oomtrace_collector::report::{self, ReportOptions};
-use oomtrace_collector::trace::Trace;
 
 use crate::output::Output;
 use crate::progress::Progress;
@@ -31,12 +32,13 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         |n| n.to_string_lossy().into_owned(),
     );
     progress.pass(format!("reading {name}"));
-    let trace = Trace::load_with_progress(
-        &args.file,
-        &mut |p, f| p.apply_guarded(f),
-        &mut |done, total| progress.update(done, total),
-    )?;
+    let trace = Trace::<Analysis>::load_with_progress(&args.file, &mut |done, total| {
+        progress.update(done, total)
+    })?;
     drop(progress);
+    for w in report::analysis_failures(&trace) {
+        eprintln!("{w}");
+    }
     let report = report::build(
         &trace,
         &ReportOptions {

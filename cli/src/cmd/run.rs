@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, ExitStatus};
 use std::time::{Duration, Instant};
 
-use oomtrace_collector::report::{self, Report, ReportOptions};
-use oomtrace_collector::trace::Trace;
+use oomtrace_collector::analysis::{Analysis, Confidence};
+use oomtrace_collector::model::trace::Trace;
+use oomtrace_collector::report::{self, Kind, Level, Report, ReportOptions};
 use oomtrace_proto::collector_spawn::{self, NotListening};
 
 use crate::{locate, render, signals, Failure};
@@ -146,7 +147,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             let confirmed = r
                 .findings
                 .iter()
-                .filter(|f| f.kind == "leak" && f.level == "confirmed")
+                .filter(|f| {
+                    f.kind == Kind::Leak && f.level == Level::Confidence(Confidence::Confirmed)
+                })
                 .count();
             if confirmed > 0 {
                 eprintln!(
@@ -362,12 +365,13 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
     // Reading a long run's trace takes a while: a progress bar on a terminal after 1 s.
     let mut progress = crate::progress::Progress::new();
     progress.pass("reading the trace");
-    let loaded = Trace::load_with_progress(
-        &session.output,
-        &mut |p, f| p.apply_guarded(f),
-        &mut |done, total| progress.update(done, total),
-    );
+    let loaded = Trace::<Analysis>::load_with_progress(&session.output, &mut |done, total| {
+        progress.update(done, total)
+    });
     drop(progress);
+    for w in loaded.iter().flat_map(report::analysis_failures) {
+        eprintln!("{w}");
+    }
     let report = loaded
         .map(|trace| {
             report::build(

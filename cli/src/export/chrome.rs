@@ -14,10 +14,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 
-use oomtrace_collector::history::{self, Seen};
-use oomtrace_collector::state::{Process, OUT_OF_MEMORY};
-use oomtrace_collector::symbolize::StackSymbolizer;
-use oomtrace_collector::trace::Trace;
+use oomtrace_collector::model::history::{self, Seen};
+use oomtrace_collector::model::trace::Trace;
+use oomtrace_collector::model::{Process, OUT_OF_MEMORY};
+use oomtrace_collector::report::symbolize::StackSymbolizer;
 use oomtrace_proto::EventKind;
 use serde_json::{json, Value};
 

@@ -14,10 +14,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 
-use oomtrace_collector::history;
-use oomtrace_collector::state::{Process, SiteId};
-use oomtrace_collector::symbolize::StackSymbolizer;
-use oomtrace_collector::trace::Trace;
+use oomtrace_collector::model::history;
+use oomtrace_collector::model::trace::Trace;
+use oomtrace_collector::model::{Process, SiteId};
+use oomtrace_collector::report::symbolize::StackSymbolizer;
 
 use super::{by_conn, device_label, frame_name, short_name, write_failed};
 use crate::progress::Progress;

@@ -22,9 +22,9 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::path::Path;
 
-use oomtrace_collector::history::{self, Seen};
-use oomtrace_collector::state::{EndState, Process, SiteId};
-use oomtrace_collector::symbolize::StackSymbolizer;
+use oomtrace_collector::model::history::{self, Seen};
+use oomtrace_collector::model::{EndState, Process, SiteId};
+use oomtrace_collector::report::symbolize::StackSymbolizer;
 use oomtrace_proto::wire::GoodbyeReason;
 use oomtrace_proto::{Event, EventKind};
 use serde_json::{json, Map, Value};

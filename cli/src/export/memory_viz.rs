@@ -47,9 +47,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Write;
 use std::path::Path;
 
-use oomtrace_collector::history::{self, Seen};
-use oomtrace_collector::state::{Process, SiteId, OUT_OF_MEMORY};
-use oomtrace_collector::symbolize::StackSymbolizer;
+use oomtrace_collector::model::history::{self, Seen};
+use oomtrace_collector::model::{Process, SiteId, OUT_OF_MEMORY};
+use oomtrace_collector::report::symbolize::StackSymbolizer;
 use oomtrace_proto::{Api, EventKind};
 
 use super::pickle::Pickler;

@@ -1,6 +1,6 @@
 //! `oomtrace export`: a trace's event history in other tools' formats, one file per format.
 //!
-//! Every exporter replays the trace with `oomtrace_collector::history` (events with the
+//! Every exporter replays the trace with `oomtrace_collector::model::history` (events with the
 //! process state just before each) and symbolizes call sites with `StackSymbolizer` only.
 //! A first, quiet replay validates the file and picks the processes before any output is
 //! written, so bad input never leaves half a file behind.
@@ -18,9 +18,9 @@ pub mod pickle;
 
 use std::path::Path;
 
-use oomtrace_collector::state::Process;
-use oomtrace_collector::symbolize::FrameInfo;
-use oomtrace_collector::trace::Trace;
+use oomtrace_collector::model::trace::Trace;
+use oomtrace_collector::model::Process;
+use oomtrace_collector::report::symbolize::FrameInfo;
 
 use crate::Failure;
 

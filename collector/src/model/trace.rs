@@ -1,6 +1,7 @@
 //! A whole trace: every process of a `.oomt` file (or of a running collector), rebuilt by
-//! replaying the file's records in order. Streams the file: memory follows the live state,
-//! not the file size.
+//! replaying the file's records in order, each beside its observer (`Trace<Analysis>` for a
+//! report, `Trace` (`()`) for accounting only). Streams the file: memory follows the live
+//! state, not the file size.
 
 use std::fs::File;
 use std::io::{BufReader, Read};
@@ -12,18 +13,19 @@ use oomtrace_proto::trace_file::{
 use oomtrace_proto::wire::{self, Frame};
 use rustc_hash::FxHashMap;
 
-use crate::state::{EndState, Process};
-use crate::Error;
+use super::{EndState, Error, Observer, Process};
 
-/// Applies one frame to its process: `Process::apply_guarded` unless a replay wants to watch
-/// (see [`crate::history`]).
-pub type ApplyFrame<'a> = dyn FnMut(&mut Process, &Frame<'_>) + 'a;
+/// Applies one frame to its process and observer: [`Observer::apply_frame`] unless a replay
+/// wants to watch (see [`super::history`]).
+pub type ApplyFrame<'a, O> = dyn FnMut(&mut Process, &mut O, &Frame<'_>) + 'a;
 
 #[derive(Debug)]
-pub struct Trace {
+pub struct Trace<O = ()> {
     pub header: FileHeader,
     /// Processes in the order their connections opened.
     pub processes: Vec<Process>,
+    /// Each process's observer: `observers[i]` watched `processes[i]`.
+    pub observers: Vec<O>,
     by_conn: FxHashMap<u32, usize>,
     /// The writer finished cleanly (an `End` record).
     pub complete: bool,
@@ -84,11 +86,12 @@ fn open_regular(path: &Path) -> Result<File, String> {
     ))
 }
 
-impl Trace {
-    pub fn new(header: FileHeader) -> Trace {
+impl<O: Observer + Default> Trace<O> {
+    pub fn new(header: FileHeader) -> Trace<O> {
         Trace {
             header,
             processes: Vec::new(),
+            observers: Vec::new(),
             by_conn: FxHashMap::default(),
             complete: false,
             tail: Tail::Open,
@@ -99,22 +102,25 @@ impl Trace {
 
     /// Reads a trace file. A truncated tail is not an error (see `tail` and `warnings`);
     /// a bad header or a damaged record is.
-    pub fn load(path: &Path) -> Result<Trace, Error> {
-        Trace::load_with(path, &mut |p, f| p.apply_guarded(f))
+    pub fn load(path: &Path) -> Result<Trace<O>, Error> {
+        Trace::load_with_progress(path, &mut |_, _| {})
     }
 
-    /// [`Trace::load`], each frame applied by `apply`.
-    pub fn load_with(path: &Path, apply: &mut ApplyFrame<'_>) -> Result<Trace, Error> {
-        Trace::load_with_progress(path, apply, &mut |_, _| {})
-    }
-
-    /// [`Trace::load_with`], telling `progress(bytes read, file size)` as the file is read
-    /// (about every MiB), so that a front end can show progress; this library never prints.
+    /// [`Trace::load`], telling `progress(bytes read, file size)` as the file is read (about
+    /// every MiB), so that a front end can show progress; this library never prints.
     pub fn load_with_progress(
         path: &Path,
-        apply: &mut ApplyFrame<'_>,
         progress: &mut dyn FnMut(u64, u64),
-    ) -> Result<Trace, Error> {
+    ) -> Result<Trace<O>, Error> {
+        Trace::load_with(path, &mut |p, o, f| o.apply_frame(p, f), progress)
+    }
+
+    /// [`Trace::load_with_progress`], each frame applied by `apply`.
+    pub fn load_with(
+        path: &Path,
+        apply: &mut ApplyFrame<'_, O>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Trace<O>, Error> {
         /// Counts the bytes read from the file (below the buffer: one call per refill).
         struct Counted<'a> {
             inner: File,
@@ -150,12 +156,12 @@ impl Trace {
         })
     }
 
-    pub fn read<R: Read>(r: R) -> Result<Trace, Error> {
-        Trace::read_with(r, &mut |p, f| p.apply_guarded(f))
+    pub fn read<R: Read>(r: R) -> Result<Trace<O>, Error> {
+        Trace::read_with(r, &mut |p, o, f| o.apply_frame(p, f))
     }
 
     /// [`Trace::read`], each frame applied by `apply`.
-    pub fn read_with<R: Read>(r: R, apply: &mut ApplyFrame<'_>) -> Result<Trace, Error> {
+    pub fn read_with<R: Read>(r: R, apply: &mut ApplyFrame<'_, O>) -> Result<Trace<O>, Error> {
         let mut reader = TraceReader::new(r)?;
         let mut trace = Trace::new(reader.header.clone());
         while let Some(rec) = reader.next_record()? {
@@ -193,14 +199,14 @@ impl Trace {
     }
 
     pub fn apply_record(&mut self, rec: Record) -> Result<(), Error> {
-        self.apply_record_with(rec, &mut |p, f| p.apply_guarded(f))
+        self.apply_record_with(rec, &mut |p, o, f| o.apply_frame(p, f))
     }
 
     /// [`Trace::apply_record`], each frame applied by `apply`.
     pub fn apply_record_with(
         &mut self,
         rec: Record,
-        apply: &mut ApplyFrame<'_>,
+        apply: &mut ApplyFrame<'_, O>,
     ) -> Result<(), Error> {
         match rec {
             Record::ConnOpen { .. } => {}
@@ -253,7 +259,7 @@ impl Trace {
 
     /// Applies whole wire frames of connection `conn`.
     pub fn apply_chunk(&mut self, conn: u32, frames: &[u8]) -> Result<(), Error> {
-        self.apply_chunk_with(conn, frames, &mut |p, f| p.apply_guarded(f))
+        self.apply_chunk_with(conn, frames, &mut |p, o, f| o.apply_frame(p, f))
     }
 
     /// [`Trace::apply_chunk`], each frame after the Hello applied by `apply`.
@@ -261,7 +267,7 @@ impl Trace {
         &mut self,
         conn: u32,
         frames: &[u8],
-        apply: &mut ApplyFrame<'_>,
+        apply: &mut ApplyFrame<'_, O>,
     ) -> Result<(), Error> {
         for frame in wire::frames(frames) {
             let frame = frame?;
@@ -269,8 +275,9 @@ impl Trace {
                 (Frame::Hello(h), None) => {
                     self.by_conn.insert(conn, self.processes.len());
                     self.processes.push(Process::new(conn, h.clone()));
+                    self.observers.push(O::default());
                 }
-                (_, Some(&i)) => apply(&mut self.processes[i], &frame),
+                (_, Some(&i)) => apply(&mut self.processes[i], &mut self.observers[i], &frame),
                 (_, None) => {
                     return Err(Error::Format(oomtrace_proto::Error::Malformed(
                         "a connection's first frame is not a Hello",
@@ -281,10 +288,12 @@ impl Trace {
         Ok(())
     }
 
-    /// Adds a process tracked elsewhere (the live collector hands its processes over).
-    pub fn push_process(&mut self, p: Process) {
+    /// Adds a process tracked elsewhere, with its observer (the live collector hands its
+    /// processes over).
+    pub fn push_process(&mut self, p: Process, o: O) {
         self.by_conn.insert(p.conn, self.processes.len());
         self.processes.push(p);
+        self.observers.push(o);
     }
 }
 
@@ -324,20 +333,20 @@ mod tests {
 
     #[test]
     fn replays_processes() {
-        let t = Trace::read(&file(true)[..]).unwrap();
+        let t: Trace = Trace::read(&file(true)[..]).unwrap();
         assert!(t.complete && t.warnings.is_empty());
         let p = &t.processes[0];
         assert_eq!(p.pid(), 77);
         assert_eq!(p.devices[&0].live_bytes, 4096);
         assert_eq!(p.end, EndState::Exited(Some(GoodbyeReason::Exit)));
-        let t = Trace::read(&file(false)[..]).unwrap();
+        let t: Trace = Trace::read(&file(false)[..]).unwrap();
         assert_eq!(t.processes[0].end, EndState::Abrupt);
     }
 
     #[test]
     fn truncated_file_keeps_what_was_written() {
         let full = file(true);
-        let t = Trace::read(&full[..full.len() - 3]).unwrap();
+        let t: Trace = Trace::read(&full[..full.len() - 3]).unwrap();
         assert!(!t.complete);
         assert_eq!(t.processes[0].devices[&0].live_bytes, 4096);
         assert!(matches!(t.tail, Tail::Truncated { .. }));

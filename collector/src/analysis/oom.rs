@@ -3,11 +3,14 @@
 //! program recovered by freeing and retrying (what PyTorch's caching allocator does before
 //! it raises "CUDA out of memory").
 
-use super::{Alert, Alerts, AllocObs, Change, Context, Detector, Finding, Kind, Level};
-use crate::report::fmt_bytes;
-use crate::state::SiteId;
+use super::{Alert, Alerts, AllocObs, Cause, Change, Context, Detector, Finding, Kind, Severity};
+use crate::model::FrameInfo;
+use crate::model::SiteId;
+use crate::units::fmt_bytes;
 use oomtrace_proto::Api;
 
+/// How many sites an OOM record lists.
+pub const TOP_SITES: usize = 10;
 /// How many OOM records a process keeps in full (a retry storm must not grow memory).
 const MAX_RECORDS: usize = 64;
 /// A successful allocation of the same size this soon after a failure is its retry.
@@ -169,27 +172,34 @@ fn finding_of(r: &OomRecord, nth: u64) -> Finding {
         (Some(f), Some(t)) => format!(" with {} free of {}", fmt_bytes(f), fmt_bytes(t)),
         _ => String::new(),
     };
-    let (level, outcome, hint) = match r.recovered {
+    let (level, outcome, (cause, hint)) = match r.recovered {
         Some(rt) => (
-            Level::Warning,
+            Severity::Warning,
             format!(
                 "; it succeeded after {} free{} ({}) and a retry",
                 rt.frees,
                 if rt.frees == 1 { "" } else { "s" },
                 fmt_bytes(rt.freed_bytes)
             ),
-            "The program freed memory and retried, as PyTorch's caching allocator does when \
-             its cache holds the memory a new block needs; each retry synchronizes the device. \
-             See the fragmentation finding."
-                .to_string(),
+            (
+                Cause::RetriedAfterFree,
+                "The program freed memory and retried, as PyTorch's caching allocator does \
+                 when its cache holds the memory a new block needs; each retry synchronizes the \
+                 device. See the fragmentation finding."
+                    .to_string(),
+            ),
         ),
-        None => (Level::Error, String::new(), oom_hint(r)),
+        None => (Severity::Error, String::new(), oom_hint(r)),
     };
     Finding {
         kind: Kind::Oom,
-        level,
+        level: level.into(),
+        pid: 0,
         device: r.device,
         site: r.site,
+        stack: Vec::new(),
+        oom: None,
+        cause,
         bytes: r.size,
         growth_bytes_per_step: None,
         growth_bytes_per_s: None,
@@ -212,27 +222,58 @@ fn finding_of(r: &OomRecord, nth: u64) -> Finding {
     }
 }
 
-fn oom_hint(r: &OomRecord) -> String {
+fn oom_hint(r: &OomRecord) -> (Cause, String) {
     match (r.free_bytes, r.top_sites.first()) {
-        (Some(free), _) if free >= r.size => format!(
-            "The driver reported {} free, enough for the request, yet it failed: the free \
-             memory is not in one piece (fragmentation). With PyTorch, \
-             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True avoids most of it.",
-            fmt_bytes(free)
+        (Some(free), _) if free >= r.size => (
+            Cause::FreeButFragmented,
+            format!(
+                "The driver reported {} free, enough for the request, yet it failed: the free \
+                 memory is not in one piece (fragmentation). With PyTorch, \
+                 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True avoids most of it.",
+                fmt_bytes(free)
+            ),
         ),
         (_, Some(&(_, bytes, _)))
             if r.live_bytes > 0 && bytes.saturating_mul(2) >= r.live_bytes =>
         {
-            format!(
-                "One call site held {} of the {} this process had live: look at it first (a leak \
-             finding below says whether it grew step by step).",
-                fmt_bytes(bytes),
-                fmt_bytes(r.live_bytes)
+            (
+                Cause::OneSiteHeldMost,
+                format!(
+                    "One call site held {} of the {} this process had live: look at it first (a \
+                     leak finding below says whether it grew step by step).",
+                    fmt_bytes(bytes),
+                    fmt_bytes(r.live_bytes)
+                ),
             )
         }
-        _ => "The memory was spread over many call sites: the workload needs more than the \
-              device has (batch size, sequence length, model size), or another process holds \
-              part of the device."
-            .to_string(),
+        _ => (
+            Cause::WorkloadTooLarge,
+            "The memory was spread over many call sites: the workload needs more than the \
+             device has (batch size, sequence length, model size), or another process holds \
+             part of the device."
+                .to_string(),
+        ),
     }
+}
+
+/// An OOM finding's state at the failure, in the report (its stacks symbolized).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct OomDetail {
+    pub requested_bytes: u64,
+    pub result: i32,
+    pub free_bytes: Option<u64>,
+    pub total_bytes: Option<u64>,
+    /// Tracked live bytes on the device when the allocation failed.
+    pub live_bytes: u64,
+    pub time_s: f64,
+    /// The largest holders at that instant.
+    pub top_sites: Vec<SiteShare>,
+}
+
+/// One holder at an OOM.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SiteShare {
+    pub bytes: u64,
+    pub count: u64,
+    pub stack: Vec<FrameInfo>,
 }

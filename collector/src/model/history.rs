@@ -5,18 +5,15 @@
 //! event's stack (symbolize it with `StackSymbolizer::site`).
 //!
 //! Memory stays that of the replay (O(live + sites)); what the visitor keeps is its business.
-//! Detection is switched off for the replayed processes: exporters need the accounting, not
-//! the findings, and replaying is then several times faster.
+//! Only the model runs (no observer): exporters need the accounting, not the findings, and
+//! replaying is then several times faster.
 
 use std::path::Path;
 
+use super::trace::Trace;
+use super::{Error, Process, SiteId};
 use oomtrace_proto::wire::Frame;
 use oomtrace_proto::Event;
-use rustc_hash::FxHashSet;
-
-use crate::state::{Process, SiteId};
-use crate::trace::Trace;
-use crate::Error;
 
 /// What a visitor is shown, in stream order per process (processes interleave as in the file).
 #[derive(Clone, Copy, Debug)]
@@ -46,49 +43,43 @@ pub fn replay_with_progress(
     progress: &mut dyn FnMut(u64, u64),
     mut visit: impl FnMut(&Process, Seen<'_>),
 ) -> Result<Trace, Error> {
-    let mut quiet: FxHashSet<u32> = FxHashSet::default();
-    let mut apply = |p: &mut Process, frame: &Frame<'_>| {
-        if quiet.insert(p.conn) {
-            p.detection = false;
-        }
-        match frame {
-            Frame::Events(batch) => {
-                for ev in batch.iter() {
-                    let site = p.stack_site(ev.stack);
-                    visit(
-                        p,
-                        Seen::Event {
-                            event: &ev,
-                            site: if ev.stack.is_none() { SiteId(0) } else { site },
-                        },
-                    );
-                    p.apply_event(&ev);
-                }
-            }
-            Frame::Marker {
-                seq,
-                ts_ns,
-                tid,
-                stack,
-                label,
-            } => {
-                let site = p.stack_site(*stack);
+    let mut apply = |p: &mut Process, _: &mut (), frame: &Frame<'_>| match frame {
+        Frame::Events(batch) => {
+            for ev in batch.iter() {
+                let site = p.stack_site(ev.stack);
                 visit(
                     p,
-                    Seen::Marker {
-                        seq: *seq,
-                        ts_ns: *ts_ns,
-                        tid: *tid,
-                        site,
-                        label,
+                    Seen::Event {
+                        event: &ev,
+                        site: if ev.stack.is_none() { SiteId(0) } else { site },
                     },
                 );
-                p.apply_guarded(frame);
+                p.apply_event(&ev, &mut ());
             }
-            other => p.apply_guarded(other),
         }
+        Frame::Marker {
+            seq,
+            ts_ns,
+            tid,
+            stack,
+            label,
+        } => {
+            let site = p.stack_site(*stack);
+            visit(
+                p,
+                Seen::Marker {
+                    seq: *seq,
+                    ts_ns: *ts_ns,
+                    tid: *tid,
+                    site,
+                    label,
+                },
+            );
+            p.apply(frame, &mut ());
+        }
+        other => p.apply(other, &mut ()),
     };
-    Trace::load_with_progress(path, &mut apply, progress)
+    Trace::load_with(path, &mut apply, progress)
 }
 
 #[cfg(test)]

@@ -19,9 +19,9 @@ use serde::Serialize;
 use super::oom::{OomRecord, Retry};
 use super::stats::{mann_kendall, theil_sen};
 use super::{
-    fmt_rate, Alert, Alerts, AllocObs, Change, Context, Detector, Evidence, Finding, Kind, Level,
+    Alert, Alerts, AllocObs, Cause, Change, Context, Detector, Evidence, Finding, Kind, Severity,
 };
-use crate::report::fmt_bytes;
+use crate::units::{fmt_bytes, fmt_rate};
 use oomtrace_proto::Api;
 
 const CREEP_MIN_SLOPE: f64 = (2u64 << 20) as f64;
@@ -44,7 +44,7 @@ pub struct FragEvidence {
 #[derive(Debug, Default)]
 struct DeviceFrag {
     ev: FragEvidence,
-    level: Option<Level>,
+    level: Option<Severity>,
     /// Epochs of recent retries (the last few).
     recent: VecDeque<u32>,
     /// Live bytes from tensor-level (pluggable allocator) events and from everything else.
@@ -80,9 +80,9 @@ impl FragmentationDetector {
         }
         let thrashing = d.recent.iter().filter(|&&x| x + 2 >= epoch).count() >= 2;
         let level = if thrashing {
-            Level::Error
+            Severity::Error
         } else {
-            Level::Warning
+            Severity::Warning
         };
         if d.level < Some(level) {
             let change = if d.level.is_some() {
@@ -109,8 +109,8 @@ impl FragmentationDetector {
         d.ev.failures_with_free_memory += 1;
         d.ev.free_at_failure_bytes = Some(free);
         d.ev.largest_failed_request_bytes = d.ev.largest_failed_request_bytes.max(r.size);
-        if d.level < Some(Level::Error) {
-            d.level = Some(Level::Error);
+        if d.level < Some(Severity::Error) {
+            d.level = Some(Severity::Error);
             out.push(Alert {
                 finding: finding(r.device, d),
                 change: Change::New,
@@ -165,8 +165,8 @@ impl Detector for FragmentationDetector {
             if creep && !d.creep {
                 d.creep = true;
                 d.ev.reserved_slope_bytes_per_step = Some(slope);
-                if d.level < Some(Level::Warning) {
-                    d.level = Some(Level::Warning);
+                if d.level < Some(Severity::Warning) {
+                    d.level = Some(Severity::Warning);
                 }
                 out.push(Alert {
                     finding: finding(device, d),
@@ -212,7 +212,7 @@ fn finding(device: i16, d: &DeviceFrag) -> Finding {
             "{} allocation{} succeeded only after freeing cached memory and retrying{}",
             ev.retries,
             if ev.retries == 1 { "" } else { "s" },
-            if d.level == Some(Level::Error) && ev.failures_with_free_memory == 0 {
+            if d.level == Some(Severity::Error) && ev.failures_with_free_memory == 0 {
                 " (in most recent steps: the allocator is thrashing)"
             } else {
                 ""
@@ -227,9 +227,13 @@ fn finding(device: i16, d: &DeviceFrag) -> Finding {
     }
     Finding {
         kind: Kind::Fragmentation,
-        level: d.level.unwrap_or(Level::Warning),
+        level: d.level.unwrap_or(Severity::Warning).into(),
+        pid: 0,
         device,
         site: Default::default(),
+        stack: Vec::new(),
+        oom: None,
+        cause: Cause::Fragmented,
         bytes: ev.largest_failed_request_bytes,
         growth_bytes_per_step: ev.reserved_slope_bytes_per_step.filter(|_| d.creep),
         growth_bytes_per_s: None,
@@ -250,10 +254,31 @@ fn finding(device: i16, d: &DeviceFrag) -> Finding {
 
 #[cfg(test)]
 mod tests {
-    use crate::detect::{Detector, Level};
-    use crate::state::{Process, OUT_OF_MEMORY};
+    use crate::analysis::{Analysis, Detector, Finding, Level, Severity};
+    use crate::model::{Process, OUT_OF_MEMORY};
     use oomtrace_proto::wire::{Frame, Hello};
     use oomtrace_proto::{Api, Event, EventKind, StackId};
+
+    /// A process and its analysis.
+    struct Proc {
+        p: Process,
+        a: Analysis,
+    }
+
+    impl Proc {
+        fn new() -> Proc {
+            Proc {
+                p: Process::new(1, Hello::default()),
+                a: Analysis::default(),
+            }
+        }
+        fn apply_event(&mut self, e: &Event) {
+            self.p.apply_event(e, &mut self.a);
+        }
+        fn apply(&mut self, f: &Frame<'_>) {
+            self.p.apply(f, &mut self.a);
+        }
+    }
 
     const MIB: u64 = 1 << 20;
 
@@ -266,7 +291,7 @@ mod tests {
         e
     }
 
-    fn mark(p: &mut Process, ts: u64) {
+    fn mark(p: &mut Proc, ts: u64) {
         p.apply(&Frame::Marker {
             seq: 0,
             ts_ns: ts,
@@ -276,13 +301,13 @@ mod tests {
         });
     }
 
-    fn frag(p: &Process) -> Vec<crate::detect::Finding> {
-        p.detect.fragmentation.findings(&p.context())
+    fn frag(p: &Proc) -> Vec<Finding> {
+        p.a.fragmentation.findings(&p.a.context(&p.p))
     }
 
     #[test]
     fn reserved_creeping_while_tensors_stay_flat_is_fragmentation() {
-        let mut p = Process::new(1, Hello::default());
+        let mut p = Proc::new();
         let mut ts = 1;
         for step in 0..20u64 {
             // A new 4 MiB segment every step (never returned) ...
@@ -319,7 +344,7 @@ mod tests {
 
     #[test]
     fn a_failure_with_enough_free_memory_is_fragmentation() {
-        let mut p = Process::new(1, Hello::default());
+        let mut p = Proc::new();
         let mut fail = ev(EventKind::AllocFailed, Api::cudaMalloc, 0, 64 * MIB, 10);
         fail.result = OUT_OF_MEMORY;
         fail.tid = 3;
@@ -335,17 +360,17 @@ mod tests {
         p.apply_event(&info);
         let f = frag(&p);
         assert_eq!(f.len(), 1);
-        assert_eq!(f[0].level, Level::Error);
+        assert_eq!(f[0].level, Level::Severity(Severity::Error));
         assert!(f[0].message.contains("free"), "{}", f[0].message);
         // Without a retry it stays an OOM error too.
-        let oom = p.detect.oom.findings(&p.context());
-        assert_eq!(oom[0].level, Level::Error);
+        let oom = p.a.oom.findings(&p.a.context(&p.p));
+        assert_eq!(oom[0].level, Level::Severity(Severity::Error));
         assert!(oom[0].hint.contains("not in one piece"));
     }
 
     #[test]
     fn a_failure_without_enough_free_memory_is_not_fragmentation() {
-        let mut p = Process::new(1, Hello::default());
+        let mut p = Proc::new();
         let mut fail = ev(EventKind::AllocFailed, Api::cudaMalloc, 0, 64 * MIB, 10);
         fail.result = OUT_OF_MEMORY;
         p.apply_event(&fail);

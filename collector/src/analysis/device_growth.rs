@@ -32,7 +32,7 @@
 //!
 //! Which lines made it grow: while the finding stands, the allocations on the device born in
 //! the trend window (after warm-up) and still live are taken per call site from the leak
-//! detector's generations; `crate::report` turns them into `python_lines` (innermost user
+//! detector's generations; the report turns them into `python_lines` (innermost user
 //! Python frame, or one bucket per kind of thread without Python frames).
 //!
 //! With leaks: device growth is always reported, as the process-level view. When the leak
@@ -43,15 +43,17 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::Serialize;
 
+use super::births::Births;
 use super::growth::{
     self, per_second, seconds, trace_tensors, warmup_end, AtDetection, GrewAt, GrowthDetector,
     LevelChange, Trend,
 };
 use super::stats::{self, mann_kendall, theil_sen};
 use super::{
-    fmt_rate, Alert, Alerts, AllocObs, Change, Context, Detector, Evidence, Finding, Kind, Level,
+    Alert, Alerts, AllocObs, Cause, Change, Confidence, Context, Detector, Evidence, Finding, Kind,
+    Level, PythonLine,
 };
-use crate::report::{fmt_bytes, PythonLine};
+use crate::units::{fmt_bytes, fmt_rate};
 use oomtrace_proto::Api;
 
 /// The leak detector's thresholds and warm-up, on purpose (see the module comment).
@@ -61,20 +63,11 @@ const WINDOWS: [usize; 3] = growth::WINDOWS;
 const ALPHA_LIKELY: f64 = growth::ALPHA_LIKELY;
 const ALPHA_CONFIRMED: f64 = growth::ALPHA_CONFIRMED;
 const SERIES: usize = growth::SERIES;
-const MAX_GENERATIONS: usize = growth::MAX_GENERATIONS;
 const HISTORY: usize = growth::HISTORY;
 /// Leaks on the device growing at this share of the device's rate explain its growth.
 const EXPLAINED_SHARE: f64 = 0.8;
 /// Call sites kept per device for `python_lines` (largest first; lines aggregate them).
 const MAX_GREW_AT: usize = 64;
-
-#[derive(Clone, Copy, Debug, Default)]
-struct Generation {
-    count: u32,
-    bytes: u64,
-    /// Epochs merged into this bucket (1 unless old buckets were coarsened).
-    epochs: u32,
-}
 
 #[derive(Clone, Copy, Debug)]
 struct Sample {
@@ -111,7 +104,7 @@ pub enum Events {
     /// PyTorch allocating each tensor through oomtrace_malloc (`--torch`, `oomtrace.install()`).
     Tensors,
     /// PyTorch's caching-allocator segments: no tensor-level events, and the stacks pass
-    /// through PyTorch's CUDA library or the program is Python (set by `crate::report`).
+    /// through PyTorch's CUDA library or the program is Python (set by the report).
     Segments,
     /// Plain CUDA allocations.
     Allocations,
@@ -163,7 +156,7 @@ pub struct DeviceGrowthEvidence {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub leaks_on_device: Option<LeaksOnDevice>,
     /// The lines whose allocations made the device grow over the window (filled in by
-    /// `crate::report`; empty when the process has no Python frames).
+    /// the report; empty when the process has no Python frames).
     pub python_lines: Vec<PythonLine>,
     /// The call sites behind `python_lines`, raw.
     #[serde(skip)]
@@ -172,7 +165,7 @@ pub struct DeviceGrowthEvidence {
 
 #[derive(Debug, Default)]
 struct DeviceSeries {
-    births: BTreeMap<u32, Generation>,
+    births: Births,
     series: VecDeque<Sample>,
     /// The epoch clock's `stable_since` the high-water mark was measured under.
     stable_since: u32,
@@ -185,8 +178,8 @@ struct DeviceSeries {
     peak: (u64, u32),
     /// oomtrace_malloc allocations were seen: events are tensors, not segments.
     tensors: bool,
-    level: Option<Level>,
-    max_level: Option<Level>,
+    level: Option<Confidence>,
+    max_level: Option<Confidence>,
     bounded: bool,
     resolved: bool,
     trend: Option<Trend>,
@@ -195,41 +188,15 @@ struct DeviceSeries {
     at_detection: Option<AtDetection>,
     history: Vec<LevelChange>,
     /// The highest level printed live, and the last change printed.
-    printed_level: Option<Level>,
+    printed_level: Option<Confidence>,
     last_printed: Option<Change>,
     grew_at: Vec<GrewAt>,
     leaks: Option<LeaksOnDevice>,
 }
 
 impl DeviceSeries {
-    /// Distinct birth epochs in `from..=upto` among live allocations.
     fn generations(&self, from: u32, upto: u32) -> u32 {
-        if upto < from {
-            return 0;
-        }
-        self.births
-            .range(from..=upto)
-            .map(|(_, g)| g.epochs.min(g.count))
-            .sum()
-    }
-
-    fn coarsen(&mut self) {
-        while self.births.len() > MAX_GENERATIONS {
-            let mut it = self.births.keys();
-            let (Some(&a), Some(&b)) = (it.next(), it.next()) else {
-                return;
-            };
-            let older = self.births.remove(&a).unwrap_or_default();
-            let newer = self.births.remove(&b).unwrap_or_default();
-            self.births.insert(
-                a,
-                Generation {
-                    count: older.count.saturating_add(newer.count),
-                    bytes: older.bytes.saturating_add(newer.bytes),
-                    epochs: older.epochs + newer.epochs,
-                },
-            );
-        }
+        self.births.generations(from, upto)
     }
 
     fn usual_gap(&self) -> f64 {
@@ -253,7 +220,7 @@ impl DeviceSeries {
     }
 
     fn reported(&self) -> bool {
-        self.max_level >= Some(Level::Likely)
+        self.max_level >= Some(Confidence::Likely)
     }
 
     /// Whether a change is news for the live output. A total that rises and falls in cycles
@@ -267,7 +234,8 @@ impl DeviceSeries {
         );
         match change {
             Change::New | Change::Upgraded => {
-                self.level > self.printed_level || (quiet && self.level >= Some(Level::Confirmed))
+                self.level > self.printed_level
+                    || (quiet && self.level >= Some(Confidence::Confirmed))
             }
             Change::Resolved | Change::Downgraded => !quiet,
         }
@@ -335,7 +303,7 @@ impl DeviceGrowthDetector {
             }
             let before = (d.level, d.bounded, d.resolved);
             let trended = evaluate(d, e, ctx.clock.stable_since);
-            if trended && d.level >= Some(Level::Likely) {
+            if trended && d.level >= Some(Confidence::Likely) {
                 // Born in the window after warm-up, still live: what raised the total.
                 let from = d.window.map_or(e, |w| w.from_step + 1).max(warm);
                 d.grew_at = leaks.born_between(device, from, e);
@@ -362,8 +330,8 @@ impl DeviceGrowthDetector {
                 Change::Resolved
             } else if d.bounded && !before.1 {
                 Change::Downgraded
-            } else if d.level > before.0 && d.level >= Some(Level::Likely) {
-                if before.0 >= Some(Level::Likely) {
+            } else if d.level > before.0 && d.level >= Some(Confidence::Likely) {
+                if before.0 >= Some(Confidence::Likely) {
                     Change::Upgraded
                 } else {
                     Change::New
@@ -377,7 +345,7 @@ impl DeviceGrowthDetector {
                 d.at_detection = Some(AtDetection {
                     step: e,
                     time_s: seconds(ctx, ctx.ts_ns),
-                    level: d.level.map_or("likely", Level::name),
+                    level: d.level.map_or("likely", Confidence::name),
                     bytes: live,
                     count: ctx.devices.get(&device).map_or(0, |s| s.live_count),
                     surviving_epochs: d.generations(warm, e.saturating_sub(LAG)),
@@ -388,7 +356,7 @@ impl DeviceGrowthDetector {
             let name = match change {
                 Change::Resolved => "resolved",
                 Change::Downgraded => "bounded",
-                _ => d.level.map(Level::name).unwrap_or("none"),
+                _ => d.level.map(Confidence::name).unwrap_or("none"),
             };
             if d.history.len() < HISTORY {
                 d.history.push(LevelChange {
@@ -418,27 +386,14 @@ impl Detector for DeviceGrowthDetector {
         }
         let d = self.devices.entry(a.device).or_default();
         d.tensors |= a.api == Api::oomtrace_malloc;
-        let g = d.births.entry(a.epoch).or_insert(Generation {
-            epochs: 1,
-            ..Default::default()
-        });
-        g.count += 1;
-        g.bytes = g.bytes.saturating_add(a.size);
-        d.coarsen();
+        d.births.add(a.epoch, a.size);
     }
 
     fn on_free(&mut self, a: &AllocObs, birth: u32) {
         let Some(d) = self.devices.get_mut(&a.device) else {
             return;
         };
-        // The bucket holding `birth` (a merged bucket starts at or before it).
-        if let Some((&k, g)) = d.births.range_mut(..=birth).next_back() {
-            g.count = g.count.saturating_sub(1);
-            g.bytes = g.bytes.saturating_sub(a.size);
-            if g.count == 0 {
-                d.births.remove(&k);
-            }
-        }
+        d.births.remove(birth, a.size);
     }
 
     fn findings(&self, ctx: &Context<'_>) -> Vec<Finding> {
@@ -509,9 +464,9 @@ fn evaluate(d: &mut DeviceSeries, e: u32, stable_since: u32) -> bool {
                 && t.p_value < ALPHA_CONFIRMED
                 && f64::from(since_raise) <= (2.0 * usual).max(2.0) =>
         {
-            Some(Level::Confirmed)
+            Some(Confidence::Confirmed)
         }
-        Some(_) => Some(Level::Likely),
+        Some(_) => Some(Confidence::Likely),
         None => None,
     };
     // Levels rise on evidence and fall only through the rules below.
@@ -636,27 +591,34 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
         }
         m
     };
-    let hint = if !active {
-        "The growth stopped or is slowing down: a cache filling up to its capacity (the \
-         caching allocator reserving for new shapes, an LRU, a warm-up pool), not a leak."
-            .to_string()
+    let (cause, hint) = if !active {
+        (
+            Cause::CacheFilling,
+            "The growth stopped or is slowing down: a cache filling up to its capacity (the \
+             caching allocator reserving for new shapes, an LRU, a warm-up pool), not a leak."
+                .to_string(),
+        )
     } else if explained.is_some() {
-        EXPLAINED_HINT.to_string()
+        (Cause::LeaksExplainGrowth, EXPLAINED_HINT.to_string())
     } else if d.tensors {
-        TENSORS_HINT.to_string()
+        (Cause::DeviceTensorsKept, TENSORS_HINT.to_string())
     } else {
-        // `crate::report` names PyTorch's segments when the stacks or the program say so.
-        NATIVE_HINT.to_string()
+        // The report names PyTorch's segments when the stacks or the program say so.
+        (Cause::DeviceNative, NATIVE_HINT.to_string())
     };
     Finding {
         kind: Kind::DeviceGrowth,
         level: if active {
-            d.level.or(d.max_level).unwrap_or(Level::Likely)
+            d.level.or(d.max_level).unwrap_or(Confidence::Likely).into()
         } else {
-            Level::Info
+            Level::INFO
         },
+        pid: 0,
         device,
         site: Default::default(),
+        stack: Vec::new(),
+        oom: None,
+        cause,
         bytes: live,
         growth_bytes_per_step: per_step,
         growth_bytes_per_s: per_s,
@@ -677,9 +639,8 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
             surviving_epochs: d.generations(warmup_end(ctx), ctx.epoch.saturating_sub(LAG)),
             onset_step: d
                 .births
-                .range(warmup_end(ctx)..)
-                .next()
-                .map_or(warmup_end(ctx), |(&k, _)| k),
+                .oldest_from(warmup_end(ctx))
+                .unwrap_or(warmup_end(ctx)),
             detected_step: d.detected.map(|x| x.0),
             detected_s: d.detected.map(|x| seconds(ctx, x.1)),
             steps_to_oom,
@@ -700,13 +661,9 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::{DeviceGrowthEvidence, Events};
-    use crate::detect::sim::Sim;
-    use crate::detect::{Change, Detector, Evidence, Finding, Kind, Level};
-    use crate::report::{fmt_python_lines, python_lines, PythonLine};
-    use crate::state::SiteId;
-    use crate::symbolize::FrameInfo;
-    use oomtrace_proto::wire::Frame;
-    use oomtrace_proto::StackId;
+    use crate::analysis::sim::cache_growth;
+    use crate::analysis::sim::Sim;
+    use crate::analysis::{Change, Confidence, Detector, Evidence, Finding, Kind, Level};
 
     const MIB: u64 = 1 << 20;
     /// Stack 1: a transient allocation every step (native frames only).
@@ -728,11 +685,10 @@ mod tests {
             self.free(t);
         }
         fn device_growth(&self) -> Vec<Finding> {
-            self.p.detect.device_growth.findings(&self.p.context())
+            self.a.device_growth.findings(&self.a.context(&self.p))
         }
         fn device_growth_alerts(&self) -> Vec<(Change, Level)> {
-            self.p
-                .detect
+            self.a
                 .alerts
                 .list
                 .iter()
@@ -749,53 +705,18 @@ mod tests {
         }
     }
 
-    /// The situation of the issue: PyTorch's cache grows by one 4 MiB segment a step for a
-    /// tensor kept in a list, and the call that reserves it is whichever finds the cache
-    /// exhausted: each step another native stack (no site grows on its own), under one of two
-    /// Python lines or on the autograd thread without Python frames.
-    fn cache_growth(steps: u32) -> Sim {
-        let mut sim = Sim::new(1_000_000);
-        sim.code(
-            1,
-            "/venv/lib/python3.12/site-packages/torch/_tensor.py",
-            "empty",
-            7,
-        );
-        sim.code(2, "/home/u/train.py", "forward", 42);
-        sim.code(3, "/home/u/train.py", "<module>", 60);
-        sim.code(4, "/home/u/train.py", "backward", 50);
-        sim.code(5, "/usr/lib/python3.12/contextlib.py", "__exit__", 141);
-        sim.p.apply(&Frame::StackDef {
-            id: StackId(OTHER),
-            frames: vec![0x2000],
-        });
-        sim.alloc(OTHER, 64 * MIB); // weights
-        for i in 0..steps {
-            sim.transient();
-            let stack = 100 + i;
-            let native = 0x10_0000 + u64::from(i) * 0x100;
-            match i % 4 {
-                // forward's line: through the library, or through the stdlib too.
-                0 => sim.stack(stack, native, &[1, 2, 3]),
-                1 => sim.stack(stack, native, &[1, 5, 2, 3]),
-                2 => sim.stack(stack, native, &[1, 4, 3]),
-                _ => sim.stack(stack, native, &[]),
-            }
-            sim.alloc(stack, 4 * MIB);
-            sim.mark();
-        }
-        sim
-    }
-
     #[test]
     fn fires_on_linear_growth_with_its_rate_when_no_site_grows_on_its_own() {
         let sim = cache_growth(40);
         // No call site is a leak: each reserved one segment.
-        assert!(sim.p.detect.growth.findings(&sim.p.context()).is_empty());
+        assert!(sim.a.growth.findings(&sim.a.context(&sim.p)).is_empty());
         let found = sim.device_growth();
         assert_eq!(found.len(), 1, "{found:#?}");
         let f = &found[0];
-        assert_eq!((f.kind, f.level), (Kind::DeviceGrowth, Level::Confirmed));
+        assert_eq!(
+            (f.kind, f.level),
+            (Kind::DeviceGrowth, Level::Confidence(Confidence::Confirmed))
+        );
         assert_eq!(f.growth_bytes_per_step, Some(4.0 * MIB as f64));
         // A step is 4 ms of synthetic time: 4 MiB / 4 ms.
         let per_s = f.growth_bytes_per_s.unwrap();
@@ -812,9 +733,9 @@ mod tests {
             f.message,
             format!(
                 "device 0: CUDA memory grows {} over 32 steps: {} → {}",
-                crate::detect::fmt_rate(4.0 * MIB as f64, f.growth_bytes_per_s),
-                crate::report::fmt_bytes(w.from_bytes),
-                crate::report::fmt_bytes(w.to_bytes)
+                crate::units::fmt_rate(4.0 * MIB as f64, f.growth_bytes_per_s),
+                crate::units::fmt_bytes(w.from_bytes),
+                crate::units::fmt_bytes(w.to_bytes)
             )
         );
         assert_eq!(e.events, Events::Allocations);
@@ -830,8 +751,8 @@ mod tests {
         assert_eq!(
             alerts,
             vec![
-                (Change::New, Level::Likely),
-                (Change::Upgraded, Level::Confirmed)
+                (Change::New, Level::Confidence(Confidence::Likely)),
+                (Change::Upgraded, Level::Confidence(Confidence::Confirmed))
             ]
         );
         // What made it grow: the segments of the window after warm-up, by site.
@@ -841,73 +762,6 @@ mod tests {
             e.grew_at.iter().map(|g| g.count).sum::<u64>() * 4 * MIB
         );
         assert!(e.grew_at.len() >= 30, "{}", e.grew_at.len());
-    }
-
-    #[test]
-    fn python_lines_aggregate_sites_by_their_user_line_and_name_the_autograd_thread() {
-        let sim = cache_growth(40);
-        let f = &sim.device_growth()[0];
-        let e = evidence(f);
-        let autograd = |site: SiteId| {
-            // The stacks without Python frames ran on PyTorch's autograd engine.
-            assert!(site.0 > 0);
-            vec![
-                FrameInfo {
-                    function: "c10::cuda::CUDACachingAllocator::Native::alloc_block".into(),
-                    ..Default::default()
-                },
-                FrameInfo {
-                    function: "torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)".into(),
-                    ..Default::default()
-                },
-            ]
-        };
-        let lines = python_lines(&sim.p, &e.grew_at, autograd);
-        let n: u64 = e.grew_at.iter().map(|g| g.count).sum();
-        let line =
-            |file: &str, line: u32, function: &str, count: u64, description: &str| PythonLine {
-                file: file.into(),
-                line,
-                function: function.into(),
-                bytes: count * 4 * MIB,
-                count,
-                description: description.into(),
-            };
-        // Lines 42 (half: through the library alone and through the stdlib), 50 and the
-        // autograd thread (a quarter each), the windows' segments all counted.
-        assert_eq!(lines.iter().map(|l| l.count).sum::<u64>(), n);
-        let forward = lines[0].count;
-        assert_eq!(
-            lines[0],
-            line("/home/u/train.py", 42, "forward", forward, "train.py:42")
-        );
-        assert!(lines[1..].contains(&line(
-            "",
-            0,
-            "",
-            lines.iter().find(|l| l.file.is_empty()).unwrap().count,
-            "autograd thread (no Python frames)"
-        )));
-        assert!(lines[1..].iter().any(|l| l.description == "train.py:50"));
-        assert_eq!(lines.len(), 3, "{lines:#?}");
-        assert!((forward as f64 / n as f64 - 0.5).abs() < 0.1, "{lines:#?}");
-        let text = fmt_python_lines(&lines, Events::Segments.unit(), 3);
-        assert!(
-            text.starts_with(&format!(
-                "train.py:42 ({} in {forward} segments), ",
-                crate::report::fmt_bytes(forward * 4 * MIB)
-            )),
-            "{text}"
-        );
-        assert!(
-            text.contains("autograd thread (no Python frames): "),
-            "{text}"
-        );
-        // Without a name from the native frames: the generic bucket.
-        let generic = python_lines(&sim.p, &e.grew_at, |_| Vec::new());
-        assert!(generic
-            .iter()
-            .any(|l| l.description == "threads without Python frames"));
     }
 
     #[test]
@@ -935,50 +789,6 @@ mod tests {
         );
         assert_eq!(f.hint, super::EXPLAINED_HINT);
         assert_eq!(f.growth_bytes_per_step, Some(2.0 * MIB as f64));
-    }
-
-    /// Segments reserved from PyTorch's CUDA library: the hint says they are the cache's
-    /// segments and how to see the tensors; tensor-level events keep the tensors' hint.
-    #[test]
-    fn segments_from_libc10_cuda_get_the_torch_hint() {
-        let mut sim = Sim::new(1_000_000);
-        sim.p
-            .apply(&Frame::ModuleDef(oomtrace_proto::wire::ModuleDef {
-                id: 1,
-                start: 0x7000_0000,
-                end: 0x7100_0000,
-                bias: 0x7000_0000,
-                build_id: Vec::new(),
-                path: "/venv/lib/python3.12/site-packages/torch/lib/libc10_cuda.so".into(),
-            }));
-        sim.p.apply(&Frame::StackDef {
-            id: StackId(9),
-            frames: vec![0x7000_1234, 0x4000],
-        });
-        for _ in 0..30 {
-            sim.transient();
-            sim.alloc(9, 20 * MIB);
-            sim.mark();
-        }
-        let f = &sim.device_growth()[0];
-        let mut e = evidence(f).clone();
-        assert_eq!(e.events, Events::Allocations);
-        let hint = crate::report::device_growth_hint(&sim.p, &e, f.hint.clone());
-        assert!(hint.contains("The leak findings on this device"), "{hint}");
-        assert!(
-            hint.contains("These are PyTorch's caching-allocator segments, not tensors")
-                && hint
-                    .contains("`oomtrace run --torch` (or `import oomtrace; oomtrace.install()`")
-                && hint.contains("torch.cuda.memory._record_memory_history()"),
-            "{hint}"
-        );
-        crate::report::resolve_device_growth(&sim.p, &mut e, |_| Vec::new());
-        assert_eq!(e.events, Events::Segments);
-        // Not a Python program: no lines to name.
-        assert!(e.python_lines.is_empty());
-        e.events = Events::Tensors;
-        let hint = crate::report::device_growth_hint(&sim.p, &e, f.hint.clone());
-        assert_eq!(hint, f.hint);
     }
 
     /// Nothing about a clean loop may be reported or printed.
@@ -1081,7 +891,7 @@ mod tests {
             sim.mark();
         }
         let f = &sim.device_growth()[0];
-        assert_eq!(f.level, Level::Info, "{f:#?}");
+        assert_eq!(f.level, Level::INFO, "{f:#?}");
         assert!(f.message.contains(", then stopped for "), "{}", f.message);
         let alerts = sim.device_growth_alerts();
         assert_eq!(alerts.first().map(|a| a.0), Some(Change::New), "{alerts:?}");

@@ -5,6 +5,9 @@
 //! Python frames (see `oomtrace_proto::python`) become file, function and line from the code
 //! objects the shim sent, and are merged into the native stack: each native frame of the
 //! interpreter loop is replaced by the Python frames it was running.
+//!
+//! Reads only a process's stack tables ([`Stacks`]: sites, modules, code objects); anything
+//! that converts into them (a `&Process`) can be passed.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
@@ -14,25 +17,8 @@ use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer};
 
 use oomtrace_proto::python::PyFrame;
 
-use crate::state::{Process, RawFrame, SiteId};
-
-/// One symbolized frame. Empty strings and 0 mean unknown.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct FrameInfo {
-    pub function: String,
-    pub file: String,
-    pub line: u32,
-    /// File name of the module (executable or shared object).
-    pub module: String,
-    /// Absolute return address in the traced process, hex.
-    pub address: String,
-    /// Address within the module's file, hex (what `addr2line -e MODULE` takes).
-    pub offset: String,
-    /// A Python frame (`function` is the code object's qualified name, `line` its source
-    /// line, `module` is "python", `offset` the bytecode offset).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub python: bool,
-}
+pub use crate::model::FrameInfo;
+use crate::model::{RawFrame, SiteId, Stacks};
 
 /// CPython's interpreter loop: one native frame per group of Python frames it runs.
 fn is_eval_loop(function: &str) -> bool {
@@ -98,7 +84,8 @@ pub fn python_culprit(frames: &[FrameInfo]) -> Option<&FrameInfo> {
 
 /// The Python frames of `site`, innermost first, from the code objects the shim sent: no
 /// module file is read (cheap, and the same with or without native symbolization).
-pub fn python_frames(p: &Process, site: SiteId) -> Vec<FrameInfo> {
+pub fn python_frames<'a>(stacks: impl Into<Stacks<'a>>, site: SiteId) -> Vec<FrameInfo> {
+    let p: Stacks<'a> = stacks.into();
     p.sites
         .get(site.0 as usize)
         .map_or_else(Vec::new, |frames| {
@@ -147,8 +134,10 @@ impl StackSymbolizer {
         }
     }
 
-    /// Frames of `site` in `p`, innermost first; inlined calls become frames of their own.
-    pub fn site(&mut self, p: &Process, site: SiteId) -> Vec<FrameInfo> {
+    /// Frames of `site` in `stacks` (a process's), innermost first; inlined calls become
+    /// frames of their own.
+    pub fn site<'a>(&mut self, stacks: impl Into<Stacks<'a>>, site: SiteId) -> Vec<FrameInfo> {
+        let p: Stacks<'a> = stacks.into();
         let Some(frames) = p.sites.get(site.0 as usize) else {
             return Vec::new();
         };
@@ -187,7 +176,7 @@ impl StackSymbolizer {
         out
     }
 
-    fn frame(&mut self, p: &Process, f: &RawFrame) -> Vec<FrameInfo> {
+    fn frame(&mut self, p: Stacks<'_>, f: &RawFrame) -> Vec<FrameInfo> {
         if let Some(py) = PyFrame::decode(f.addr) {
             return vec![python_frame(p, py)];
         }
@@ -257,7 +246,7 @@ impl StackSymbolizer {
     }
 }
 
-fn python_frame(p: &Process, py: PyFrame) -> FrameInfo {
+fn python_frame(p: Stacks<'_>, py: PyFrame) -> FrameInfo {
     let mut fi = FrameInfo {
         module: "python".to_string(),
         offset: format!("{:#x}", py.offset),

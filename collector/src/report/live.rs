@@ -1,13 +1,14 @@
-//! Live output: one line on stderr per new finding, upgrade, downgrade or resolution, as the
-//! detectors raise them (`oomtrace run`, `oomtrace collect`). Concise on purpose: the report
-//! has the stacks and the evidence.
+//! Live output: one line per new finding, upgrade, downgrade or resolution, as the detectors
+//! raise them (`oomtrace run`, `oomtrace collect`; the server hands it to its console).
+//! Concise on purpose: the report has the stacks and the evidence.
 
-use crate::detect::device_growth::Events;
-use crate::detect::growth::TRACE_TENSORS;
-use crate::detect::{fmt_rate, Alert, Change, Evidence, Kind};
-use crate::report::{fmt_bytes, fmt_python_lines, resolve_device_growth, torch_segments};
-use crate::state::Process;
-use crate::symbolize::{culprit, FrameInfo, StackSymbolizer};
+use super::hints::{fmt_python_lines, resolve_device_growth, torch_segments};
+use super::symbolize::{culprit, StackSymbolizer};
+use crate::analysis::device_growth::{DeviceGrowthEvidence, Events};
+use crate::analysis::growth::TRACE_TENSORS;
+use crate::analysis::{Alert, Change, Evidence, Kind};
+use crate::model::{FrameInfo, Process};
+use crate::units::{fmt_bytes, fmt_rate};
 
 /// "history_append (leak_history.c:12)", or the module and offset without symbols.
 fn place(frames: &[FrameInfo]) -> Option<String> {
@@ -24,6 +25,7 @@ fn place(frames: &[FrameInfo]) -> Option<String> {
     })
 }
 
+/// The line for alert `a` of process `p`.
 pub fn line(p: &Process, a: &Alert, sym: &mut StackSymbolizer) -> String {
     let f = &a.finding;
     let tag = match (a.change, f.kind) {
@@ -69,11 +71,11 @@ pub fn line(p: &Process, a: &Alert, sym: &mut StackSymbolizer) -> String {
 fn device_growth_tail(
     text: &mut String,
     p: &Process,
-    e: &crate::detect::device_growth::DeviceGrowthEvidence,
+    e: &DeviceGrowthEvidence,
     sym: &mut StackSymbolizer,
 ) {
     let mut e = e.clone();
-    resolve_device_growth(p, &mut e, |site| sym.site(p, site));
+    resolve_device_growth(p.stacks(), &mut e, |site| sym.site(p, site));
     if !e.python_lines.is_empty() {
         text.push_str(&format!(
             "; {}: {}",
@@ -82,7 +84,7 @@ fn device_growth_tail(
         ));
     }
     if e.events == Events::Segments {
-        text.push_str(match torch_segments(p, &e.grew_at) {
+        text.push_str(match torch_segments(p.stacks(), &e.grew_at) {
             Some(true) => "; these are PyTorch's cache segments, not tensors: ",
             _ => "; if this is PyTorch, these are its cache segments, not tensors: ",
         });

@@ -8,8 +8,10 @@
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use super::{Alert, Alerts, AllocObs, Change, Context, Detector, Evidence, Finding, Kind, Level};
-use crate::report::fmt_bytes;
+use super::{
+    Alert, Alerts, AllocObs, Cause, Change, Context, Detector, Evidence, Finding, Kind, Severity,
+};
+use crate::units::fmt_bytes;
 
 const THRESHOLDS: [u32; 3] = [85, 90, 95];
 const REARM_POINTS: f64 = 5.0;
@@ -119,12 +121,17 @@ fn finding(device: i16, t: u32, line: &Line, peak: f64, cap: u64, live: u64) -> 
     Finding {
         kind: Kind::Threshold,
         level: if t >= 95 {
-            Level::Error
+            Severity::Error
         } else {
-            Level::Warning
-        },
+            Severity::Warning
+        }
+        .into(),
+        pid: 0,
         device,
         site: Default::default(),
+        stack: Vec::new(),
+        oom: None,
+        cause: Cause::NearCapacity,
         bytes: live,
         growth_bytes_per_step: None,
         growth_bytes_per_s: None,
@@ -161,7 +168,7 @@ fn finding(device: i16, t: u32, line: &Line, peak: f64, cap: u64, live: u64) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::SiteId;
+    use crate::model::SiteId;
     use oomtrace_proto::Api;
 
     fn at(live: u64) -> AllocObs {
@@ -193,6 +200,6 @@ mod tests {
         t.on_free(&at(790), 0);
         t.on_alloc(&at(870), &mut out);
         assert_eq!(out.list.len(), 4);
-        assert_eq!(out.list[2].finding.level, Level::Error);
+        assert_eq!(out.list[2].finding.level, Severity::Error.into());
     }
 }

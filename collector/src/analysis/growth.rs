@@ -23,17 +23,19 @@
 //! one-offs, never leaks. Levels only rise on evidence and only fall through a downgrade or
 //! resolution, so a finding does not flap with noise.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
+use super::births::Births;
 use super::stats::{self, mann_kendall, theil_sen};
 use super::{
-    fmt_rate, Alert, Alerts, AllocObs, Change, Context, Detector, Evidence, Finding, Kind, Level,
+    Alert, Alerts, AllocObs, Cause, Change, Confidence, Context, Detector, Evidence, Finding, Kind,
+    Level, PythonLine,
 };
-use crate::report::{fmt_bytes, fmt_duration};
-use crate::state::SiteId;
+use crate::model::SiteId;
+use crate::units::{fmt_bytes, fmt_duration, fmt_rate};
 use oomtrace_proto::{Api, MemoryClass};
 
 pub const WARMUP: u32 = 3;
@@ -45,8 +47,6 @@ pub(crate) const WINDOWS: [usize; 3] = [8, 16, 32];
 pub(crate) const ALPHA_LIKELY: f64 = 0.01;
 pub(crate) const ALPHA_CONFIRMED: f64 = 0.001;
 pub(crate) const SERIES: usize = 32;
-/// Birth-epoch buckets per site; older ones merge (a long leak must not grow memory).
-pub(crate) const MAX_GENERATIONS: usize = 64;
 const MAX_SIZES: usize = 4096;
 pub(crate) const HISTORY: usize = 16;
 
@@ -58,14 +58,6 @@ pub enum Class {
     Bounded,
     /// Growth made of sizes never live twice: a cache keyed by shape.
     ShapeKeyed,
-}
-
-#[derive(Clone, Copy, Debug, Default)]
-struct Generation {
-    count: u32,
-    bytes: u64,
-    /// Epochs merged into this bucket (1 unless old buckets were coarsened).
-    epochs: u32,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -160,17 +152,17 @@ pub struct LeakEvidence {
     /// What became of the memory by the end.
     pub at_end: AtEnd,
     /// For a leak of PyTorch's caching-allocator segments: the lines whose allocations made
-    /// the device's cache grow over the device's growth window (`crate::report` fills it in
+    /// the device's cache grow over the device's growth window (the report fills it in
     /// from the device_growth finding); absent otherwise.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub python_lines: Vec<crate::report::PythonLine>,
+    pub python_lines: Vec<PythonLine>,
 }
 
 #[derive(Debug)]
 pub(crate) struct Site {
     live: u64,
     count: u64,
-    births: BTreeMap<u32, Generation>,
+    births: Births,
     sizes: FxHashMap<u64, u32>,
     series: VecDeque<Sample>,
     hwm: u64,
@@ -180,8 +172,8 @@ pub(crate) struct Site {
     first_ts: u64,
     api: Api,
     dirty: bool,
-    level: Option<Level>,
-    max_level: Option<Level>,
+    level: Option<Confidence>,
+    max_level: Option<Confidence>,
     class: Class,
     resolved: bool,
     detected: Option<(u32, u64)>,
@@ -195,7 +187,7 @@ impl Site {
         Site {
             live: 0,
             count: 0,
-            births: BTreeMap::new(),
+            births: Births::default(),
             sizes: FxHashMap::default(),
             series: VecDeque::with_capacity(SERIES),
             hwm: 0,
@@ -216,34 +208,8 @@ impl Site {
         }
     }
 
-    /// Distinct birth epochs in `from..=upto` among live allocations.
     fn generations(&self, from: u32, upto: u32) -> u32 {
-        if upto < from {
-            return 0;
-        }
-        self.births
-            .range(from..=upto)
-            .map(|(_, g)| g.epochs.min(g.count))
-            .sum()
-    }
-
-    fn coarsen(&mut self) {
-        while self.births.len() > MAX_GENERATIONS {
-            let mut it = self.births.keys();
-            let (Some(&a), Some(&b)) = (it.next(), it.next()) else {
-                return;
-            };
-            let older = self.births.remove(&a).unwrap_or_default();
-            let newer = self.births.remove(&b).unwrap_or_default();
-            self.births.insert(
-                a,
-                Generation {
-                    count: older.count.saturating_add(newer.count),
-                    bytes: older.bytes.saturating_add(newer.bytes),
-                    epochs: older.epochs + newer.epochs,
-                },
-            );
-        }
+        self.births.generations(from, upto)
     }
 
     /// Share of live allocations whose size no other live allocation here has.
@@ -286,12 +252,7 @@ impl GrowthDetector {
             .iter()
             .filter(|((_, d), s)| *d == device && s.count > 0)
             .filter_map(|(&(site, _), s)| {
-                let (bytes, count) = s
-                    .births
-                    .range(from..=upto)
-                    .fold((0u64, 0u64), |(b, c), (_, g)| {
-                        (b.saturating_add(g.bytes), c + u64::from(g.count))
-                    });
+                let (bytes, count) = s.births.born_between(from, upto);
                 (count > 0).then_some(GrewAt { site, bytes, count })
             })
             .collect();
@@ -316,7 +277,7 @@ impl GrowthDetector {
     /// Whether the site is reported as a leak now.
     pub fn is_leak(&self, site: SiteId, device: i16) -> bool {
         self.sites.get(&(site, device)).is_some_and(|s| {
-            !s.resolved && s.class == Class::Leak && s.level >= Some(Level::Likely)
+            !s.resolved && s.class == Class::Leak && s.level >= Some(Confidence::Likely)
         })
     }
 }
@@ -331,13 +292,7 @@ impl Detector for GrowthDetector {
         s.count += 1;
         s.api = a.api;
         s.dirty = true;
-        let g = s.births.entry(a.epoch).or_insert(Generation {
-            epochs: 1,
-            ..Default::default()
-        });
-        g.count += 1;
-        g.bytes = g.bytes.saturating_add(a.size);
-        s.coarsen();
+        s.births.add(a.epoch, a.size);
         if s.sizes.len() < MAX_SIZES || s.sizes.contains_key(&a.size) {
             *s.sizes.entry(a.size).or_default() += 1;
         }
@@ -350,14 +305,7 @@ impl Detector for GrowthDetector {
         s.live = s.live.saturating_sub(a.size);
         s.count = s.count.saturating_sub(1);
         s.dirty = true;
-        // The bucket holding `birth` (a merged bucket starts at or before it).
-        if let Some((&k, g)) = s.births.range_mut(..=birth).next_back() {
-            g.count = g.count.saturating_sub(1);
-            g.bytes = g.bytes.saturating_sub(a.size);
-            if g.count == 0 {
-                s.births.remove(&k);
-            }
-        }
+        s.births.remove(birth, a.size);
         if let Some(c) = s.sizes.get_mut(&a.size) {
             *c -= 1;
             if *c == 0 {
@@ -413,8 +361,8 @@ impl Detector for GrowthDetector {
                 Change::Resolved
             } else if s.class != Class::Leak && before.1 == Class::Leak {
                 Change::Downgraded
-            } else if s.level > before.0 && s.level >= Some(Level::Likely) {
-                if before.0 >= Some(Level::Likely) {
+            } else if s.level > before.0 && s.level >= Some(Confidence::Likely) {
+                if before.0 >= Some(Confidence::Likely) {
                     Change::Upgraded
                 } else {
                     Change::New
@@ -428,7 +376,7 @@ impl Detector for GrowthDetector {
                 s.at_detection = Some(AtDetection {
                     step: e,
                     time_s: seconds(ctx, ctx.ts_ns),
-                    level: s.level.map_or("likely", Level::name),
+                    level: s.level.map_or("likely", Confidence::name),
                     bytes: s.live,
                     count: s.count,
                     surviving_epochs: s.generations(warm, e.saturating_sub(LAG)),
@@ -438,7 +386,7 @@ impl Detector for GrowthDetector {
             }
             let name = match change {
                 Change::Resolved => "resolved",
-                _ => s.level.map(Level::name).unwrap_or("none"),
+                _ => s.level.map(Confidence::name).unwrap_or("none"),
             };
             if s.history.len() < HISTORY {
                 s.history.push(LevelChange {
@@ -447,7 +395,7 @@ impl Detector for GrowthDetector {
                     time_s: seconds(ctx, ctx.ts_ns),
                 });
             }
-            if s.max_level >= Some(Level::Likely) {
+            if s.max_level >= Some(Confidence::Likely) {
                 out.push(Alert {
                     finding: finding(site, device, s, ctx),
                     change,
@@ -462,12 +410,17 @@ impl Detector for GrowthDetector {
         let mut v: Vec<Finding> = self
             .sites
             .iter()
-            .filter(|(_, s)| s.max_level >= Some(Level::Likely))
+            .filter(|(_, s)| s.max_level >= Some(Confidence::Likely))
             .map(|(&(site, device), s)| finding(site, device, s, ctx))
             .collect();
+        // Leaks by confidence, then growth that is not one (`info`).
+        let confidence = |f: &Finding| match f.level {
+            Level::Confidence(c) => Some(c),
+            Level::Severity(_) => None,
+        };
         v.sort_by(|a, b| {
-            b.level
-                .cmp(&a.level)
+            confidence(b)
+                .cmp(&confidence(a))
                 .then(b.bytes.cmp(&a.bytes))
                 .then(a.site.cmp(&b.site))
         });
@@ -533,10 +486,10 @@ fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
                 && t.p_value < ALPHA_CONFIRMED
                 && f64::from(since_raise) <= (2.0 * usual).max(2.0) =>
         {
-            Some(Level::Confirmed)
+            Some(Confidence::Confirmed)
         }
-        Some(_) => Some(Level::Likely),
-        None if suspected => Some(Level::Suspected),
+        Some(_) => Some(Confidence::Likely),
+        None if suspected => Some(Confidence::Suspected),
         None => None,
     };
     if let Some(t) = best {
@@ -544,7 +497,7 @@ fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
     }
     // Levels rise on evidence and fall only through the rules below.
     level = level.max(s.level);
-    if s.max_level >= Some(Level::Likely) && f64::from(since_raise) > (3.0 * usual).max(8.0) {
+    if s.max_level >= Some(Confidence::Likely) && f64::from(since_raise) > (3.0 * usual).max(8.0) {
         s.resolved = true;
         s.level = None;
         return;
@@ -564,7 +517,7 @@ fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
         s.class = Class::ShapeKeyed;
     }
     if s.class != Class::Leak {
-        level = level.min(Some(Level::Suspected));
+        level = level.min(Some(Confidence::Suspected));
     }
     s.level = level;
     s.max_level = s.max_level.max(level);
@@ -662,7 +615,7 @@ fn end_clause(s: &Site, end: &AtEnd) -> String {
 fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
     let per_step = s.trend.map(|t| t.slope_bytes_per_step);
     let per_s = per_step.and_then(|b| per_second(b, ctx));
-    let onset = s.births.keys().next().copied().unwrap_or(s.first_epoch);
+    let onset = s.births.oldest().unwrap_or(s.first_epoch);
     let end = at_end(s, ctx);
     // A projection to a full device only while the site still holds memory: one whose memory
     // is all gone will not fill anything.
@@ -679,15 +632,15 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         },
         _ => (None, None),
     };
-    let kind = if s.resolved || s.class != Class::Leak || s.level < Some(Level::Likely) {
+    let kind = if s.resolved || s.class != Class::Leak || s.level < Some(Confidence::Likely) {
         Kind::Growth
     } else {
         Kind::Leak
     };
     let level = if kind == Kind::Growth {
-        Level::Info
+        Level::INFO
     } else {
-        s.level.unwrap_or(Level::Suspected)
+        s.level.unwrap_or(Confidence::Suspected).into()
     };
     let steps = u64::from(ctx.epoch.saturating_sub(onset));
     let rate = per_step
@@ -727,11 +680,16 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             fmt_bytes(s.live)
         ),
     };
+    let (cause, hint) = hint(s, kind);
     Finding {
         kind,
         level,
+        pid: 0,
         device,
         site,
+        stack: Vec::new(),
+        oom: None,
+        cause,
         bytes: s.live,
         growth_bytes_per_step: per_step,
         growth_bytes_per_s: per_s,
@@ -739,7 +697,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         count: s.count,
         api: Some(s.api),
         message,
-        hint: hint(s, kind),
+        hint,
         evidence: Some(Evidence::Leak(Box::new(LeakEvidence {
             class: s.class,
             trend: s.trend,
@@ -795,65 +753,79 @@ pub const TORCH_CACHE_HINT: &str = concat!(
 
 /// The likely cause. What the site's API says is certain; what lies above it is a guess and
 /// is worded as one.
-fn hint(s: &Site, kind: Kind) -> String {
+fn hint(s: &Site, kind: Kind) -> (Cause, String) {
     if kind == Kind::Growth {
         return match (s.resolved, s.class) {
-            (_, Class::ShapeKeyed) => "Every live allocation here has a size no other has: a \
-                cache keyed by shape or sequence length (rotary tables, per-shape workspaces or \
-                CUDA graphs). It grows with the number of distinct shapes, not with steps."
-                .into(),
-            _ => "The growth stopped: a cache filling up to its capacity (an LRU, per-shape \
-                  graphs, a warm-up pool), not a leak. If it is too large, cap the cache."
-                .into(),
+            (_, Class::ShapeKeyed) => (
+                Cause::ShapeKeyedCache,
+                "Every live allocation here has a size no other has: a cache keyed by shape or \
+                 sequence length (rotary tables, per-shape workspaces or CUDA graphs). It grows \
+                 with the number of distinct shapes, not with steps."
+                    .into(),
+            ),
+            _ => (
+                Cause::CacheFilling,
+                "The growth stopped: a cache filling up to its capacity (an LRU, per-shape \
+                 graphs, a warm-up pool), not a leak. If it is too large, cap the cache."
+                    .into(),
+            ),
         };
     }
     match s.api {
-        Api::oomtrace_malloc => "Tensors allocated here survive every step: Python keeps a \
-            reference across iterations (a list that gets .append(output), a running total \
-            `total_loss += loss` that keeps each step's graph, outputs kept for logging). Store \
-            .detach() or .item() instead, or clear the container."
+        Api::oomtrace_malloc => (
+            Cause::TensorsKept,
+            "Tensors allocated here survive every step: Python keeps a reference across \
+             iterations (a list that gets .append(output), a running total `total_loss += loss` \
+             that keeps each step's graph, outputs kept for logging). Store .detach() or .item() \
+             instead, or clear the container."
+                .into(),
+        ),
+        Api::cuMemCreate => (
+            Cause::VmmNeverReleased,
+            concat!(
+                "Physical memory created through the CUDA virtual-memory API is \
+                never released (cuMemCreate without cuMemRelease/cuMemUnmap): PyTorch's expandable \
+                segments growing with its cache, or NCCL/another library mapping new buffers each \
+                step. Under PyTorch these are its cache's segments, not tensors: ",
+                trace_tensors!()
+            )
             .into(),
-        Api::cuMemCreate => concat!(
-            "Physical memory created through the CUDA virtual-memory API is \
-            never released (cuMemCreate without cuMemRelease/cuMemUnmap): PyTorch's expandable \
-            segments growing with its cache, or NCCL/another library mapping new buffers each \
-            step. Under PyTorch these are its cache's segments, not tensors: ",
-            trace_tensors!()
-        )
-        .into(),
-        Api::cuMemAllocAsync | Api::cudaMallocAsync | Api::cuMemAllocFromPoolAsync => {
+        ),
+        Api::cuMemAllocAsync | Api::cudaMallocAsync | Api::cuMemAllocFromPoolAsync => (
+            Cause::AsyncNeverFreed,
             "Stream-ordered allocations (cudaMallocAsync) made here are never returned with \
              cudaFreeAsync: memory allocated outside PyTorch's tensors (an extension or \
              library), or a PyTorch cache growing under the cudaMallocAsync backend."
-                .into()
-        }
-        api if api.memory_class() == MemoryClass::HostPinned => "Pinned host memory allocated \
-            here is never freed (cudaHostAlloc/cudaMallocHost without cudaFreeHost): data \
-            loader or staging buffers kept per step."
-            .into(),
-        _ => NATIVE_HINT.into(),
+                .into(),
+        ),
+        api if api.memory_class() == MemoryClass::HostPinned => (
+            Cause::PinnedNeverFreed,
+            "Pinned host memory allocated here is never freed (cudaHostAlloc/cudaMallocHost \
+             without cudaFreeHost): data loader or staging buffers kept per step."
+                .into(),
+        ),
+        _ => (Cause::NativeLeak, NATIVE_HINT.into()),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::detect::sim::Sim;
-    use crate::detect::{Detector, Kind, Level};
-    use crate::state::SiteId;
+    use crate::analysis::sim::Sim;
+    use crate::analysis::{Confidence, Detector, Kind, Level};
+    use crate::model::SiteId;
 
     const MIB: u64 = 1 << 20;
 
     /// What these tests ask of the simulated process.
     trait GrowthQueries {
-        fn leak_finding(&self, stack: u32) -> crate::detect::Finding;
+        fn leak_finding(&self, stack: u32) -> crate::analysis::Finding;
         fn leak_level(&self, stack: u32) -> Option<(Kind, Level)>;
     }
 
     impl GrowthQueries for Sim {
-        fn leak_finding(&self, stack: u32) -> crate::detect::Finding {
-            let ctx = self.p.context();
-            self.p
-                .detect
+        fn leak_finding(&self, stack: u32) -> crate::analysis::Finding {
+            let ctx = self.a.context(&self.p);
+            self.a
                 .growth
                 .findings(&ctx)
                 .into_iter()
@@ -861,9 +833,8 @@ mod tests {
                 .expect("a finding at that site")
         }
         fn leak_level(&self, stack: u32) -> Option<(Kind, Level)> {
-            let ctx = self.p.context();
-            self.p
-                .detect
+            let ctx = self.a.context(&self.p);
+            self.a
                 .growth
                 .findings(&ctx)
                 .into_iter()
@@ -886,20 +857,23 @@ mod tests {
             sim.alloc(2, MIB);
             sim.mark();
         }
-        assert_eq!(sim.leak_level(2), Some((Kind::Leak, Level::Confirmed)));
-        let s = &sim.p.detect.growth.sites[&(SiteId(2), 0)];
+        assert_eq!(
+            sim.leak_level(2),
+            Some((Kind::Leak, Level::Confidence(Confidence::Confirmed)))
+        );
+        let s = &sim.a.growth.sites[&(SiteId(2), 0)];
         assert!(
-            s.births.len() <= super::MAX_GENERATIONS,
+            s.births.buckets() <= crate::analysis::births::MAX_GENERATIONS,
             "{}",
-            s.births.len()
+            s.births.buckets()
         );
         assert!(s.series.len() <= super::SERIES);
         assert_eq!(sim.leak_level(1), None);
     }
 
-    fn leak_evidence(f: &crate::detect::Finding) -> &super::LeakEvidence {
+    fn leak_evidence(f: &crate::analysis::Finding) -> &super::LeakEvidence {
         match &f.evidence {
-            Some(crate::detect::Evidence::Leak(e)) => e,
+            Some(crate::analysis::Evidence::Leak(e)) => e,
             other => panic!("no leak evidence: {other:?}"),
         }
     }
@@ -921,7 +895,11 @@ mod tests {
         }
         sim.exit();
         let f = sim.leak_finding(2);
-        assert_eq!((f.kind, f.level), (Kind::Leak, Level::Confirmed), "{f:?}");
+        assert_eq!(
+            (f.kind, f.level),
+            (Kind::Leak, Level::Confidence(Confidence::Confirmed)),
+            "{f:?}"
+        );
         assert_eq!((f.bytes, f.count), (0, 0));
         let e = leak_evidence(&f);
         let d = e.at_detection.expect("detection evidence");
@@ -943,10 +921,10 @@ mod tests {
                 "{} when detected at step {} ({} into the run): {} held in {} allocations \
                  surviving from {} different steps; by the end all of it was freed at exit \
                  (30.00 MiB held at step 29, the last)",
-                crate::detect::fmt_rate(d.slope_bytes_per_step, d.slope_bytes_per_s),
+                crate::units::fmt_rate(d.slope_bytes_per_step, d.slope_bytes_per_s),
                 d.step,
-                crate::report::fmt_duration(d.time_s),
-                crate::report::fmt_bytes(d.bytes),
+                crate::units::fmt_duration(d.time_s),
+                crate::units::fmt_bytes(d.bytes),
                 d.count,
                 d.surviving_epochs
             )
@@ -988,11 +966,11 @@ mod tests {
             sim.mark();
         }
         // It did look like a leak while filling; at the end it is reported as growth.
-        assert_eq!(sim.leak_level(3), Some((Kind::Growth, Level::Info)));
-        let kinds: Vec<_> = sim.p.detect.alerts.list.iter().map(|a| a.change).collect();
+        assert_eq!(sim.leak_level(3), Some((Kind::Growth, Level::INFO)));
+        let kinds: Vec<_> = sim.a.alerts.list.iter().map(|a| a.change).collect();
         assert_eq!(
             kinds.last(),
-            Some(&crate::detect::Change::Resolved),
+            Some(&crate::analysis::Change::Resolved),
             "{kinds:?}"
         );
     }
@@ -1008,9 +986,9 @@ mod tests {
         }
         // Never reported: the sizes say "cache keyed by shape" before the trend says "leak".
         assert_eq!(sim.leak_level(4), None);
-        let s = &sim.p.detect.growth.sites[&(SiteId(4), 0)];
+        let s = &sim.a.growth.sites[&(SiteId(4), 0)];
         assert_eq!(s.class, super::Class::ShapeKeyed);
-        assert!(s.level <= Some(Level::Suspected));
+        assert!(s.level <= Some(Confidence::Suspected));
     }
 
     #[test]
@@ -1038,6 +1016,6 @@ mod tests {
         for site in 5..=7 {
             assert_eq!(sim.leak_level(site), None, "site {site}");
         }
-        assert!(sim.p.detect.alerts.list.is_empty());
+        assert!(sim.a.alerts.list.is_empty());
     }
 }

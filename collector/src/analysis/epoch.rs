@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::state::SiteId;
+use crate::model::SiteId;
 
 /// Allocation events before windows are used while no anchor has locked.
 const PATIENCE_ALLOCS: u64 = 4096;
@@ -292,7 +292,7 @@ impl EpochClock {
             return None;
         }
         let mut v: Vec<f64> = self.durations.iter().map(|&d| d as f64 / 1e9).collect();
-        Some(crate::detect::stats::median(&mut v))
+        Some(super::stats::median(&mut v))
     }
 
     /// The anchor's period in allocation events, when auto-detected.

@@ -1,5 +1,14 @@
-//! What the collector knows about one traced process: its live allocations, VMM handles and
-//! mappings, call sites, and per-device totals. Fed one frame at a time, in stream order.
+//! The model: what the collector knows about one traced process: its live allocations, VMM
+//! handles and mappings, call sites, and per-device totals. Fed one frame at a time, in
+//! stream order.
+//!
+//! The bottom layer: it imports nothing else of the crate, so accounting can be read, tested
+//! and replayed (`oomtrace export`) without the detectors. What the analysis needs to know
+//! (an allocation, a free, a step, a failure) is told to an [`Observer`] passed to
+//! [`Process::apply`]; the model neither owns nor knows who listens.
+//!
+//! - [`trace`]: replays a trace file into processes, each beside its observer.
+//! - [`history`]: shows each event of such a replay to a visitor (exporters).
 //!
 //! Memory is O(live allocations + sites + modules), never O(events): events only update
 //! counters and the live tables.
@@ -18,9 +27,13 @@ use oomtrace_proto::wire::{Frame, GoodbyeReason, Hello, Lost, ModuleDef};
 use oomtrace_proto::{Api, Event, EventKind, MemoryClass, StackId, DEVICE_UNKNOWN};
 use rustc_hash::FxHashMap;
 
-pub use crate::detect::oom::OomRecord;
-use crate::detect::{AllocObs, Context, Detectors};
-use crate::epoch::EpochClock;
+mod error;
+pub mod history;
+mod observer;
+pub mod trace;
+
+pub use error::Error;
+pub use observer::{Alloc, Free, MemInfo, Observer, OutOfMemory};
 
 /// A deduplicated call site within one process. 0 = no stack recorded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -39,8 +52,8 @@ pub struct LiveAlloc {
     pub site: SiteId,
     pub api: Api,
     pub ts_ns: u64,
-    /// The epoch it was born in.
-    pub epoch: u32,
+    /// What the observer returned at its birth (the analysis's epoch), handed back at its free.
+    pub birth: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -48,7 +61,8 @@ pub struct PhysHandle {
     pub size: u64,
     pub device: i16,
     pub site: SiteId,
-    pub epoch: u32,
+    /// As [`LiveAlloc::birth`].
+    pub birth: u32,
     pub ts_ns: u64,
     pub refs: u32,
     pub mappings: u32,
@@ -119,6 +133,45 @@ pub struct Module {
     pub gone: bool,
 }
 
+/// The tables a call site's frames are read with (sites, modules, Python code objects):
+/// what symbolization needs of a process, and no more.
+#[derive(Clone, Copy, Debug)]
+pub struct Stacks<'a> {
+    /// Frames of each site; index = [`SiteId`].
+    pub sites: &'a [Vec<RawFrame>],
+    pub modules: &'a [Module],
+    pub codes: &'a FxHashMap<u32, CodeDef>,
+}
+
+impl<'a> From<&'a Process> for Stacks<'a> {
+    fn from(p: &'a Process) -> Stacks<'a> {
+        Stacks {
+            sites: &p.sites,
+            modules: &p.modules,
+            codes: &p.codes,
+        }
+    }
+}
+
+/// One symbolized frame (filled in by the report's symbolizer). Empty strings and 0 mean
+/// unknown.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FrameInfo {
+    pub function: String,
+    pub file: String,
+    pub line: u32,
+    /// File name of the module (executable or shared object).
+    pub module: String,
+    /// Absolute return address in the traced process, hex.
+    pub address: String,
+    /// Address within the module's file, hex (what `addr2line -e MODULE` takes).
+    pub offset: String,
+    /// A Python frame (`function` is the code object's qualified name, `line` its source
+    /// line, `module` is "python", `offset` the bytecode offset).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub python: bool,
+}
+
 /// How a process's stream ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EndState {
@@ -131,9 +184,6 @@ pub enum EndState {
     /// Dropped for sending garbage.
     ProtocolError,
 }
-
-/// How many sites an OOM record lists.
-const OOM_TOP_SITES: usize = 10;
 
 #[derive(Debug)]
 pub struct Process {
@@ -165,11 +215,6 @@ pub struct Process {
     pub alloc_failures: BTreeMap<(Api, i32, i16), AllocFailures>,
     pub unknown_stacks: u64,
     pub markers: u64,
-    /// Epoch boundaries (markers, an auto-detected period, or windows).
-    pub clock: EpochClock,
-    pub detect: Detectors,
-    /// Cleared if a detector ever fails (a bug): accounting and the trace go on without them.
-    pub detection: bool,
     pub last_marker: Option<String>,
     pub first_ts_ns: u64,
     pub last_ts_ns: u64,
@@ -202,9 +247,6 @@ impl Process {
             alloc_failures: BTreeMap::new(),
             unknown_stacks: 0,
             markers: 0,
-            clock: EpochClock::default(),
-            detect: Detectors::default(),
-            detection: true,
             last_marker: None,
             first_ts_ns: 0,
             last_ts_ns: 0,
@@ -217,6 +259,11 @@ impl Process {
         self.hello.pid
     }
 
+    /// The tables its call sites are read with.
+    pub fn stacks(&self) -> Stacks<'_> {
+        Stacks::from(self)
+    }
+
     /// The command line, as one string.
     pub fn command(&self) -> String {
         if self.hello.argv.is_empty() {
@@ -226,26 +273,12 @@ impl Process {
         }
     }
 
-    /// Applies one frame; a panic inside (a detector bug) switches detection off for this
-    /// process instead of losing it: its accounting and its trace go on.
-    pub fn apply_guarded(&mut self, frame: &Frame<'_>) {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.apply(frame)));
-        if r.is_err() && self.detection {
-            self.detection = false;
-            eprintln!(
-                "oomtrace: internal error in the detectors for process {}; going on without \
-                 leak detection for it (please report this)",
-                self.pid()
-            );
-        }
-    }
-
-    /// Applies one frame of this process's stream.
-    pub fn apply(&mut self, frame: &Frame<'_>) {
+    /// Applies one frame of this process's stream, telling `obs` what happened.
+    pub fn apply<O: Observer + ?Sized>(&mut self, frame: &Frame<'_>, obs: &mut O) {
         match frame {
             Frame::Events(batch) => {
                 for ev in batch.iter() {
-                    self.apply_event(&ev);
+                    self.apply_event(&ev, obs);
                 }
             }
             Frame::StackDef { id, frames } => self.define_stack(*id, frames),
@@ -264,7 +297,7 @@ impl Process {
             } => {
                 self.last_marker = Some(label.clone());
                 self.touch(*seq, *ts_ns);
-                self.on_marker(*ts_ns);
+                self.on_marker(*ts_ns, obs);
             }
             Frame::Lost(l) => self.lost = l.clone(),
             Frame::Goodbye { reason, last_seq } => {
@@ -344,47 +377,35 @@ impl Process {
         self.devices.entry(d).or_default()
     }
 
-    /// A step marker ends the current epoch.
-    fn on_marker(&mut self, ts: u64) {
+    /// A step marker: counted, and told to the observer.
+    fn on_marker<O: Observer + ?Sized>(&mut self, ts: u64, obs: &mut O) {
         self.markers += 1;
-        if !self.detection {
-            return;
-        }
-        self.clock.on_marker(ts);
-        self.end_epoch(ts);
+        obs.step(self, ts);
     }
 
-    /// Runs the detectors' per-epoch work for the epoch the clock just closed.
-    fn end_epoch(&mut self, ts: u64) {
-        let ctx = Context {
-            epoch: self.clock.epoch.saturating_sub(1),
-            ts_ns: ts,
-            clock: &self.clock,
-            devices: &self.devices,
-            ended: self.end != EndState::Running,
-        };
-        self.detect.on_epoch_end(&ctx);
-    }
-
-    /// The detectors' view of this process now (for a report).
-    pub fn context(&self) -> Context<'_> {
-        Context {
-            epoch: self.clock.epoch,
-            ts_ns: self.last_ts_ns,
-            clock: &self.clock,
-            devices: &self.devices,
-            ended: self.end != EndState::Running,
-        }
-    }
-
-    /// A new live allocation: totals, site aggregates, the epoch clock and the detectors.
-    /// Returns the epoch it is born in.
-    fn add_live(&mut self, device: i16, site: SiteId, size: u64, ts: u64, api: Api) -> u32 {
-        let before = self.devices.get(&device).map_or(0, |d| d.live_bytes);
-        if self.detection && self.clock.on_alloc(site, ts, before) {
-            self.end_epoch(ts);
-        }
-        let epoch = self.clock.epoch;
+    /// A new live allocation: told to the observer (before it counts in the totals), then
+    /// the totals and site aggregates. Returns what the observer said (its birth stamp).
+    fn add_live<O: Observer + ?Sized>(
+        &mut self,
+        obs: &mut O,
+        (device, site, size, ts, api): (i16, SiteId, u64, u64, Api),
+    ) -> u32 {
+        let (before, capacity) = self
+            .devices
+            .get(&device)
+            .map_or((0, None), |d| (d.live_bytes, d.capacity));
+        let birth = obs.alloc(
+            self,
+            &Alloc {
+                device,
+                site,
+                size,
+                api,
+                ts_ns: ts,
+                device_live_before: before,
+                capacity,
+            },
+        );
         let dev = self.device(device);
         dev.live_bytes = dev.live_bytes.saturating_add(size);
         dev.live_count += 1;
@@ -401,25 +422,15 @@ impl Process {
         s.allocations += 1;
         s.peak_bytes = s.peak_bytes.max(s.live_bytes);
         s.api = Some(api);
-        let dev = &self.devices[&device];
-        if !self.detection {
-            return epoch;
-        }
-        self.detect.on_alloc(&AllocObs {
-            device,
-            site,
-            size,
-            api,
-            epoch,
-            ts_ns: ts,
-            device_live: dev.live_bytes,
-            capacity: dev.capacity,
-        });
-        epoch
+        birth
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn remove_live(&mut self, device: i16, site: SiteId, size: u64, api: Api, birth: u32, ts: u64) {
+    /// A live allocation gone: the totals and site aggregates, then the observer.
+    fn remove_live<O: Observer + ?Sized>(
+        &mut self,
+        obs: &mut O,
+        (device, site, size, api, birth, ts): (i16, SiteId, u64, Api, u32, u64),
+    ) {
         let dev = self.device(device);
         dev.live_bytes = dev.live_bytes.saturating_sub(size);
         dev.live_count = dev.live_count.saturating_sub(1);
@@ -428,29 +439,27 @@ impl Process {
             s.live_bytes = s.live_bytes.saturating_sub(size);
             s.live_count = s.live_count.saturating_sub(1);
         }
-        if !self.detection {
-            return;
-        }
         let dev = &self.devices[&device];
-        let obs = AllocObs {
+        let free = Free {
             device,
             site,
             size,
             api,
-            epoch: self.clock.epoch,
             ts_ns: ts,
+            birth,
             device_live: dev.live_bytes,
             capacity: dev.capacity,
         };
-        self.detect.on_free(&obs, birth);
+        obs.free(self, &free);
     }
 
     /// Frees a VMM handle's physical memory once nothing holds it.
-    fn maybe_release_handle(&mut self, handle: u64, ts: u64) {
+    fn maybe_release_handle<O: Observer + ?Sized>(&mut self, handle: u64, ts: u64, obs: &mut O) {
         let done = matches!(self.handles.get(&handle), Some(h) if h.refs == 0 && h.mappings == 0);
         if done {
             if let Some(h) = self.handles.remove(&handle) {
-                self.remove_live(h.device, h.site, h.size, Api::cuMemCreate, h.epoch, ts);
+                let gone = (h.device, h.site, h.size, Api::cuMemCreate, h.birth, ts);
+                self.remove_live(obs, gone);
             }
         }
     }
@@ -463,7 +472,8 @@ impl Process {
         }
     }
 
-    pub fn apply_event(&mut self, ev: &Event) {
+    /// Applies one event, telling `obs` what happened.
+    pub fn apply_event<O: Observer + ?Sized>(&mut self, ev: &Event, obs: &mut O) {
         self.events += 1;
         self.touch(ev.seq, ev.ts_ns);
         let Some(kind) = ev.kind() else { return };
@@ -473,11 +483,12 @@ impl Process {
                 let device = Self::device_for_class(api, ev.device);
                 if let Some(old) = self.live.remove(&ev.ptr) {
                     // The free of the previous owner of this address was lost.
-                    self.remove_live(old.device, old.site, old.size, old.api, old.epoch, ev.ts_ns);
+                    let gone = (old.device, old.site, old.size, old.api, old.birth, ev.ts_ns);
+                    self.remove_live(obs, gone);
                 }
                 let site = self.site_of(ev.stack);
                 self.device(device).events += 1;
-                let epoch = self.add_live(device, site, ev.size, ev.ts_ns, api);
+                let birth = self.add_live(obs, (device, site, ev.size, ev.ts_ns, api));
                 self.live.insert(
                     ev.ptr,
                     LiveAlloc {
@@ -486,14 +497,14 @@ impl Process {
                         site,
                         api,
                         ts_ns: ev.ts_ns,
-                        epoch,
+                        birth,
                     },
                 );
             }
             EventKind::Free => match self.live.remove(&ev.ptr) {
                 Some(a) => {
                     self.device(a.device).events += 1;
-                    self.remove_live(a.device, a.site, a.size, a.api, a.epoch, ev.ts_ns);
+                    self.remove_live(obs, (a.device, a.site, a.size, a.api, a.birth, ev.ts_ns));
                 }
                 None => self.unmatched_frees += 1,
             },
@@ -518,40 +529,35 @@ impl Process {
                 dev.failed_allocations += 1;
                 let live_bytes = dev.live_bytes;
                 if ev.result == OUT_OF_MEMORY {
-                    let top_sites = self.top_sites(device, OOM_TOP_SITES);
-                    let record = OomRecord {
+                    let oom = OutOfMemory {
                         seq: ev.seq,
                         ts_ns: ev.ts_ns,
-                        epoch: self.clock.epoch,
                         api,
                         result: ev.result,
                         device,
                         size: ev.size,
                         site,
                         tid: ev.tid,
-                        free_bytes: None,
-                        total_bytes: None,
                         live_bytes,
-                        top_sites,
-                        recovered: None,
                     };
-                    self.detect.oom.on_failure(record, &mut self.detect.alerts);
+                    obs.out_of_memory(self, &oom);
                 }
             }
             EventKind::PhysCreate => {
                 let site = self.site_of(ev.stack);
                 self.device(ev.device).events += 1;
                 if let Some(old) = self.handles.remove(&ev.ptr) {
-                    self.remove_live(old.device, old.site, old.size, api, old.epoch, ev.ts_ns);
+                    let gone = (old.device, old.site, old.size, api, old.birth, ev.ts_ns);
+                    self.remove_live(obs, gone);
                 }
-                let epoch = self.add_live(ev.device, site, ev.size, ev.ts_ns, api);
+                let birth = self.add_live(obs, (ev.device, site, ev.size, ev.ts_ns, api));
                 self.handles.insert(
                     ev.ptr,
                     PhysHandle {
                         size: ev.size,
                         device: ev.device,
                         site,
-                        epoch,
+                        birth,
                         ts_ns: ev.ts_ns,
                         refs: 1,
                         mappings: 0,
@@ -571,7 +577,7 @@ impl Process {
                     }
                     None => self.unmatched_frees += 1,
                 }
-                self.maybe_release_handle(ev.ptr, ev.ts_ns);
+                self.maybe_release_handle(ev.ptr, ev.ts_ns, obs);
             }
             EventKind::Map => {
                 if let Some(h) = self.handles.get_mut(&ev.aux) {
@@ -606,7 +612,7 @@ impl Process {
                             dev.events += 1;
                             dev.mapped_bytes = dev.mapped_bytes.saturating_sub(m.size);
                         }
-                        self.maybe_release_handle(m.handle, ev.ts_ns);
+                        self.maybe_release_handle(m.handle, ev.ts_ns, obs);
                     }
                 }
             }
@@ -626,14 +632,16 @@ impl Process {
                     let dev = self.device(ev.device);
                     dev.capacity = Some(ev.size);
                     dev.last_free = Some(ev.ptr);
-                    // The reading the shim takes right after a failure belongs to it.
-                    let d = &mut self.detect;
-                    if let Some(r) = d.oom.on_meminfo(ev.device, ev.tid, ev.ptr, ev.size) {
-                        d.fragmentation.on_failure_info(r, &mut d.alerts);
-                    }
+                    let info = MemInfo {
+                        device: ev.device,
+                        tid: ev.tid,
+                        free: ev.ptr,
+                        total: ev.size,
+                    };
+                    obs.mem_info(self, &info);
                 }
             }
-            EventKind::Marker => self.on_marker(ev.ts_ns),
+            EventKind::Marker => self.on_marker(ev.ts_ns, obs),
             EventKind::Init => self.cuda_initialized |= ev.result == 0,
         }
     }
@@ -685,28 +693,34 @@ mod tests {
         p.define_stack(StackId(2), &[0x1000, 0x2000]); // same frames, other thread
         let mut a = ev(EventKind::Alloc, Api::cudaMalloc, 0xa, 100);
         a.stack = StackId(1);
-        p.apply_event(&a);
+        p.apply_event(&a, &mut ());
         let mut b = ev(EventKind::Alloc, Api::cudaMalloc, 0xb, 50);
         b.stack = StackId(2);
-        p.apply_event(&b);
-        p.apply_event(&ev(EventKind::Free, Api::cudaFree, 0xa, 0));
+        p.apply_event(&b, &mut ());
+        p.apply_event(&ev(EventKind::Free, Api::cudaFree, 0xa, 0), &mut ());
         let d = &p.devices[&0];
         assert_eq!((d.live_bytes, d.peak_bytes, d.live_count), (50, 150, 1));
         assert_eq!(p.sites.len(), 2, "one site for both stack ids");
         assert_eq!(p.top_sites(0, 5), vec![(SiteId(1), 50, 1)]);
-        p.apply_event(&ev(EventKind::Free, Api::cudaFree, 0xdead, 0));
+        p.apply_event(&ev(EventKind::Free, Api::cudaFree, 0xdead, 0), &mut ());
         assert_eq!(p.unmatched_frees, 1);
     }
 
     #[test]
     fn vmm_handle_lives_while_referenced_or_mapped() {
         let mut p = proc();
-        p.apply_event(&ev(EventKind::PhysCreate, Api::cuMemCreate, 7, 2 << 20));
+        p.apply_event(
+            &ev(EventKind::PhysCreate, Api::cuMemCreate, 7, 2 << 20),
+            &mut (),
+        );
         let mut map = ev(EventKind::Map, Api::cuMemMap, 0x1000_0000, 2 << 20);
         map.aux = 7;
-        p.apply_event(&map);
+        p.apply_event(&map, &mut ());
         // NCCL/PyTorch pattern: release while mapped keeps the memory.
-        p.apply_event(&ev(EventKind::PhysRelease, Api::cuMemRelease, 7, 0));
+        p.apply_event(
+            &ev(EventKind::PhysRelease, Api::cuMemRelease, 7, 0),
+            &mut (),
+        );
         assert_eq!(p.devices[&0].live_bytes, 2 << 20);
         // Retain + release is a no-op.
         let mut ret = ev(
@@ -716,34 +730,24 @@ mod tests {
             0,
         );
         ret.aux = 0x1000_0000;
-        p.apply_event(&ret);
-        p.apply_event(&ev(EventKind::PhysRelease, Api::cuMemRelease, 7, 0));
+        p.apply_event(&ret, &mut ());
+        p.apply_event(
+            &ev(EventKind::PhysRelease, Api::cuMemRelease, 7, 0),
+            &mut (),
+        );
         assert_eq!(p.devices[&0].live_bytes, 2 << 20);
-        p.apply_event(&ev(EventKind::Unmap, Api::cuMemUnmap, 0x1000_0000, 2 << 20));
+        p.apply_event(
+            &ev(EventKind::Unmap, Api::cuMemUnmap, 0x1000_0000, 2 << 20),
+            &mut (),
+        );
         assert_eq!(p.devices[&0].live_bytes, 0);
         assert!(p.handles.is_empty());
         // The driver reuses the handle value: a new create is a new allocation.
-        p.apply_event(&ev(EventKind::PhysCreate, Api::cuMemCreate, 7, 4 << 20));
-        assert_eq!(p.devices[&0].live_bytes, 4 << 20);
-    }
-
-    #[test]
-    fn oom_records_state_at_failure() {
-        let mut p = proc();
-        p.apply_event(&ev(EventKind::Alloc, Api::cuMemAlloc_v2, 0xa, 1000));
-        let mut f = ev(EventKind::AllocFailed, Api::cuMemAlloc_v2, 0, 5000);
-        f.result = OUT_OF_MEMORY;
-        f.tid = 9;
-        p.apply_event(&f);
-        let mut info = ev(EventKind::MemInfo, Api::cuMemGetInfo_v2, 300, 4096);
-        info.tid = 9;
-        p.apply_event(&info);
-        let o = &p.detect.oom.records[0];
-        assert_eq!(
-            (o.size, o.live_bytes, o.free_bytes, o.total_bytes),
-            (5000, 1000, Some(300), Some(4096))
+        p.apply_event(
+            &ev(EventKind::PhysCreate, Api::cuMemCreate, 7, 4 << 20),
+            &mut (),
         );
-        assert_eq!(o.top_sites, vec![(SiteId(0), 1000, 1)]);
+        assert_eq!(p.devices[&0].live_bytes, 4 << 20);
     }
 
     /// Memory follows live allocations and sites, never the number of events.
@@ -757,8 +761,8 @@ mod tests {
             let ptr = 0x7000_0000 + (i % 64) * 4096; // the driver reuses addresses
             let mut a = ev(EventKind::Alloc, Api::cudaMalloc, ptr, 4096);
             a.stack = StackId((i % 4) as u32 + 1);
-            p.apply_event(&a);
-            p.apply_event(&ev(EventKind::Free, Api::cudaFree, ptr, 0));
+            p.apply_event(&a, &mut ());
+            p.apply_event(&ev(EventKind::Free, Api::cudaFree, ptr, 0), &mut ());
         }
         assert_eq!(p.events, 1_000_000);
         assert!(p.live.is_empty());
@@ -775,8 +779,8 @@ mod tests {
     #[test]
     fn pinned_host_memory_is_kept_apart() {
         let mut p = proc();
-        p.apply_event(&ev(EventKind::Alloc, Api::cudaMallocHost, 0xa, 10));
-        p.apply_event(&ev(EventKind::Alloc, Api::cudaMalloc, 0xb, 20));
+        p.apply_event(&ev(EventKind::Alloc, Api::cudaMallocHost, 0xa, 10), &mut ());
+        p.apply_event(&ev(EventKind::Alloc, Api::cudaMalloc, 0xb, 20), &mut ());
         assert_eq!(p.devices[&HOST_DEVICE].live_bytes, 10);
         assert_eq!(p.devices[&0].live_bytes, 20);
     }

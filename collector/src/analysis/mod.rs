@@ -1,0 +1,624 @@
+//! The analysis: what turns a process's stream of allocations into findings, while the job
+//! runs. It observes the model ([`crate::model::Observer`]) and imports only the model and
+//! [`crate::units`]; the report reads it, it never reads the report. The live server and a
+//! trace replay own one [`Analysis`] beside each process and feed it, so what `oomtrace run`
+//! printed while the job ran is what `oomtrace report` shows later. History replays for
+//! exporters run the model without it.
+//!
+//! - [`epoch`]: the epoch clock (the iterations a leak is measured in).
+//! - [`growth`]: leaks per call site and device (docs/detection.md).
+//! - [`device_growth`]: the process's total on each device rising step after step, whoever
+//!   allocates it (the view that still works when a caching allocator spreads a leak over
+//!   many call sites).
+//! - [`fragmentation`]: allocator retries, failures with free memory, reserved-minus-live creep.
+//! - [`oom`]: forensics at each failed allocation (the report opens with them).
+//! - [`threshold`]: 85 / 90 / 95 % of device capacity, once per crossing.
+//! - [`births`]: live allocations by birth epoch ("generations"), shared by the leak and
+//!   device-growth detectors; [`stats`]: their statistics.
+//!
+//! Each detector is one file behind [`Detector`]: O(1) work per event, its statistics once per
+//! epoch, and the findings it stands by at any moment. Detectors never read each other: what
+//! one needs of another (OOM records for fragmentation, the leaks' generations for device
+//! growth) is handed over here, by [`Analysis`], in a fixed order.
+//!
+//! Detectors see call sites, not stacks: what needs the stacks (a device growth's
+//! `python_lines`, whether its allocations are PyTorch's segments) is completed by the report.
+
+pub mod births;
+pub mod device_growth;
+pub mod epoch;
+pub mod fragmentation;
+pub mod growth;
+pub mod oom;
+#[cfg(test)]
+pub(crate) mod sim;
+pub mod stats;
+pub mod threshold;
+
+use std::collections::BTreeMap;
+
+use serde::{Serialize, Serializer};
+
+use crate::model::{
+    Alloc, DeviceState, EndState, FrameInfo, Free, MemInfo, Observer, OutOfMemory, Process, SiteId,
+};
+use epoch::EpochClock;
+use oomtrace_proto::wire::Frame;
+use oomtrace_proto::Api;
+
+/// How serious a finding is: OOMs, fragmentation, thresholds, and growth that is not a leak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Severity {
+    Info,
+    Warning,
+    Error,
+}
+
+impl Severity {
+    pub fn name(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        }
+    }
+}
+
+/// How sure a leak (or a device's growth) is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Confidence {
+    Suspected,
+    Likely,
+    Confirmed,
+}
+
+impl Confidence {
+    pub fn name(self) -> &'static str {
+        match self {
+            Confidence::Suspected => "suspected",
+            Confidence::Likely => "likely",
+            Confidence::Confirmed => "confirmed",
+        }
+    }
+}
+
+/// A finding's `level` in the report: a severity, or a leak's confidence. Not ordered: the two
+/// do not compare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Level {
+    Severity(Severity),
+    Confidence(Confidence),
+}
+
+impl Level {
+    pub const INFO: Level = Level::Severity(Severity::Info);
+
+    /// The report's word: `error`, `warning`, `info`, `suspected`, `likely`, `confirmed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Severity(s) => s.name(),
+            Level::Confidence(c) => c.name(),
+        }
+    }
+}
+
+impl From<Severity> for Level {
+    fn from(s: Severity) -> Level {
+        Level::Severity(s)
+    }
+}
+
+impl From<Confidence> for Level {
+    fn from(c: Confidence) -> Level {
+        Level::Confidence(c)
+    }
+}
+
+impl Serialize for Level {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+/// What a finding is about. Its `name` is the report's `kind` (the JSON contract: names are
+/// added, never changed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Oom,
+    /// A call site whose memory survives step after step.
+    Leak,
+    /// A device whose total keeps growing step after step, whoever allocates it.
+    DeviceGrowth,
+    Fragmentation,
+    Threshold,
+    /// A call site that looked like a leak but whose growth stopped, slowed or is shape-keyed.
+    Growth,
+    /// A call site still holding memory when its process ended (the report's own).
+    LiveAtExit,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Oom => "oom",
+            Kind::Leak => "leak",
+            Kind::DeviceGrowth => "device_growth",
+            Kind::Fragmentation => "fragmentation",
+            Kind::Threshold => "threshold",
+            Kind::Growth => "growth",
+            Kind::LiveAtExit => "live_at_exit",
+        }
+    }
+
+    /// Raised by a detector (not an OOM, not the report's live-at-exit list).
+    pub fn detected(self) -> bool {
+        matches!(
+            self,
+            Kind::Leak | Kind::DeviceGrowth | Kind::Fragmentation | Kind::Threshold | Kind::Growth
+        )
+    }
+}
+
+impl Serialize for Kind {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+/// The likely cause behind a finding's `hint`: what later layers (the report, the live line)
+/// decide on, instead of comparing hint text.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Cause {
+    /// Nothing said yet.
+    #[default]
+    Unknown,
+    /// Leaks, by the site's allocation API: tensors kept across steps (`oomtrace_malloc`).
+    TensorsKept,
+    /// VMM physical memory never released.
+    VmmNeverReleased,
+    /// Stream-ordered allocations never returned.
+    AsyncNeverFreed,
+    /// Pinned host memory never freed.
+    PinnedNeverFreed,
+    /// A plain CUDA allocation never freed, outside PyTorch's allocator as far as the
+    /// detector can tell (the report knows better when the stack passes through PyTorch).
+    NativeLeak,
+    /// A leak of PyTorch's caching-allocator segments (set by the report, from the stack).
+    TorchCacheLeak,
+    /// Growth that slowed or stopped: a cache filling up.
+    CacheFilling,
+    /// Growth made of sizes never live twice: a cache keyed by shape.
+    ShapeKeyedCache,
+    /// A device grows with tensor-level events: tensors kept.
+    DeviceTensorsKept,
+    /// A device grows with plain CUDA allocations.
+    DeviceNative,
+    /// The leaks on the device grow as fast as it does.
+    LeaksExplainGrowth,
+    /// PyTorch's segments make the device grow (set by the report): `certain` when the stacks
+    /// pass through PyTorch, not just a Python program; `explained` when leaks account for it.
+    TorchSegments { certain: bool, explained: bool },
+    /// An allocation that succeeded after frees and a retry.
+    RetriedAfterFree,
+    /// A failure while the driver reported enough free memory.
+    FreeButFragmented,
+    /// One call site held most of the live memory at a failure.
+    OneSiteHeldMost,
+    /// Memory spread over many call sites at a failure.
+    WorkloadTooLarge,
+    /// Sites that leak held memory at a failure (set by the report).
+    LeaksHeldAtOom,
+    /// Reserved memory that the requests cannot use.
+    Fragmented,
+    /// Little of the device left.
+    NearCapacity,
+    /// Live at exit: the site also leaks.
+    LiveAndLeaking,
+    /// Live at exit: the process did not exit normally.
+    EndedAbnormally,
+    /// Live at exit: never freed before a normal exit.
+    NeverFreed,
+}
+
+/// What changed when an alert was raised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    New,
+    Upgraded,
+    /// Evidence now points away from a leak (growth slowed, sizes are all new).
+    Downgraded,
+    /// Growth stopped long enough ago.
+    Resolved,
+}
+
+/// A finding as it happens: what the live collector prints. Sites are raw; the printer
+/// symbolizes them.
+#[derive(Clone, Debug)]
+pub struct Alert {
+    pub finding: Finding,
+    pub change: Change,
+    pub epoch: u32,
+    pub ts_ns: u64,
+}
+
+/// One finding, from the detector that raised it to the `--json` report (the field names and
+/// their order are the contract: add, never rename). A detector fills what it knows; the
+/// report completes `pid`, `stack`, `oom`, what depends on stacks in `hint`, `cause` and
+/// `evidence`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Finding {
+    pub kind: Kind,
+    pub level: Level,
+    pub pid: u32,
+    pub device: i16,
+    pub bytes: u64,
+    pub growth_bytes_per_step: Option<f64>,
+    pub steps: Option<u64>,
+    /// Innermost frame first: the code that called the allocation API (set by the report).
+    pub stack: Vec<FrameInfo>,
+    /// What was seen, one sentence, without the call site (the report shows its stack).
+    pub message: String,
+    /// Allocations involved (live ones for live_at_exit).
+    pub count: u64,
+    /// The allocation API seen at this site (`""` if none).
+    #[serde(serialize_with = "api_name")]
+    pub api: Option<Api>,
+    /// The likely cause, in a PyTorch user's words; what the evidence cannot show is not
+    /// claimed.
+    pub hint: String,
+    pub growth_bytes_per_s: Option<f64>,
+    /// The numbers behind a detector's finding (leak, growth, fragmentation, threshold).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<Evidence>,
+    /// For OOM findings: the state at the failure (set by the report).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom: Option<oom::OomDetail>,
+    /// The call site (0: none).
+    #[serde(skip)]
+    pub site: SiteId,
+    /// What `hint` says, typed.
+    #[serde(skip)]
+    pub cause: Cause,
+    /// For OOM findings: the index of their record in [`oom::OomDetector::records`].
+    #[serde(skip)]
+    pub record: Option<usize>,
+}
+
+fn api_name<S: Serializer>(api: &Option<Api>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(api.map_or("", |a| a.name()))
+}
+
+impl Finding {
+    /// A finding of `kind` with nothing else said yet.
+    pub fn new(kind: Kind, level: impl Into<Level>, device: i16) -> Finding {
+        Finding {
+            kind,
+            level: level.into(),
+            pid: 0,
+            device,
+            bytes: 0,
+            growth_bytes_per_step: None,
+            steps: None,
+            stack: Vec::new(),
+            message: String::new(),
+            count: 0,
+            api: None,
+            hint: String::new(),
+            growth_bytes_per_s: None,
+            evidence: None,
+            oom: None,
+            site: SiteId(0),
+            cause: Cause::Unknown,
+            record: None,
+        }
+    }
+
+    /// The API's name, `""` when none (as in the JSON).
+    pub fn api_name(&self) -> &'static str {
+        self.api.map_or("", |a| a.name())
+    }
+}
+
+/// Where a device's memory grew: the innermost user Python frame of the allocations, or, for
+/// allocations without Python frames, the kind of thread (filled in by the report).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PythonLine {
+    /// `""`/`0` for allocations without Python frames.
+    pub file: String,
+    pub line: u32,
+    pub function: String,
+    pub bytes: u64,
+    pub count: u64,
+    /// How the text names it: `train.py:42`, or e.g. `autograd thread (no Python frames)`.
+    pub description: String,
+}
+
+/// The numbers behind a finding.
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+pub enum Evidence {
+    /// Boxed: a leak's evidence (its samples and history) is several times the others'.
+    Leak(Box<growth::LeakEvidence>),
+    DeviceGrowth(Box<device_growth::DeviceGrowthEvidence>),
+    Fragmentation(fragmentation::FragEvidence),
+    Threshold(threshold::ThresholdEvidence),
+}
+
+/// One allocation, as the detectors see it.
+#[derive(Clone, Copy, Debug)]
+pub struct AllocObs {
+    pub device: i16,
+    pub site: SiteId,
+    pub size: u64,
+    pub api: Api,
+    /// The epoch it was born in.
+    pub epoch: u32,
+    pub ts_ns: u64,
+    /// Tracked live bytes on the device after it.
+    pub device_live: u64,
+    pub capacity: Option<u64>,
+}
+
+/// What every detector may read at an epoch boundary or when the report is built.
+pub struct Context<'a> {
+    /// The epoch that just ended (at a boundary) or the current one (for a report).
+    pub epoch: u32,
+    pub ts_ns: u64,
+    pub clock: &'a EpochClock,
+    pub devices: &'a BTreeMap<i16, DeviceState>,
+    /// The process has ended (said goodbye, or its stream ended): what it freed after its
+    /// last step was freed on its way out.
+    pub ended: bool,
+}
+
+pub trait Detector {
+    fn on_alloc(&mut self, _a: &AllocObs, _out: &mut Alerts) {}
+    /// A free of an allocation born in epoch `birth`.
+    fn on_free(&mut self, _a: &AllocObs, _birth: u32) {}
+    fn on_epoch_end(&mut self, _ctx: &Context<'_>, _out: &mut Alerts) {}
+    /// The findings this detector stands by now.
+    fn findings(&self, ctx: &Context<'_>) -> Vec<Finding>;
+}
+
+/// How many alerts a process keeps (a flapping site must not grow memory).
+const MAX_ALERTS: usize = 4096;
+
+/// Alerts raised so far, in order; the live printer keeps a cursor into them.
+#[derive(Debug, Default)]
+pub struct Alerts {
+    pub list: Vec<Alert>,
+    pub dropped: u64,
+}
+
+impl Alerts {
+    pub fn push(&mut self, a: Alert) {
+        if self.list.len() < MAX_ALERTS {
+            self.list.push(a);
+        } else {
+            self.dropped += 1;
+        }
+    }
+}
+
+/// The analysis of one process: its epoch clock and every detector, fed by the model, and the
+/// coordinator between detectors.
+#[derive(Debug, Default)]
+pub struct Analysis {
+    /// Epoch boundaries (markers, an auto-detected period, or windows).
+    pub clock: EpochClock,
+    pub growth: growth::GrowthDetector,
+    pub device_growth: device_growth::DeviceGrowthDetector,
+    pub fragmentation: fragmentation::FragmentationDetector,
+    pub threshold: threshold::ThresholdDetector,
+    pub oom: oom::OomDetector,
+    pub alerts: Alerts,
+    /// Set if a detector ever failed (a bug): the clock and the detectors stop, the process's
+    /// accounting and its trace go on.
+    pub failed: bool,
+}
+
+impl Analysis {
+    /// The detectors' view of `p` now (for a report).
+    pub fn context<'a>(&'a self, p: &'a Process) -> Context<'a> {
+        Context {
+            epoch: self.clock.epoch,
+            ts_ns: p.last_ts_ns,
+            clock: &self.clock,
+            devices: &p.devices,
+            ended: p.end != EndState::Running,
+        }
+    }
+
+    /// Every finding, OOMs first.
+    pub fn findings(&self, p: &Process) -> Vec<Finding> {
+        let ctx = self.context(p);
+        let mut v = self.oom.findings(&ctx);
+        v.extend(self.growth.findings(&ctx));
+        v.extend(self.device_growth.findings(&ctx));
+        v.extend(self.fragmentation.findings(&ctx));
+        v.extend(self.threshold.findings(&ctx));
+        v
+    }
+
+    /// What to tell the user once `failed` is set.
+    pub fn failure_warning(pid: u32) -> String {
+        format!(
+            "oomtrace: internal error in the detectors for process {pid}; going on without \
+             leak detection for it (please report this)"
+        )
+    }
+
+    /// Runs the detectors' per-epoch work for the epoch the clock just closed.
+    fn end_epoch(&mut self, p: &Process, ts: u64) {
+        let ctx = Context {
+            epoch: self.clock.epoch.saturating_sub(1),
+            ts_ns: ts,
+            clock: &self.clock,
+            devices: &p.devices,
+            ended: p.end != EndState::Running,
+        };
+        self.growth.on_epoch_end(&ctx, &mut self.alerts);
+        // After the leaks: device growth reads their generations and findings.
+        self.device_growth
+            .on_epoch_end_after_leaks(&ctx, &self.growth, &mut self.alerts);
+        self.fragmentation.on_epoch_end(&ctx, &mut self.alerts);
+        self.threshold.on_epoch_end(&ctx, &mut self.alerts);
+    }
+}
+
+impl Observer for Analysis {
+    fn alloc(&mut self, p: &Process, a: &Alloc) -> u32 {
+        if self.failed {
+            return self.clock.epoch;
+        }
+        if self.clock.on_alloc(a.site, a.ts_ns, a.device_live_before) {
+            self.end_epoch(p, a.ts_ns);
+        }
+        let obs = AllocObs {
+            device: a.device,
+            site: a.site,
+            size: a.size,
+            api: a.api,
+            epoch: self.clock.epoch,
+            ts_ns: a.ts_ns,
+            device_live: a.device_live_before.saturating_add(a.size),
+            capacity: a.capacity,
+        };
+        self.growth.on_alloc(&obs, &mut self.alerts);
+        self.device_growth.on_alloc(&obs, &mut self.alerts);
+        self.fragmentation.on_alloc(&obs, &mut self.alerts);
+        self.threshold.on_alloc(&obs, &mut self.alerts);
+        if let Some(r) = self.oom.take_retry(&obs) {
+            self.fragmentation
+                .on_retry(&r, obs.epoch, obs.ts_ns, &mut self.alerts);
+        }
+        self.clock.epoch
+    }
+
+    fn free(&mut self, _p: &Process, f: &Free) {
+        if self.failed {
+            return;
+        }
+        let obs = AllocObs {
+            device: f.device,
+            site: f.site,
+            size: f.size,
+            api: f.api,
+            epoch: self.clock.epoch,
+            ts_ns: f.ts_ns,
+            device_live: f.device_live,
+            capacity: f.capacity,
+        };
+        self.growth.on_free(&obs, f.birth);
+        self.device_growth.on_free(&obs, f.birth);
+        self.fragmentation.on_free(&obs, f.birth);
+        self.threshold.on_free(&obs, f.birth);
+        self.oom.on_free(&obs, f.birth);
+    }
+
+    fn step(&mut self, p: &Process, ts_ns: u64) {
+        if self.failed {
+            return;
+        }
+        self.clock.on_marker(ts_ns);
+        self.end_epoch(p, ts_ns);
+    }
+
+    fn out_of_memory(&mut self, p: &Process, o: &OutOfMemory) {
+        let record = oom::OomRecord {
+            seq: o.seq,
+            ts_ns: o.ts_ns,
+            epoch: self.clock.epoch,
+            api: o.api,
+            result: o.result,
+            device: o.device,
+            size: o.size,
+            site: o.site,
+            tid: o.tid,
+            free_bytes: None,
+            total_bytes: None,
+            live_bytes: o.live_bytes,
+            top_sites: p.top_sites(o.device, oom::TOP_SITES),
+            recovered: None,
+        };
+        self.oom.on_failure(record, &mut self.alerts);
+    }
+
+    fn mem_info(&mut self, _p: &Process, m: &MemInfo) {
+        // The reading the shim takes right after a failure belongs to it.
+        if let Some(r) = self.oom.on_meminfo(m.device, m.tid, m.free, m.total) {
+            self.fragmentation.on_failure_info(r, &mut self.alerts);
+        }
+    }
+
+    /// Applies the frame; a panic inside (a detector bug) switches the analysis off for this
+    /// process instead of losing it: its accounting and its trace go on.
+    fn apply_frame(&mut self, p: &mut Process, frame: &Frame<'_>) {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.apply(frame, self)));
+        if r.is_err() {
+            self.failed = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::OUT_OF_MEMORY;
+    use oomtrace_proto::wire::Hello;
+    use oomtrace_proto::{Event, EventKind};
+
+    fn ev(kind: EventKind, api: Api, ptr: u64, size: u64) -> Event {
+        let mut e = Event::new(kind, api);
+        e.ptr = ptr;
+        e.size = size;
+        e.device = 0;
+        e
+    }
+
+    #[test]
+    fn oom_records_state_at_failure() {
+        let mut p = Process::new(1, Hello::default());
+        let mut a = Analysis::default();
+        p.apply_event(&ev(EventKind::Alloc, Api::cuMemAlloc_v2, 0xa, 1000), &mut a);
+        let mut f = ev(EventKind::AllocFailed, Api::cuMemAlloc_v2, 0, 5000);
+        f.result = OUT_OF_MEMORY;
+        f.tid = 9;
+        p.apply_event(&f, &mut a);
+        let mut info = ev(EventKind::MemInfo, Api::cuMemGetInfo_v2, 300, 4096);
+        info.tid = 9;
+        p.apply_event(&info, &mut a);
+        let o = &a.oom.records[0];
+        assert_eq!(
+            (o.size, o.live_bytes, o.free_bytes, o.total_bytes),
+            (5000, 1000, Some(300), Some(4096))
+        );
+        assert_eq!(o.top_sites, vec![(SiteId(0), 1000, 1)]);
+    }
+
+    #[test]
+    fn levels_keep_their_report_words() {
+        let names: Vec<&str> = [
+            Level::INFO,
+            Severity::Warning.into(),
+            Severity::Error.into(),
+            Confidence::Suspected.into(),
+            Confidence::Likely.into(),
+            Confidence::Confirmed.into(),
+        ]
+        .iter()
+        .map(|l: &Level| l.name())
+        .collect();
+        assert_eq!(
+            names,
+            [
+                "info",
+                "warning",
+                "error",
+                "suspected",
+                "likely",
+                "confirmed"
+            ]
+        );
+    }
+}

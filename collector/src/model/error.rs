@@ -1,0 +1,45 @@
+//! What can go wrong reading or serving traces.
+
+use std::path::PathBuf;
+
+/// What can go wrong in the collector. One sentence per variant.
+#[derive(Debug)]
+pub enum Error {
+    /// A trace file could not be opened.
+    Open { path: PathBuf, source: String },
+    /// A trace file is not readable as oomtrace data.
+    BadTrace {
+        path: PathBuf,
+        source: oomtrace_proto::Error,
+    },
+    /// Bytes that are not oomtrace data.
+    Format(oomtrace_proto::Error),
+    /// The collector socket could not be set up.
+    Socket { path: PathBuf, source: String },
+    /// The trace file could not be written.
+    Output { path: PathBuf, source: String },
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Open { path, source } => write!(f, "cannot open {}: {source}", path.display()),
+            Error::BadTrace { path, source } => write!(f, "{}: {source}", path.display()),
+            Error::Format(e) => write!(f, "{e}"),
+            Error::Socket { path, source } => {
+                write!(f, "cannot listen on {}: {source}", path.display())
+            }
+            Error::Output { path, source } => {
+                write!(f, "cannot write the trace {}: {source}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<oomtrace_proto::Error> for Error {
+    fn from(e: oomtrace_proto::Error) -> Error {
+        Error::Format(e)
+    }
+}

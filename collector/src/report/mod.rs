@@ -1,0 +1,440 @@
+//! The report: the `--json` contract (README "CLI", version 1), built from a replayed
+//! `Trace<Analysis>`: the model's accounting, the analysis's findings, completed from the
+//! stacks ([`hints`]) and symbolized ([`symbolize`]). The live line ([`live`]) is the same
+//! findings as they happen.
+//!
+//! Reads the model and the analysis; nothing inside the crate reads it but the top (the
+//! server's live line). Field names are pinned by the contract; extra fields are allowed,
+//! renames are not. Findings open with OOMs (what a user asks first after a crash), then the
+//! call sites that still held memory when each process ended.
+
+pub mod hints;
+pub mod live;
+pub mod symbolize;
+
+use serde::Serialize;
+
+pub use crate::analysis::oom::{OomDetail, SiteShare};
+use crate::analysis::{growth, Analysis, Evidence, Severity};
+pub use crate::analysis::{Cause, Finding, Kind, Level, PythonLine};
+use crate::model::trace::Trace;
+use crate::model::{EndState, FrameInfo, Process, SiteId, HOST_DEVICE};
+use crate::units::fmt_bytes;
+pub use hints::{
+    device_growth_hint, fmt_python_lines, in_torch, python_lines, resolve_device_growth,
+    thread_kind, torch_segments,
+};
+use oomtrace_proto::wire::GoodbyeReason;
+use symbolize::StackSymbolizer;
+
+pub const REPORT_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub version: u32,
+    pub trace: TraceInfo,
+    pub processes: Vec<ProcessReport>,
+    pub findings: Vec<Finding>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TraceInfo {
+    pub path: String,
+    pub producer: String,
+    /// The writer finished cleanly and wrote everything it received.
+    pub complete: bool,
+    /// The file ends inside a record (its writer was killed or is still writing).
+    pub truncated: bool,
+    pub warnings: Vec<String>,
+    /// Present when the writer could not write everything (a full disk): the trace stops
+    /// early, for that reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<IncompleteInfo>,
+}
+
+/// Why a trace stops early, as its writer recorded it.
+#[derive(Clone, Debug, Serialize)]
+pub struct IncompleteInfo {
+    /// `disk_full`, `file_too_large` or `io_error`.
+    pub cause: &'static str,
+    /// The error as the writer saw it.
+    pub message: String,
+    /// Bytes of events received from then on and not written.
+    pub unwritten_bytes: u64,
+    /// Events in those bytes (for all processes).
+    pub unwritten_events: u64,
+    /// When the first write failed (Unix time, ns): the trace holds nothing after it.
+    pub stops_at_unix_ns: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ProcessReport {
+    pub pid: u32,
+    pub ppid: u32,
+    pub command: String,
+    pub exe: String,
+    /// exited | exited (_exit) | detached | replaced by exec | ended without goodbye |
+    /// running | protocol error
+    pub status: String,
+    pub events: u64,
+    /// Events the shim could not deliver, all devices (see each device for its share).
+    pub lost_events: u64,
+    pub lost_frees: u64,
+    pub lost_stacks: u64,
+    /// Frees of pointers this trace never saw allocated (allocated before tracing, or lost).
+    pub unmatched_frees: u64,
+    pub failed_frees: u64,
+    pub steps: u64,
+    pub duration_s: f64,
+    /// How the detectors cut the run into steps.
+    pub epochs: EpochReport,
+    pub devices: Vec<DeviceReport>,
+    /// Failed allocations by API, error and device (out of memory, no driver, ...).
+    pub failed_allocations: Vec<FailedAllocations>,
+}
+
+/// Allocations of one process that failed with one error.
+#[derive(Clone, Debug, Serialize)]
+pub struct FailedAllocations {
+    pub api: &'static str,
+    /// The code the call returned (`cudaError_t` or `CUresult`, by `api`).
+    pub error_code: i32,
+    /// Its symbol, e.g. `cudaErrorInsufficientDriver`; `""` if unknown.
+    pub error: &'static str,
+    /// What it usually means, in a few words; `""` if unknown.
+    pub meaning: &'static str,
+    /// `-1`: no device was current (or pinned host memory, per `api`).
+    pub device: i16,
+    pub count: u64,
+    /// Bytes asked for by the most recent one.
+    pub last_size: u64,
+    pub stack: Vec<FrameInfo>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EpochReport {
+    /// markers | auto | windows | none
+    pub source: &'static str,
+    pub count: u32,
+    /// With `auto`: allocations per step of the anchor call site.
+    pub period_allocations: Option<f64>,
+    pub median_step_s: Option<f64>,
+    /// The first step of the current source (earlier ones were cut another way).
+    pub stable_since: u32,
+    /// The first step whose allocations can count as a leak's generations.
+    pub warmup_end: u32,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceReport {
+    /// CUDA device ordinal; -1 holds pinned host memory.
+    pub device: i16,
+    /// "device" (GPU memory: plain, managed and VMM physical) or "host_pinned".
+    pub memory: &'static str,
+    pub peak_bytes: u64,
+    pub live_at_exit_bytes: u64,
+    pub live_at_exit_count: u64,
+    pub events: u64,
+    pub lost_events: u64,
+    pub allocations: u64,
+    pub frees: u64,
+    pub failed_allocations: u64,
+    pub bytes_allocated: u64,
+    pub capacity_bytes: Option<u64>,
+    pub free_bytes: Option<u64>,
+    pub reserved_va_bytes: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct ReportOptions {
+    /// Call sites per process and device in the live-at-exit list.
+    pub top: usize,
+    pub path: String,
+    /// Symbolize stacks from the module files (off in tests that check raw frames).
+    pub symbolize: bool,
+}
+
+fn status(p: &Process, trace: &Trace<Analysis>) -> String {
+    match p.end {
+        EndState::Running if trace.incomplete.is_some() => {
+            let why = trace.incomplete.as_ref().map_or("", |i| i.cause.words());
+            format!("cut short: the trace could not be written further ({why})")
+        }
+        EndState::Exited(Some(GoodbyeReason::Exit)) | EndState::Exited(None) => "exited".into(),
+        EndState::Exited(Some(GoodbyeReason::UnderscoreExit)) => "exited (_exit)".into(),
+        EndState::Exited(Some(GoodbyeReason::Detach)) => "detached".into(),
+        EndState::Abrupt => "ended without goodbye (killed or crashed)".into(),
+        EndState::Running => "running when the trace ended".into(),
+        EndState::ProtocolError => "dropped (protocol error)".into(),
+    }
+}
+
+/// Why memory might still be live at exit, from what the trace can tell.
+fn live_hint(p: &Process, a: &Analysis, device: i16, site: SiteId) -> (Cause, String) {
+    let leaking = a.growth.is_leak(site, device);
+    if leaking {
+        (
+            Cause::LiveAndLeaking,
+            "This call site is also reported as a leak: its memory grew step by step.".into(),
+        )
+    } else if p.end != EndState::Exited(Some(GoodbyeReason::Exit))
+        && p.end != EndState::Exited(None)
+    {
+        (
+            Cause::EndedAbnormally,
+            "The process did not exit normally, so memory it would have freed may be listed."
+                .into(),
+        )
+    } else {
+        (
+            Cause::NeverFreed,
+            "Never freed before exit. Harmless if it was meant to live until the end (weights, \
+             caches); the driver reclaims it at exit. A leak shows as growth across steps \
+             instead."
+                .into(),
+        )
+    }
+}
+
+/// One warning per process of `trace` whose analysis failed (a detector bug): its findings
+/// stop where it failed. The caller says them (the library never prints).
+pub fn analysis_failures(trace: &Trace<Analysis>) -> Vec<String> {
+    trace
+        .processes
+        .iter()
+        .zip(&trace.observers)
+        .filter(|(_, a)| a.failed)
+        .map(|(p, _)| Analysis::failure_warning(p.pid()))
+        .collect()
+}
+
+pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
+    let mut sym = StackSymbolizer::new();
+    let mut stack_of = |p: &Process, site| {
+        if opts.symbolize {
+            sym.site(p, site)
+        } else {
+            p.sites
+                .get(site.0 as usize)
+                .map(|fs| {
+                    fs.iter()
+                        .map(|f| FrameInfo {
+                            address: format!("{:#x}", f.addr),
+                            ..Default::default()
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        }
+    };
+    let mut processes = Vec::new();
+    let mut detected = Vec::new();
+    let mut live = Vec::new();
+    for (p, a) in trace.processes.iter().zip(&trace.observers) {
+        let devices = p
+            .devices
+            .iter()
+            .filter(|(_, d)| d.allocations > 0 || d.failed_allocations > 0 || d.capacity.is_some())
+            .map(|(&device, d)| DeviceReport {
+                device,
+                memory: if device == HOST_DEVICE {
+                    "host_pinned"
+                } else {
+                    "device"
+                },
+                peak_bytes: d.peak_bytes,
+                live_at_exit_bytes: d.live_bytes,
+                live_at_exit_count: d.live_count,
+                events: d.events,
+                lost_events: p.lost_on(device),
+                allocations: d.allocations,
+                frees: d.frees,
+                failed_allocations: d.failed_allocations,
+                bytes_allocated: d.bytes_allocated,
+                capacity_bytes: d.capacity,
+                free_bytes: d.last_free,
+                reserved_va_bytes: d.reserved_va_bytes,
+            })
+            .collect();
+        processes.push(ProcessReport {
+            pid: p.pid(),
+            ppid: p.hello.ppid,
+            command: p.command(),
+            exe: p.hello.exe.clone(),
+            status: if p.end == EndState::Abrupt
+                && trace
+                    .processes
+                    .iter()
+                    .any(|q| q.pid() == p.pid() && q.hello.ppid == p.hello.ppid && q.conn > p.conn)
+            {
+                // A later image of the same process: the stream ended at an exec.
+                "replaced by exec".into()
+            } else {
+                status(p, trace)
+            },
+            events: p.events,
+            lost_events: p.lost.events,
+            lost_frees: p.lost.frees,
+            lost_stacks: p.lost.stacks,
+            unmatched_frees: p.unmatched_frees,
+            failed_frees: p.failed_frees,
+            steps: p.markers,
+            duration_s: p.last_ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
+            epochs: EpochReport {
+                source: a.clock.source.name(),
+                count: a.clock.epoch,
+                period_allocations: a.clock.period_allocs(),
+                median_step_s: a.clock.median_duration_s(),
+                stable_since: a.clock.stable_since,
+                warmup_end: a.clock.stable_since + growth::WARMUP,
+            },
+            devices,
+            failed_allocations: p
+                .alloc_failures
+                .iter()
+                .map(|(&(api, code, device), f)| {
+                    let known = oomtrace_proto::cuda_error::lookup(api, code);
+                    FailedAllocations {
+                        api: api.name(),
+                        error_code: code,
+                        error: known.map_or("", |e| e.name),
+                        meaning: known.map_or("", |e| e.meaning),
+                        device,
+                        count: f.count,
+                        last_size: f.last_size,
+                        stack: stack_of(p, f.last_site),
+                    }
+                })
+                .collect(),
+        });
+        for mut f in a.findings(p) {
+            f.pid = p.pid();
+            let record = f.record.and_then(|i| a.oom.records.get(i));
+            f.oom = record.map(|o| OomDetail {
+                requested_bytes: o.size,
+                result: o.result,
+                free_bytes: o.free_bytes,
+                total_bytes: o.total_bytes,
+                live_bytes: o.live_bytes,
+                time_s: o.ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
+                top_sites: o
+                    .top_sites
+                    .iter()
+                    .map(|&(site, bytes, count)| SiteShare {
+                        bytes,
+                        count,
+                        stack: stack_of(p, site),
+                    })
+                    .collect(),
+            });
+            if f.site.0 != 0 {
+                f.stack = stack_of(p, f.site);
+            }
+            let leaked_at_oom = record.map(|o| {
+                o.top_sites
+                    .iter()
+                    .filter(|(site, _, _)| a.growth.is_leak(*site, o.device))
+                    .fold(0u64, |acc, &(_, bytes, _)| acc.saturating_add(bytes))
+            });
+            match leaked_at_oom {
+                Some(leaked) if leaked > 0 => {
+                    f.cause = Cause::LeaksHeldAtOom;
+                    f.hint = format!(
+                        "{} of the memory live at the failure was held by call sites that leak \
+                         step by step (see the leak findings): without them this allocation \
+                         would have had that much more room.",
+                        fmt_bytes(leaked)
+                    );
+                }
+                _ if f.kind == Kind::Leak
+                    && f.cause == Cause::NativeLeak
+                    && in_torch(p.stacks(), f.site) =>
+                {
+                    f.cause = Cause::TorchCacheLeak;
+                    f.hint = growth::TORCH_CACHE_HINT.to_string();
+                }
+                _ => {}
+            }
+            match f.evidence.as_mut() {
+                Some(Evidence::DeviceGrowth(e)) => {
+                    let hint = std::mem::take(&mut f.hint);
+                    (f.cause, f.hint) = device_growth_hint(p.stacks(), e, f.cause, hint);
+                    resolve_device_growth(p.stacks(), e, |site| stack_of(p, site));
+                }
+                // A leak of PyTorch's segments: the lines that made the device's cache grow
+                // over the same steps say more than the one call that found it exhausted.
+                Some(Evidence::Leak(e)) if in_torch(p.stacks(), f.site) => {
+                    let grew_at = a.device_growth.grew_at(f.device);
+                    e.python_lines = python_lines(p.stacks(), grew_at, |site| stack_of(p, site));
+                }
+                _ => {}
+            }
+            detected.push(f);
+        }
+        for &device in p.devices.keys() {
+            for (site, bytes, count) in p.top_sites(device, opts.top) {
+                let api = p.site_stats.get(&(site, device)).and_then(|s| s.api);
+                let api_name = api.map_or("?", |a| a.name());
+                let place = if device == HOST_DEVICE {
+                    "in pinned host memory".to_string()
+                } else {
+                    format!("on device {device}")
+                };
+                let (cause, hint) = live_hint(p, a, device, site);
+                live.push(Finding {
+                    pid: p.pid(),
+                    bytes,
+                    stack: stack_of(p, site),
+                    message: format!(
+                        "{} in {count} allocation{} ({api_name}) still live {place} when the \
+                         process ended",
+                        fmt_bytes(bytes),
+                        if count == 1 { "" } else { "s" }
+                    ),
+                    count,
+                    api,
+                    hint,
+                    site,
+                    cause,
+                    ..Finding::new(Kind::LiveAtExit, Severity::Info, device)
+                });
+            }
+        }
+    }
+    live.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
+    // OOMs open the report, then leaks, device growth (the process-level view of the same
+    // memory), fragmentation, thresholds and bounded growth.
+    let rank = |f: &Finding| match f.kind {
+        Kind::Oom => 0,
+        Kind::Leak => 1,
+        Kind::DeviceGrowth => 2,
+        Kind::Fragmentation => 3,
+        Kind::Threshold => 4,
+        Kind::Growth | Kind::LiveAtExit => 5,
+    };
+    detected.sort_by_key(|f| rank(f));
+    let mut findings = detected;
+    findings.extend(live);
+    Report {
+        version: REPORT_VERSION,
+        trace: TraceInfo {
+            path: opts.path.clone(),
+            producer: trace.header.producer.clone(),
+            complete: trace.complete && trace.incomplete.is_none(),
+            incomplete: trace.incomplete.as_ref().map(|i| IncompleteInfo {
+                cause: i.cause.name(),
+                message: i.message.clone(),
+                unwritten_bytes: i.unwritten_bytes,
+                unwritten_events: i.unwritten_events,
+                stops_at_unix_ns: i.t_unix_ns,
+            }),
+            truncated: matches!(
+                trace.tail,
+                oomtrace_proto::trace_file::Tail::Truncated { .. }
+            ),
+            warnings: trace.warnings.clone(),
+        },
+        processes,
+        findings,
+    }
+}

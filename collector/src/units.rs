@@ -1,0 +1,60 @@
+//! Units in text: bytes, durations, rates. Used by every layer (detectors word their
+//! messages, the report and the live line print numbers), so it imports nothing of the crate.
+
+/// "1.50 GiB", "512 B".
+pub fn fmt_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[i])
+    }
+}
+
+/// "250 ms", "3.20 s", "4 min 12 s".
+pub fn fmt_duration(secs: f64) -> String {
+    if secs < 1.0 {
+        format!("{:.0} ms", secs * 1000.0)
+    } else if secs < 120.0 {
+        format!("{secs:.2} s")
+    } else {
+        format!("{:.0} min {:.0} s", (secs / 60.0).floor(), secs % 60.0)
+    }
+}
+
+/// "+1.00 MiB/step (2.10 MiB/s)".
+pub fn fmt_rate(per_step: f64, per_s: Option<f64>) -> String {
+    let sign = if per_step < 0.0 { "-" } else { "+" };
+    let step = fmt_bytes(per_step.abs() as u64);
+    match per_s {
+        Some(s) if s.is_finite() => format!("{sign}{step}/step ({}/s)", fmt_bytes(s.abs() as u64)),
+        _ => format!("{sign}{step}/step"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_are_human() {
+        assert_eq!(fmt_bytes(512), "512 B");
+        assert_eq!(fmt_bytes(1536), "1.50 KiB");
+        assert_eq!(fmt_bytes(3 << 30), "3.00 GiB");
+    }
+
+    #[test]
+    fn rates_have_a_sign() {
+        assert_eq!(
+            fmt_rate(1048576.0, Some(2.0 * 1048576.0)),
+            "+1.00 MiB/step (2.00 MiB/s)"
+        );
+        assert_eq!(fmt_rate(-1024.0, None), "-1.00 KiB/step");
+    }
+}
