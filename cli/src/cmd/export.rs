@@ -4,9 +4,7 @@ use std::io::{self, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use oomtrace_collector::model::history;
-
-use crate::export::{self, memory_viz, Format};
+use crate::export::{self, memory_viz, view, Format};
 use crate::output::Output;
 use crate::progress::Progress;
 use crate::Failure;
@@ -57,22 +55,19 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let mut progress = Progress::new();
     // A first, quiet replay validates the file and picks the processes before any output.
     progress.pass(format!("checking {}", file_name(&args.file)));
-    let scan = history::replay_with_progress(
+    let scan = view::replay(
         &args.file,
         &mut |done, total| progress.update(done, total),
         |_, _| {},
     )?;
     progress.end_pass();
-    for w in &scan.warnings {
+    for w in scan.warnings() {
         eprintln!("oomtrace: warning: {w}");
     }
     let conns: Vec<u32> = if args.format == Format::MemoryViz {
-        vec![scan.processes[export::select_one(&scan, args.pid, &args.file)?].conn]
+        vec![export::select_one(&scan, args.pid, &args.file)?]
     } else {
         export::select(&scan, args.pid, &args.file)?
-            .into_iter()
-            .map(|i| scan.processes[i].conn)
-            .collect()
     };
     // Only chrome and folded need the first replay's final state; the others replay anew,
     // and holding two copies of every live allocation doubled the peak memory.

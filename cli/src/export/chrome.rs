@@ -14,14 +14,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 
-use oomtrace_collector::model::history::{self, Seen};
-use oomtrace_collector::model::trace::Trace;
-use oomtrace_collector::model::{Process, OUT_OF_MEMORY};
-use oomtrace_collector::report::symbolize::StackSymbolizer;
 use oomtrace_proto::EventKind;
 use serde_json::{json, Value};
 
-use super::{by_conn, device_label, frame_file, frame_name, short_name, write_failed};
+use super::view::{self, ProcessView, Seen, Symbolizer, Trace, OUT_OF_MEMORY};
+use super::{device_label, frame_file, frame_name, short_name, write_failed};
 use crate::progress::Progress;
 use crate::Failure;
 
@@ -59,8 +56,8 @@ impl Writer<'_> {
         }
     }
 
-    fn counters(&mut self, p: &Process, ts_ns: u64, track: &mut Track) {
-        for (&d, s) in &p.devices {
+    fn counters(&mut self, p: ProcessView<'_>, ts_ns: u64, track: &mut Track) {
+        for (d, s) in p.devices() {
             if track.last.get(&d) != Some(&s.live_bytes) {
                 track.last.insert(d, s.live_bytes);
                 let v = json!({
@@ -86,10 +83,9 @@ pub fn write(
 ) -> Result<(), Failure> {
     let wanted: HashSet<u32> = conns.iter().copied().collect();
     let origin_ns = scan
-        .processes
-        .iter()
-        .filter(|p| wanted.contains(&p.conn) && p.first_ts_ns > 0)
-        .map(|p| p.first_ts_ns)
+        .processes()
+        .filter(|p| wanted.contains(&p.conn()) && p.first_ts_ns() > 0)
+        .map(|p| p.first_ts_ns())
         .min()
         .unwrap_or(0);
     out.write_all(b"{\"traceEvents\": [")
@@ -102,7 +98,7 @@ pub fn write(
     };
     let mut named = HashSet::new();
     for &conn in conns {
-        let p = by_conn(scan, conn)?;
+        let p = scan.by_conn(conn)?;
         if named.insert(p.pid()) {
             let v = json!({
                 "name": "process_name",
@@ -114,15 +110,15 @@ pub fn write(
         }
     }
     let mut tracks: HashMap<u32, Track> = HashMap::new();
-    let mut sym = StackSymbolizer::new();
-    let trace = history::replay_with_progress(
+    let mut sym = Symbolizer::new();
+    let trace = view::replay(
         path,
         &mut |done, total| progress.update(done, total),
         |p, seen| {
-            if !wanted.contains(&p.conn) {
+            if !wanted.contains(&p.conn()) {
                 return;
             }
-            let track = tracks.entry(p.conn).or_default();
+            let track = tracks.entry(p.conn()).or_default();
             if let Some(ts) = track.pending_ts.take() {
                 w.counters(p, ts, track);
             }
@@ -140,7 +136,7 @@ pub fn write(
                         .find(|f| !f.function.is_empty())
                         .map(|f| format!("{} ({}:{})", frame_name(&f), frame_file(&f), f.line))
                         .unwrap_or_default();
-                    let dev = p.devices.get(&ev.device);
+                    let dev = p.device(ev.device);
                     let v = json!({
                         "name": format!("OOM {}", device_label(ev.device)),
                         "ph": "i",
@@ -179,7 +175,7 @@ pub fn write(
     // The effect of each process's last event.
     for (conn, track) in &mut tracks {
         if let Some(ts) = track.pending_ts.take() {
-            let p = by_conn(&trace, *conn)?;
+            let p = trace.by_conn(*conn)?;
             w.counters(p, ts, track);
         }
     }

@@ -14,24 +14,18 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 
-use oomtrace_collector::model::history;
-use oomtrace_collector::model::trace::Trace;
-use oomtrace_collector::model::{Process, SiteId};
-use oomtrace_collector::report::symbolize::StackSymbolizer;
-
-use super::{by_conn, device_label, frame_name, short_name, write_failed};
+use super::view::{self, ProcessView, Site, Symbolizer, Trace};
+use super::{device_label, frame_name, short_name, write_failed};
 use crate::progress::Progress;
 use crate::Failure;
 
 /// (site, bytes) held on one device.
-type Holdings = Vec<(SiteId, u64)>;
+type Holdings = Vec<(Site, u64)>;
 
-fn holdings(p: &Process, device: i16) -> Holdings {
+fn holdings(p: ProcessView<'_>, device: i16) -> Holdings {
     let mut v: Holdings = p
-        .site_stats
-        .iter()
-        .filter(|((_, d), s)| *d == device && s.live_bytes > 0)
-        .map(|((site, _), s)| (*site, s.live_bytes))
+        .live_by_site(device)
+        .filter(|&(_, bytes)| bytes > 0)
         .collect();
     v.sort_unstable();
     v
@@ -50,8 +44,8 @@ pub fn write(
     let mut weights: BTreeMap<(u32, i16), (bool, Holdings)> = BTreeMap::new();
     let mut need_peak: HashMap<(u32, i16), u64> = HashMap::new();
     for &conn in conns {
-        let p = by_conn(scan, conn)?;
-        for (&d, s) in &p.devices {
+        let p = scan.by_conn(conn)?;
+        for (d, s) in p.devices() {
             if s.live_bytes > 0 {
                 weights.insert((conn, d), (false, holdings(p, d)));
             } else if s.peak_bytes > 0 {
@@ -61,15 +55,15 @@ pub fn write(
     }
     if !need_peak.is_empty() {
         let wanted: HashSet<u32> = need_peak.keys().map(|k| k.0).collect();
-        history::replay_with_progress(
+        view::replay(
             path,
             &mut |done, total| progress.update(done, total),
             |p, _| {
-                if !wanted.contains(&p.conn) {
+                if !wanted.contains(&p.conn()) {
                     return;
                 }
-                for (&d, s) in &p.devices {
-                    let key = (p.conn, d);
+                for (d, s) in p.devices() {
+                    let key = (p.conn(), d);
                     if need_peak.get(&key) == Some(&s.live_bytes) {
                         need_peak.remove(&key);
                         weights.insert(key, (true, holdings(p, d)));
@@ -80,10 +74,10 @@ pub fn write(
         progress.end_pass();
     }
 
-    let mut sym = StackSymbolizer::new();
+    let mut sym = Symbolizer::new();
     let mut lines: BTreeMap<String, u64> = BTreeMap::new();
     for ((conn, d), (at_peak, held)) in &weights {
-        let p = by_conn(scan, *conn)?;
+        let p = scan.by_conn(*conn)?;
         let root = clean(&format!("{} (pid {})", short_name(p), p.pid()));
         let dev = format!(
             "{} {}",
@@ -92,7 +86,7 @@ pub fn write(
         );
         for &(site, bytes) in held {
             let mut stack = format!("{root};{dev}");
-            let frames = if site.0 == 0 {
+            let frames = if site.is_none() {
                 Vec::new()
             } else {
                 sym.site(p, site)

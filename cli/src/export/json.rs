@@ -4,8 +4,9 @@
 //! - `trace` (first line): `format` ("oomtrace-events"), `version` (1), `source` (the file).
 //! - `process`: `pid`, `ppid`, `command`, `exe`, `start_unix_ns`; before its first event.
 //! - `site`: `pid`, `site` (a number, unique within the process), `stack`: symbolized frames
-//!   `{function, file, line, module}`, innermost first (as in `report --json`); before the
-//!   first line that refers to it. Site 0 means "no stack" and is never defined.
+//!   `{function, file, line, module, address, offset}` (and `python: true` for a Python
+//!   frame), innermost first (as in `report --json`); before the first line that refers to
+//!   it. Site 0 means "no stack" and is never defined.
 //! - `event`: `pid`, `seq`, `ts_ns` (CLOCK_MONOTONIC), `tid`, `kind`, `api`, `device`,
 //!   `site` (of the call, 0 = none), `result` (when not 0), and per kind: `alloc`: `ptr`,
 //!   `size`, `stream`, `pool`/`flags` when set; `free`: `ptr`, `stream`, and when the trace saw
@@ -22,14 +23,11 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::path::Path;
 
-use oomtrace_collector::model::history::{self, Seen};
-use oomtrace_collector::model::{EndState, Process, SiteId};
-use oomtrace_collector::report::symbolize::StackSymbolizer;
-use oomtrace_proto::wire::GoodbyeReason;
 use oomtrace_proto::{Event, EventKind};
 use serde_json::{json, Map, Value};
 
-use super::{by_conn, write_failed};
+use super::view::{self, End, Frame, ProcessView, Seen, Site, Symbolizer};
+use super::write_failed;
 use crate::progress::Progress;
 use crate::Failure;
 
@@ -75,23 +73,38 @@ fn kind_name(k: EventKind) -> &'static str {
     }
 }
 
-fn status(p: &Process) -> &'static str {
-    match p.end {
-        EndState::Exited(Some(GoodbyeReason::UnderscoreExit)) => "exited (_exit)",
-        EndState::Exited(Some(GoodbyeReason::Detach)) => "detached",
-        EndState::Exited(_) => "exited",
-        EndState::Abrupt => "ended without goodbye (killed or crashed)",
-        EndState::Running => "running when the trace ended",
-        EndState::ProtocolError => "dropped (protocol error)",
+fn status(p: ProcessView<'_>) -> &'static str {
+    match p.end() {
+        End::UnderscoreExit => "exited (_exit)",
+        End::Detached => "detached",
+        End::Exited => "exited",
+        End::Abrupt => "ended without goodbye (killed or crashed)",
+        End::Running => "running when the trace ended",
+        End::ProtocolError => "dropped (protocol error)",
     }
+}
+
+/// A frame as `report --json` writes it: every field, `python` only when true.
+pub(super) fn frame_json(f: &Frame) -> Value {
+    let mut m = Map::new();
+    m.insert("function".into(), f.function.clone().into());
+    m.insert("file".into(), f.file.clone().into());
+    m.insert("line".into(), f.line.into());
+    m.insert("module".into(), f.module.clone().into());
+    m.insert("address".into(), f.address.clone().into());
+    m.insert("offset".into(), f.offset.clone().into());
+    if f.python {
+        m.insert("python".into(), true.into());
+    }
+    Value::Object(m)
 }
 
 /// The event's own fields; the sites it refers to are pushed on `sites`.
 fn event_fields(
-    p: &Process,
+    p: ProcessView<'_>,
     ev: &Event,
-    site: SiteId,
-    sites: &mut Vec<SiteId>,
+    site: Site,
+    sites: &mut Vec<Site>,
 ) -> Map<String, Value> {
     let mut m = Map::new();
     m.insert("type".into(), "event".into());
@@ -110,7 +123,7 @@ fn event_fields(
     );
     m.insert("api".into(), ev.api().name().into());
     m.insert("device".into(), ev.device.into());
-    m.insert("site".into(), site.0.into());
+    m.insert("site".into(), site.number().into());
     sites.push(site);
     if ev.result != 0 {
         m.insert("result".into(), ev.result.into());
@@ -131,11 +144,11 @@ fn event_fields(
         Some(EventKind::Free) => {
             put("ptr", hex(ev.ptr));
             put("stream", hex(ev.aux));
-            match p.live.get(&ev.ptr) {
+            match p.live(ev.ptr) {
                 Some(a) => {
                     put("size", a.size.into());
                     put("device", a.device.into());
-                    put("alloc_site", a.site.0.into());
+                    put("alloc_site", a.site.number().into());
                     sites.push(a.site);
                 }
                 None if ev.size != 0 => put("size", ev.size.into()),
@@ -178,14 +191,14 @@ fn event_fields(
     m
 }
 
-fn process_line(p: &Process) -> Value {
+fn process_line(p: ProcessView<'_>) -> Value {
     json!({
         "type": "process",
         "pid": p.pid(),
-        "ppid": p.hello.ppid,
+        "ppid": p.ppid(),
         "command": p.command(),
-        "exe": p.hello.exe,
-        "start_unix_ns": p.hello.start_unix_ns,
+        "exe": p.exe(),
+        "start_unix_ns": p.start_unix_ns(),
     })
 }
 
@@ -205,17 +218,17 @@ pub fn write(
         "source": path.display().to_string(),
     }));
     let mut started: HashSet<u32> = HashSet::new();
-    let mut defined: HashSet<(u32, SiteId)> = HashSet::new();
-    let mut sym = StackSymbolizer::new();
+    let mut defined: HashSet<(u32, Site)> = HashSet::new();
+    let mut sym = Symbolizer::new();
     let mut refs = Vec::new();
-    let trace = history::replay_with_progress(
+    let trace = view::replay(
         path,
         &mut |done, total| progress.update(done, total),
         |p, seen| {
-            if !wanted.contains(&p.conn) {
+            if !wanted.contains(&p.conn()) {
                 return;
             }
-            if started.insert(p.conn) {
+            if started.insert(p.conn()) {
                 w.line(&process_line(p));
             }
             refs.clear();
@@ -228,18 +241,17 @@ pub fn write(
                     ts_ns,
                     tid,
                     label,
-                    ..
                 } => json!({
                     "type": "marker", "pid": p.pid(), "seq": seq, "ts_ns": ts_ns, "tid": tid,
                     "label": label,
                 }),
             };
             for &site in &refs {
-                if site.0 != 0 && defined.insert((p.conn, site)) {
-                    let stack = sym.site(p, site);
-                    w.line(
-                        &json!({"type": "site", "pid": p.pid(), "site": site.0, "stack": stack}),
-                    );
+                if !site.is_none() && defined.insert((p.conn(), site)) {
+                    let stack: Vec<Value> = sym.site(p, site).iter().map(frame_json).collect();
+                    w.line(&json!({
+                        "type": "site", "pid": p.pid(), "site": site.number(), "stack": stack,
+                    }));
                 }
             }
             w.line(&line);
@@ -247,21 +259,20 @@ pub fn write(
     )?;
     progress.end_pass();
     for &conn in conns {
-        let p = by_conn(&trace, conn)?;
+        let p = trace.by_conn(conn)?;
         if started.insert(conn) {
             w.line(&process_line(p));
         }
         let devices: Vec<Value> = p
-            .devices
-            .iter()
+            .devices()
             .map(|(d, s)| json!({"device": d, "peak_bytes": s.peak_bytes, "live_bytes": s.live_bytes}))
             .collect();
         w.line(&json!({
             "type": "process_end",
             "pid": p.pid(),
             "status": status(p),
-            "events": p.events,
-            "lost_events": p.lost.events,
+            "events": p.events(),
+            "lost_events": p.lost_events(),
             "devices": devices,
         }));
     }

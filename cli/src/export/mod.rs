@@ -1,28 +1,31 @@
 //! `oomtrace export`: a trace's event history in other tools' formats, one file per format.
 //!
-//! Every exporter replays the trace with `oomtrace_collector::model::history` (events with the
-//! process state just before each) and symbolizes call sites with `StackSymbolizer` only.
-//! A first, quiet replay validates the file and picks the processes before any output is
-//! written, so bad input never leaves half a file behind.
+//! Every exporter reads the trace through [`view`] only: a replay that shows each event with
+//! its process's state just before it, a few per-process totals, and call sites symbolized by
+//! [`view::Symbolizer`]. `view` is the one module here that names the collector's types, so
+//! the exporters stay what they are (mappings of events to a format) while the collector
+//! changes. A first, quiet replay validates the file and picks the processes before any
+//! output is written, so bad input never leaves half a file behind.
 //!
 //! - [`memory_viz`]: a pickle (protocol 4, [`pickle`]) that pytorch.org/memory_viz opens.
 //! - [`chrome`]: Chrome trace-event JSON (Perfetto, chrome://tracing): live-bytes counters.
 //! - [`folded`]: flamegraph folded stacks weighted by bytes.
 //! - [`json`]: every event as JSON lines, with symbolized sites.
+//!
+//! This file: the format list, which processes to export, and display helpers the formats
+//! share (frame names, process names, device labels).
 
 pub mod chrome;
 pub mod folded;
 pub mod json;
 pub mod memory_viz;
 pub mod pickle;
+pub mod view;
 
 use std::path::Path;
 
-use oomtrace_collector::model::trace::Trace;
-use oomtrace_collector::model::Process;
-use oomtrace_collector::report::symbolize::FrameInfo;
-
 use crate::Failure;
+use view::{Frame, ProcessView, Trace};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -43,19 +46,19 @@ impl Format {
 }
 
 /// Whether `p` has events on a GPU (not only pinned host memory or none at all).
-pub fn has_device_events(p: &Process) -> bool {
-    p.devices.iter().any(|(&d, s)| d >= 0 && s.events > 0)
+pub fn has_device_events(p: ProcessView<'_>) -> bool {
+    p.devices().any(|(d, s)| d >= 0 && s.events > 0)
 }
 
-/// The processes to export (indices into `trace.processes`): those with `pid` when given
-/// (an error if there are none), else all of them.
-pub fn select(trace: &Trace, pid: Option<u32>, path: &Path) -> Result<Vec<usize>, Failure> {
-    let all: Vec<usize> = (0..trace.processes.len()).collect();
-    let Some(pid) = pid else { return Ok(all) };
-    let chosen: Vec<usize> = all
-        .into_iter()
-        .filter(|&i| trace.processes[i].pid() == pid)
+/// The processes to export (their connections, in the trace's order): those with `pid` when
+/// given (an error if there are none), else all of them.
+pub fn select(trace: &Trace, pid: Option<u32>, path: &Path) -> Result<Vec<u32>, Failure> {
+    let chosen: Vec<u32> = trace
+        .processes()
+        .filter(|&p| has_pid(p, pid))
+        .map(|p| p.conn())
         .collect();
+    let Some(pid) = pid else { return Ok(chosen) };
     if chosen.is_empty() {
         return Err(Failure::new(format!(
             "no process {pid} in {} (it has: {})",
@@ -66,16 +69,16 @@ pub fn select(trace: &Trace, pid: Option<u32>, path: &Path) -> Result<Vec<usize>
     Ok(chosen)
 }
 
-/// One process for a format that shows one (memory-viz): the first with device memory
-/// events among `candidates`; says on stderr which one when there was a choice.
-pub fn select_one(trace: &Trace, pid: Option<u32>, path: &Path) -> Result<usize, Failure> {
-    let candidates = select(trace, pid, path)?;
-    let with_device: Vec<usize> = candidates
-        .iter()
-        .copied()
-        .filter(|&i| has_device_events(&trace.processes[i]))
+/// One process for a format that shows one (memory-viz), by its connection: the first with
+/// device memory events among those [`select`] picks; says on stderr which one when there
+/// was a choice.
+pub fn select_one(trace: &Trace, pid: Option<u32>, path: &Path) -> Result<u32, Failure> {
+    select(trace, pid, path)?; // says when there is no process `pid`
+    let with_device: Vec<ProcessView<'_>> = trace
+        .processes()
+        .filter(|&p| has_pid(p, pid) && has_device_events(p))
         .collect();
-    let Some(&first) = with_device.first() else {
+    let Some(first) = with_device.first().copied() else {
         return Err(Failure::new(match pid {
             Some(pid) => format!(
                 "process {pid} in {} has no GPU memory events",
@@ -85,41 +88,30 @@ pub fn select_one(trace: &Trace, pid: Option<u32>, path: &Path) -> Result<usize,
         }));
     };
     if with_device.len() > 1 && pid.is_none() {
-        let pids: Vec<String> = with_device
-            .iter()
-            .map(|&i| trace.processes[i].pid().to_string())
-            .collect();
+        let pids: Vec<String> = with_device.iter().map(|p| p.pid().to_string()).collect();
         eprintln!(
             "oomtrace: exporting process {} (the first of {} with GPU memory: {}); choose \
              another with --pid",
-            trace.processes[first].pid(),
+            first.pid(),
             with_device.len(),
             pids.join(", ")
         );
     }
-    Ok(first)
+    Ok(first.conn())
+}
+
+/// Whether `p` is process `pid` (any process when `pid` is `None`).
+fn has_pid(p: ProcessView<'_>, pid: Option<u32>) -> bool {
+    pid.is_none_or(|pid| p.pid() == pid)
 }
 
 fn pid_list(trace: &Trace) -> String {
-    if trace.processes.is_empty() {
+    let mut pids: Vec<String> = trace.processes().map(|p| p.pid().to_string()).collect();
+    if pids.is_empty() {
         return "no processes".into();
     }
-    let mut pids: Vec<String> = trace
-        .processes
-        .iter()
-        .map(|p| p.pid().to_string())
-        .collect();
     pids.dedup();
     pids.join(", ")
-}
-
-/// The process on connection `conn` of a replayed trace.
-pub fn by_conn(trace: &Trace, conn: u32) -> Result<&Process, Failure> {
-    trace
-        .processes
-        .iter()
-        .find(|p| p.conn == conn)
-        .ok_or_else(|| Failure::new("the trace file changed while it was exported"))
 }
 
 /// An error writing the output.
@@ -128,7 +120,7 @@ pub fn write_failed(e: impl std::fmt::Display) -> Failure {
 }
 
 /// A frame's name for display: the function, else `module+offset`, else the address.
-pub fn frame_name(f: &FrameInfo) -> String {
+pub fn frame_name(f: &Frame) -> String {
     if !f.function.is_empty() {
         f.function.clone()
     } else if !f.module.is_empty() && !f.offset.is_empty() {
@@ -141,7 +133,7 @@ pub fn frame_name(f: &FrameInfo) -> String {
 }
 
 /// A frame's file for display: the source file, else the module, else "".
-pub fn frame_file(f: &FrameInfo) -> String {
+pub fn frame_file(f: &Frame) -> String {
     if !f.file.is_empty() {
         f.file.clone()
     } else {
@@ -150,11 +142,11 @@ pub fn frame_file(f: &FrameInfo) -> String {
 }
 
 /// A process's short name: the executable's file name (or argv[0]'s).
-pub fn short_name(p: &Process) -> String {
-    let exe = if p.hello.exe.is_empty() {
-        p.hello.argv.first().cloned().unwrap_or_default()
+pub fn short_name(p: ProcessView<'_>) -> String {
+    let exe = if p.exe().is_empty() {
+        p.argv0().unwrap_or_default().to_string()
     } else {
-        p.hello.exe.clone()
+        p.exe().to_string()
     };
     Path::new(&exe)
         .file_name()

@@ -1,68 +1,36 @@
-//! A PyTorch memory snapshot (`torch.cuda.memory._dump_snapshot`'s format) of one process,
-//! as a protocol-4 pickle that pytorch.org/memory_viz opens in all three classic views
-//! (PyTorch's `torch/cuda/_memory_viz.py` and the viewer read it).
+//! The allocator model: PyTorch's caching-allocator state (segments, the blocks inside them,
+//! the per-device trace entries) rebuilt from our events, as `torch.cuda.memory._snapshot()`
+//! would have reported it. The mapping of events to segments, blocks and entries is described
+//! in the parent module; this file implements it and nothing of the pickle, so it is tested on
+//! synthetic events alone.
 //!
-//! Mapping (decisions where the format leaves a choice):
-//! - A driver-level allocation (cudaMalloc, cuMemAlloc, pools, managed memory) is a segment
-//!   and one block of the same address and size: `segment_alloc` + `alloc`; its free is
-//!   `free_requested` + `free_completed` + `segment_free`. So non-PyTorch memory shows in the
-//!   Active Memory Timeline too.
-//! - A VMM mapping (`cuMemMap` of a `cuMemCreate` handle) is `segment_map` + `alloc` of the
-//!   mapped range (block frames: the handle's `cuMemCreate` site), its unmap
-//!   `free_requested` + `free_completed` + `segment_unmap`, as PyTorch's expandable segments
-//!   do. Physical memory that is not mapped has no address and is not shown; the Cached
-//!   Segment Timeline ignores `segment_map` (the viewer's choice).
-//! - Tensor-level events (`oomtrace_malloc`/`oomtrace_free`) are blocks: `alloc` /
-//!   `free_requested` + `free_completed`. A driver segment that ever holds a tensor block
-//!   loses its whole-segment block (in the trace and in `segments`): the tensors are its blocks,
-//!   as with PyTorch's caching allocator. A tensor block inside no traced segment gets a
-//!   synthetic segment of its own size (`segment_alloc`/`segment_free` around it). A block may
-//!   span adjacent mappings of one stream (the viewer merges those into one segment).
-//! - `oom` for each out-of-memory failure on a device: `size` = requested bytes,
-//!   `device_free` = the driver's free memory read right after the failure (else the last
-//!   reading), `addr` = 0.
-//! - `segments` is the state at the end of the trace: every live segment (adjacent live
-//!   mappings of one stream merged into one, `is_expandable`), blocks tiling it in address
-//!   order with `inactive` fillers.
-//! - `device_traces[d]` for every ordinal from 0 to the highest device seen. `time_us`:
-//!   the process's start time (Unix) plus the monotonic time since its first event.
-//!   `stream`: the CUDA stream as int64 (0 for non-stream-ordered APIs); every entry about an
-//!   allocation carries the stream it was allocated on. Frames: `{filename, line, name}`,
-//!   innermost first (PyTorch's order); a free's frames are its allocation's.
-//! - Left out: pinned host memory (not device memory), allocations of 0 bytes, frees of
-//!   addresses the trace never saw allocated, step markers.
-//! - `device_traces[d]` keeps the most recent `max_entries` entries of each device (`export
-//!   --max-entries`, default [`DEFAULT_MAX_ENTRIES`]; 0 keeps all), like PyTorch's
-//!   `_record_memory_history(max_entries=...)` ring buffer; the viewer draws blocks freed in
-//!   the window but allocated before it as allocated from the start, as for PyTorch's own
-//!   snapshots. When entries were left out, the snapshot has an extra key the viewer ignores,
-//!   `oomtrace`: `{"max_entries": N, "dropped_entries": [per device], "note": "..."}`.
+//! Feed it a process's events in order with [`Model::on_event`] (with a [`Context`] that
+//! answers from the process's state just before each event); read the result with
+//! [`Model::entries`] (each device's trace, oldest first), [`Model::each_segment`] (the final
+//! segments with their blocks tiled) and the counters of entries left out of the ring.
 //!
-//! Memory: the live segments and blocks (they are the snapshot) and at most `max_entries`
-//! entries per device, never anything per event: entries of a whole-segment block whose
-//! segment later holds tensors are hidden in place (found by their index in the ring), and
-//! the final `segments` are written one at a time.
+//! Memory: the live segments and blocks and at most `max_entries` entries per device; an
+//! entry that must disappear later (the whole-segment block of a segment that comes to hold
+//! tensors) is hidden in place, found by its index in the ring.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::io::Write;
-use std::path::Path;
 
-use oomtrace_collector::model::history::{self, Seen};
-use oomtrace_collector::model::{Process, SiteId, OUT_OF_MEMORY};
-use oomtrace_collector::report::symbolize::StackSymbolizer;
-use oomtrace_proto::{Api, EventKind};
+use oomtrace_proto::{Api, Event, EventKind};
 
-use super::pickle::Pickler;
-use super::{frame_file, frame_name};
-use crate::progress::Progress;
-use crate::Failure;
+use crate::export::view::{Site, OUT_OF_MEMORY};
 
-/// Entries kept per device unless `--max-entries` says otherwise: enough for many steps of a
-/// training loop, and a pickle of some tens of MB that the viewer opens in seconds.
-pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
+/// What the model needs to know of the process besides the event itself, as it stood just
+/// before the event.
+pub trait Context {
+    /// The driver's last free-memory reading of `device`.
+    fn last_free(&self, device: i16) -> Option<u64>;
+    /// The device and creation site of the physical allocation `handle`.
+    fn handle(&self, handle: u64) -> Option<(i16, Site)>;
+}
 
+/// A trace entry's `action`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Action {
+pub enum Action {
     Alloc,
     FreeRequested,
     FreeCompleted,
@@ -74,7 +42,7 @@ enum Action {
 }
 
 impl Action {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Action::Alloc => "alloc",
             Action::FreeRequested => "free_requested",
@@ -88,17 +56,20 @@ impl Action {
     }
 }
 
+/// One entry of a device's trace.
 #[derive(Clone, Copy, Debug)]
-struct Entry {
-    action: Action,
+pub struct Entry {
+    pub action: Action,
     /// A whole-segment block's alloc whose segment later held tensor blocks: not written.
     hidden: bool,
-    addr: u64,
-    size: u64,
-    stream: i64,
-    ts_ns: u64,
-    site: SiteId,
-    device_free: u64,
+    pub addr: u64,
+    pub size: u64,
+    pub stream: i64,
+    /// Monotonic time of the event (ns).
+    pub ts_ns: u64,
+    pub site: Site,
+    /// For `oom`: the driver's free memory after the failure (else its last reading).
+    pub device_free: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,9 +83,9 @@ struct Seg {
     size: u64,
     stream: i64,
     /// Frames of the segment (its allocation or mapping call).
-    site: SiteId,
+    site: Site,
     /// Frames of its whole-segment block (for a mapping: the handle's creation).
-    block_site: SiteId,
+    block_site: Site,
     kind: SegKind,
     /// It has held a tensor block: the tensors are its blocks, not the whole segment.
     hosts_tensors: bool,
@@ -123,7 +94,7 @@ struct Seg {
 }
 
 impl Seg {
-    fn new(kind: SegKind, size: u64, stream: i64, site: SiteId, block_site: SiteId) -> Seg {
+    fn new(kind: SegKind, size: u64, stream: i64, site: Site, block_site: Site) -> Seg {
         Seg {
             size,
             stream,
@@ -140,7 +111,7 @@ impl Seg {
 struct Blk {
     size: u64,
     stream: i64,
-    site: SiteId,
+    site: Site,
     /// In a segment of its own (no traced segment contains it).
     synthetic: bool,
 }
@@ -167,7 +138,7 @@ impl Dev {
 }
 
 #[derive(Default)]
-struct Model {
+pub struct Model {
     devs: BTreeMap<i16, Dev>,
     /// Entries kept per device (0: all).
     max_entries: usize,
@@ -177,11 +148,46 @@ struct Model {
 }
 
 impl Model {
-    fn new(max_entries: usize) -> Model {
+    /// A model that keeps the most recent `max_entries` entries per device (0: all).
+    pub fn new(max_entries: usize) -> Model {
         Model {
             max_entries,
             ..Model::default()
         }
+    }
+
+    /// Entries kept per device (0: all).
+    pub fn max_entries(&self) -> usize {
+        self.max_entries
+    }
+
+    /// Devices the snapshot lists: every ordinal up to the highest with any entry, segment
+    /// or block.
+    pub fn device_count(&self) -> usize {
+        self.devs
+            .iter()
+            .filter(|(_, d)| !d.trace.is_empty() || !d.segs.is_empty() || !d.blocks.is_empty())
+            .map(|(&d, _)| d)
+            .max()
+            .map_or(0, |d| d as usize + 1)
+    }
+
+    /// Device `d`'s trace entries as written, oldest first.
+    pub fn entries(&self, d: i16) -> impl Iterator<Item = &Entry> {
+        self.devs
+            .get(&d)
+            .into_iter()
+            .flat_map(|dev| dev.trace.iter().filter(|e| !e.hidden))
+    }
+
+    /// Entries of device `d` that fell out of the ring.
+    pub fn dropped(&self, d: i16) -> u64 {
+        self.devs.get(&d).map_or(0, |dev| dev.dropped)
+    }
+
+    /// Entries that fell out of the ring, all devices.
+    pub fn dropped_entries(&self) -> u64 {
+        self.devs.values().map(|d| d.dropped).sum()
     }
 
     fn dev(&mut self, d: i16) -> &mut Dev {
@@ -198,7 +204,7 @@ impl Model {
         size: u64,
         stream: i64,
         ts: u64,
-        site: SiteId,
+        site: Site,
     ) -> u64 {
         let max = self.max_entries;
         let dev = self.dev(d);
@@ -305,7 +311,7 @@ impl Model {
         Some(out)
     }
 
-    fn tensor_alloc(&mut self, d: i16, addr: u64, size: u64, stream: i64, ts: u64, site: SiteId) {
+    fn tensor_alloc(&mut self, d: i16, addr: u64, size: u64, stream: i64, ts: u64, site: Site) {
         // Blocks this one overlaps were freed without the trace seeing it.
         let end = addr.saturating_add(size);
         let mut stale: Vec<u64> = self
@@ -358,10 +364,9 @@ impl Model {
         );
     }
 
-    fn on_event(&mut self, p: &Process, seen: Seen<'_>) {
-        let Seen::Event { event: ev, site } = seen else {
-            return;
-        };
+    /// Applies one event of the process (`site`: its call site); `cx` answers from the
+    /// process's state just before it.
+    pub fn on_event(&mut self, cx: &impl Context, ev: &Event, site: Site) {
         let Some(kind) = ev.kind() else { return };
         let api = ev.api();
         let ts = ev.ts_ns;
@@ -403,7 +408,7 @@ impl Model {
                     return;
                 }
                 let d = ev.device;
-                let free = p.devices.get(&d).and_then(|s| s.last_free).unwrap_or(0);
+                let free = cx.last_free(d).unwrap_or(0);
                 let i = self.push(d, Action::Oom, 0, ev.size, ev.aux as i64, ts, site);
                 if let Some(e) = self.dev(d).entry_mut(i) {
                     e.device_free = free;
@@ -418,14 +423,11 @@ impl Model {
                 }
             }
             EventKind::Map => {
-                let (d, block_site) = p
-                    .handles
-                    .get(&ev.aux)
-                    .map_or((ev.device, site), |h| (h.device, h.site));
+                let (d, block_site) = cx.handle(ev.aux).unwrap_or((ev.device, site));
                 if d < 0 || ev.size == 0 {
                     return;
                 }
-                let seg_site = if site.0 == 0 { block_site } else { site };
+                let seg_site = if site.is_none() { block_site } else { site };
                 let seg = Seg::new(SegKind::Mapping, ev.size, 0, seg_site, block_site);
                 self.driver_alloc(d, ev.ptr, ts, seg);
             }
@@ -450,165 +452,101 @@ impl Model {
     }
 }
 
-/// What [`write`] left out.
-pub struct Written {
-    /// Entries that fell out of the per-device ring (all devices).
-    pub dropped_entries: u64,
-}
-
-/// Writes the snapshot of the process on connection `conn` of the trace file at `path`,
-/// keeping the most recent `max_entries` entries per device (0: all).
-pub fn write(
-    path: &Path,
-    conn: u32,
-    max_entries: usize,
-    progress: &mut Progress,
-    out: &mut dyn Write,
-) -> Result<Written, Failure> {
-    let mut model = Model::new(max_entries);
-    let mut anchor: Option<u64> = None;
-    let trace = history::replay_with_progress(
-        path,
-        &mut |done, total| progress.update(done, total),
-        |p, seen| {
-            if p.conn != conn {
-                return;
-            }
-            if let Seen::Event { event, .. } = seen {
-                anchor.get_or_insert(event.ts_ns);
-            }
-            model.on_event(p, seen);
-        },
-    )?;
-    progress.end_pass();
-    let process = super::by_conn(&trace, conn)?;
-    let clock = Clock {
-        anchor_ns: anchor.unwrap_or(0),
-        start_unix_ns: process.hello.start_unix_ns,
-    };
-    let mut w = SnapshotWriter {
-        p: Pickler::new(out),
-        sym: StackSymbolizer::new(),
-        process,
-        frame_lists: HashMap::new(),
-        frame_dicts: HashMap::new(),
-        clock,
-    };
-    w.snapshot(&model);
-    w.p.finish().map_err(super::write_failed)?;
-    Ok(Written {
-        dropped_entries: model.devs.values().map(|d| d.dropped).sum(),
-    })
-}
-
-#[derive(Clone, Copy)]
-struct Clock {
-    anchor_ns: u64,
-    start_unix_ns: u64,
-}
-
-impl Clock {
-    fn time_us(&self, ts_ns: u64) -> i64 {
-        let ns = if self.start_unix_ns == 0 {
-            ts_ns
-        } else {
-            self.start_unix_ns
-                .saturating_add(ts_ns.saturating_sub(self.anchor_ns))
-        };
-        (ns / 1000) as i64
-    }
-}
-
 /// One block of a final segment.
-struct OutBlock {
-    addr: u64,
-    size: u64,
-    state: &'static str,
-    site: SiteId,
+pub struct OutBlock {
+    pub addr: u64,
+    pub size: u64,
+    /// `active_allocated`, or `inactive` for the gaps between live blocks.
+    pub state: &'static str,
+    pub site: Site,
 }
 
 /// One segment of the final state.
-struct OutSeg {
-    device: i16,
-    addr: u64,
-    size: u64,
-    stream: i64,
-    site: SiteId,
-    expandable: bool,
-    blocks: Vec<OutBlock>,
+pub struct OutSeg {
+    pub device: i16,
+    pub addr: u64,
+    pub size: u64,
+    pub stream: i64,
+    pub site: Site,
+    /// A run of VMM mappings (PyTorch's expandable segments).
+    pub expandable: bool,
+    /// Tiling the segment in address order.
+    pub blocks: Vec<OutBlock>,
 }
 
-/// The final `segments`, one at a time in (device, address) order (never all at once: with
-/// millions of live allocations that list alone was gigabytes): live segments (adjacent
-/// mappings of one stream merged), blocks tiling each one, and the synthetic segments of
-/// tensor blocks that lie in no traced segment.
-fn each_segment(model: &Model, mut emit: impl FnMut(OutSeg)) {
-    for (&d, dev) in &model.devs {
-        let mut segs = dev.segs.range(..).peekable();
-        let mut synthetic = dev.blocks.iter().filter(|(_, b)| b.synthetic).peekable();
-        loop {
-            let next_seg = segs.peek().map(|(&a, _)| a);
-            let next_syn = synthetic.peek().map(|(&a, _)| a);
-            let seg_first = match (next_seg, next_syn) {
-                (None, None) => break,
-                (Some(a), Some(b)) => a <= b,
-                (Some(_), None) => true,
-                (None, Some(_)) => false,
-            };
-            if !seg_first {
-                let Some((&a, b)) = synthetic.next() else {
+impl Model {
+    /// The final `segments`, one at a time in (device, address) order (never all at once:
+    /// with millions of live allocations that list alone was gigabytes): live segments
+    /// (adjacent mappings of one stream merged), blocks tiling each one, and the synthetic
+    /// segments of tensor blocks that lie in no traced segment.
+    pub fn each_segment(&self, mut emit: impl FnMut(OutSeg)) {
+        for (&d, dev) in &self.devs {
+            let mut segs = dev.segs.range(..).peekable();
+            let mut synthetic = dev.blocks.iter().filter(|(_, b)| b.synthetic).peekable();
+            loop {
+                let next_seg = segs.peek().map(|(&a, _)| a);
+                let next_syn = synthetic.peek().map(|(&a, _)| a);
+                let seg_first = match (next_seg, next_syn) {
+                    (None, None) => break,
+                    (Some(a), Some(b)) => a <= b,
+                    (Some(_), None) => true,
+                    (None, Some(_)) => false,
+                };
+                if !seg_first {
+                    let Some((&a, b)) = synthetic.next() else {
+                        break;
+                    };
+                    emit(OutSeg {
+                        device: d,
+                        addr: a,
+                        size: b.size,
+                        stream: b.stream,
+                        site: b.site,
+                        expandable: false,
+                        blocks: tile(a, b.size, vec![(a, b.size, b.site)]),
+                    });
+                    continue;
+                }
+                let Some((&a, s)) = segs.next() else {
                     break;
                 };
-                emit(OutSeg {
+                let mut seg = OutSeg {
                     device: d,
                     addr: a,
-                    size: b.size,
-                    stream: b.stream,
-                    site: b.site,
-                    expandable: false,
-                    blocks: tile(a, b.size, vec![(a, b.size, b.site)]),
-                });
-                continue;
-            }
-            let Some((&a, s)) = segs.next() else {
-                break;
-            };
-            let mut seg = OutSeg {
-                device: d,
-                addr: a,
-                size: s.size,
-                stream: s.stream,
-                site: s.site,
-                expandable: s.kind == SegKind::Mapping,
-                blocks: Vec::new(),
-            };
-            // Whole-segment blocks of the members that never held tensors.
-            let mut blocks: Vec<(u64, u64, SiteId)> = Vec::new();
-            if !s.hosts_tensors {
-                blocks.push((a, s.size, s.block_site));
-            }
-            while let Some((&next, n)) = segs.peek() {
-                let adjacent = seg.expandable
-                    && n.kind == SegKind::Mapping
-                    && seg.addr.saturating_add(seg.size) == next
-                    && n.stream == seg.stream;
-                if !adjacent {
-                    break;
+                    size: s.size,
+                    stream: s.stream,
+                    site: s.site,
+                    expandable: s.kind == SegKind::Mapping,
+                    blocks: Vec::new(),
+                };
+                // Whole-segment blocks of the members that never held tensors.
+                let mut blocks: Vec<(u64, u64, Site)> = Vec::new();
+                if !s.hosts_tensors {
+                    blocks.push((a, s.size, s.block_site));
                 }
-                seg.size = seg.size.saturating_add(n.size);
-                if !n.hosts_tensors {
-                    blocks.push((next, n.size, n.block_site));
+                while let Some((&next, n)) = segs.peek() {
+                    let adjacent = seg.expandable
+                        && n.kind == SegKind::Mapping
+                        && seg.addr.saturating_add(seg.size) == next
+                        && n.stream == seg.stream;
+                    if !adjacent {
+                        break;
+                    }
+                    seg.size = seg.size.saturating_add(n.size);
+                    if !n.hosts_tensors {
+                        blocks.push((next, n.size, n.block_site));
+                    }
+                    segs.next();
                 }
-                segs.next();
-            }
-            let end = seg.addr.saturating_add(seg.size);
-            for (&a, b) in dev.blocks.range(seg.addr..end) {
-                if !b.synthetic {
-                    blocks.push((a, b.size, b.site));
+                let end = seg.addr.saturating_add(seg.size);
+                for (&a, b) in dev.blocks.range(seg.addr..end) {
+                    if !b.synthetic {
+                        blocks.push((a, b.size, b.site));
+                    }
                 }
+                seg.blocks = tile(seg.addr, seg.size, blocks);
+                emit(seg);
             }
-            seg.blocks = tile(seg.addr, seg.size, blocks);
-            emit(seg);
         }
     }
 }
@@ -616,7 +554,7 @@ fn each_segment(model: &Model, mut emit: impl FnMut(OutSeg)) {
 /// Blocks in address order covering `[addr, addr + size)` exactly: the live ones, `inactive`
 /// between them. A block that would overlap another or stick out is left out (the trace never
 /// produces one).
-fn tile(addr: u64, size: u64, mut live: Vec<(u64, u64, SiteId)>) -> Vec<OutBlock> {
+fn tile(addr: u64, size: u64, mut live: Vec<(u64, u64, Site)>) -> Vec<OutBlock> {
     live.sort_unstable_by_key(|b| b.0);
     let end = addr.saturating_add(size);
     let mut at = addr;
@@ -630,7 +568,7 @@ fn tile(addr: u64, size: u64, mut live: Vec<(u64, u64, SiteId)>) -> Vec<OutBlock
                 addr: at,
                 size: a - at,
                 state: "inactive",
-                site: SiteId(0),
+                site: Site::NONE,
             });
         }
         out.push(OutBlock {
@@ -646,238 +584,26 @@ fn tile(addr: u64, size: u64, mut live: Vec<(u64, u64, SiteId)>) -> Vec<OutBlock
             addr: at,
             size: end - at,
             state: "inactive",
-            site: SiteId(0),
+            site: Site::NONE,
         });
     }
     out
-}
-
-struct SnapshotWriter<'a, W: Write> {
-    p: Pickler<W>,
-    sym: StackSymbolizer,
-    process: &'a Process,
-    /// Memo index of each site's frame list (shared by every entry of that site).
-    frame_lists: HashMap<SiteId, u32>,
-    /// Memo index of each distinct frame dict.
-    frame_dicts: HashMap<(String, String, u32), u32>,
-    clock: Clock,
-}
-
-impl<W: Write> SnapshotWriter<'_, W> {
-    fn snapshot(&mut self, model: &Model) {
-        let max_dev = model
-            .devs
-            .iter()
-            .filter(|(_, d)| !d.trace.is_empty() || !d.segs.is_empty() || !d.blocks.is_empty())
-            .map(|(&d, _)| d)
-            .max();
-        let n_dev = max_dev.map_or(0, |d| d as usize + 1);
-        self.p.empty_dict();
-        self.p.mark();
-        self.p.str("segments");
-        self.p.empty_list();
-        let mut in_batch = 0;
-        each_segment(model, |seg| {
-            if in_batch == 0 {
-                self.p.mark();
-            }
-            self.segment(&seg);
-            in_batch += 1;
-            if in_batch == super::pickle::BATCH {
-                self.p.appends();
-                in_batch = 0;
-            }
-        });
-        if in_batch > 0 {
-            self.p.appends();
-        }
-        self.p.str("device_traces");
-        self.p.empty_list();
-        self.p.mark();
-        let empty = VecDeque::new();
-        for d in 0..n_dev {
-            let trace = model.devs.get(&(d as i16)).map_or(&empty, |dev| &dev.trace);
-            self.trace(trace);
-        }
-        self.p.appends();
-        let dropped: Vec<u64> = (0..n_dev)
-            .map(|d| model.devs.get(&(d as i16)).map_or(0, |dev| dev.dropped))
-            .collect();
-        if dropped.iter().any(|&n| n > 0) {
-            // Not a key of PyTorch's snapshots: the viewer ignores it; a reader of the pickle
-            // learns that the history is cut.
-            self.p.str("oomtrace");
-            self.p.empty_dict();
-            self.p.mark();
-            self.p.str("max_entries");
-            self.p.uint(model.max_entries as u64);
-            self.p.str("dropped_entries");
-            self.p.empty_list();
-            self.p.mark();
-            for n in dropped {
-                self.p.uint(n);
-            }
-            self.p.appends();
-            self.p.str("note");
-            self.p.str(
-                "device_traces holds the most recent max_entries entries of each device; \
-                 older ones were left out (oomtrace export --max-entries 0 keeps all)",
-            );
-            self.p.setitems();
-        }
-        self.p.setitems();
-    }
-
-    fn segment(&mut self, s: &OutSeg) {
-        let allocated: u64 = s
-            .blocks
-            .iter()
-            .filter(|b| b.state != "inactive")
-            .map(|b| b.size)
-            .sum();
-        self.p.empty_dict();
-        self.p.mark();
-        self.p.str("device");
-        self.p.int(i64::from(s.device));
-        self.p.str("address");
-        self.p.uint(s.addr);
-        self.p.str("total_size");
-        self.p.uint(s.size);
-        for key in ["allocated_size", "active_size", "requested_size"] {
-            self.p.str(key);
-            self.p.uint(allocated);
-        }
-        self.p.str("stream");
-        self.p.int(s.stream);
-        self.p.str("segment_type");
-        self.p
-            .str(if s.size <= 1 << 20 { "small" } else { "large" });
-        self.p.str("segment_pool_id");
-        self.p.int(0);
-        self.p.int(0);
-        self.p.tuple2();
-        self.p.str("is_expandable");
-        self.p.bool(s.expandable);
-        self.p.str("frames");
-        self.frames(s.site);
-        self.p.str("blocks");
-        self.p.empty_list();
-        self.p.mark();
-        for b in &s.blocks {
-            self.p.empty_dict();
-            self.p.mark();
-            self.p.str("address");
-            self.p.uint(b.addr);
-            self.p.str("size");
-            self.p.uint(b.size);
-            self.p.str("requested_size");
-            self.p.uint(b.size);
-            self.p.str("state");
-            self.p.str(b.state);
-            self.p.str("frames");
-            self.frames(b.site);
-            self.p.setitems();
-        }
-        self.p.appends();
-        self.p.setitems();
-    }
-
-    fn trace(&mut self, entries: &VecDeque<Entry>) {
-        self.p.empty_list();
-        let mut in_batch = 0;
-        for e in entries {
-            if e.hidden {
-                continue;
-            }
-            if in_batch == 0 {
-                self.p.mark();
-            }
-            self.entry(e);
-            in_batch += 1;
-            if in_batch == super::pickle::BATCH {
-                self.p.appends();
-                in_batch = 0;
-            }
-        }
-        if in_batch > 0 {
-            self.p.appends();
-        }
-    }
-
-    fn entry(&mut self, e: &Entry) {
-        self.p.empty_dict();
-        self.p.mark();
-        self.p.str("action");
-        self.p.str(e.action.name());
-        self.p.str("addr");
-        self.p.uint(e.addr);
-        self.p.str("size");
-        self.p.uint(e.size);
-        self.p.str("stream");
-        self.p.int(e.stream);
-        self.p.str("time_us");
-        self.p.int(self.clock.time_us(e.ts_ns));
-        if e.action == Action::Oom {
-            self.p.str("device_free");
-            self.p.uint(e.device_free);
-        }
-        self.p.str("frames");
-        self.frames(e.site);
-        self.p.setitems();
-    }
-
-    fn frames(&mut self, site: SiteId) {
-        if let Some(&i) = self.frame_lists.get(&site) {
-            self.p.get(i);
-            return;
-        }
-        let frames = if site.0 == 0 {
-            Vec::new()
-        } else {
-            self.sym.site(self.process, site)
-        };
-        self.p.empty_list();
-        let i = self.p.memoize();
-        self.frame_lists.insert(site, i);
-        if frames.is_empty() {
-            return;
-        }
-        self.p.mark();
-        for f in &frames {
-            let key = (frame_file(f), frame_name(f), f.line);
-            if let Some(&i) = self.frame_dicts.get(&key) {
-                self.p.get(i);
-                continue;
-            }
-            self.p.empty_dict();
-            let i = self.p.memoize();
-            self.p.mark();
-            self.p.str("filename");
-            self.p.str(&key.0);
-            self.p.str("line");
-            self.p.int(i64::from(key.2));
-            self.p.str("name");
-            self.p.str(&key.1);
-            self.p.setitems();
-            self.frame_dicts.insert(key, i);
-        }
-        self.p.appends();
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const S: SiteId = SiteId(0);
+    const S: Site = Site::NONE;
 
     /// The actions of device 0 as the snapshot writes them (whole-segment blocks of segments
     /// that held tensors left out).
     fn actions(m: &Model) -> Vec<(&'static str, u64, u64)> {
-        m.devs[&0]
-            .trace
-            .iter()
-            .filter(|e| !e.hidden)
+        actions_on(m, 0)
+    }
+
+    fn actions_on(m: &Model, d: i16) -> Vec<(&'static str, u64, u64)> {
+        m.entries(d)
             .map(|e| (e.action.name(), e.addr, e.size))
             .collect()
     }
@@ -886,7 +612,7 @@ mod tests {
 
     fn layout(m: &Model) -> Layout {
         let mut out = Vec::new();
-        each_segment(m, |s| {
+        m.each_segment(|s| {
             let blocks = s.blocks.iter().map(|b| (b.addr, b.size, b.state)).collect();
             out.push((s.addr, s.size, s.expandable, blocks));
         });
@@ -1008,7 +734,7 @@ mod tests {
                 ("alloc", 0x1000, 0x800),
             ]
         );
-        assert_eq!(m.devs[&0].dropped, 4);
+        assert_eq!(m.dropped(0), 4);
         assert_eq!(m.devs[&0].trace.len(), 4);
         // The final state does not depend on the ring.
         assert_eq!(
@@ -1031,6 +757,276 @@ mod tests {
             actions(&m),
             vec![("segment_alloc", 0x1000, 0x4000), ("alloc", 0x1000, 0x800)]
         );
-        assert_eq!(m.devs[&0].dropped, 0);
+        assert_eq!(m.dropped(0), 0);
+    }
+
+    // The model fed events, as a replay feeds it: what it shows and what it leaves out.
+
+    /// The process state the model asks about, set by each test.
+    #[derive(Default)]
+    struct Cx {
+        last_free: HashMap<i16, u64>,
+        handles: HashMap<u64, (i16, Site)>,
+    }
+
+    impl Context for Cx {
+        fn last_free(&self, device: i16) -> Option<u64> {
+            self.last_free.get(&device).copied()
+        }
+
+        fn handle(&self, handle: u64) -> Option<(i16, Site)> {
+            self.handles.get(&handle).copied()
+        }
+    }
+
+    /// An event of `kind` by `api` on `device`: `ptr`, `size`, at time `ts` (ns).
+    fn ev(kind: EventKind, api: Api, device: i16, ptr: u64, size: u64, ts: u64) -> Event {
+        let mut e = Event::new(kind, api);
+        e.device = device;
+        e.ptr = ptr;
+        e.size = size;
+        e.ts_ns = ts;
+        e
+    }
+
+    /// Feeds `e` (without a call site) to `m`.
+    fn step(m: &mut Model, cx: &Cx, e: Event) {
+        m.on_event(cx, &e, S);
+    }
+
+    fn site(n: u32) -> Site {
+        Site::from_number(n)
+    }
+
+    #[test]
+    fn a_driver_allocation_is_a_segment_and_one_block() {
+        let cx = Cx::default();
+        let mut m = Model::new(0);
+        let mut alloc = ev(EventKind::Alloc, Api::cudaMalloc, 0, 0x1000, 0x2000, 10);
+        alloc.aux = 0x77; // the stream
+        m.on_event(&cx, &alloc, site(3));
+        assert_eq!(
+            layout(&m),
+            vec![(
+                0x1000,
+                0x2000,
+                false,
+                vec![(0x1000, 0x2000, "active_allocated")]
+            )]
+        );
+        // The free comes from another site, without a device: found by its address.
+        let free = ev(EventKind::Free, Api::cudaFree, -1, 0x1000, 0, 20);
+        m.on_event(&cx, &free, site(4));
+        assert_eq!(
+            actions(&m),
+            vec![
+                ("segment_alloc", 0x1000, 0x2000),
+                ("alloc", 0x1000, 0x2000),
+                ("free_requested", 0x1000, 0x2000),
+                ("free_completed", 0x1000, 0x2000),
+                ("segment_free", 0x1000, 0x2000),
+            ]
+        );
+        // Every entry carries the allocation's stream and frames, and its event's time.
+        let e: Vec<&Entry> = m.entries(0).collect();
+        assert!(e.iter().all(|e| e.stream == 0x77 && e.site == site(3)));
+        assert_eq!(
+            e.iter().map(|e| e.ts_ns).collect::<Vec<_>>(),
+            [10, 10, 20, 20, 20]
+        );
+        assert!(layout(&m).is_empty());
+        assert_eq!(m.device_count(), 1);
+    }
+
+    #[test]
+    fn what_is_not_device_memory_is_left_out() {
+        let cx = Cx::default();
+        let mut m = Model::new(0);
+        let events = [
+            // Pinned host memory, on device -1 or on a GPU.
+            ev(EventKind::Alloc, Api::cudaMallocHost, -1, 0x1000, 0x100, 1),
+            ev(EventKind::Alloc, Api::cudaMallocHost, 0, 0x2000, 0x100, 2),
+            // Nothing allocated: 0 bytes, or a null pointer.
+            ev(EventKind::Alloc, Api::cudaMalloc, 0, 0x3000, 0, 3),
+            ev(EventKind::Alloc, Api::cudaMalloc, 0, 0, 0x100, 4),
+            // Frees of addresses the model never saw.
+            ev(EventKind::Free, Api::cudaFree, 0, 0x4000, 0x100, 5),
+            ev(EventKind::Free, Api::oomtrace_free, 0, 0x5000, 0, 6),
+            // A failure that is not out-of-memory.
+            ev(EventKind::AllocFailed, Api::cudaMalloc, 0, 0, 0x100, 7),
+            // An unmap of nothing, a reading nobody waits for.
+            ev(EventKind::Unmap, Api::cuMemUnmap, 0, 0x6000, 0x100, 8),
+            ev(EventKind::MemInfo, Api::cuMemGetInfo_v2, 0, 5, 10, 9),
+        ];
+        let mut events = events.to_vec();
+        events[6].result = 1;
+        for e in &events {
+            m.on_event(&cx, e, site(1));
+        }
+        assert_eq!(m.device_count(), 0);
+        assert!(layout(&m).is_empty());
+        assert_eq!(m.dropped_entries(), 0);
+    }
+
+    #[test]
+    fn an_address_allocated_again_frees_its_previous_segment() {
+        let cx = Cx::default();
+        let mut m = Model::new(0);
+        step(
+            &mut m,
+            &cx,
+            ev(EventKind::Alloc, Api::cudaMalloc, 0, 0x1000, 0x400, 1),
+        );
+        // The free of the first allocation was lost; the address is handed out again.
+        step(
+            &mut m,
+            &cx,
+            ev(EventKind::Alloc, Api::cudaMalloc, 0, 0x1000, 0x800, 2),
+        );
+        assert_eq!(
+            actions(&m),
+            vec![
+                ("segment_alloc", 0x1000, 0x400),
+                ("alloc", 0x1000, 0x400),
+                ("free_requested", 0x1000, 0x400),
+                ("free_completed", 0x1000, 0x400),
+                ("segment_free", 0x1000, 0x400),
+                ("segment_alloc", 0x1000, 0x800),
+                ("alloc", 0x1000, 0x800),
+            ]
+        );
+        assert_eq!(
+            layout(&m),
+            vec![(
+                0x1000,
+                0x800,
+                false,
+                vec![(0x1000, 0x800, "active_allocated")]
+            )]
+        );
+    }
+
+    #[test]
+    fn tensors_in_a_driver_segment_are_its_blocks() {
+        let cx = Cx::default();
+        let mut m = Model::new(0);
+        let (seg, t) = (0x10_0000, 0x4000);
+        step(
+            &mut m,
+            &cx,
+            ev(EventKind::Alloc, Api::cudaMalloc, 0, seg, 0x1_0000, 1),
+        );
+        step(
+            &mut m,
+            &cx,
+            ev(EventKind::Alloc, Api::oomtrace_malloc, 0, seg, t, 2),
+        );
+        step(
+            &mut m,
+            &cx,
+            ev(EventKind::Free, Api::oomtrace_free, 0, seg, 0, 3),
+        );
+        // The segment stays, cached and empty: one inactive block.
+        assert_eq!(
+            layout(&m),
+            vec![(seg, 0x1_0000, false, vec![(seg, 0x1_0000, "inactive")])]
+        );
+        // A second free of the tensor frees nothing; the segment's own free does.
+        step(
+            &mut m,
+            &cx,
+            ev(EventKind::Free, Api::oomtrace_free, 0, seg, 0, 4),
+        );
+        step(
+            &mut m,
+            &cx,
+            ev(EventKind::Free, Api::cudaFree, 0, seg, 0, 5),
+        );
+        assert_eq!(
+            actions(&m),
+            vec![
+                ("segment_alloc", seg, 0x1_0000),
+                ("alloc", seg, t),
+                ("free_requested", seg, t),
+                ("free_completed", seg, t),
+                ("segment_free", seg, 0x1_0000),
+            ]
+        );
+        assert!(layout(&m).is_empty());
+    }
+
+    #[test]
+    fn an_oom_takes_the_driver_reading_that_follows_it() {
+        let mut cx = Cx::default();
+        cx.last_free.insert(0, 500);
+        let mut m = Model::new(0);
+        let mut oom = ev(EventKind::AllocFailed, Api::cudaMalloc, 0, 0, 1000, 1);
+        oom.result = OUT_OF_MEMORY;
+        oom.tid = 7;
+        m.on_event(&cx, &oom, site(2));
+        // Another thread's reading is not this failure's.
+        let mut other = ev(EventKind::MemInfo, Api::cuMemGetInfo_v2, 0, 111, 4000, 2);
+        other.tid = 8;
+        m.on_event(&cx, &other, S);
+        let free = |m: &Model| m.entries(0).map(|e| e.device_free).collect::<Vec<_>>();
+        assert_eq!(free(&m), [500], "until a reading follows, the last one");
+        let mut reading = ev(EventKind::MemInfo, Api::cuMemGetInfo_v2, 0, 123, 4000, 3);
+        reading.tid = 7;
+        m.on_event(&cx, &reading, S);
+        assert_eq!(free(&m), [123]);
+        // Only the first reading after the failure counts.
+        reading.ptr = 999;
+        m.on_event(&cx, &reading, S);
+        assert_eq!(free(&m), [123]);
+        let e = m.entries(0).next().unwrap();
+        assert_eq!(
+            (e.action, e.addr, e.size, e.site),
+            (Action::Oom, 0, 1000, site(2))
+        );
+        assert!(layout(&m).is_empty());
+    }
+
+    #[test]
+    fn a_vmm_mapping_is_a_segment_on_its_handles_device() {
+        let mut cx = Cx::default();
+        let handle = 0xabc;
+        cx.handles.insert(handle, (1, site(5)));
+        let mut m = Model::new(0);
+        let (va, size) = (0x20_0000, 0x20_0000);
+        let mut map = ev(EventKind::Map, Api::cuMemMap, -1, va, size, 1);
+        map.aux = handle;
+        m.on_event(&cx, &map, site(9));
+        // A mapping of a handle the trace never saw, on no device: left out.
+        let mut stray = ev(EventKind::Map, Api::cuMemMap, -1, 0x80_0000, size, 2);
+        stray.aux = 0xdef;
+        m.on_event(&cx, &stray, site(9));
+        assert_eq!(m.device_count(), 2, "device 0 listed, empty");
+        assert!(actions_on(&m, 0).is_empty());
+        assert_eq!(
+            layout(&m),
+            vec![(va, size, true, vec![(va, size, "active_allocated")])]
+        );
+        let sites: Vec<Site> = m.entries(1).map(|e| e.site).collect();
+        assert_eq!(
+            sites,
+            [site(9), site(5)],
+            "segment: the map call; block: the handle's"
+        );
+        step(
+            &mut m,
+            &cx,
+            ev(EventKind::Unmap, Api::cuMemUnmap, -1, va, size, 3),
+        );
+        assert_eq!(
+            actions_on(&m, 1),
+            vec![
+                ("segment_map", va, size),
+                ("alloc", va, size),
+                ("free_requested", va, size),
+                ("free_completed", va, size),
+                ("segment_unmap", va, size),
+            ]
+        );
+        assert!(layout(&m).is_empty());
     }
 }

@@ -1,0 +1,370 @@
+//! The exporters' read-only view of a trace: the one file under `export/` (and of `oomtrace
+//! export`) that names `oomtrace_collector` types.
+//!
+//! Why: the exporters need little of the collector (a replay that shows each event with its
+//! process's state just before it, a few per-process totals, symbolized call sites), and the
+//! collector's internals change more often than that need. Everything the exporters read
+//! goes through the small types here, so a change in the collector is fixed in this file
+//! alone, and an exporter cannot come to depend on a field it was never meant to see.
+//!
+//! - [`replay`] runs a trace file, showing each event or marker ([`Seen`]) with its process
+//!   ([`ProcessView`], the state before the event is applied), and returns the final state
+//!   ([`Trace`]).
+//! - [`ProcessView`]: a process's identity, end, per-device totals ([`DeviceTotals`]), live
+//!   allocations ([`LiveAlloc`]), physical VMM handles ([`Handle`]) and live bytes per call
+//!   site ([`Site`]).
+//! - [`Symbolizer`]: a call site's frames ([`Frame`]), innermost first.
+//!
+//! Wire-level records (`oomtrace_proto::Event`, `EventKind`, `Api`) are shown as they are:
+//! they are the trace format, not the collector's model.
+
+use std::path::Path;
+
+use oomtrace_collector::history::{self, Seen as CollectorSeen};
+use oomtrace_collector::state::{self, EndState, Process, SiteId};
+use oomtrace_collector::symbolize::{FrameInfo, StackSymbolizer};
+use oomtrace_proto::wire::GoodbyeReason;
+use oomtrace_proto::Event;
+
+use crate::Failure;
+
+/// The `result` of a failed allocation that ran out of memory (the runtime's and the
+/// driver's codes share the value).
+pub const OUT_OF_MEMORY: i32 = state::OUT_OF_MEMORY;
+
+/// A deduplicated call site of one process; [`Site::NONE`] means no stack was recorded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Site(SiteId);
+
+impl Site {
+    /// No stack recorded.
+    pub const NONE: Site = Site(SiteId(0));
+
+    /// The site's number, unique within its process (0: none).
+    pub fn number(self) -> u32 {
+        self.0 .0
+    }
+
+    pub fn is_none(self) -> bool {
+        self.0 .0 == 0
+    }
+
+    /// A site by number (for tests of code that only carries sites around).
+    #[cfg(test)]
+    pub fn from_number(n: u32) -> Site {
+        Site(SiteId(n))
+    }
+}
+
+/// One replayed record of a process, not yet applied to its state.
+#[derive(Clone, Copy, Debug)]
+pub enum Seen<'a> {
+    /// An event; `site` is its stack's call site ([`Site::NONE`]: none).
+    Event { event: &'a Event, site: Site },
+    /// A step marker (`oomtrace_mark`).
+    Marker {
+        seq: u64,
+        ts_ns: u64,
+        tid: u32,
+        label: &'a str,
+    },
+}
+
+impl<'a> Seen<'a> {
+    fn from_collector(seen: CollectorSeen<'a>) -> Seen<'a> {
+        match seen {
+            CollectorSeen::Event { event, site } => Seen::Event {
+                event,
+                site: Site(site),
+            },
+            CollectorSeen::Marker {
+                seq,
+                ts_ns,
+                tid,
+                label,
+                ..
+            } => Seen::Marker {
+                seq,
+                ts_ns,
+                tid,
+                label,
+            },
+        }
+    }
+}
+
+/// How a process's stream ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// Said goodbye from `exit` (or without saying how).
+    Exited,
+    /// Said goodbye from `_exit`.
+    UnderscoreExit,
+    /// The shim stopped tracing while the process lived on.
+    Detached,
+    /// Closed without a goodbye: killed or crashed.
+    Abrupt,
+    /// Still connected when the trace ended.
+    Running,
+    /// Dropped for sending garbage.
+    ProtocolError,
+}
+
+/// Totals of one device (or of pinned host memory, device -1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceTotals {
+    /// Events attributed to the device.
+    pub events: u64,
+    /// Tracked live bytes now.
+    pub live_bytes: u64,
+    pub peak_bytes: u64,
+    /// Free device memory as the driver last reported it.
+    pub last_free: Option<u64>,
+}
+
+/// A live allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveAlloc {
+    pub size: u64,
+    pub device: i16,
+    /// Where it was allocated.
+    pub site: Site,
+}
+
+/// A physical VMM allocation (`cuMemCreate`) by its handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Handle {
+    pub device: i16,
+    /// Where it was created.
+    pub site: Site,
+}
+
+/// One process of a trace, as it stands at one moment of a replay (or at the end).
+#[derive(Clone, Copy)]
+pub struct ProcessView<'a>(&'a Process);
+
+impl<'a> ProcessView<'a> {
+    /// The connection it came on: the process's identity within the trace (a pid can
+    /// repeat, a connection cannot).
+    pub fn conn(self) -> u32 {
+        self.0.conn
+    }
+
+    pub fn pid(self) -> u32 {
+        self.0.pid()
+    }
+
+    pub fn ppid(self) -> u32 {
+        self.0.hello.ppid
+    }
+
+    /// The command line, as one string.
+    pub fn command(self) -> String {
+        self.0.command()
+    }
+
+    /// The executable's path ("" when unknown).
+    pub fn exe(self) -> &'a str {
+        &self.0.hello.exe
+    }
+
+    /// argv[0], if there was one.
+    pub fn argv0(self) -> Option<&'a str> {
+        self.0.hello.argv.first().map(String::as_str)
+    }
+
+    /// When it started (Unix time, ns; 0 when unknown).
+    pub fn start_unix_ns(self) -> u64 {
+        self.0.hello.start_unix_ns
+    }
+
+    /// The monotonic timestamp of its first event (0: none yet).
+    pub fn first_ts_ns(self) -> u64 {
+        self.0.first_ts_ns
+    }
+
+    pub fn end(self) -> End {
+        match self.0.end {
+            EndState::Exited(Some(GoodbyeReason::UnderscoreExit)) => End::UnderscoreExit,
+            EndState::Exited(Some(GoodbyeReason::Detach)) => End::Detached,
+            EndState::Exited(_) => End::Exited,
+            EndState::Abrupt => End::Abrupt,
+            EndState::Running => End::Running,
+            EndState::ProtocolError => End::ProtocolError,
+        }
+    }
+
+    /// Events received.
+    pub fn events(self) -> u64 {
+        self.0.events
+    }
+
+    /// Events the shim could not send.
+    pub fn lost_events(self) -> u64 {
+        self.0.lost.events
+    }
+
+    /// Every device it used (-1: pinned host memory), in ascending order.
+    pub fn devices(self) -> impl Iterator<Item = (i16, DeviceTotals)> + 'a {
+        self.0.devices.iter().map(|(&d, s)| (d, totals(s)))
+    }
+
+    pub fn device(self, device: i16) -> Option<DeviceTotals> {
+        self.0.devices.get(&device).map(totals)
+    }
+
+    /// The live allocation at `ptr`.
+    pub fn live(self, ptr: u64) -> Option<LiveAlloc> {
+        self.0.live.get(&ptr).map(|a| LiveAlloc {
+            size: a.size,
+            device: a.device,
+            site: Site(a.site),
+        })
+    }
+
+    /// The physical allocation with handle `handle`.
+    pub fn handle(self, handle: u64) -> Option<Handle> {
+        self.0.handles.get(&handle).map(|h| Handle {
+            device: h.device,
+            site: Site(h.site),
+        })
+    }
+
+    /// The live bytes of each call site that allocated on `device`, in no particular order
+    /// (sites that hold nothing now included, as 0).
+    pub fn live_by_site(self, device: i16) -> impl Iterator<Item = (Site, u64)> + 'a {
+        self.0
+            .site_stats
+            .iter()
+            .filter(move |((_, d), _)| *d == device)
+            .map(|((site, _), s)| (Site(*site), s.live_bytes))
+    }
+}
+
+fn totals(s: &state::DeviceState) -> DeviceTotals {
+    DeviceTotals {
+        events: s.events,
+        live_bytes: s.live_bytes,
+        peak_bytes: s.peak_bytes,
+        last_free: s.last_free,
+    }
+}
+
+/// A replayed trace at its end.
+pub struct Trace(oomtrace_collector::trace::Trace);
+
+impl Trace {
+    /// Its processes, in the order their connections opened.
+    pub fn processes(&self) -> impl Iterator<Item = ProcessView<'_>> {
+        self.0.processes.iter().map(ProcessView)
+    }
+
+    /// The process on connection `conn`; an error if there is none (the file changed
+    /// between two replays).
+    pub fn by_conn(&self, conn: u32) -> Result<ProcessView<'_>, Failure> {
+        self.processes()
+            .find(|p| p.conn() == conn)
+            .ok_or_else(|| Failure::new("the trace file changed while it was exported"))
+    }
+
+    /// Things a reader should know (truncation, protocol errors), one sentence each.
+    pub fn warnings(&self) -> &[String] {
+        &self.0.warnings
+    }
+}
+
+/// Replays the trace file at `path`, showing each event and marker to `visit` with its
+/// process's state just before it, and telling `progress(bytes read, file size)` as it goes;
+/// returns the trace as it stands at the end.
+pub fn replay(
+    path: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+    mut visit: impl FnMut(ProcessView<'_>, Seen<'_>),
+) -> Result<Trace, Failure> {
+    let trace = history::replay_with_progress(path, progress, |p, seen| {
+        visit(ProcessView(p), Seen::from_collector(seen))
+    })?;
+    Ok(Trace(trace))
+}
+
+/// One symbolized frame. Empty strings and 0 mean unknown.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Frame {
+    pub function: String,
+    pub file: String,
+    pub line: u32,
+    /// File name of the module (executable or shared object).
+    pub module: String,
+    /// Absolute return address in the traced process, hex.
+    pub address: String,
+    /// Address within the module's file, hex.
+    pub offset: String,
+    /// A Python frame (`function` is the code object's qualified name, `module` "python").
+    pub python: bool,
+}
+
+impl From<FrameInfo> for Frame {
+    fn from(f: FrameInfo) -> Frame {
+        Frame {
+            function: f.function,
+            file: f.file,
+            line: f.line,
+            module: f.module,
+            address: f.address,
+            offset: f.offset,
+            python: f.python,
+        }
+    }
+}
+
+/// Symbolizes call sites (caching what it read of each module).
+pub struct Symbolizer(StackSymbolizer);
+
+impl Default for Symbolizer {
+    fn default() -> Symbolizer {
+        Symbolizer::new()
+    }
+}
+
+impl Symbolizer {
+    pub fn new() -> Symbolizer {
+        Symbolizer(StackSymbolizer::new())
+    }
+
+    /// The frames of `site` in process `p`, innermost first; inlined calls are frames of
+    /// their own.
+    pub fn site(&mut self, p: ProcessView<'_>, site: Site) -> Vec<Frame> {
+        self.0
+            .site(p.0, site.0)
+            .into_iter()
+            .map(Frame::from)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The json export writes a [`Frame`] as the collector's frame serializes into a JSON value
+    /// (what the export wrote before this view): the same value, so the same bytes, with and
+    /// without the `python` flag.
+    #[test]
+    fn frames_are_written_as_the_collectors_serialize() {
+        for python in [false, true] {
+            let f = FrameInfo {
+                function: "train_step".into(),
+                file: "/src/train.py".into(),
+                line: 42,
+                module: "python".into(),
+                address: "0x7f00".into(),
+                offset: "0x10".into(),
+                python,
+            };
+            let theirs = serde_json::to_value(&f).unwrap();
+            let ours = super::super::json::frame_json(&Frame::from(f));
+            assert_eq!(ours, theirs);
+            assert_eq!(ours.to_string(), theirs.to_string());
+        }
+    }
+}
