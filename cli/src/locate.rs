@@ -157,7 +157,7 @@ mod tests {
     fn embedded_library_is_extracted_once_into_a_private_directory() {
         let cache =
             std::env::temp_dir().join(format!("oomtrace-cache-test-{}", std::process::id()));
-        // SAFETY of set_var: this is the only test in this binary that reads XDG_CACHE_HOME.
+        // SAFETY: set_var races only with readers of the environment, and this is the only test in this binary that reads XDG_CACHE_HOME.
         unsafe { std::env::set_var("XDG_CACHE_HOME", &cache) };
         let lib = extract_embedded(b"\x7fELF not really").unwrap();
         assert_eq!(std::fs::read(&lib).unwrap(), b"\x7fELF not really");

@@ -182,7 +182,7 @@ fn one_standalone_collector_serves_many_processes_at_once() {
     }
     drop(garbage);
     // SIGTERM: the collector finishes the file and exits 0.
-    unsafe { libc::kill(collector.id() as i32, libc::SIGTERM) };
+    signal(&collector, libc::SIGTERM);
     let out = collector.wait_with_output().unwrap();
     assert!(
         out.status.success(),

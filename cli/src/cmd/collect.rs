@@ -13,6 +13,8 @@ use oomtrace_collector::server::{Collector, Options};
 use crate::{render, signals, Failure};
 
 /// Run a collector on a Unix socket; traced processes connect through OOMTRACE_SOCKET.
+// Doc comments here are clap help text, where `<pid>` is a placeholder, not an HTML tag.
+#[allow(rustdoc::invalid_html_tags)]
 #[derive(clap::Args)]
 pub struct Args {
     /// Unix socket to listen on (created; a stale socket nobody listens on is replaced,

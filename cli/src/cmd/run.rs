@@ -15,6 +15,8 @@ use oomtrace_proto::collector_spawn::{self, NotListening};
 use crate::{locate, render, signals, Failure};
 
 /// Run a command with the tracer preloaded; print findings and a summary on stderr.
+// Doc comments here are clap help text, where `<pid>` is a placeholder, not an HTML tag.
+#[allow(rustdoc::invalid_html_tags)]
 #[derive(clap::Args)]
 pub struct Args {
     /// Per-tensor tracing of PyTorch: CMD's `import torch` installs oomtrace as PyTorch's

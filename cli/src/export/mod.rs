@@ -141,7 +141,7 @@ pub fn frame_file(f: &Frame) -> String {
     }
 }
 
-/// A process's short name: the executable's file name (or argv[0]'s).
+/// A process's short name: the executable's file name (or `argv[0]`'s).
 pub fn short_name(p: ProcessView<'_>) -> String {
     let exe = if p.exe().is_empty() {
         p.argv0().unwrap_or_default().to_string()

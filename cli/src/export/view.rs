@@ -20,9 +20,9 @@
 
 use std::path::Path;
 
-use oomtrace_collector::history::{self, Seen as CollectorSeen};
-use oomtrace_collector::state::{self, EndState, Process, SiteId};
-use oomtrace_collector::symbolize::{FrameInfo, StackSymbolizer};
+use oomtrace_collector::model::history::{self, Seen as CollectorSeen};
+use oomtrace_collector::model::{self as state, EndState, Process, SiteId};
+use oomtrace_collector::report::symbolize::{FrameInfo, StackSymbolizer};
 use oomtrace_proto::wire::GoodbyeReason;
 use oomtrace_proto::Event;
 
@@ -168,7 +168,7 @@ impl<'a> ProcessView<'a> {
         &self.0.hello.exe
     }
 
-    /// argv[0], if there was one.
+    /// `argv[0]`, if there was one.
     pub fn argv0(self) -> Option<&'a str> {
         self.0.hello.argv.first().map(String::as_str)
     }
@@ -251,7 +251,7 @@ fn totals(s: &state::DeviceState) -> DeviceTotals {
 }
 
 /// A replayed trace at its end.
-pub struct Trace(oomtrace_collector::trace::Trace);
+pub struct Trace(oomtrace_collector::model::trace::Trace);
 
 impl Trace {
     /// Its processes, in the order their connections opened.

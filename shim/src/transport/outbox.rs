@@ -85,12 +85,12 @@ impl Outbox {
         self.shared.total_lost()
     }
 
-    /// Everything queued so far leaves the process (bounded wait; see [`flush`]).
+    /// Everything queued so far leaves the process (bounded wait; see `flush`).
     pub fn flush(&self, timeout: Duration) -> bool {
         flush(self, timeout)
     }
 
-    /// The end of the stream (bounded wait; see [`shutdown`]).
+    /// The end of the stream (bounded wait; see `shutdown`).
     pub fn shutdown(&self, reason: GoodbyeReason, timeout: Duration) -> bool {
         shutdown(self, reason, timeout)
     }

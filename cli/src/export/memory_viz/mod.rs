@@ -63,7 +63,7 @@ use model::Model;
 /// training loop, and a pickle of some tens of MB that the viewer opens in seconds.
 pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
 
-/// What [`write`] left out.
+/// What [`write()`] left out.
 pub struct Written {
     /// Entries that fell out of the per-device ring (all devices).
     pub dropped_entries: u64,
