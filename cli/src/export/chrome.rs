@@ -10,7 +10,7 @@
 //!   marker (`oomtrace_mark`), named by its label.
 //! - `ts` in microseconds since the first event of the exported processes.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 
@@ -109,7 +109,9 @@ pub fn write(
             w.event(&v);
         }
     }
-    let mut tracks: HashMap<u32, Track> = HashMap::new();
+    // Ordered by connection, so the last counters of each process come out in the same order
+    // in every run (a HashMap made the output differ from run to run).
+    let mut tracks: BTreeMap<u32, Track> = BTreeMap::new();
     let mut sym = Symbolizer::new();
     let trace = view::replay(
         path,
