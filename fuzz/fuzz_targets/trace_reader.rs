@@ -3,11 +3,12 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use oomtrace_collector::analysis::Analysis;
+use oomtrace_collector::model::trace::Trace;
 use oomtrace_collector::report::{build, ReportOptions};
-use oomtrace_collector::trace::Trace;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(trace) = Trace::read(data) {
+    if let Ok(trace) = Trace::<Analysis>::read(data) {
         let report = build(
             &trace,
             &ReportOptions {

@@ -4,7 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use oomtrace_collector::trace::Trace;
+use oomtrace_collector::analysis::Analysis;
+use oomtrace_collector::model::trace::Trace;
 use oomtrace_proto::trace_file::FileHeader;
 use oomtrace_proto::wire::{self, Next};
 
@@ -15,7 +16,7 @@ fuzz_target!(|data: &[u8]| {
         used += len;
     }
     // And through the state, as the collector applies a chunk.
-    let mut trace = Trace::new(FileHeader {
+    let mut trace = Trace::<Analysis>::new(FileHeader {
         version: 1,
         created_unix_ns: 0,
         producer: "fuzz".into(),
