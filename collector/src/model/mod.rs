@@ -172,6 +172,40 @@ pub struct FrameInfo {
     pub python: bool,
 }
 
+/// Whether the module at `path` is the Python interpreter: `libpython3.11.so.1.0` (and any
+/// other `libpython*.so*`), or an executable named `python`, `python3`, `python3.11`,
+/// `python3.13t`, ... (a statically linked interpreter). Decided from the file name alone, so
+/// it works without symbols. Extension modules (`_ctypes.cpython-311-x86_64-linux-gnu.so`),
+/// libffi and the user's own libraries are not the interpreter.
+pub fn is_interpreter_module(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    if let Some(rest) = name.strip_prefix("libpython") {
+        return rest.contains(".so");
+    }
+    let Some(version) = name.strip_prefix("python") else {
+        return false;
+    };
+    // The version, then the ABI flags of a build variant (debug `d`, free-threaded `t`,
+    // the old pymalloc `m`).
+    let flags = version.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.');
+    flags.chars().all(|c| matches!(c, 'd' | 't' | 'm'))
+}
+
+/// A stack's identity as a call site: its frames less those inside the Python interpreter.
+/// CPython specialises a call after a few executions (3.11+), so the same Python line reaches
+/// the same native function through different interpreter functions (`PyObject_Vectorcall`
+/// then `cfunction_vectorcall_...` at first, a direct call after): counted apart, one leak
+/// would be split into two sites. The Python frames (code object and bytecode offset) still
+/// tell one line from another, and every frame outside the interpreter (extension modules,
+/// libffi, the user's own libraries) still counts.
+fn site_key(frames: &[RawFrame], interpreter: &[bool]) -> Vec<RawFrame> {
+    frames
+        .iter()
+        .filter(|f| !f.module.is_some_and(|m| interpreter.get(m).copied().unwrap_or(false)))
+        .cloned()
+        .collect()
+}
+
 /// How a process's stream ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EndState {
@@ -202,9 +236,13 @@ pub struct Process {
     module_index: FxHashMap<u32, usize>,
     /// Shim stack id -> site (the shim may send one stack under several ids).
     stack_sites: FxHashMap<u32, SiteId>,
+    /// A stack's identity ([`site_key`]: its frames less the interpreter's own) -> site.
     site_index: FxHashMap<Vec<RawFrame>, SiteId>,
-    /// Frames of each site; index = SiteId (0 is the empty "no stack" site).
+    /// Frames of each site as first seen, interpreter frames included (the symbolizer places
+    /// Python frames by them); index = SiteId (0 is the empty "no stack" site).
     pub sites: Vec<Vec<RawFrame>>,
+    /// Per module (index as `modules`): whether it is the Python interpreter itself.
+    interpreter_modules: Vec<bool>,
     pub site_stats: FxHashMap<(SiteId, i16), SiteStats>,
     pub lost: Lost,
     pub events: u64,
@@ -239,6 +277,7 @@ impl Process {
             stack_sites: FxHashMap::default(),
             site_index: FxHashMap::default(),
             sites: vec![Vec::new()],
+            interpreter_modules: Vec::new(),
             site_stats: FxHashMap::default(),
             lost: Lost::default(),
             events: 0,
@@ -318,6 +357,8 @@ impl Process {
 
     fn define_module(&mut self, def: ModuleDef) {
         let id = def.id;
+        self.interpreter_modules
+            .push(is_interpreter_module(&def.path));
         self.modules.push(Module { def, gone: false });
         self.module_index.insert(id, self.modules.len() - 1);
     }
@@ -343,12 +384,13 @@ impl Process {
                 },
             })
             .collect();
-        let site = match self.site_index.get(&raw) {
+        let key = site_key(&raw, &self.interpreter_modules);
+        let site = match self.site_index.get(&key) {
             Some(&s) => s,
             None => {
                 let s = SiteId(self.sites.len() as u32);
-                self.sites.push(raw.clone());
-                self.site_index.insert(raw, s);
+                self.sites.push(raw);
+                self.site_index.insert(key, s);
                 s
             }
         };
@@ -774,6 +816,79 @@ mod tests {
         );
         assert_eq!(p.devices[&0].live_bytes, 0);
         assert_eq!(p.devices[&0].peak_bytes, 4096);
+    }
+
+    fn module(id: u32, start: u64, path: &str) -> ModuleDef {
+        ModuleDef {
+            id,
+            start,
+            end: start + 0x10_0000,
+            bias: start,
+            build_id: Vec::new(),
+            path: path.into(),
+        }
+    }
+
+    /// CPython 3.11 reaches the same native function from the same Python line through other
+    /// interpreter functions once it has specialised the call: still one site, from the first
+    /// allocation on; a frame of any other module still tells sites apart.
+    #[test]
+    fn stacks_that_differ_only_inside_the_interpreter_are_one_site() {
+        let mut p = proc();
+        p.define_module(module(1, 0x10_0000, "/usr/lib/libpython3.11.so.1.0"));
+        p.define_module(module(2, 0x20_0000, "/venv/lib/_ctypes.cpython-311-x86_64-linux-gnu.so"));
+        p.define_module(module(3, 0x30_0000, "/opt/py/bin/python3.13t"));
+        let py = PyFrame {
+            code: 7,
+            offset: 40,
+            group_end: true,
+        }
+        .encode();
+        // Generic call path, then the specialised one (other eval-loop return address).
+        p.define_stack(StackId(1), &[0x20_0100, 0x10_0200, 0x10_0300, 0x10_0400, py]);
+        p.define_stack(StackId(2), &[0x20_0100, 0x10_0500, py]);
+        // The statically linked interpreter is the interpreter too.
+        p.define_stack(StackId(3), &[0x20_0100, 0x30_0500, py]);
+        assert_eq!(p.stack_site(StackId(1)), p.stack_site(StackId(2)));
+        assert_eq!(p.stack_site(StackId(1)), p.stack_site(StackId(3)));
+        // The first stack is kept whole: the symbolizer places Python frames by its eval loop.
+        assert_eq!(p.sites[p.stack_site(StackId(1)).0 as usize].len(), 5);
+        // Another extension frame, or another Python line, is another site.
+        p.define_stack(StackId(4), &[0x20_0180, 0x10_0500, py]);
+        let other_line = PyFrame {
+            code: 7,
+            offset: 60,
+            group_end: true,
+        }
+        .encode();
+        p.define_stack(StackId(5), &[0x20_0100, 0x10_0500, other_line]);
+        let sites: std::collections::BTreeSet<SiteId> =
+            (1..=5).map(|i| p.stack_site(StackId(i))).collect();
+        assert_eq!(sites.len(), 3, "{sites:?}");
+    }
+
+    #[test]
+    fn the_interpreter_is_known_by_its_file_name() {
+        for path in [
+            "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0",
+            "/root/.pyenv/versions/3.12.1/lib/libpython3.12d.so",
+            "/usr/bin/python3.11",
+            "/usr/local/bin/python3",
+            "/opt/conda/bin/python",
+            "/opt/py/bin/python3.13t",
+        ] {
+            assert!(is_interpreter_module(path), "{path}");
+        }
+        for path in [
+            "/venv/lib/python3.11/lib-dynload/_ctypes.cpython-311-x86_64-linux-gnu.so",
+            "/usr/lib/x86_64-linux-gnu/libffi.so.8",
+            "/home/u/python_ext.so",
+            "/home/u/bin/python-train",
+            "/venv/lib/python3.11/site-packages/torch/lib/libtorch_python.so",
+            "/usr/lib/libpythonish.a",
+        ] {
+            assert!(!is_interpreter_module(path), "{path}");
+        }
     }
 
     #[test]
