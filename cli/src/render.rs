@@ -83,6 +83,12 @@ fn stack_text(out: &mut String, stack: &[FrameInfo], indent: &str, native_frames
         return;
     }
     let shown: Vec<&FrameInfo> = stack.iter().filter(|f| !is_runtime_start(f)).collect();
+    // The listing opens at the culprit: the CUDA runtime and allocator frames it called
+    // (a static runtime's `cudaMalloc` and hashed internals) follow on one line.
+    let start = culprit(stack)
+        .and_then(|c| shown.iter().position(|f| std::ptr::eq(*f, c)))
+        .unwrap_or(0);
+    let (inside, shown) = shown.split_at(start);
     for (i, f) in shown.iter().take(native_frames).enumerate() {
         let lead = if i == 0 { "at " } else { "   " };
         let _ = writeln!(out, "{indent}{lead}{}", frame_text(f));
@@ -94,6 +100,40 @@ fn stack_text(out: &mut String, stack: &[FrameInfo], indent: &str, native_frames
             shown.len() - native_frames
         );
     }
+    if !inside.is_empty() {
+        let calls: Vec<&str> = inside
+            .iter()
+            .rev()
+            .map(|f| {
+                if f.function.is_empty() {
+                    f.module.as_str()
+                } else {
+                    f.function.as_str()
+                }
+            })
+            .collect();
+        let _ = writeln!(out, "{indent}   (which calls {})", calls.join(" -> "));
+    }
+}
+
+/// For a call site in PyTorch's backward pass: its autograd node and the forward lines that
+/// ran its op, on one line.
+fn backward_text(out: &mut String, f: &Finding, indent: &str) {
+    let Some(b) = &f.backward_node else { return };
+    let forward = if b.forward_lines.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; its forward op `{}` ran at {}",
+            b.forward_op,
+            fmt_python_lines(&b.forward_lines, "allocation", 3)
+        )
+    };
+    let _ = writeln!(
+        out,
+        "{indent}in the backward pass, autograd node {}{forward}",
+        b.name
+    );
 }
 
 /// Whether a stack has Python frames (its place is then shown as the Python stack).
@@ -183,6 +223,7 @@ fn process_text(out: &mut String, p: &ProcessReport) {
 
 fn oom_text(out: &mut String, f: &Finding, with_holders: bool, native_frames: usize) {
     let _ = writeln!(out, "  pid {}: {}", f.pid, f.message);
+    backward_text(out, f, "      ");
     stack_text(out, &f.stack, "      ", native_frames);
     if let (true, Some(o)) = (with_holders, &f.oom) {
         if !o.top_sites.is_empty() {
@@ -297,6 +338,7 @@ fn detected_text(out: &mut String, f: &Finding, frames: usize) {
         );
     }
     let _ = writeln!(out, "      why: {}", f.hint);
+    backward_text(out, f, "      ");
     if !f.stack.is_empty() {
         stack_text(out, &f.stack, "      ", frames);
     }
@@ -370,6 +412,7 @@ pub fn full(r: &Report) -> String {
                 device_name(f.device),
                 f.pid
             );
+            backward_text(&mut out, f, "        ");
             stack_text(&mut out, &f.stack, "        ", TEXT_FRAMES);
         }
     }
@@ -412,6 +455,7 @@ pub fn summary(r: &Report) -> String {
             device_name(f.device),
             f.pid
         );
+        backward_text(&mut out, f, "      ");
         stack_text(&mut out, &f.stack, "      ", 3);
     }
     out

@@ -655,6 +655,8 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
             grew_at: d.grew_at.clone(),
         }))),
         record: None,
+        culprit: None,
+        backward_node: None,
     }
 }
 

@@ -249,6 +249,8 @@ fn finding(device: i16, d: &DeviceFrag) -> Finding {
             .into(),
         evidence: Some(Evidence::Fragmentation(ev.clone())),
         record: None,
+        culprit: None,
+        backward_node: None,
     }
 }
 

@@ -721,6 +721,8 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             python_lines: Vec::new(),
         }))),
         record: None,
+        culprit: None,
+        backward_node: None,
     }
 }
 

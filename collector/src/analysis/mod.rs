@@ -282,6 +282,27 @@ pub struct Finding {
     /// For OOM findings: the index of their record in [`oom::OomDetector::records`].
     #[serde(skip)]
     pub record: Option<usize>,
+    /// The frame of `stack` a one-line summary names (set by the report): the innermost frame
+    /// of the user's own code, past CUDA runtime, allocator and interpreter internals.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub culprit: Option<FrameInfo>,
+    /// For a call site in PyTorch's backward pass (no Python frames, an autograd node among
+    /// its native frames): that node and the forward lines that made it (set by the report).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backward_node: Option<BackwardNode>,
+}
+
+/// The autograd node a backward-pass allocation ran in, and where its forward op ran.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BackwardNode {
+    /// The node's class, e.g. `AddmmBackward0`.
+    pub name: String,
+    /// The forward operator it differentiates, e.g. `addmm` (`at::_ops::addmm`).
+    pub forward_op: String,
+    /// The Python lines whose allocations ran that forward op in the same process, most
+    /// allocations first: the likely creators of the node (a heuristic, see
+    /// docs/detection.md), empty when none was seen.
+    pub forward_lines: Vec<PythonLine>,
 }
 
 fn api_name<S: Serializer>(api: &Option<Api>, s: S) -> Result<S::Ok, S::Error> {
@@ -310,6 +331,8 @@ impl Finding {
             site: SiteId(0),
             cause: Cause::Unknown,
             record: None,
+            culprit: None,
+            backward_node: None,
         }
     }
 

@@ -219,6 +219,8 @@ fn finding_of(r: &OomRecord, nth: u64) -> Finding {
         hint,
         evidence: None,
         record: None,
+        culprit: None,
+        backward_node: None,
     }
 }
 

@@ -162,6 +162,8 @@ fn finding(device: i16, t: u32, line: &Line, peak: f64, cap: u64, live: u64) -> 
             first_crossed_step: line.first.map(|f| f.0).unwrap_or(0),
         })),
         record: None,
+        culprit: None,
+        backward_node: None,
     }
 }
 

@@ -3,6 +3,7 @@
 //! Concise on purpose: the report has the stacks and the evidence.
 
 use super::hints::{fmt_python_lines, resolve_device_growth, torch_segments};
+use super::roles::backward_node;
 use super::symbolize::{culprit, StackSymbolizer};
 use crate::analysis::device_growth::{DeviceGrowthEvidence, Events};
 use crate::analysis::growth::TRACE_TENSORS;
@@ -10,11 +11,16 @@ use crate::analysis::{Alert, Change, Evidence, Kind};
 use crate::model::{FrameInfo, Process};
 use crate::units::{fmt_bytes, fmt_rate};
 
-/// "history_append (leak_history.c:12)", or the module and offset without symbols.
+/// "history_append (leak_history.c:12)", or the module and offset without symbols; in
+/// PyTorch's backward pass, the autograd node first: "AddmmBackward0 (backward pass), in ...".
 fn place(frames: &[FrameInfo]) -> Option<String> {
     let f = culprit(frames)?;
+    let node = backward_node(frames)
+        .filter(|_| !frames.iter().any(|f| f.python))
+        .map(|n| format!("{n} (backward pass), in "))
+        .unwrap_or_default();
     let file = f.file.rsplit('/').next().unwrap_or("");
-    Some(match (f.function.is_empty(), file.is_empty()) {
+    Some(node + &match (f.function.is_empty(), file.is_empty()) {
         (false, false) if f.line > 0 => format!("{} ({file}:{})", f.function, f.line),
         (false, _) => f.function.clone(),
         _ => format!(

@@ -10,13 +10,16 @@
 
 pub mod hints;
 pub mod live;
+pub mod roles;
 pub mod symbolize;
+
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
 pub use crate::analysis::oom::{OomDetail, SiteShare};
 use crate::analysis::{growth, Analysis, Evidence, Severity};
-pub use crate::analysis::{Cause, Finding, Kind, Level, PythonLine};
+pub use crate::analysis::{BackwardNode, Cause, Finding, Kind, Level, PythonLine};
 use crate::model::trace::Trace;
 use crate::model::{EndState, FrameInfo, Process, SiteId, HOST_DEVICE};
 use crate::units::fmt_bytes;
@@ -25,7 +28,7 @@ pub use hints::{
     thread_kind, torch_segments,
 };
 use oomtrace_proto::wire::GoodbyeReason;
-use symbolize::StackSymbolizer;
+use symbolize::{culprit, StackSymbolizer};
 
 pub const REPORT_VERSION: u32 = 1;
 
@@ -208,6 +211,102 @@ pub fn analysis_failures(trace: &Trace<Analysis>) -> Vec<String> {
         .collect()
 }
 
+/// The forward lines of each operator in one process (see [`forward_lines`]).
+type ForwardLines = HashMap<String, Vec<PythonLine>>;
+
+/// What a finding says once its stack is symbolized: the frame that names it and, in
+/// PyTorch's backward pass, the autograd node and the forward lines behind it.
+fn complete_site(
+    f: &mut Finding,
+    p: &Process,
+    stack_of: &mut impl FnMut(&Process, SiteId) -> Vec<FrameInfo>,
+    forward: &mut ForwardLines,
+) {
+    f.culprit = culprit(&f.stack).cloned();
+    if f.stack.iter().any(|fr| fr.python) {
+        return;
+    }
+    let Some(name) = roles::backward_node(&f.stack) else {
+        return;
+    };
+    let forward_op = roles::forward_op(name).unwrap_or_default();
+    let forward_lines = if forward_op.is_empty() {
+        Vec::new()
+    } else {
+        forward
+            .entry(forward_op.clone())
+            .or_insert_with(|| forward_lines(p, &forward_op, stack_of))
+            .clone()
+    };
+    f.backward_node = Some(BackwardNode {
+        name: name.to_string(),
+        forward_op,
+        forward_lines,
+    });
+}
+
+/// Forward lines kept per backward node, most allocations first.
+const FORWARD_LINES: usize = 5;
+
+/// The Python lines (innermost user frame) of every call site of `p` that allocated inside
+/// the dispatcher entry of operator `op` (`at::_ops::addmm::call`): where the forward op ran
+/// whose autograd node a backward-pass allocation belongs to. Each line counts the
+/// allocations of its sites over the whole run; a line that runs the same op on other
+/// tensors is among them too (see docs/detection.md, "Backward pass").
+fn forward_lines(
+    p: &Process,
+    op: &str,
+    stack_of: &mut impl FnMut(&Process, SiteId) -> Vec<FrameInfo>,
+) -> Vec<PythonLine> {
+    let mut by_line: BTreeMap<(String, u32, String), (u64, u64)> = BTreeMap::new();
+    for (i, raw) in p.sites.iter().enumerate().skip(1) {
+        let has_python = raw
+            .iter()
+            .any(|f| oomtrace_proto::python::PyFrame::decode(f.addr).is_some());
+        if !has_python {
+            continue;
+        }
+        let site = SiteId(i as u32);
+        let frames = stack_of(p, site);
+        if !frames.iter().any(|f| roles::runs_op(f, op)) {
+            continue;
+        }
+        let Some(line) = symbolize::python_culprit(&frames) else {
+            continue;
+        };
+        let (bytes, count) = p
+            .site_stats
+            .iter()
+            .filter(|((s, _), _)| *s == site)
+            .fold((0u64, 0u64), |(b, c), (_, st)| {
+                (b.saturating_add(st.total_bytes), c + st.allocations)
+            });
+        let e = by_line
+            .entry((line.file.clone(), line.line, line.function.clone()))
+            .or_default();
+        e.0 = e.0.saturating_add(bytes);
+        e.1 += count;
+    }
+    let mut lines: Vec<PythonLine> = by_line
+        .into_iter()
+        .map(|((file, line, function), (bytes, count))| PythonLine {
+            description: format!("{}:{line}", file.rsplit('/').next().unwrap_or(&file)),
+            file,
+            line,
+            function,
+            bytes,
+            count,
+        })
+        .collect();
+    lines.sort_by(|a, b| {
+        b.count
+            .cmp(&a.count)
+            .then(a.description.cmp(&b.description))
+    });
+    lines.truncate(FORWARD_LINES);
+    lines
+}
+
 pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
     let mut sym = StackSymbolizer::new();
     let mut stack_of = |p: &Process, site| {
@@ -231,6 +330,8 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
     let mut detected = Vec::new();
     let mut live = Vec::new();
     for (p, a) in trace.processes.iter().zip(&trace.observers) {
+        // Forward lines by operator, found once per process.
+        let mut forward = ForwardLines::default();
         let devices = p
             .devices
             .iter()
@@ -330,6 +431,7 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
             if f.site.0 != 0 {
                 f.stack = stack_of(p, f.site);
             }
+            complete_site(&mut f, p, &mut stack_of, &mut forward);
             let leaked_at_oom = record.map(|o| {
                 o.top_sites
                     .iter()
@@ -381,7 +483,7 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
                     format!("on device {device}")
                 };
                 let (cause, hint) = live_hint(p, a, device, site);
-                live.push(Finding {
+                let mut f = Finding {
                     pid: p.pid(),
                     bytes,
                     stack: stack_of(p, site),
@@ -397,7 +499,9 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
                     site,
                     cause,
                     ..Finding::new(Kind::LiveAtExit, Severity::Info, device)
-                });
+                };
+                complete_site(&mut f, p, &mut stack_of, &mut forward);
+                live.push(f);
             }
         }
     }

@@ -17,6 +17,7 @@ use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer};
 
 use oomtrace_proto::python::PyFrame;
 
+use super::roles::FrameRole;
 pub use crate::model::FrameInfo;
 use crate::model::{RawFrame, SiteId, Stacks};
 
@@ -66,9 +67,16 @@ fn is_oomtrace_package_file(file: &str) -> bool {
 }
 
 /// The frame a one-line summary should name: the innermost Python frame in the user's own
-/// code, else the innermost Python frame, else the innermost native frame with a name.
+/// code, else the innermost Python frame, else the innermost named native frame that is not
+/// CUDA runtime, allocator or interpreter machinery ([`FrameRole`]), else the innermost named
+/// native frame. Every place that names a call site in one line goes through here.
 pub fn culprit(frames: &[FrameInfo]) -> Option<&FrameInfo> {
     python_culprit(frames)
+        .or_else(|| {
+            frames
+                .iter()
+                .find(|f| !f.function.is_empty() && !FrameRole::of(f).is_internal())
+        })
         .or_else(|| frames.iter().find(|f| !f.function.is_empty()))
         .or(frames.first())
 }
