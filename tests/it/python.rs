@@ -796,3 +796,48 @@ fn a_clean_loop_on_a_caching_allocator_reports_no_device_growth() {
     assert!(findings(&r, "leak").is_empty(), "{:#?}", r["findings"]);
     assert!(!stderr.contains("device growth]"), "{stderr}");
 }
+
+/// `specialised_call.py`: one line calls `cudaMalloc` through ctypes 60 times and keeps every
+/// pointer. CPython specialises the call after a few runs, so the native stack under that line
+/// changes inside the interpreter part-way through: the report must still have one call site
+/// with all 60 allocations, and one leak, named by that line, with no finding resolved by the
+/// split (it once read 53 + 7 allocations, the small site `likely`, then `resolved`).
+#[test]
+fn a_line_whose_call_the_interpreter_specialises_stays_one_site() {
+    let (out, r, dir) = run_python("specialised_call.py", &[], &[], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    // The split is real here: the shim sent other stacks for the line once the interpreter
+    // had specialised the call (CPython 3.11+; the test tier's interpreter is 3.11).
+    let trace: oomtrace_collector::model::trace::Trace =
+        oomtrace_collector::model::trace::Trace::load(&dir.join("t.oomt")).unwrap();
+    assert!(
+        trace.processes.iter().any(|p| p.merged_stacks > 0),
+        "no stack differed inside the interpreter: the test no longer shows a specialised call"
+    );
+    let line = line_of("specialised_call.py", "# ALLOC HERE");
+    let at_line = |f: &&Value| {
+        python_frames(f)
+            .first()
+            .is_some_and(|fr| *fr == frame("step", "specialised_call.py", line))
+    };
+    let live: Vec<&Value> = findings(&r, "live_at_exit")
+        .into_iter()
+        .filter(at_line)
+        .collect();
+    assert_eq!(live.len(), 1, "{live:#?}");
+    assert_eq!(
+        (live[0]["count"].as_u64(), live[0]["bytes"].as_u64()),
+        (Some(60), Some(60 * MIB))
+    );
+    let leaks = findings(&r, "leak");
+    assert_eq!(leaks.len(), 1, "{leaks:#?}");
+    assert!(at_line(&leaks[0]), "{:#?}", leaks[0]);
+    assert_eq!(
+        leaks[0]["culprit"]["line"].as_u64(),
+        Some(line),
+        "{:#?}",
+        leaks[0]["culprit"]
+    );
+    assert!(!stderr.contains("[resolved]"), "{stderr}");
+}

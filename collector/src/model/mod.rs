@@ -191,18 +191,45 @@ pub fn is_interpreter_module(path: &str) -> bool {
     flags.chars().all(|c| matches!(c, 'd' | 't' | 'm'))
 }
 
-/// A stack's identity as a call site: its frames less those inside the Python interpreter.
-/// CPython specialises a call after a few executions (3.11+), so the same Python line reaches
-/// the same native function through different interpreter functions (`PyObject_Vectorcall`
-/// then `cfunction_vectorcall_...` at first, a direct call after): counted apart, one leak
-/// would be split into two sites. The Python frames (code object and bytecode offset) still
-/// tell one line from another, and every frame outside the interpreter (extension modules,
-/// libffi, the user's own libraries) still counts.
-fn site_key(frames: &[RawFrame], interpreter: &[bool]) -> Vec<RawFrame> {
+/// A stack's identity as a call site: its frames less those inside the Python interpreter,
+/// and each Python frame by its source line rather than its bytecode offset.
+///
+/// CPython specialises a call after a few executions (3.11+): the same Python line then
+/// reaches the same native function through other interpreter functions (`PyObject_Vectorcall`
+/// and `method_vectorcall_O` at first, a direct call after), and the frame's last instruction
+/// moves from `CALL` to the specialised `PRECALL` of the same line. Counted apart, one leak
+/// would be split into two sites (53 + 7 allocations) and the small one reported, then
+/// resolved. Every frame outside the interpreter (extension modules, libffi, the user's own
+/// libraries) still counts, and so does the Python line; two calls on one line that reach
+/// the same native frames are one site (the report names lines anyway). A frame whose code
+/// object was never sent keeps its offset.
+fn site_key(
+    frames: &[RawFrame],
+    interpreter: &[bool],
+    codes: &FxHashMap<u32, CodeDef>,
+) -> Vec<RawFrame> {
+    /// Marks an offset that holds a line instead.
+    const LINE: u32 = 1 << 31;
     frames
         .iter()
-        .filter(|f| !f.module.is_some_and(|m| interpreter.get(m).copied().unwrap_or(false)))
-        .cloned()
+        .filter(|f| {
+            !f.module
+                .is_some_and(|m| interpreter.get(m).copied().unwrap_or(false))
+        })
+        .map(|f| match PyFrame::decode(f.addr) {
+            Some(py) => {
+                let line = codes.get(&py.code).and_then(|c| c.line_at(py.offset));
+                RawFrame {
+                    addr: PyFrame {
+                        offset: line.map_or(py.offset, |l| l | LINE),
+                        ..py
+                    }
+                    .encode(),
+                    module: None,
+                }
+            }
+            None => f.clone(),
+        })
         .collect()
 }
 
@@ -243,6 +270,10 @@ pub struct Process {
     pub sites: Vec<Vec<RawFrame>>,
     /// Per module (index as `modules`): whether it is the Python interpreter itself.
     interpreter_modules: Vec<bool>,
+    /// Stacks the shim sent that joined a site whose first stack differs from theirs (inside
+    /// the interpreter, or in the instruction of a Python line): sites that [`site_key`] kept
+    /// from splitting.
+    pub merged_stacks: u64,
     pub site_stats: FxHashMap<(SiteId, i16), SiteStats>,
     pub lost: Lost,
     pub events: u64,
@@ -278,6 +309,7 @@ impl Process {
             site_index: FxHashMap::default(),
             sites: vec![Vec::new()],
             interpreter_modules: Vec::new(),
+            merged_stacks: 0,
             site_stats: FxHashMap::default(),
             lost: Lost::default(),
             events: 0,
@@ -384,9 +416,14 @@ impl Process {
                 },
             })
             .collect();
-        let key = site_key(&raw, &self.interpreter_modules);
+        let key = site_key(&raw, &self.interpreter_modules, &self.codes);
         let site = match self.site_index.get(&key) {
-            Some(&s) => s,
+            Some(&s) => {
+                if self.sites[s.0 as usize] != raw {
+                    self.merged_stacks += 1;
+                }
+                s
+            }
             None => {
                 let s = SiteId(self.sites.len() as u32);
                 self.sites.push(raw);
@@ -836,7 +873,11 @@ mod tests {
     fn stacks_that_differ_only_inside_the_interpreter_are_one_site() {
         let mut p = proc();
         p.define_module(module(1, 0x10_0000, "/usr/lib/libpython3.11.so.1.0"));
-        p.define_module(module(2, 0x20_0000, "/venv/lib/_ctypes.cpython-311-x86_64-linux-gnu.so"));
+        p.define_module(module(
+            2,
+            0x20_0000,
+            "/venv/lib/_ctypes.cpython-311-x86_64-linux-gnu.so",
+        ));
         p.define_module(module(3, 0x30_0000, "/opt/py/bin/python3.13t"));
         let py = PyFrame {
             code: 7,
@@ -845,12 +886,16 @@ mod tests {
         }
         .encode();
         // Generic call path, then the specialised one (other eval-loop return address).
-        p.define_stack(StackId(1), &[0x20_0100, 0x10_0200, 0x10_0300, 0x10_0400, py]);
+        p.define_stack(
+            StackId(1),
+            &[0x20_0100, 0x10_0200, 0x10_0300, 0x10_0400, py],
+        );
         p.define_stack(StackId(2), &[0x20_0100, 0x10_0500, py]);
         // The statically linked interpreter is the interpreter too.
         p.define_stack(StackId(3), &[0x20_0100, 0x30_0500, py]);
         assert_eq!(p.stack_site(StackId(1)), p.stack_site(StackId(2)));
         assert_eq!(p.stack_site(StackId(1)), p.stack_site(StackId(3)));
+        assert_eq!(p.merged_stacks, 2);
         // The first stack is kept whole: the symbolizer places Python frames by its eval loop.
         assert_eq!(p.sites[p.stack_site(StackId(1)).0 as usize].len(), 5);
         // Another extension frame, or another Python line, is another site.
@@ -865,6 +910,40 @@ mod tests {
         let sites: std::collections::BTreeSet<SiteId> =
             (1..=5).map(|i| p.stack_site(StackId(i))).collect();
         assert_eq!(sites.len(), 3, "{sites:?}");
+    }
+
+    /// A specialised call ends at another instruction of the same line (`PRECALL` instead of
+    /// `CALL`): the Python frame counts by its line, once its code object is known.
+    #[test]
+    fn python_frames_count_by_their_line_not_their_instruction() {
+        let mut p = proc();
+        p.apply(
+            &Frame::CodeDef(CodeDef {
+                id: 7,
+                format: oomtrace_proto::python::LineTableFormat::Lnotab as u8,
+                first_line: 10,
+                filename: "train.py".into(),
+                name: "step".into(),
+                // Offsets 0..50 are line 10, from 50 on line 11.
+                line_table: vec![50, 1],
+            }),
+            &mut (),
+        );
+        let at = |offset| {
+            PyFrame {
+                code: 7,
+                offset,
+                group_end: true,
+            }
+            .encode()
+        };
+        p.define_stack(StackId(1), &[0x9000, at(40)]);
+        p.define_stack(StackId(2), &[0x9000, at(44)]);
+        p.define_stack(StackId(3), &[0x9000, at(60)]);
+        assert_eq!(p.stack_site(StackId(1)), p.stack_site(StackId(2)));
+        assert_ne!(p.stack_site(StackId(1)), p.stack_site(StackId(3)));
+        // The site keeps the frames it was first seen with.
+        assert_eq!(p.sites[p.stack_site(StackId(2)).0 as usize][1].addr, at(40));
     }
 
     #[test]

@@ -20,15 +20,17 @@ fn place(frames: &[FrameInfo]) -> Option<String> {
         .map(|n| format!("{n} (backward pass), in "))
         .unwrap_or_default();
     let file = f.file.rsplit('/').next().unwrap_or("");
-    Some(node + &match (f.function.is_empty(), file.is_empty()) {
-        (false, false) if f.line > 0 => format!("{} ({file}:{})", f.function, f.line),
-        (false, _) => f.function.clone(),
-        _ => format!(
-            "{}+{}",
-            f.module.rsplit('/').next().unwrap_or("?"),
-            f.offset
-        ),
-    })
+    Some(
+        node + &match (f.function.is_empty(), file.is_empty()) {
+            (false, false) if f.line > 0 => format!("{} ({file}:{})", f.function, f.line),
+            (false, _) => f.function.clone(),
+            _ => format!(
+                "{}+{}",
+                f.module.rsplit('/').next().unwrap_or("?"),
+                f.offset
+            ),
+        },
+    )
 }
 
 /// The line for alert `a` of process `p`.

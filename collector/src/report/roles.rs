@@ -85,10 +85,7 @@ fn is_allocator_symbol(function: &str) -> bool {
 /// `torch::autograd::generated::AddmmBackward0::apply(...)`: the innermost such frame.
 pub fn backward_node(frames: &[FrameInfo]) -> Option<&str> {
     frames.iter().find_map(|f| {
-        let rest = f
-            .function
-            .split_once("torch::autograd::generated::")?
-            .1;
+        let rest = f.function.split_once("torch::autograd::generated::")?.1;
         let (node, method) = rest.split_once("::")?;
         method.starts_with("apply").then_some(node)
     })
@@ -120,19 +117,17 @@ pub fn forward_op(node: &str) -> Option<String> {
 /// Whether a frame runs the dispatcher entry of operator `op` (`at::_ops::addmm::call`, or an
 /// overload such as `at::_ops::pow_Tensor_Scalar::redispatch`; not the in-place `addmm_`).
 pub fn runs_op(f: &FrameInfo, op: &str) -> bool {
-    f.function
-        .match_indices("at::_ops::")
-        .any(|(i, m)| {
-            let rest = &f.function[i + m.len()..];
-            let Some(after) = rest.strip_prefix(op) else {
-                return false;
-            };
-            after.starts_with("::")
-                || after
-                    .strip_prefix('_')
-                    .and_then(|o| o.chars().next())
-                    .is_some_and(|c| c.is_ascii_uppercase())
-        })
+    f.function.match_indices("at::_ops::").any(|(i, m)| {
+        let rest = &f.function[i + m.len()..];
+        let Some(after) = rest.strip_prefix(op) else {
+            return false;
+        };
+        after.starts_with("::")
+            || after
+                .strip_prefix('_')
+                .and_then(|o| o.chars().next())
+                .is_some_and(|c| c.is_ascii_uppercase())
+    })
 }
 
 #[cfg(test)]
@@ -169,7 +164,11 @@ mod tests {
                 "memory.cpython-311-x86_64-linux-gnu.so",
                 AllocatorInternal,
             ),
-            ("_PyEval_EvalFrameDefault", "libpython3.11.so.1.0", Interpreter),
+            (
+                "_PyEval_EvalFrameDefault",
+                "libpython3.11.so.1.0",
+                Interpreter,
+            ),
             ("PyObject_Vectorcall", "python3.11", Interpreter),
             ("scratch_forward", "libext_static_rt.so", User),
             ("cuda_forward", "libmyext.so", User),
@@ -207,13 +206,25 @@ mod tests {
         assert_eq!(forward_op("AccumulateGrad"), None);
         assert_eq!(forward_op("Backward0"), None);
         let op = |f: &str| native(f, "libtorch_cpu.so");
-        assert!(runs_op(&op("at::_ops::addmm::call(at::Tensor const&)"), "addmm"));
+        assert!(runs_op(
+            &op("at::_ops::addmm::call(at::Tensor const&)"),
+            "addmm"
+        ));
         assert!(runs_op(
             &op("at::_ops::pow_Tensor_Scalar::redispatch(c10::DispatchKeySet)"),
             "pow"
         ));
-        assert!(!runs_op(&op("at::_ops::addmm_::call(at::Tensor&)"), "addmm"));
-        assert!(!runs_op(&op("at::_ops::addmv::call(at::Tensor const&)"), "addmm"));
-        assert!(!runs_op(&op("at::_ops::mm::call(at::Tensor const&)"), "addmm"));
+        assert!(!runs_op(
+            &op("at::_ops::addmm_::call(at::Tensor&)"),
+            "addmm"
+        ));
+        assert!(!runs_op(
+            &op("at::_ops::addmv::call(at::Tensor const&)"),
+            "addmm"
+        ));
+        assert!(!runs_op(
+            &op("at::_ops::mm::call(at::Tensor const&)"),
+            "addmm"
+        ));
     }
 }
