@@ -81,6 +81,16 @@ const TARGETS: &[Target] = &[
         flags: &["-ldl"],
     },
     Target {
+        out: "libext_static_rt.so",
+        sources: &["ext_static_rt.c"],
+        flags: &["-shared", "-fPIC", "-ldl"],
+    },
+    Target {
+        out: "static_rt_main",
+        sources: &["static_rt_main.c"],
+        flags: &["-ldl"],
+    },
+    Target {
         out: "libext_dyn.so",
         sources: &["ext_dyn.c"],
         flags: &["-shared", "-fPIC", "-l:libcudart.so.12", "-ldl"],

@@ -53,6 +53,9 @@ mod output;
 /// own file.
 mod durability;
 
+/// Which frame names a call site: the extension's own code past a static CUDA runtime.
+mod attribution;
+
 /// Real PyTorch (the pinned CUDA wheel, from `scripts/torch-env.sh`) on simcuda: leaky and
 /// clean training loops, an OOM at a known line and expandable segments, each under `run`,
 /// plain `LD_PRELOAD`, `--torch` and the user's own pluggable allocator.
