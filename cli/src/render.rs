@@ -13,6 +13,9 @@ use oomtrace_collector::units::{fmt_bytes, fmt_duration};
 /// shown in full).
 const TEXT_FRAMES: usize = 8;
 
+/// Calls shown on the line of the machinery a native culprit called into.
+const INSIDE_CALLS: usize = 4;
+
 fn frame_text(f: &FrameInfo) -> String {
     let func = if f.function.is_empty() {
         "??"
@@ -101,7 +104,8 @@ fn stack_text(out: &mut String, stack: &[FrameInfo], indent: &str, native_frames
         );
     }
     if !inside.is_empty() {
-        let calls: Vec<&str> = inside
+        // Outermost first, as the calls were made; a long way down keeps its two ends.
+        let mut calls: Vec<&str> = inside
             .iter()
             .rev()
             .map(|f| {
@@ -112,6 +116,14 @@ fn stack_text(out: &mut String, stack: &[FrameInfo], indent: &str, native_frames
                 }
             })
             .collect();
+        let more;
+        if calls.len() > INSIDE_CALLS {
+            more = format!("... {} more", calls.len() - INSIDE_CALLS + 1);
+            let last = calls[calls.len() - 1];
+            calls.truncate(INSIDE_CALLS - 2);
+            calls.push(&more);
+            calls.push(last);
+        }
         let _ = writeln!(out, "{indent}   (which calls {})", calls.join(" -> "));
     }
 }

@@ -649,3 +649,63 @@ fn plain_preload_sets_up_the_step_hook_only_in_python() {
     let off = preloaded_env(python(), &["-c", show], &[("OOMTRACE_TORCH", "")]);
     assert_eq!(off.trim(), "/user/path", "{off}");
 }
+
+// ---- A leak made in the backward pass ------------------------------------------------------
+
+/// The 1-based line of `tests/scenarios/torch/<name>` that contains `marker`.
+fn torch_line_of(name: &str, marker: &str) -> u64 {
+    let text = std::fs::read_to_string(script(name)).unwrap();
+    let i = text
+        .lines()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("{marker} not in {name}"));
+    i as u64 + 1
+}
+
+/// `leak_backward.py` keeps each step's input gradient, which `AddmmBackward0` allocates on
+/// the autograd thread without Python frames: the leak (JSON, text, live line) names that node
+/// and the forward line whose `addmm` created it.
+#[test]
+fn torch_a_backward_pass_leak_names_its_node_and_forward_line() {
+    let r = run_torch("leak_backward.py", Mode::Torch, &[]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    let forward = torch_line_of("leak_backward.py", "# FORWARD HERE");
+    let leak = growth_findings(&r.report)
+        .into_iter()
+        .find(|f| f["kind"] == "leak" && f["backward_node"].is_object())
+        .unwrap_or_else(|| panic!("no backward leak: {:#}\n{}", r.report["findings"], r.text));
+    assert!(python_frames(leak).is_empty(), "{leak:#}");
+    let node = &leak["backward_node"];
+    assert_eq!(node["name"], "AddmmBackward0", "{node:#}");
+    assert_eq!(node["forward_op"], "addmm", "{node:#}");
+    let line = &node["forward_lines"][0];
+    assert!(
+        line["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("/leak_backward.py")
+            && line["line"] == forward,
+        "{node:#}"
+    );
+    let rate = leak["growth_bytes_per_step"].as_f64().unwrap();
+    assert!((rate - (256 << 10) as f64).abs() < 1024.0, "{rate}");
+    let culprit = leak["culprit"]["function"].as_str().unwrap();
+    assert!(
+        culprit.starts_with("torch::autograd::generated::AddmmBackward0::apply"),
+        "{culprit}"
+    );
+    let said = format!(
+        "in the backward pass, autograd node AddmmBackward0; its forward op `addmm` ran at \
+         leak_backward.py:{forward} ("
+    );
+    assert!(r.text.contains(&said), "{}", r.text);
+    assert!(r.stderr.contains(&said), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .lines()
+            .any(|l| l.contains(" leak] ") && l.ends_with(" at AddmmBackward0 (backward pass)")),
+        "{}",
+        r.stderr
+    );
+}

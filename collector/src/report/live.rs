@@ -4,7 +4,7 @@
 
 use super::hints::{fmt_python_lines, resolve_device_growth, torch_segments};
 use super::roles::backward_node;
-use super::symbolize::{culprit, StackSymbolizer};
+use super::symbolize::{culprit, runs_python, StackSymbolizer};
 use crate::analysis::device_growth::{DeviceGrowthEvidence, Events};
 use crate::analysis::growth::TRACE_TENSORS;
 use crate::analysis::{Alert, Change, Evidence, Kind};
@@ -12,25 +12,25 @@ use crate::model::{FrameInfo, Process};
 use crate::units::{fmt_bytes, fmt_rate};
 
 /// "history_append (leak_history.c:12)", or the module and offset without symbols; in
-/// PyTorch's backward pass, the autograd node first: "AddmmBackward0 (backward pass), in ...".
+/// PyTorch's backward pass, the autograd node: "AddmmBackward0 (backward pass)" (the report
+/// adds the forward lines that made it).
 fn place(frames: &[FrameInfo]) -> Option<String> {
+    if !runs_python(frames) {
+        if let Some(node) = backward_node(frames) {
+            return Some(format!("{node} (backward pass)"));
+        }
+    }
     let f = culprit(frames)?;
-    let node = backward_node(frames)
-        .filter(|_| !frames.iter().any(|f| f.python))
-        .map(|n| format!("{n} (backward pass), in "))
-        .unwrap_or_default();
     let file = f.file.rsplit('/').next().unwrap_or("");
-    Some(
-        node + &match (f.function.is_empty(), file.is_empty()) {
-            (false, false) if f.line > 0 => format!("{} ({file}:{})", f.function, f.line),
-            (false, _) => f.function.clone(),
-            _ => format!(
-                "{}+{}",
-                f.module.rsplit('/').next().unwrap_or("?"),
-                f.offset
-            ),
-        },
-    )
+    Some(match (f.function.is_empty(), file.is_empty()) {
+        (false, false) if f.line > 0 => format!("{} ({file}:{})", f.function, f.line),
+        (false, _) => f.function.clone(),
+        _ => format!(
+            "{}+{}",
+            f.module.rsplit('/').next().unwrap_or("?"),
+            f.offset
+        ),
+    })
 }
 
 /// The line for alert `a` of process `p`.

@@ -223,7 +223,7 @@ fn complete_site(
     forward: &mut ForwardLines,
 ) {
     f.culprit = culprit(&f.stack).cloned();
-    if f.stack.iter().any(|fr| fr.python) {
+    if symbolize::runs_python(&f.stack) {
         return;
     }
     let Some(name) = roles::backward_node(&f.stack) else {

@@ -84,11 +84,19 @@ fn is_allocator_symbol(function: &str) -> bool {
 /// The autograd node whose `apply` an allocation ran in, e.g. `AddmmBackward0` from
 /// `torch::autograd::generated::AddmmBackward0::apply(...)`: the innermost such frame.
 pub fn backward_node(frames: &[FrameInfo]) -> Option<&str> {
-    frames.iter().find_map(|f| {
-        let rest = f.function.split_once("torch::autograd::generated::")?.1;
-        let (node, method) = rest.split_once("::")?;
-        method.starts_with("apply").then_some(node)
-    })
+    frames.iter().find_map(node_applied)
+}
+
+/// The frame of [`backward_node`], which names a backward-pass call site.
+pub fn backward_node_frame(frames: &[FrameInfo]) -> Option<&FrameInfo> {
+    frames.iter().find(|f| node_applied(f).is_some())
+}
+
+/// The node of a `torch::autograd::generated::<Node>::apply...` frame.
+fn node_applied(f: &FrameInfo) -> Option<&str> {
+    let rest = f.function.split_once("torch::autograd::generated::")?.1;
+    let (node, method) = rest.split_once("::")?;
+    method.starts_with("apply").then_some(node)
 }
 
 /// The forward operator a generated backward node differentiates, by PyTorch's naming
@@ -196,6 +204,10 @@ mod tests {
             native("torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)", "libtorch_cpu.so"),
         ];
         assert_eq!(backward_node(&frames), Some("AddmmBackward0"));
+        assert!(std::ptr::eq(
+            backward_node_frame(&frames).unwrap(),
+            &frames[1]
+        ));
         assert_eq!(backward_node(&frames[2..]), None);
         assert_eq!(forward_op("AddmmBackward0").as_deref(), Some("addmm"));
         assert_eq!(

@@ -17,7 +17,7 @@ use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer};
 
 use oomtrace_proto::python::PyFrame;
 
-use super::roles::FrameRole;
+use super::roles::{backward_node_frame, FrameRole};
 pub use crate::model::FrameInfo;
 use crate::model::{RawFrame, SiteId, Stacks};
 
@@ -67,11 +67,15 @@ fn is_oomtrace_package_file(file: &str) -> bool {
 }
 
 /// The frame a one-line summary should name: the innermost Python frame in the user's own
-/// code, else the innermost Python frame, else the innermost named native frame that is not
+/// code, else the innermost Python frame, else (PyTorch's backward pass, which has no Python
+/// frames) the autograd node's `apply`, else the innermost named native frame that is not
 /// CUDA runtime, allocator or interpreter machinery ([`FrameRole`]), else the innermost named
 /// native frame. Every place that names a call site in one line goes through here.
 pub fn culprit(frames: &[FrameInfo]) -> Option<&FrameInfo> {
     python_culprit(frames)
+        .filter(|_| runs_python(frames))
+        .or_else(|| backward_node_frame(frames))
+        .or_else(|| python_culprit(frames))
         .or_else(|| {
             frames
                 .iter()
@@ -79,6 +83,14 @@ pub fn culprit(frames: &[FrameInfo]) -> Option<&FrameInfo> {
         })
         .or_else(|| frames.iter().find(|f| !f.function.is_empty()))
         .or(frames.first())
+}
+
+/// Whether a stack ran Python code other than oomtrace's own (a tracing hook that PyTorch
+/// calls on its autograd thread leaves only oomtrace's frames there).
+pub fn runs_python(frames: &[FrameInfo]) -> bool {
+    frames
+        .iter()
+        .any(|f| f.python && !is_oomtrace_package_file(&f.file))
 }
 
 /// The innermost Python frame in the user's own code (outside site-packages, the standard
