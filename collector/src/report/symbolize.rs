@@ -285,6 +285,69 @@ fn python_frame(p: Stacks<'_>, py: PyFrame) -> FrameInfo {
 mod tests {
     use super::*;
 
+    fn frame(function: &str, module: &str) -> FrameInfo {
+        FrameInfo {
+            function: function.into(),
+            module: module.into(),
+            ..Default::default()
+        }
+    }
+
+    fn python(function: &str, file: &str) -> FrameInfo {
+        FrameInfo {
+            function: function.into(),
+            file: file.into(),
+            module: "python".into(),
+            python: true,
+            ..Default::default()
+        }
+    }
+
+    /// The culprit looks past a static runtime inside an extension, names a backward-pass
+    /// site by its autograd node (also when oomtrace's own hook left Python frames there), and
+    /// still prefers the user's Python line.
+    #[test]
+    fn the_culprit_is_the_users_code_past_runtime_allocator_and_interpreter() {
+        let ext = [
+            frame("libcudart_static_93d2e8b04c1f6e77", "libext.so"),
+            frame("cudaMalloc", "libext.so"),
+            frame("scratch_forward", "libext.so"),
+            frame("main", "app"),
+        ];
+        assert_eq!(culprit(&ext).unwrap().function, "scratch_forward");
+        let all_internal = [
+            frame("", "libcudart.so.12"),
+            frame("cudaMalloc", "libext.so"),
+        ];
+        assert_eq!(culprit(&all_internal).unwrap().function, "cudaMalloc");
+        let backward = [
+            frame("oomtrace_malloc", "liboomtrace.so"),
+            frame("at::detail::empty_generic", "libtorch_cpu.so"),
+            frame(
+                "torch::autograd::generated::MmBackward0::apply(std::vector<at::Tensor>&&)",
+                "libtorch_cpu.so",
+            ),
+            frame("torch::autograd::Engine::thread_main", "libtorch_cpu.so"),
+        ];
+        let node = "torch::autograd::generated::MmBackward0::apply(std::vector<at::Tensor>&&)";
+        assert_eq!(culprit(&backward).unwrap().function, node);
+        let mut hooked = backward.to_vec();
+        hooked.push(python(
+            "_trace",
+            "/root/.cache/oomtrace/0.1.0-python-0123456789abcdef/boot/sitecustomize.py",
+        ));
+        assert!(!runs_python(&hooked));
+        assert_eq!(culprit(&hooked).unwrap().function, node);
+        let mut forward = backward.to_vec();
+        forward.push(python(
+            "forward",
+            "/venv/lib/python3.11/site-packages/torch/nn/linear.py",
+        ));
+        forward.push(python("<module>", "/home/u/train.py"));
+        assert!(runs_python(&forward));
+        assert_eq!(culprit(&forward).unwrap().file, "/home/u/train.py");
+    }
+
     #[test]
     fn library_files_are_recognised_by_what_they_are_not_by_a_path_fragment() {
         for lib in [
