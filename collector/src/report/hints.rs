@@ -9,20 +9,25 @@ use crate::analysis::{Cause, PythonLine};
 use crate::model::{FrameInfo, SiteId, Stacks};
 use crate::units::fmt_bytes;
 
+use super::roles::backward_node;
 use super::symbolize::{python_culprit, python_frames};
 
 /// Lines kept in `python_lines`, largest first.
 const PYTHON_LINES: usize = 10;
 
-/// The kind of thread a stack without Python frames ran on, from its native frames.
-pub fn thread_kind(native: &[FrameInfo]) -> &'static str {
-    if native
+/// The kind of thread a stack without Python frames ran on, from its native frames; on
+/// PyTorch's autograd thread with the backward node it ran in, when a frame names one:
+/// "autograd thread (no Python frames), AddmmBackward0".
+pub fn thread_kind(native: &[FrameInfo]) -> String {
+    if let Some(node) = backward_node(native) {
+        format!("autograd thread (no Python frames), {node}")
+    } else if native
         .iter()
         .any(|f| f.function.contains("torch::autograd::Engine::thread_main"))
     {
-        "autograd thread (no Python frames)"
+        "autograd thread (no Python frames)".to_string()
     } else {
-        "threads without Python frames"
+        "threads without Python frames".to_string()
     }
 }
 
@@ -52,7 +57,7 @@ pub fn python_lines(
                 String::new(),
                 0,
                 String::new(),
-                thread_kind(&native(g.site)).to_string(),
+                thread_kind(&native(g.site)),
             ),
         };
         let e = by_line.entry(key).or_default();
@@ -264,6 +269,22 @@ mod tests {
         assert!(generic
             .iter()
             .any(|l| l.description == "threads without Python frames"));
+    }
+
+    #[test]
+    fn the_autograd_thread_is_named_with_its_backward_node() {
+        let f = |function: &str| FrameInfo {
+            function: function.into(),
+            ..Default::default()
+        };
+        let engine = f("torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)");
+        let node = f("torch::autograd::generated::AddmmBackward0::apply(std::vector<at::Tensor, std::allocator<at::Tensor> >&&)");
+        assert_eq!(
+            thread_kind(&[node, engine.clone()]),
+            "autograd thread (no Python frames), AddmmBackward0"
+        );
+        assert_eq!(thread_kind(&[engine]), "autograd thread (no Python frames)");
+        assert_eq!(thread_kind(&[]), "threads without Python frames");
     }
 
     /// Segments reserved from PyTorch's CUDA library: the hint says they are the cache's
