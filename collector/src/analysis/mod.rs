@@ -301,7 +301,7 @@ pub struct BackwardNode {
     pub forward_op: String,
     /// The Python lines whose allocations ran that forward op in the same process, most
     /// allocations first: the likely creators of the node (a heuristic, see
-    /// docs/detection.md), empty when none was seen.
+    /// docs/sites.md), empty when none was seen.
     pub forward_lines: Vec<PythonLine>,
 }
 

@@ -252,7 +252,7 @@ const FORWARD_LINES: usize = 5;
 /// the dispatcher entry of operator `op` (`at::_ops::addmm::call`): where the forward op ran
 /// whose autograd node a backward-pass allocation belongs to. Each line counts the
 /// allocations of its sites over the whole run; a line that runs the same op on other
-/// tensors is among them too (see docs/detection.md, "Backward pass").
+/// tensors is among them too (see docs/sites.md, "Backward pass").
 fn forward_lines(
     p: &Process,
     op: &str,
