@@ -59,7 +59,8 @@ const MAX_GENERATIONS: u32 = 3;
 /// What was replaced, in a leak's evidence (`evidence.replaced`).
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Replaced {
-    /// Allocations made and freed at the site over the trend window.
+    /// Allocations made and freed at the site over the trend window (in the steps after its
+    /// first sample, up to its last).
     pub allocations_in_window: u64,
     pub frees_in_window: u64,
     /// The largest single allocation at the site over the window: the buffer itself.
@@ -467,9 +468,12 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         .unwrap_or_else(|| "growing".into());
     let replaced = s.replaced.map_or(String::new(), |r| {
         format!(
-            ", its {} allocations over {} steps each freed and replaced (the largest {})",
+            "; over steps {}-{} its {} allocation{} each freed and replaced by another (the \
+             largest {})",
+            r.window.from_step + 1,
+            r.window.to_step,
             r.allocations_in_window,
-            r.window.to_step.saturating_sub(r.window.from_step) + 1,
+            if r.allocations_in_window == 1 { " was" } else { "s were" },
             fmt_bytes(r.largest_allocation_bytes)
         )
     });
@@ -490,8 +494,8 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
     };
     let message = match (kind, &s.at_detection) {
         (Kind::Leak, Some(d)) => format!(
-            "one buffer's bytes grow {} when detected at step {} ({} into the run): {} held{}; \
-             {end_text}",
+            "one buffer's bytes grow {} when detected at step {} ({} into the run): {} held \
+             then{}; {end_text}",
             fmt_rate(d.slope_bytes_per_step, d.slope_bytes_per_s),
             d.step,
             fmt_duration(d.time_s),
