@@ -558,7 +558,10 @@ fn kv_cache_grown_by_cat_is_a_leak_at_the_cat_line() {
     let rate = leak["growth_bytes_per_step"].as_f64().unwrap();
     assert!((rate - MIB as f64).abs() < 0.01 * MIB as f64, "{rate}");
     assert!(leak["evidence"]["replaced"].is_object(), "{leak:#}");
-    assert!(leak["hint"].as_str().unwrap().contains("torch.cat"), "{leak:#}");
+    assert!(
+        leak["hint"].as_str().unwrap().contains("torch.cat"),
+        "{leak:#}"
+    );
     assert!(r.stderr.contains("(kv_cache.py:18)"), "{}", r.stderr);
 
     let r = run_torch("kv_cache.py", Mode::Torch, &[("KV_WINDOW", "1")]);

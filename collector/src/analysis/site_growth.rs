@@ -473,7 +473,11 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             r.window.from_step + 1,
             r.window.to_step,
             r.allocations_in_window,
-            if r.allocations_in_window == 1 { " was" } else { "s were" },
+            if r.allocations_in_window == 1 {
+                " was"
+            } else {
+                "s were"
+            },
             fmt_bytes(r.largest_allocation_bytes)
         )
     });
