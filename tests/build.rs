@@ -258,6 +258,77 @@ const TARGETS: &[Target] = &[
         sources: &["corpus/frag_retry.c"],
         flags: CUDART,
     },
+    Target {
+        out: "leak_realloc",
+        sources: &["corpus/leak_realloc.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "clean_realloc",
+        sources: &["corpus/clean_realloc.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "leak_pool",
+        sources: &["corpus/leak_pool.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "clean_pool",
+        sources: &["corpus/clean_pool.c"],
+        flags: CUDART,
+    },
+    // One extension call per step, with the dynamic runtime and with the static one.
+    Target {
+        out: "libcorpus_ext_step.so",
+        sources: &["corpus/ext_step.c"],
+        flags: &["-shared", "-fPIC", "-l:libcudart.so.12", "-ldl"],
+    },
+    Target {
+        out: "libcorpus_ext_step_static.so",
+        sources: &["corpus/ext_step.c"],
+        flags: &["-DEXT_STATIC_RUNTIME", "-shared", "-fPIC", "-ldl"],
+    },
+    Target {
+        out: "leak_ext_step",
+        sources: &["corpus/ext_step_main.c"],
+        flags: &[
+            "-DEXT_LIB=\"libcorpus_ext_step.so\"",
+            "-DEXT_LEAKY=1",
+            "-l:libcudart.so.12",
+            "-ldl",
+        ],
+    },
+    Target {
+        out: "clean_ext_step",
+        sources: &["corpus/ext_step_main.c"],
+        flags: &[
+            "-DEXT_LIB=\"libcorpus_ext_step.so\"",
+            "-DEXT_LEAKY=0",
+            "-l:libcudart.so.12",
+            "-ldl",
+        ],
+    },
+    Target {
+        out: "leak_ext_static",
+        sources: &["corpus/ext_step_main.c"],
+        flags: &[
+            "-DEXT_LIB=\"libcorpus_ext_step_static.so\"",
+            "-DEXT_LEAKY=1",
+            "-l:libcudart.so.12",
+            "-ldl",
+        ],
+    },
+    Target {
+        out: "clean_ext_static",
+        sources: &["corpus/ext_step_main.c"],
+        flags: &[
+            "-DEXT_LIB=\"libcorpus_ext_step_static.so\"",
+            "-DEXT_LEAKY=0",
+            "-l:libcudart.so.12",
+            "-ldl",
+        ],
+    },
     // The fault-injection suite (tests/it/faults.rs).
     Target {
         out: "fault_many_threads",

@@ -1,5 +1,6 @@
 //! Detection quality on the labeled corpus (`scenarios/corpus/`): recall, false positives
-//! and epochs-to-detect, with step markers and without.
+//! and epochs-to-detect, with step markers and without, over all cases and per class of
+//! program (`corpus::Class`).
 //!
 //! `cargo bench -p oomtrace-tests --bench detection`
 //!
@@ -12,15 +13,15 @@ use std::time::Instant;
 
 use oomtrace_collector::model::trace::Trace;
 use oomtrace_collector::report::{self, ReportOptions};
-use oomtrace_tests::corpus::{self, Label, BUDGET_EPOCHS, CORPUS};
+use oomtrace_tests::corpus::{self, Class, Label, Score, BUDGET_EPOCHS, CORPUS};
 use oomtrace_tests::{base_command, output_within, scenario, scratch, shim, TIMEOUT};
 
 fn main() {
     let mut scores = Vec::new();
     let started = Instant::now();
     println!(
-        "{:<20} {:<8} {:<14} {:<8} {:>6}  result",
-        "scenario", "markers", "label", "epochs", "delay"
+        "{:<20} {:<10} {:<8} {:<14} {:<8} {:>6}  result",
+        "scenario", "class", "markers", "label", "epochs", "delay"
     );
     for case in CORPUS {
         for markers in [true, false] {
@@ -59,8 +60,9 @@ fn main() {
                 Label::Fragmentation => "fragmentation",
             };
             println!(
-                "{:<20} {:<8} {:<14} {:<8} {:>6}  {}",
+                "{:<20} {:<10} {:<8} {:<14} {:<8} {:>6}  {}",
                 case.name,
+                case.class.name(),
                 if markers { "yes" } else { "no" },
                 label,
                 s.epoch_source,
@@ -68,51 +70,77 @@ fn main() {
                 s.failure.clone().unwrap_or_else(|| "ok".into())
             );
             let _ = std::fs::remove_dir_all(&dir);
-            scores.push((case.label, s));
+            scores.push((case.class, case.label, s));
         }
     }
     for markers in [Some(true), Some(false), None] {
         let pick: Vec<_> = scores
             .iter()
-            .filter(|(_, s)| markers.is_none_or(|m| s.markers == m))
+            .filter(|(_, _, s)| markers.is_none_or(|m| s.markers == m))
             .collect();
-        let leaks: Vec<_> = pick
-            .iter()
-            .filter(|(l, _)| matches!(l, Label::Leak { .. }))
-            .collect();
-        let found = leaks
-            .iter()
-            .filter(|(_, s)| s.found && s.delay.is_some_and(|d| d <= BUDGET_EPOCHS))
-            .count();
-        let not_leaks: Vec<_> = pick
-            .iter()
-            .filter(|(l, _)| !matches!(l, Label::Leak { .. }))
-            .collect();
-        let fp = not_leaks
-            .iter()
-            .filter(|(_, s)| !s.false_leaks.is_empty())
-            .count();
-        let wrong_site = leaks
-            .iter()
-            .filter(|(_, s)| !s.false_leaks.is_empty())
-            .count();
-        let delays: Vec<corpus::Score> = leaks.iter().map(|(_, s)| s.clone()).collect();
         println!(
-            "\n{}: recall {found}/{} within {BUDGET_EPOCHS} epochs; false positives {fp}/{} \
-             non-leak runs, {wrong_site} leak runs with an extra site; median epochs-to-detect {}",
+            "\n{}: {}",
             match markers {
                 Some(true) => "with markers",
                 Some(false) => "without markers",
                 None => "all runs",
             },
-            leaks.len(),
-            not_leaks.len(),
-            corpus::median_delay(&delays).map_or("-".into(), |d| format!("{d:.1}"))
+            summary(&pick)
         );
+    }
+    println!("\nper class:");
+    let mut classes: Vec<Class> = scores.iter().map(|(c, _, _)| *c).collect();
+    classes.sort_unstable();
+    classes.dedup();
+    for class in classes {
+        for markers in [true, false] {
+            let pick: Vec<_> = scores
+                .iter()
+                .filter(|(c, _, s)| *c == class && s.markers == markers)
+                .collect();
+            println!(
+                "{:<10} {:<8} {}",
+                class.name(),
+                if markers { "markers" } else { "none" },
+                summary(&pick)
+            );
+        }
     }
     println!(
         "\n{} runs in {:.1} s",
         scores.len(),
         started.elapsed().as_secs_f64()
     );
+}
+
+/// Recall, false positives and the median delay of some runs.
+fn summary(pick: &[&(Class, Label, Score)]) -> String {
+    let leaks: Vec<_> = pick
+        .iter()
+        .filter(|(_, l, _)| matches!(l, Label::Leak { .. }))
+        .collect();
+    let found = leaks
+        .iter()
+        .filter(|(_, _, s)| s.found && s.delay.is_some_and(|d| d <= BUDGET_EPOCHS))
+        .count();
+    let not_leaks: Vec<_> = pick
+        .iter()
+        .filter(|(_, l, _)| !matches!(l, Label::Leak { .. }))
+        .collect();
+    let fp = not_leaks
+        .iter()
+        .filter(|(_, _, s)| !s.false_leaks.is_empty())
+        .count();
+    let wrong_site = leaks
+        .iter()
+        .filter(|(_, _, s)| !s.false_leaks.is_empty())
+        .count();
+    let delays: Vec<Score> = leaks.iter().map(|(_, _, s)| s.clone()).collect();
+    format!(
+        "recall {found}/{} within {BUDGET_EPOCHS} epochs; false positives {fp}/{} non-leak \
+         runs, {wrong_site} leak runs with an extra site; median epochs-to-detect {}",
+        leaks.len(),
+        not_leaks.len(),
+        corpus::median_delay(&delays).map_or("-".into(), |d| format!("{d:.1}"))
+    )
 }

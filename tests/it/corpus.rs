@@ -99,6 +99,14 @@ corpus_tests!(
     clean_empty_cache,
     bounded_cache,
     frag_retry,
+    leak_realloc,
+    clean_realloc,
+    leak_pool,
+    clean_pool,
+    leak_ext_step,
+    clean_ext_step,
+    leak_ext_static,
+    clean_ext_static,
 );
 
 #[test]
@@ -159,4 +167,88 @@ fn capacity_warnings_fire_once_per_threshold() {
 #[test]
 fn budget_is_the_design_target() {
     assert_eq!(BUDGET_EPOCHS, 10);
+}
+
+/// What oomtrace can see of a framework's own pool (scenarios/corpus/pool.h): the reservation
+/// and each chunk the pool grows by, never a sub-allocation. The leak is reported at the
+/// chunks (pool_grow), with the chunks' bytes; a pool that stays within its reservation is
+/// one allocation and one free.
+#[test]
+fn a_pool_is_seen_by_its_reservation_and_chunks_only() {
+    const MIB: u64 = 1 << 20;
+    let t = run_traced(
+        "leak_pool",
+        &[],
+        &corpus::env(corpus::case("leak_pool"), true),
+    );
+    let chunks: u64 = t
+        .stdout
+        .trim()
+        .strip_prefix("leak_pool: ok (")
+        .and_then(|s| s.strip_suffix(" chunks)"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("chunk count in {:?}", t.stdout));
+    assert!(chunks > 20, "{chunks}");
+    let device = &t.report["processes"][0]["devices"][0];
+    // The reservation plus one cudaMalloc per chunk: the 2 MiB and 4 MiB sub-allocations of
+    // 60 steps never reach CUDA.
+    assert_eq!(device["allocations"], chunks, "{device}");
+    assert_eq!(
+        device["live_at_exit_bytes"].as_u64(),
+        Some(32 * MIB + (chunks - 1) * 4 * MIB)
+    );
+    let leak = findings(&t.report, "leak")
+        .into_iter()
+        .find(|f| oomtrace_tests::functions(f).first().map(String::as_str) == Some("pool_grow"))
+        .expect("a leak at pool_grow");
+    assert_eq!(leak["bytes"].as_u64(), Some((chunks - 1) * 4 * MIB));
+    assert_eq!(leak["count"].as_u64(), Some(chunks - 1));
+
+    let t = run_traced(
+        "clean_pool",
+        &[],
+        &corpus::env(corpus::case("clean_pool"), true),
+    );
+    let device = &t.report["processes"][0]["devices"][0];
+    assert_eq!(
+        (device["allocations"].as_u64(), device["frees"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert!(findings(&t.report, "leak").is_empty());
+}
+
+/// One buffer re-allocated 1 MiB larger every step (leak_realloc): one leak finding at its
+/// site, with its rate and what was replaced; no allocation of it survived three steps.
+#[test]
+fn a_reallocated_buffer_is_one_leak_that_says_its_allocations_are_replaced() {
+    const MIB: f64 = (1u64 << 20) as f64;
+    for markers in [true, false] {
+        let t = run_traced(
+            "leak_realloc",
+            &[],
+            &corpus::env(corpus::case("leak_realloc"), markers),
+        );
+        let at: Vec<_> = findings(&t.report, "leak")
+            .into_iter()
+            .filter(|f| {
+                oomtrace_tests::functions(f).first().map(String::as_str) == Some("grow_buffer")
+            })
+            .collect();
+        assert_eq!(at.len(), 1, "markers {markers}: {}", t.report);
+        let f = &at[0];
+        assert_eq!(f["growth_bytes_per_step"].as_f64(), Some(MIB), "{f}");
+        assert!(
+            f["hint"].as_str().unwrap().contains("freed and replaced"),
+            "{f}"
+        );
+        let ev = &f["evidence"];
+        assert!(ev["surviving_epochs"].as_u64().unwrap() < 3, "{f}");
+        let r = &ev["replaced"];
+        assert!(r["frees_in_window"].as_u64().unwrap() >= 7, "{f}");
+        assert!(
+            r["largest_allocation_bytes"].as_f64().unwrap() >= 20.0 * MIB,
+            "{f}"
+        );
+        assert_eq!(f["count"], 1, "one buffer live: {f}");
+    }
 }

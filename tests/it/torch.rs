@@ -543,6 +543,33 @@ in_every_mode! {
     expandable_segments => expandable;
 }
 
+/// A KV cache grown by torch.cat (+1 MiB per step, each step's tensor replacing the last):
+/// no tensor survives, yet the cat line's memory grows; `--torch` names that line as a leak
+/// with its rate. The same cache kept at a fixed size is clean.
+#[test]
+fn kv_cache_grown_by_cat_is_a_leak_at_the_cat_line() {
+    let r = run_torch("kv_cache.py", Mode::Torch, &[]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    let leak = findings(&r.report, "leak")
+        .into_iter()
+        .find(|f| has_frame(f, "kv_cache.py", 18))
+        .unwrap_or_else(|| panic!("no leak at kv_cache.py:18\n{}", r.text));
+    let rate = leak["growth_bytes_per_step"].as_f64().unwrap();
+    assert!((rate - MIB as f64).abs() < 0.01 * MIB as f64, "{rate}");
+    assert!(leak["evidence"]["replaced"].is_object(), "{leak:#}");
+    assert!(
+        leak["hint"].as_str().unwrap().contains("torch.cat"),
+        "{leak:#}"
+    );
+    assert!(r.stderr.contains("(kv_cache.py:18)"), "{}", r.stderr);
+
+    let r = run_torch("kv_cache.py", Mode::Torch, &[("KV_WINDOW", "1")]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    assert_no_growth_finding(&r);
+}
+
 /// `oomtrace_malloc` reached through the pluggable-allocator API before anything loaded the
 /// driver (torch has not initialized CUDA when `change_current_allocator` runs): it loads the
 /// driver itself and hands out memory.

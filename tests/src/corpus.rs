@@ -26,11 +26,36 @@ pub enum Label {
     Fragmentation,
 }
 
+/// The kind of program a case stands for: the benchmark reports each class on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Class {
+    /// A training loop of many allocations per step (the skeleton of `corpus.h`).
+    Classic,
+    /// A CUDA extension allocating once per step, and nothing else allocating (period 1).
+    Extension,
+    /// One buffer re-allocated every step (reallocate-and-copy, concatenation).
+    Realloc,
+    /// A framework's own pool: only its reservation and chunks reach CUDA.
+    Pool,
+}
+
+impl Class {
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Classic => "classic",
+            Class::Extension => "extension",
+            Class::Realloc => "realloc",
+            Class::Pool => "pool",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct Case {
     pub name: &'static str,
     pub label: Label,
     pub env: &'static [(&'static str, &'static str)],
+    pub class: Class,
 }
 
 const fn leak(name: &'static str, function: &'static str, onset: u32) -> Case {
@@ -38,6 +63,7 @@ const fn leak(name: &'static str, function: &'static str, onset: u32) -> Case {
         name,
         label: Label::Leak { function, onset },
         env: &[],
+        class: Class::Classic,
     }
 }
 
@@ -46,6 +72,14 @@ const fn clean(name: &'static str) -> Case {
         name,
         label: Label::Clean,
         env: &[],
+        class: Class::Classic,
+    }
+}
+
+impl Case {
+    /// The case, of another class than [`Class::Classic`].
+    const fn of(self, class: Class) -> Case {
+        Case { class, ..self }
     }
 }
 
@@ -70,13 +104,26 @@ pub const CORPUS: &[Case] = &[
         name: "bounded_cache",
         label: Label::Bounded,
         env: &[],
+        class: Class::Classic,
     },
     Case {
         name: "frag_retry",
         label: Label::Fragmentation,
         env: &[("SIMCUDA_MEMORY", "1073741824")],
+        class: Class::Classic,
     },
+    leak("leak_realloc", "grow_buffer", 0).of(Class::Realloc),
+    clean("clean_realloc").of(Class::Realloc),
+    leak("leak_pool", "pool_grow", POOL_ONSET).of(Class::Pool),
+    clean("clean_pool").of(Class::Pool),
+    leak("leak_ext_step", "ext_step_keep", 0).of(Class::Extension),
+    clean("clean_ext_step").of(Class::Extension),
+    leak("leak_ext_static", "ext_step_keep", 0).of(Class::Extension),
+    clean("clean_ext_static").of(Class::Extension),
 ];
+
+/// The step at which leak_pool's reservation is full and the pool starts growing.
+const POOL_ONSET: u32 = 11;
 
 pub fn case(name: &str) -> &'static Case {
     CORPUS

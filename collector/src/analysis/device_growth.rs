@@ -48,7 +48,9 @@ use super::growth::{
     self, per_second, seconds, trace_tensors, warmup_end, AtDetection, GrewAt, GrowthDetector,
     LevelChange, Trend,
 };
-use super::stats::{self, mann_kendall, theil_sen};
+use super::stats;
+pub use super::window::Window;
+use super::window::{self, Sample};
 use super::{
     Alert, Alerts, AllocObs, Cause, Change, Confidence, Context, Detector, Evidence, Finding, Kind,
     Level, PythonLine,
@@ -58,9 +60,6 @@ use oomtrace_proto::Api;
 
 /// The leak detector's thresholds and warm-up, on purpose (see the module comment).
 const LAG: u32 = growth::LAG;
-const MIN_GROWTH: f64 = growth::MIN_GROWTH;
-const WINDOWS: [usize; 3] = growth::WINDOWS;
-const ALPHA_LIKELY: f64 = growth::ALPHA_LIKELY;
 const ALPHA_CONFIRMED: f64 = growth::ALPHA_CONFIRMED;
 const SERIES: usize = growth::SERIES;
 const HISTORY: usize = growth::HISTORY;
@@ -68,22 +67,6 @@ const HISTORY: usize = growth::HISTORY;
 const EXPLAINED_SHARE: f64 = 0.8;
 /// Call sites kept per device for `python_lines` (largest first; lines aggregate them).
 const MAX_GREW_AT: usize = 64;
-
-#[derive(Clone, Copy, Debug)]
-struct Sample {
-    epoch: u32,
-    live: u64,
-    gens: u32,
-}
-
-/// The first and last sample of the window a trend was measured on.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct Window {
-    pub from_step: u32,
-    pub from_bytes: u64,
-    pub to_step: u32,
-    pub to_bytes: u64,
-}
 
 /// The leak findings on the same device, beside the device's growth.
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -408,54 +391,12 @@ impl Detector for DeviceGrowthDetector {
 /// The rules of the module comment at the end of epoch `e`. Returns whether a window passed
 /// (the trend and its window are then fresh).
 fn evaluate(d: &mut DeviceSeries, e: u32, stable_since: u32) -> bool {
-    let post: Vec<Sample> = d
-        .series
-        .iter()
-        .copied()
-        .filter(|x| x.epoch >= stable_since)
-        .collect();
+    let post = window::since(&d.series, stable_since);
     let k = post.len();
     if k < 6 {
         return false;
     }
-    let mut best: Option<(Trend, Window)> = None;
-    let mut seen = 0;
-    for w in WINDOWS {
-        let n = w.min(k);
-        if n < 6 || n == seen {
-            continue;
-        }
-        seen = n;
-        let win = &post[k - n..];
-        let x: Vec<f64> = win.iter().map(|s| s.live as f64).collect();
-        let mk = mann_kendall(&x);
-        let Some(ts) = theil_sen(&x, mk.var, 0.95) else {
-            continue;
-        };
-        let trend = Trend {
-            window: n,
-            mann_kendall_s: mk.s,
-            z: mk.z,
-            p_value: (mk.p * WINDOWS.len() as f64).min(1.0),
-            slope_bytes_per_step: ts.slope,
-            slope_ci: [ts.low, ts.high],
-            growth_bytes: x[n - 1] - x[0],
-            new_generations: win[n - 1].gens.saturating_sub(win[0].gens),
-        };
-        let passes = trend.p_value < ALPHA_LIKELY
-            && trend.slope_bytes_per_step > 0.0
-            && trend.growth_bytes >= MIN_GROWTH
-            && trend.new_generations >= 3;
-        if passes && best.is_none_or(|(b, _)| trend.p_value < b.p_value) {
-            let window = Window {
-                from_step: win[0].epoch,
-                from_bytes: win[0].live,
-                to_step: win[n - 1].epoch,
-                to_bytes: win[n - 1].live,
-            };
-            best = Some((trend, window));
-        }
-    }
+    let best = window::best_trend(&post, |_, t| t.new_generations >= 3);
     let usual = d.usual_gap();
     let since_raise = e.saturating_sub(d.hwm_epoch);
     let mut level = match best {
@@ -476,15 +417,11 @@ fn evaluate(d: &mut DeviceSeries, e: u32, stable_since: u32) -> bool {
         d.level = None;
         return false;
     }
-    if k >= 16 {
-        let x: Vec<f64> = post[k - 16..].iter().map(|s| s.live as f64).collect();
-        let slope = |h: &[f64]| theil_sen(h, mann_kendall(h).var, 0.95).map(|t| t.slope);
-        if let (Some(b1), Some(b2)) = (slope(&x[..8]), slope(&x[8..])) {
-            if b1 > 0.0 && b2 < 0.25 * b1 {
-                d.bounded = true;
-            } else if d.bounded && b2 >= 0.25 * b1 && b2 > 0.0 {
-                d.bounded = false;
-            }
+    if let Some((b1, b2)) = window::halves(&post) {
+        if b1 > 0.0 && b2 < 0.25 * b1 {
+            d.bounded = true;
+        } else if d.bounded && b2 >= 0.25 * b1 && b2 > 0.0 {
+            d.bounded = false;
         }
     }
     if d.bounded {

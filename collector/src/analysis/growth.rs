@@ -29,7 +29,8 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use super::births::Births;
-use super::stats::{self, mann_kendall, theil_sen};
+use super::stats;
+use super::window::{self, Sample};
 use super::{
     Alert, Alerts, AllocObs, Cause, Change, Confidence, Context, Detector, Evidence, Finding, Kind,
     Level, PythonLine,
@@ -58,13 +59,6 @@ pub enum Class {
     Bounded,
     /// Growth made of sizes never live twice: a cache keyed by shape.
     ShapeKeyed,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Sample {
-    epoch: u32,
-    live: u64,
-    gens: u32,
 }
 
 /// The statistics of the window that decided a level.
@@ -156,6 +150,10 @@ pub struct LeakEvidence {
     /// from the device_growth finding); absent otherwise.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub python_lines: Vec<PythonLine>,
+    /// For growth of one buffer whose allocations are replaced by larger ones (the
+    /// site-growth detector): what was replaced; absent for surviving allocations.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replaced: Option<super::site_growth::Replaced>,
 }
 
 #[derive(Debug)]
@@ -272,6 +270,21 @@ impl GrowthDetector {
                     slope + s.trend.map_or(0.0, |t| t.slope_bytes_per_step),
                 )
             })
+    }
+
+    /// Whether the site has a finding here (a leak, or growth that was one): the site-growth
+    /// detector then stays silent about it (one finding per site).
+    pub fn reported(&self, site: SiteId, device: i16) -> bool {
+        self.sites
+            .get(&(site, device))
+            .is_some_and(|s| s.max_level >= Some(Confidence::Likely))
+    }
+
+    /// Distinct birth epochs in `from..=upto` among the site's live allocations.
+    pub fn generations(&self, site: SiteId, device: i16, from: u32, upto: u32) -> u32 {
+        self.sites
+            .get(&(site, device))
+            .map_or(0, |s| s.generations(from, upto))
     }
 
     /// Whether the site is reported as a leak now.
@@ -430,12 +443,7 @@ impl Detector for GrowthDetector {
 
 /// The rules of the module comment, at the end of epoch `e`.
 fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
-    let post: Vec<Sample> = s
-        .series
-        .iter()
-        .copied()
-        .filter(|x| x.epoch >= stable_since)
-        .collect();
+    let post = window::since(&s.series, stable_since);
     let k = post.len();
     if k < 5 {
         return;
@@ -446,38 +454,7 @@ fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
         .filter(|w| w[1].live > w[0].live)
         .count();
     let suspected = last.gens.saturating_sub(post[k - 5].gens) >= 3 && rises >= 3;
-    let mut best: Option<Trend> = None;
-    let mut seen = 0;
-    for w in WINDOWS {
-        let n = w.min(k);
-        if n < 6 || n == seen {
-            continue;
-        }
-        seen = n;
-        let win = &post[k - n..];
-        let x: Vec<f64> = win.iter().map(|s| s.live as f64).collect();
-        let mk = mann_kendall(&x);
-        let Some(ts) = theil_sen(&x, mk.var, 0.95) else {
-            continue;
-        };
-        let trend = Trend {
-            window: n,
-            mann_kendall_s: mk.s,
-            z: mk.z,
-            p_value: (mk.p * WINDOWS.len() as f64).min(1.0),
-            slope_bytes_per_step: ts.slope,
-            slope_ci: [ts.low, ts.high],
-            growth_bytes: x[n - 1] - x[0],
-            new_generations: win[n - 1].gens.saturating_sub(win[0].gens),
-        };
-        let passes = trend.p_value < ALPHA_LIKELY
-            && trend.slope_bytes_per_step > 0.0
-            && trend.growth_bytes >= MIN_GROWTH
-            && trend.new_generations >= 3;
-        if passes && best.is_none_or(|b| trend.p_value < b.p_value) {
-            best = Some(trend);
-        }
-    }
+    let best = window::best_trend(&post, |_, t| t.new_generations >= 3).map(|(t, _)| t);
     let usual = s.usual_gap();
     let since_raise = e.saturating_sub(s.hwm_epoch);
     let mut level = match best {
@@ -502,15 +479,11 @@ fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
         s.level = None;
         return;
     }
-    if k >= 16 {
-        let x: Vec<f64> = post[k - 16..].iter().map(|s| s.live as f64).collect();
-        let slope = |h: &[f64]| theil_sen(h, mann_kendall(h).var, 0.95).map(|t| t.slope);
-        if let (Some(b1), Some(b2)) = (slope(&x[..8]), slope(&x[8..])) {
-            if b1 > 0.0 && b2 < 0.25 * b1 {
-                s.class = Class::Bounded;
-            } else if s.class == Class::Bounded && b2 >= 0.25 * b1 && b2 > 0.0 {
-                s.class = Class::Leak;
-            }
+    if let Some((b1, b2)) = window::halves(&post) {
+        if b1 > 0.0 && b2 < 0.25 * b1 {
+            s.class = Class::Bounded;
+        } else if s.class == Class::Bounded && b2 >= 0.25 * b1 && b2 > 0.0 {
+            s.class = Class::Leak;
         }
     }
     if s.count >= 4 && s.distinct_size_share() >= 0.8 {
@@ -719,6 +692,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             peak_step: s.hwm_epoch,
             at_end: end,
             python_lines: Vec::new(),
+            replaced: None,
         }))),
         record: None,
         culprit: None,

@@ -7,6 +7,9 @@
 //!
 //! - [`epoch`]: the epoch clock (the iterations a leak is measured in).
 //! - [`growth`]: leaks per call site and device (docs/detection.md).
+//! - [`site_growth`]: one buffer per call site growing while its allocations are replaced
+//!   (reallocate-and-copy, concatenation), which no surviving generation shows.
+//! - [`window`]: the trend windows the three growth detectors share.
 //! - [`device_growth`]: the process's total on each device rising step after step, whoever
 //!   allocates it (the view that still works when a caching allocator spreads a leak over
 //!   many call sites).
@@ -32,8 +35,10 @@ pub mod growth;
 pub mod oom;
 #[cfg(test)]
 pub(crate) mod sim;
+pub mod site_growth;
 pub mod stats;
 pub mod threshold;
+pub mod window;
 
 use std::collections::BTreeMap;
 
@@ -189,6 +194,9 @@ pub enum Cause {
     CacheFilling,
     /// Growth made of sizes never live twice: a cache keyed by shape.
     ShapeKeyedCache,
+    /// A call site's allocations are replaced by larger ones step after step: one buffer
+    /// (a tensor rebuilt by concatenation, a realloc-and-copy) grows.
+    ReplacedButGrowing,
     /// A device grows with tensor-level events: tensors kept.
     DeviceTensorsKept,
     /// A device grows with plain CUDA allocations.
@@ -430,6 +438,7 @@ pub struct Analysis {
     /// Epoch boundaries (markers, an auto-detected period, or windows).
     pub clock: EpochClock,
     pub growth: growth::GrowthDetector,
+    pub site_growth: site_growth::SiteGrowthDetector,
     pub device_growth: device_growth::DeviceGrowthDetector,
     pub fragmentation: fragmentation::FragmentationDetector,
     pub threshold: threshold::ThresholdDetector,
@@ -457,10 +466,22 @@ impl Analysis {
         let ctx = self.context(p);
         let mut v = self.oom.findings(&ctx);
         v.extend(self.growth.findings(&ctx));
+        // One finding per site: the leak detector's when it has one.
+        v.extend(
+            self.site_growth
+                .findings(&ctx)
+                .into_iter()
+                .filter(|f| !self.growth.reported(f.site, f.device)),
+        );
         v.extend(self.device_growth.findings(&ctx));
         v.extend(self.fragmentation.findings(&ctx));
         v.extend(self.threshold.findings(&ctx));
         v
+    }
+
+    /// Whether a call site is reported as a leak now, by either per-site detector.
+    pub fn is_leak(&self, site: SiteId, device: i16) -> bool {
+        self.growth.is_leak(site, device) || self.site_growth.is_leak(site, device)
     }
 
     /// What to tell the user once `failed` is set.
@@ -481,6 +502,10 @@ impl Analysis {
             ended: p.end != EndState::Running,
         };
         self.growth.on_epoch_end(&ctx, &mut self.alerts);
+        // After the leaks: a site they report is theirs, and their generations say whether a
+        // site's allocations survive.
+        self.site_growth
+            .on_epoch_end_after_leaks(&ctx, &self.growth, &mut self.alerts);
         // After the leaks: device growth reads their generations and findings.
         self.device_growth
             .on_epoch_end_after_leaks(&ctx, &self.growth, &mut self.alerts);
@@ -508,6 +533,7 @@ impl Observer for Analysis {
             capacity: a.capacity,
         };
         self.growth.on_alloc(&obs, &mut self.alerts);
+        self.site_growth.on_alloc(&obs, &mut self.alerts);
         self.device_growth.on_alloc(&obs, &mut self.alerts);
         self.fragmentation.on_alloc(&obs, &mut self.alerts);
         self.threshold.on_alloc(&obs, &mut self.alerts);
@@ -533,6 +559,7 @@ impl Observer for Analysis {
             capacity: f.capacity,
         };
         self.growth.on_free(&obs, f.birth);
+        self.site_growth.on_free(&obs, f.birth);
         self.device_growth.on_free(&obs, f.birth);
         self.fragmentation.on_free(&obs, f.birth);
         self.threshold.on_free(&obs, f.birth);

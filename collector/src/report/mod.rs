@@ -174,7 +174,7 @@ fn status(p: &Process, trace: &Trace<Analysis>) -> String {
 
 /// Why memory might still be live at exit, from what the trace can tell.
 fn live_hint(p: &Process, a: &Analysis, device: i16, site: SiteId) -> (Cause, String) {
-    let leaking = a.growth.is_leak(site, device);
+    let leaking = a.is_leak(site, device);
     if leaking {
         (
             Cause::LiveAndLeaking,
@@ -435,7 +435,7 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
             let leaked_at_oom = record.map(|o| {
                 o.top_sites
                     .iter()
-                    .filter(|(site, _, _)| a.growth.is_leak(*site, o.device))
+                    .filter(|(site, _, _)| a.is_leak(*site, o.device))
                     .fold(0u64, |acc, &(_, bytes, _)| acc.saturating_add(bytes))
             });
             match leaked_at_oom {

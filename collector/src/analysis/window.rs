@@ -1,0 +1,151 @@
+//! The trend windows shared by the three growth detectors ([`super::growth`]: a call site's
+//! surviving allocations; [`super::device_growth`]: a device's total; [`super::site_growth`]: a
+//! call site whose allocations are replaced by larger ones), so that they never disagree about
+//! what a trend is.
+//!
+//! One sample per epoch. Over the last 8, 16 and 32 samples (as many as there are, at least
+//! [`MIN_WINDOW`]): Mann-Kendall p·3 < 0.01 (Bonferroni over the three scales), a positive
+//! Theil-Sen slope and ≥ 1 MiB of growth; each detector adds its own condition on the window
+//! (new surviving generations, or replaced allocations). The passing window with the smallest
+//! p-value is the trend.
+
+use serde::Serialize;
+
+use super::growth::{Trend, ALPHA_LIKELY, MIN_GROWTH, WINDOWS};
+use super::stats::{mann_kendall, theil_sen};
+
+/// Fewest samples a trend is tested on.
+pub const MIN_WINDOW: usize = 6;
+/// Samples over which growth is checked for slowing down (two halves).
+pub const HALVES: usize = 16;
+
+/// One epoch boundary's sample.
+#[derive(Clone, Copy, Debug)]
+pub struct Sample {
+    pub epoch: u32,
+    pub live: u64,
+    /// Distinct surviving generations (birth epochs after warm-up, at least `LAG` old).
+    pub gens: u32,
+}
+
+/// The first and last sample of the window a trend was measured on.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Window {
+    pub from_step: u32,
+    pub from_bytes: u64,
+    pub to_step: u32,
+    pub to_bytes: u64,
+}
+
+/// The samples taken at or after epoch `since`, oldest first.
+pub fn since<'a>(series: impl IntoIterator<Item = &'a Sample>, since: u32) -> Vec<Sample> {
+    series
+        .into_iter()
+        .copied()
+        .filter(|x| x.epoch >= since)
+        .collect()
+}
+
+/// The passing window with the smallest p-value over `post`, the samples that count (oldest
+/// first). `accept(start, trend)` adds the caller's condition; `start` is the window's first
+/// index in `post`.
+pub fn best_trend(
+    post: &[Sample],
+    mut accept: impl FnMut(usize, &Trend) -> bool,
+) -> Option<(Trend, Window)> {
+    let k = post.len();
+    let mut best: Option<(Trend, Window)> = None;
+    let mut seen = 0;
+    for w in WINDOWS {
+        let n = w.min(k);
+        if n < MIN_WINDOW || n == seen {
+            continue;
+        }
+        seen = n;
+        let start = k - n;
+        let win = &post[start..];
+        let x: Vec<f64> = win.iter().map(|s| s.live as f64).collect();
+        let mk = mann_kendall(&x);
+        let Some(ts) = theil_sen(&x, mk.var, 0.95) else {
+            continue;
+        };
+        let trend = Trend {
+            window: n,
+            mann_kendall_s: mk.s,
+            z: mk.z,
+            p_value: (mk.p * WINDOWS.len() as f64).min(1.0),
+            slope_bytes_per_step: ts.slope,
+            slope_ci: [ts.low, ts.high],
+            growth_bytes: x[n - 1] - x[0],
+            new_generations: win[n - 1].gens.saturating_sub(win[0].gens),
+        };
+        let passes = trend.p_value < ALPHA_LIKELY
+            && trend.slope_bytes_per_step > 0.0
+            && trend.growth_bytes >= MIN_GROWTH
+            && accept(start, &trend);
+        if passes && best.is_none_or(|(b, _)| trend.p_value < b.p_value) {
+            let window = Window {
+                from_step: win[0].epoch,
+                from_bytes: win[0].live,
+                to_step: win[n - 1].epoch,
+                to_bytes: win[n - 1].live,
+            };
+            best = Some((trend, window));
+        }
+    }
+    best
+}
+
+/// Theil-Sen slopes of the two halves of the last [`HALVES`] samples (None with fewer): growth
+/// whose second half is much slower than its first is a cache filling up.
+pub fn halves(post: &[Sample]) -> Option<(f64, f64)> {
+    let k = post.len();
+    if k < HALVES {
+        return None;
+    }
+    let x: Vec<f64> = post[k - HALVES..].iter().map(|s| s.live as f64).collect();
+    let slope = |h: &[f64]| theil_sen(h, mann_kendall(h).var, 0.95).map(|t| t.slope);
+    Some((slope(&x[..HALVES / 2])?, slope(&x[HALVES / 2..])?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn linear(n: u32, per_step: u64, gens: bool) -> Vec<Sample> {
+        (0..n)
+            .map(|i| Sample {
+                epoch: i,
+                live: u64::from(i) * per_step,
+                gens: if gens { i } else { 0 },
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_longest_clean_window_wins_and_the_caller_has_the_last_word() {
+        let post = linear(40, MIB, true);
+        let (t, w) = best_trend(&post, |_, t| t.new_generations >= 3).unwrap();
+        assert_eq!((t.window, w.from_step, w.to_step), (32, 8, 39));
+        assert_eq!(t.slope_bytes_per_step, MIB as f64);
+        assert!(best_trend(&post, |_, _| false).is_none());
+        // Below 1 MiB of growth, or too few samples: nothing.
+        assert!(best_trend(&linear(40, 1024, true), |_, _| true).is_none());
+        assert!(best_trend(&linear(5, MIB, true), |_, _| true).is_none());
+    }
+
+    #[test]
+    fn halves_see_growth_that_stops() {
+        let mut post = linear(8, 2 * MIB, false);
+        post.extend((8..16).map(|i| Sample {
+            epoch: i,
+            live: 16 * MIB,
+            gens: 0,
+        }));
+        let (b1, b2) = halves(&post).unwrap();
+        assert!(b1 > 0.0 && b2 == 0.0, "{b1} {b2}");
+        assert!(halves(&post[1..]).is_none());
+    }
+}
