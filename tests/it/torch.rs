@@ -5,13 +5,15 @@
 //! The wheel lives in a virtual environment outside the clone, made (or found) by
 //! `scripts/torch-env.sh`: a machine without it installs it here, never skips.
 //!
-//! Every script runs in four modes:
+//! Every script runs in five modes:
 //! - `run`: `oomtrace run` (the shim sees the caching allocator's segments; steps come from the
 //!   optimizer hook that `run` installs);
 //! - `preload`: plain `LD_PRELOAD` (the shim starts its own collector and, in a Python
 //!   program, installs the same optimizer hook), then `oomtrace report` on the trace it
 //!   leaves, right after the program returns;
-//! - `torch`: `oomtrace run --torch` (every tensor through oomtrace's allocator);
+//! - `torch`: `oomtrace run --torch` (oomtrace's trace tracker on PyTorch's own caching
+//!   allocator: every tensor, and PyTorch's statistics keep working);
+//! - `torch_swap`: `oomtrace run --torch=swap` (every tensor through oomtrace's allocator);
 //! - `own_allocator`: the user's own `change_current_allocator(CUDAPluggableAllocator(...))`
 //!   pointing at oomtrace's entry points, under `oomtrace run`.
 //!
@@ -67,13 +69,29 @@ enum Mode {
     Run,
     Preload,
     Torch,
+    TorchSwap,
     OwnAllocator,
 }
 
 impl Mode {
     /// Tensor-level modes see every tensor with the Python line that made it.
     fn tensor_level(self) -> bool {
-        matches!(self, Mode::Torch | Mode::OwnAllocator)
+        matches!(self, Mode::Torch | Mode::TorchSwap | Mode::OwnAllocator)
+    }
+
+    /// PyTorch allocates through oomtrace's pluggable allocator (no caching, no statistics,
+    /// and no OutOfMemoryError).
+    fn swapped(self) -> bool {
+        matches!(self, Mode::TorchSwap | Mode::OwnAllocator)
+    }
+
+    /// The API a tensor's allocation is recorded under.
+    fn tensor_api(self) -> &'static str {
+        if self == Mode::Torch {
+            "oomtrace_torch_alloc"
+        } else {
+            "oomtrace_malloc"
+        }
     }
 }
 
@@ -101,8 +119,14 @@ fn command(script_name: &str, mode: Mode, dir: &Path, env: &[(&str, &str)]) -> C
         _ => {
             let mut c = base_command(oomtrace_bin());
             c.arg("run").arg("--json").arg(&json).arg("-o").arg(&trace);
-            if mode == Mode::Torch {
-                c.arg("--torch");
+            match mode {
+                Mode::Torch => {
+                    c.arg("--torch");
+                }
+                Mode::TorchSwap => {
+                    c.arg("--torch=swap");
+                }
+                _ => {}
             }
             c.arg("--").arg(python());
             c
@@ -285,6 +309,20 @@ fn assert_steps_from_optimizer(r: &TorchRun) {
     );
 }
 
+/// Both halves of --torch worked on torch 2.15 (the tracker attached, or the allocator was
+/// swapped; the step hook reaches torch.optim.optimizer, which `import torch` hides): nothing
+/// is said.
+fn assert_torch_said_nothing(r: &TorchRun) {
+    for said in [
+        "not swapped",
+        "no oomtrace trace tracker",
+        "not marked",
+        "cannot set up tracing",
+    ] {
+        assert!(!r.stderr.contains(said), "{}", r.stderr);
+    }
+}
+
 fn assert_no_growth_finding(r: &TorchRun) {
     let found = growth_findings(&r.report);
     assert!(
@@ -309,14 +347,10 @@ fn leak_activations(mode: Mode) {
 fn check_activation_leak(r: &TorchRun, mode: Mode, file: &str, line: u64) {
     let found = growth_findings(&r.report);
     match mode {
-        Mode::Torch | Mode::OwnAllocator => {
+        Mode::Torch | Mode::TorchSwap | Mode::OwnAllocator => {
             assert_steps_from_optimizer(r);
-            if mode == Mode::Torch {
-                // Both halves of --torch worked on torch 2.15 (the step hook reaches
-                // torch.optim.optimizer, which `import torch` hides): nothing is said.
-                for said in ["not swapped", "not marked", "cannot set up tracing"] {
-                    assert!(!r.stderr.contains(said), "{}", r.stderr);
-                }
+            if mode != Mode::OwnAllocator {
+                assert_torch_said_nothing(r);
             }
             let leak = found
                 .iter()
@@ -345,7 +379,7 @@ fn check_activation_leak(r: &TorchRun, mode: Mode, file: &str, line: u64) {
             );
             // Every tensor went through oomtrace's allocator, and the bytes are exact: 40 steps
             // of 4 MiB, still held at the end (or said to be freed at exit).
-            assert_eq!(leak["api"], "oomtrace_malloc", "{leak:#}");
+            assert_eq!(leak["api"], mode.tensor_api(), "{leak:#}");
             let end = &leak["evidence"]["at_end"];
             if end["state"] == "held" {
                 assert_eq!(end["bytes"].as_u64(), Some(STEPS * 4 * MIB), "{end:#}");
@@ -434,7 +468,7 @@ fn total_loss(mode: Mode) {
     if mode.tensor_level() {
         // The graph's tensors are made at line 11, by the loss computed outside no_grad.
         assert_text_has_python_frames(&r.text, &f["stack"]);
-        assert_eq!(f["api"], "oomtrace_malloc", "{f:#}");
+        assert_eq!(f["api"], mode.tensor_api(), "{f:#}");
     }
 }
 
@@ -452,7 +486,7 @@ fn clean(script_name: &str, mode: Mode) {
 
 fn oom(mode: Mode) {
     let r = run_torch("oom.py", mode, &[("SIMCUDA_MEMORY", "512MiB")]);
-    if mode.tensor_level() {
+    if mode.swapped() {
         // PyTorch's pluggable allocator does not raise for the NULL oomtrace_malloc returns:
         // the program goes on (its tensor has no memory), and oomtrace says so, live, once
         // per failure (rate-limited).
@@ -463,7 +497,8 @@ fn oom(mode: Mode) {
             r.stderr
         );
     } else {
-        // The program's own exit code: Python's, for an uncaught torch.OutOfMemoryError.
+        // The program's own exit code: Python's, for an uncaught torch.OutOfMemoryError
+        // (raised by PyTorch's own allocator, with the tracker attached or not).
         assert_ran(&r, 1);
         assert!(r.stderr.contains("torch.OutOfMemoryError"), "{}", r.stderr);
     }
@@ -508,7 +543,7 @@ fn expandable(mode: Mode) {
     );
     assert_ran(&r, 0);
     assert_done(&r);
-    if !mode.tensor_level() {
+    if !mode.swapped() {
         // The segment is mapped physical memory: cuMemCreate, not cudaMalloc.
         assert!(r.text.contains("cuMemCreate"), "{}", r.text);
     }
@@ -527,6 +562,8 @@ macro_rules! in_every_mode {
                 #[test]
                 fn torch() { ($body)(Mode::Torch) }
                 #[test]
+                fn torch_swap() { ($body)(Mode::TorchSwap) }
+                #[test]
                 fn own_allocator() { ($body)(Mode::OwnAllocator) }
             }
         )*
@@ -541,6 +578,60 @@ in_every_mode! {
     clean_loop_with_dynamic_shapes => |m| clean("clean_dynamic.py", m);
     out_of_memory => oom;
     expandable_segments => expandable;
+}
+
+// ---- --torch keeps PyTorch's allocator: its statistics work, tensors are seen -------------
+
+/// A script that logs torch.cuda.memory_allocated(), memory_reserved() and
+/// max_memory_allocated() every step and prints memory_summary() runs unchanged under
+/// `--torch` (these raise under a pluggable allocator), and its leak is named at its line.
+#[test]
+fn torch_keeps_pytorch_statistics_and_names_the_leak() {
+    let r = run_torch("leak_logged.py", Mode::Torch, &[]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    assert_torch_said_nothing(&r);
+    let allocated: Vec<u64> = r
+        .stdout
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.first() == Some(&"step") && w.len() == 8).then(|| w[3].parse().unwrap())
+        })
+        .collect();
+    assert_eq!(allocated.len(), STEPS as usize, "{}", r.stdout);
+    // PyTorch's own count grows by the 4 MiB kept each step.
+    let grown = allocated[STEPS as usize - 1] - allocated[0];
+    assert_eq!(grown, (STEPS - 1) * 4 * MIB, "{}", r.stdout);
+    assert!(r.stdout.contains("summary lines"), "{}", r.stdout);
+    check_activation_leak(&r, Mode::Torch, "leak_logged.py", 11);
+}
+
+/// The same script under the swap: PyTorch's statistics raise (what `--torch=swap` costs).
+#[test]
+fn torch_swap_loses_pytorch_statistics() {
+    let r = run_torch("leak_logged.py", Mode::TorchSwap, &[]);
+    assert_ne!(r.status.code(), Some(0), "{}", r.stdout);
+    assert!(!r.stdout.contains("done"), "{}", r.stdout);
+}
+
+/// Device memory an extension allocates itself (cudaMalloc outside PyTorch's allocator),
+/// growing while the tensors stay flat, is not the allocator's reserve: no fragmentation.
+#[test]
+fn memory_outside_pytorch_allocator_is_not_reserve() {
+    let r = run_torch("extension_malloc.py", Mode::Torch, &[]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    assert_torch_said_nothing(&r);
+    let frag = findings(&r.report, "fragmentation");
+    assert!(frag.is_empty(), "{frag:#?}\n{}", r.text);
+    // The growth is seen, at the extension's line.
+    let found = growth_findings(&r.report);
+    assert!(
+        found.iter().any(|f| has_frame(f, "extension_malloc.py", 21)),
+        "{found:#?}\n{}",
+        r.text
+    );
 }
 
 /// `oomtrace_malloc` reached through the pluggable-allocator API before anything loaded the
