@@ -357,7 +357,10 @@ mod tests {
         assert_eq!(Api::oomtrace_torch_alloc as u8, 99);
         assert_eq!(Api::oomtrace_torch_free as u8, 100);
         assert_eq!(Api::oomtrace_torch_segment as u8, 101);
-        assert_eq!(Api::oomtrace_torch_alloc.memory_class(), MemoryClass::Tensor);
+        assert_eq!(
+            Api::oomtrace_torch_alloc.memory_class(),
+            MemoryClass::Tensor
+        );
         assert!(!MemoryClass::Tensor.on_device());
         for api in Api::ALL {
             assert_eq!(Api::from_u8(*api as u8), *api, "{}", api.name());

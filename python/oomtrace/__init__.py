@@ -320,19 +320,17 @@ def _on_torch_import(torch, allocator=False, steps=True, tracker=False):
     no_steps = attempt(_install_step_hook) if steps else None
     if not (no_tracker or no_allocator or no_steps):
         return
-    if tracker and no_tracker:
-        said = "--torch: " + _tracker_failed(no_tracker)
-        if steps and no_steps:
-            said += ("; optimizer steps are not marked (%s): steps are found automatically"
-                     % no_steps)
-    elif allocator or tracker:
-        if no_allocator:
+    if allocator or tracker:
+        if no_tracker:
+            said = "--torch: " + _tracker_failed(no_tracker)
+        elif no_allocator:
             said = ("--torch=swap: PyTorch's allocator was not swapped (%s): tracing CUDA "
                     "allocations (segments, not tensors)" % no_allocator)
         elif allocator:
             said = "--torch=swap: PyTorch allocates through oomtrace (tensors are traced)"
         else:
-            said = "--torch: tensors are traced by oomtrace's tracker on PyTorch's allocator"
+            said = ("--torch: oomtrace's tracker is attached to PyTorch's allocator when CUDA "
+                    "starts (tensors are traced)")
         if steps:
             if no_steps:
                 said += ("; optimizer steps are not marked (%s): steps are found "

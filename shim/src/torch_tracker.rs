@@ -155,7 +155,8 @@ pub fn tracker() -> StdFunction {
 const C10_CUDA: &CStr = c"libc10_cuda.so";
 const TORCH_CUDA: &CStr = c"libtorch_cuda.so";
 const ALLOCATOR: &CStr = c"_ZN3c104cuda20CUDACachingAllocator9allocatorE";
-const PLUGGABLE_VTABLE: &CStr = c"_ZTVN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocatorE";
+const PLUGGABLE_VTABLE: &CStr =
+    c"_ZTVN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocatorE";
 const PLUGGABLE_ATTACH: &CStr = c"_ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator27attachAllocatorTraceTrackerESt8functionIFvRKN3c1022CachingDeviceAllocator10TraceEntryEEE";
 
 /// Set once a tracker is attached: a second attach would record every event twice.
@@ -268,15 +269,21 @@ fn attach() -> Option<&'static CStr> {
     None
 }
 
-/// Attaches oomtrace's allocator trace tracker to PyTorch's CUDA caching allocator (call it
-/// after PyTorch initialised CUDA: the allocator hands the tracker to the devices it has).
+/// Attaches oomtrace's allocator trace tracker to PyTorch's CUDA caching allocator. Call it
+/// after PyTorch initialised CUDA (`torch.cuda.is_initialized()`, or from
+/// `torch.cuda._lazy_call` as `oomtrace.install()` does): the allocator object exists from
+/// `import torch` on, but it hands a tracker only to the device allocators it already has, so
+/// an earlier call attaches to nothing and no later call attaches again.
 /// Returns NULL once attached (or already), otherwise why not (a static C string).
 #[unsafe(no_mangle)]
 pub extern "C" fn oomtrace_torch_attach() -> *const c_char {
     match guard::catch(attach) {
         Some(None) => std::ptr::null(),
         Some(Some(why)) => {
-            log::info(&format!("no allocator trace tracker: {}", why.to_string_lossy()));
+            log::info(&format!(
+                "no allocator trace tracker: {}",
+                why.to_string_lossy()
+            ));
             why.as_ptr()
         }
         None => c"internal error".as_ptr(),

@@ -628,7 +628,9 @@ fn memory_outside_pytorch_allocator_is_not_reserve() {
     // The growth is seen, at the extension's line.
     let found = growth_findings(&r.report);
     assert!(
-        found.iter().any(|f| has_frame(f, "extension_malloc.py", 21)),
+        found
+            .iter()
+            .any(|f| has_frame(f, "extension_malloc.py", 21)),
         "{found:#?}\n{}",
         r.text
     );
@@ -739,4 +741,106 @@ fn plain_preload_sets_up_the_step_hook_only_in_python() {
     // Said not to: nothing changes either.
     let off = preloaded_env(python(), &["-c", show], &[("OOMTRACE_TORCH", "")]);
     assert_eq!(off.trim(), "/user/path", "{off}");
+}
+
+// ---- The tracker's view of PyTorch's C++ ABI ------------------------------------------------
+
+/// What `trace_entry_layout.cpp` prints, compiled against the pinned torch's own headers,
+/// is what the shim's tracker reads: field offsets, action values, std::function's size. A
+/// torch bump that moves a field fails here.
+#[test]
+fn trace_entry_layout_matches_the_pinned_headers() {
+    use oomtrace::torch_tracker::{action, offset, StdFunction};
+    let dir = scratch("torch-layout");
+    let out = output_within(
+        {
+            let mut c = base_command(python());
+            c.args([
+                "-c",
+                "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))",
+            ]);
+            torch_env(&mut c, &dir);
+            c
+        },
+        TORCH_TIMEOUT,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let include = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let exe = dir.join("layout");
+    let mut cc = Command::new("c++");
+    cc.args(["-std=c++17", "-w", "-I", &include, "-o"])
+        .arg(&exe)
+        .arg(script("trace_entry_layout.cpp"));
+    let built = cc
+        .output()
+        .expect("c++ (g++) is needed to check the tracker against torch's headers");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let printed = Command::new(&exe).output().expect("run layout");
+    let text = String::from_utf8_lossy(&printed.stdout);
+    let value = |name: &str| -> usize {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value("action"), offset::ACTION);
+    assert_eq!(value("device"), offset::DEVICE);
+    assert_eq!(value("sizeof_device"), 1);
+    assert_eq!(value("addr"), offset::ADDR);
+    assert_eq!(value("stream"), offset::STREAM);
+    assert_eq!(value("size"), offset::SIZE);
+    assert_eq!(value("function"), std::mem::size_of::<StdFunction>());
+    for (name, v) in [
+        ("ALLOC", action::ALLOC),
+        ("FREE_COMPLETED", action::FREE_COMPLETED),
+        ("SEGMENT_ALLOC", action::SEGMENT_ALLOC),
+        ("SEGMENT_FREE", action::SEGMENT_FREE),
+        ("SEGMENT_MAP", action::SEGMENT_MAP),
+        ("SEGMENT_UNMAP", action::SEGMENT_UNMAP),
+        ("OOM", action::OOM),
+    ] {
+        assert_eq!(value(name), v as usize, "{name}");
+    }
+}
+
+/// `oomtrace_torch_attach` called by hand after PyTorch initialised CUDA attaches once (a
+/// second call attaches nothing more), and says which vtable slot it used.
+#[test]
+fn tracker_attaches_once() {
+    let dir = scratch("torch-attach");
+    let mut cmd = base_command(python());
+    cmd.arg("-c")
+        .arg(
+            "import ctypes, os, torch\n\
+             lib = ctypes.CDLL(os.environ['OOMTRACE_LIB'])\n\
+             lib.oomtrace_torch_attach.restype = ctypes.c_char_p\n\
+             torch.empty(1, device='cuda')\n\
+             print('after', lib.oomtrace_torch_attach())\n\
+             print('again', lib.oomtrace_torch_attach())\n",
+        )
+        .current_dir(&dir)
+        .env("LD_PRELOAD", shim())
+        .env("OOMTRACE_COLLECTOR", oomtrace_bin())
+        .env("OOMTRACE_TORCH", "")
+        .env("OOMTRACE_LOG", "1");
+    torch_env(&mut cmd, &dir);
+    without_aslr(&mut cmd);
+    let out = output_within(cmd, TORCH_TIMEOUT);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("after None"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("again None"), "{stdout}");
+    assert_eq!(
+        stderr
+            .matches("attached an allocator trace tracker to PyTorch (vtable slot ")
+            .count(),
+        1,
+        "{stderr}"
+    );
 }

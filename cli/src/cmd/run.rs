@@ -217,10 +217,10 @@ fn python_env(lib: &Path, hooks: PythonHooks) -> Result<Vec<(OsString, OsString)
         (hooks.allocator, "allocator"),
         (hooks.steps, "steps"),
     ]
-        .iter()
-        .filter(|(on, _)| *on)
-        .map(|&(_, name)| name)
-        .collect();
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|&(_, name)| name)
+    .collect();
     if wanted.is_empty() {
         // Said explicitly, so that the shim (which puts the step hook on PYTHONPATH in a
         // Python program under plain LD_PRELOAD) leaves it off too.

@@ -147,7 +147,11 @@ fn event_fields(
             put("ptr", hex(ev.ptr));
             put("stream", hex(ev.aux));
             let tensor = ev.api().memory_class() == oomtrace_proto::MemoryClass::Tensor;
-            match if tensor { p.tensor(ev.ptr) } else { p.live(ev.ptr) } {
+            match if tensor {
+                p.tensor(ev.ptr)
+            } else {
+                p.live(ev.ptr)
+            } {
                 Some(a) => {
                     put("size", a.size.into());
                     put("device", a.device.into());

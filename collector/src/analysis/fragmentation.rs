@@ -328,7 +328,13 @@ mod tests {
             let base = 0x1000_0000 + step * 0x100_0000;
             p.apply_event(&ev(EventKind::Alloc, Api::cudaMalloc, base, 4 * MIB, ts));
             if segment {
-                let seg = ev(EventKind::Segment, Api::oomtrace_torch_segment, base, 4 * MIB, ts);
+                let seg = ev(
+                    EventKind::Segment,
+                    Api::oomtrace_torch_segment,
+                    base,
+                    4 * MIB,
+                    ts,
+                );
                 p.apply_event(&seg);
             }
             ts += 10;

@@ -738,13 +738,24 @@ mod tests {
     fn tracker_tensors_live_inside_segments_without_double_counting() {
         let mut p = proc();
         let seg = 0x7000_0000;
-        p.apply_event(&ev(EventKind::Alloc, Api::cudaMalloc, seg, 20 << 20), &mut ());
         p.apply_event(
-            &ev(EventKind::Segment, Api::oomtrace_torch_segment, seg, 20 << 20),
+            &ev(EventKind::Alloc, Api::cudaMalloc, seg, 20 << 20),
+            &mut (),
+        );
+        p.apply_event(
+            &ev(
+                EventKind::Segment,
+                Api::oomtrace_torch_segment,
+                seg,
+                20 << 20,
+            ),
             &mut (),
         );
         // An extension's own cudaMalloc: device memory, not the allocator's reserve.
-        p.apply_event(&ev(EventKind::Alloc, Api::cudaMalloc, 0x9000_0000, 8 << 20), &mut ());
+        p.apply_event(
+            &ev(EventKind::Alloc, Api::cudaMalloc, 0x9000_0000, 8 << 20),
+            &mut (),
+        );
         let tensor = |p: &mut Process, kind, ptr, size| {
             let api = if kind == EventKind::Alloc {
                 Api::oomtrace_torch_alloc
@@ -766,7 +777,12 @@ mod tests {
         assert_eq!(p.devices[&0].live_bytes, 28 << 20);
         assert_eq!(p.unmatched_frees, 0);
         p.apply_event(
-            &ev(EventKind::SegmentFree, Api::oomtrace_torch_segment, seg, 20 << 20),
+            &ev(
+                EventKind::SegmentFree,
+                Api::oomtrace_torch_segment,
+                seg,
+                20 << 20,
+            ),
             &mut (),
         );
         p.apply_event(&ev(EventKind::Free, Api::cudaFree, seg, 0), &mut ());
