@@ -207,7 +207,7 @@ fn symbol_size(p: *const c_void) -> Option<usize> {
         )
     };
     // SAFETY: dladdr1 set sym to the loader's symbol entry when it returned non-zero.
-    (ok != 0 && !sym.is_null() && info.dli_saddr as *const c_void == p)
+    (ok != 0 && !sym.is_null() && std::ptr::eq(info.dli_saddr, p))
         .then(|| unsafe { (*sym).st_size } as usize)
 }
 
