@@ -844,3 +844,34 @@ fn tracker_attaches_once() {
         "{stderr}"
     );
 }
+
+/// Another backend (`backend:cudaMallocAsync`) or a pluggable allocator of the user's own in
+/// place: the tracker is not attached, one line says why, and the program runs on.
+#[test]
+fn tracker_keeps_off_allocators_it_does_not_know() {
+    let r = run_torch(
+        "clean.py",
+        Mode::Torch,
+        &[("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")],
+    );
+    assert_ran(&r, 0);
+    assert_done(&r);
+    assert!(
+        r.stderr.contains(
+            "no oomtrace trace tracker (PyTorch's allocator backend is 'cudaMallocAsync'"
+        ),
+        "{}",
+        r.stderr
+    );
+    let r = run_torch("clean.py", Mode::Torch, &[("OWN_ALLOCATOR", "1")]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    assert!(
+        r.stderr
+            .contains("no oomtrace trace tracker (PyTorch's allocator backend is 'pluggable'"),
+        "{}",
+        r.stderr
+    );
+    // The user's allocator is oomtrace's entry points: its tensors are still traced.
+    assert!(r.text.contains("oomtrace_malloc"), "{}", r.text);
+}

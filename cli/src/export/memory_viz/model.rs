@@ -924,27 +924,15 @@ mod tests {
             &cx,
             ev(EventKind::Alloc, Api::cudaMalloc, 0, seg, 0x1_0000, 1),
         );
-        step(
-            &mut m,
-            &cx,
-            ev(EventKind::Alloc, alloc, 0, seg, t, 2),
-        );
-        step(
-            &mut m,
-            &cx,
-            ev(EventKind::Free, free, 0, seg, 0, 3),
-        );
+        step(&mut m, &cx, ev(EventKind::Alloc, alloc, 0, seg, t, 2));
+        step(&mut m, &cx, ev(EventKind::Free, free, 0, seg, 0, 3));
         // The segment stays, cached and empty: one inactive block.
         assert_eq!(
             layout(&m),
             vec![(seg, 0x1_0000, false, vec![(seg, 0x1_0000, "inactive")])]
         );
         // A second free of the tensor frees nothing; the segment's own free does.
-        step(
-            &mut m,
-            &cx,
-            ev(EventKind::Free, free, 0, seg, 0, 4),
-        );
+        step(&mut m, &cx, ev(EventKind::Free, free, 0, seg, 0, 4));
         step(
             &mut m,
             &cx,
