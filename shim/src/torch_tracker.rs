@@ -26,7 +26,7 @@
 //! the real-PyTorch tier compiles a program against the pinned headers and compares.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use crate::hooks::record;
 use crate::{guard, log, symbols};
@@ -159,8 +159,12 @@ const PLUGGABLE_VTABLE: &CStr =
     c"_ZTVN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocatorE";
 const PLUGGABLE_ATTACH: &CStr = c"_ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator27attachAllocatorTraceTrackerESt8functionIFvRKN3c1022CachingDeviceAllocator10TraceEntryEEE";
 
-/// Set once a tracker is attached: a second attach would record every event twice.
-static ATTACHED: AtomicBool = AtomicBool::new(false);
+/// Where attaching stands: a second tracker would record every event twice, so only one
+/// thread attaches, once.
+static STATE: AtomicU8 = AtomicU8::new(IDLE);
+const IDLE: u8 = 0;
+const ATTACHING: u8 = 1;
+const ATTACHED: u8 = 2;
 
 /// An already loaded library (never loads one).
 fn loaded(name: &CStr) -> *mut c_void {
@@ -211,11 +215,23 @@ fn symbol_size(p: *const c_void) -> Option<usize> {
         .then(|| unsafe { (*sym).st_size } as usize)
 }
 
-/// Attaches the tracker to PyTorch's current CUDA allocator. Returns why not, or `None`.
+/// Attaches the tracker once. Returns why not, or `None` (attached now or before).
 fn attach() -> Option<&'static CStr> {
-    if ATTACHED.load(Ordering::Acquire) {
-        return None;
+    match STATE.compare_exchange(IDLE, ATTACHING, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {}
+        Err(ATTACHED) => return None,
+        Err(_) => return Some(c"another thread is attaching the tracker"),
     }
+    let why = attach_now();
+    STATE.store(
+        if why.is_none() { ATTACHED } else { IDLE },
+        Ordering::Release,
+    );
+    why
+}
+
+/// Attaches the tracker to PyTorch's current CUDA allocator. Returns why not, or `None`.
+fn attach_now() -> Option<&'static CStr> {
     let (c10, torch) = (loaded(C10_CUDA), loaded(TORCH_CUDA));
     if c10.is_null() || torch.is_null() {
         return Some(c"libc10_cuda.so or libtorch_cuda.so is not loaded");
@@ -262,7 +278,6 @@ fn attach() -> Option<&'static CStr> {
     // allocator and does not throw.
     unsafe { attach_fn(object, &mut f) };
     // The caller destroys its temporary: our manager does nothing for that, so `f` just drops.
-    ATTACHED.store(true, Ordering::Release);
     log::info(&format!(
         "attached an allocator trace tracker to PyTorch (vtable slot {slot})"
     ));

@@ -875,3 +875,23 @@ fn tracker_keeps_off_allocators_it_does_not_know() {
     // The user's allocator is oomtrace's entry points: its tensors are still traced.
     assert!(r.text.contains("oomtrace_malloc"), "{}", r.text);
 }
+
+/// `oomtrace.install()` after PyTorch initialised CUDA (under plain `oomtrace run`): the
+/// tracker attaches at once (the swap could not be had then) and names the leak's line.
+#[test]
+fn install_after_cuda_init_attaches_the_tracker() {
+    let r = run_torch("install_late.py", Mode::Run, &[]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    assert!(
+        !r.stderr.contains("no oomtrace trace tracker"),
+        "{}",
+        r.stderr
+    );
+    let found = growth_findings(&r.report);
+    let leak = found
+        .iter()
+        .find(|f| f["kind"] == "leak" && has_frame(f, "install_late.py", 15))
+        .unwrap_or_else(|| panic!("no leak at install_late.py:15: {found:#?}\n{}", r.text));
+    assert_eq!(leak["api"], "oomtrace_torch_alloc", "{leak:#}");
+}
