@@ -1,6 +1,6 @@
 """Per-tensor host cost on real PyTorch: allocate and free N CUDA tensors (1 KiB, 64 KiB, 1 MiB
 in turn), median of 5 rounds, printed as `ns_per_tensor <ns>`. Run untraced, under
-`oomtrace run --torch`, and with BENCH_RECORD_HISTORY=1 (PyTorch's own
+`oomtrace run --torch` (the trace tracker) and `--torch=swap`, and with BENCH_RECORD_HISTORY=1 (PyTorch's own
 `_record_memory_history`): scripts/bench.sh compares them in one run. On simcuda kernels are
 no-ops, so this is the host-side cost of allocation only.
 """

@@ -80,6 +80,13 @@ pub enum EventKind {
     /// A free whose real call returned an error (`result`); `ptr`. The matching `Free` was
     /// already recorded, so the collector only counts these.
     FreeFailed = 14,
+    /// PyTorch's caching allocator took device memory as a segment (`ptr`, `size`, `device`,
+    /// `aux` = stream): a segment allocated, or part of an expandable one mapped. Its bytes are
+    /// the allocator's reserve; the allocation itself is the `Alloc` of the CUDA call.
+    Segment = 15,
+    /// PyTorch's caching allocator gave a segment (or a mapped part) back: `ptr`, `size`,
+    /// `device`.
+    SegmentFree = 16,
 }
 
 impl EventKind {
@@ -100,6 +107,8 @@ impl EventKind {
             12 => Marker,
             13 => Init,
             14 => FreeFailed,
+            15 => Segment,
+            16 => SegmentFree,
             _ => return None,
         })
     }
@@ -117,6 +126,9 @@ pub enum MemoryClass {
     HostPinned,
     /// VMM physical memory (`cuMemCreate`), live while referenced or mapped.
     Physical,
+    /// A tensor inside PyTorch's caching allocator (its trace tracker): device memory already
+    /// counted in the segment that holds it, so never counted in the device's totals again.
+    Tensor,
     /// Not an allocation (VA reservations, mappings, markers, queries).
     None,
 }
@@ -128,10 +140,11 @@ impl MemoryClass {
             MemoryClass::Managed => "managed",
             MemoryClass::HostPinned => "host_pinned",
             MemoryClass::Physical => "vmm_physical",
+            MemoryClass::Tensor => "tensor",
             MemoryClass::None => "none",
         }
     }
-    /// True for memory that occupies the GPU.
+    /// True for memory that occupies the GPU of its own (not a tensor inside a segment).
     pub fn on_device(self) -> bool {
         matches!(
             self,
@@ -206,6 +219,10 @@ apis! {
     oomtrace_malloc = 96, "oomtrace_malloc", Device;
     oomtrace_free = 97, "oomtrace_free", Device;
     oomtrace_mark = 98, "oomtrace_mark", None;
+    // PyTorch's caching allocator, seen through oomtrace's trace tracker (`--torch`).
+    oomtrace_torch_alloc = 99, "oomtrace_torch_alloc", Tensor;
+    oomtrace_torch_free = 100, "oomtrace_torch_free", Tensor;
+    oomtrace_torch_segment = 101, "oomtrace_torch_segment", None;
 }
 
 /// One event. See the module docs for the byte layout and `EventKind` for field meanings.
@@ -337,10 +354,25 @@ mod tests {
         assert_eq!(Api::cudaMalloc as u8, 64);
         assert_eq!(Api::cudaFreeHost as u8, 74);
         assert_eq!(Api::oomtrace_mark as u8, 98);
+        assert_eq!(Api::oomtrace_torch_alloc as u8, 99);
+        assert_eq!(Api::oomtrace_torch_free as u8, 100);
+        assert_eq!(Api::oomtrace_torch_segment as u8, 101);
+        assert_eq!(
+            Api::oomtrace_torch_alloc.memory_class(),
+            MemoryClass::Tensor
+        );
+        assert!(!MemoryClass::Tensor.on_device());
         for api in Api::ALL {
             assert_eq!(Api::from_u8(*api as u8), *api, "{}", api.name());
         }
         assert_eq!(Api::from_u8(200), Api::Unknown);
+    }
+
+    #[test]
+    fn kinds_are_pinned() {
+        assert_eq!(EventKind::FreeFailed as u8, 14);
+        assert_eq!(EventKind::Segment as u8, 15);
+        assert_eq!(EventKind::SegmentFree as u8, 16);
     }
 
     #[test]

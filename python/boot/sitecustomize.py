@@ -1,8 +1,9 @@
 # Put on PYTHONPATH by `oomtrace run`, or by the shim in a Python program under plain LD_PRELOAD
 # (shim/src/python_env.rs): when the program imports torch, mark a step after every optimizer
-# step and, with `--torch`, make PyTorch allocate through oomtrace before anything can
-# initialise CUDA. OOMTRACE_TORCH says which (set by whoever put this file on the path): a
-# comma-separated list of `allocator` and `steps`. The program itself is not changed. A sitecustomize of the
+# step and, with `--torch`, attach oomtrace's trace tracker to PyTorch's caching allocator when
+# PyTorch initialises CUDA (`--torch=swap`: make PyTorch allocate through oomtrace before
+# anything can initialise CUDA). OOMTRACE_TORCH says which (set by whoever put this file on the
+# path): a comma-separated list of `tracker`, `allocator` (the swap) and `steps`. The program itself is not changed. A sitecustomize of the
 # user's own, further down the path, still runs.
 import importlib.abc
 import importlib.util
@@ -24,16 +25,17 @@ def _run_user_sitecustomize():
 
 
 def _wanted():
-    """(allocator, steps): what `oomtrace run` asked for; both when OOMTRACE_TORCH is unset
-    (this file on PYTHONPATH by hand: the `--torch` behaviour it always had)."""
-    parts = {p.strip() for p in os.environ.get("OOMTRACE_TORCH", "allocator,steps").split(",")}
-    return "allocator" in parts, "steps" in parts
+    """(tracker, allocator, steps): what `oomtrace run` asked for; the tracker and steps when
+    OOMTRACE_TORCH is unset (this file on PYTHONPATH by hand: what `--torch` does)."""
+    parts = {p.strip() for p in os.environ.get("OOMTRACE_TORCH", "tracker,steps").split(",")}
+    return "tracker" in parts, "allocator" in parts, "steps" in parts
 
 
 class _TorchImportHook(importlib.abc.MetaPathFinder):
     """Finds nothing itself; wraps the loader of `torch` to run oomtrace after it."""
 
-    def __init__(self, allocator, steps):
+    def __init__(self, tracker, allocator, steps):
+        self.tracker = tracker
         self.allocator = allocator
         self.steps = steps
 
@@ -46,13 +48,14 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
             return spec
         loader = spec.loader
         run_module = loader.exec_module
-        allocator, steps = self.allocator, self.steps
+        tracker, allocator, steps = self.tracker, self.allocator, self.steps
 
         def exec_module(module):
             run_module(module)
             try:
                 import oomtrace
-                oomtrace._on_torch_import(module, allocator=allocator, steps=steps)
+                oomtrace._on_torch_import(module, allocator=allocator, steps=steps,
+                                          tracker=tracker)
             except Exception as e:  # never break the user's `import torch`
                 print("oomtrace: cannot set up tracing of torch (%s: %s); tracing CUDA "
                       "allocations without step markers" % (type(e).__name__, e),
@@ -62,9 +65,9 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
         return spec
 
 
-_allocator, _steps = _wanted()
-if _allocator or _steps:
-    sys.meta_path.insert(0, _TorchImportHook(_allocator, _steps))
+_tracker, _allocator, _steps = _wanted()
+if _tracker or _allocator or _steps:
+    sys.meta_path.insert(0, _TorchImportHook(_tracker, _allocator, _steps))
 try:
     _run_user_sitecustomize()
 except Exception as e:

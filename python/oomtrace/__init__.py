@@ -1,22 +1,30 @@
 """oomtrace for Python programs: per-tensor tracing of PyTorch, step markers.
 
     import oomtrace
-    oomtrace.install()          # before the first CUDA use: PyTorch allocates through oomtrace
+    oomtrace.install()          # every tensor is traced, PyTorch's allocator stays in place
     for batch in loader:
         with oomtrace.step():   # or call oomtrace.mark_step() once per iteration
             train(batch)
 
 `install()` loads liboomtrace (already there under `oomtrace run` or LD_PRELOAD; otherwise
-found through OOMTRACE_LIB or next to the `oomtrace` binary on PATH), makes PyTorch allocate
-through its pluggable-allocator entry points `oomtrace_malloc` / `oomtrace_free`, so that
-every tensor is an event with its Python stack, and marks a step after every optimizer step
-(until the program marks its own steps with `mark_step()` / `step()`).
+found through OOMTRACE_LIB or next to the `oomtrace` binary on PATH), sees every tensor with
+its Python stack, and marks a step after every optimizer step (until the program marks its own
+steps with `mark_step()` / `step()`).
 The trace goes where the library sends it: the collector of `oomtrace run`, or one the library
 starts itself (see OOMTRACE_SOCKET and OOMTRACE_OUTPUT in the README).
 
-Nothing here takes the GIL from a CUDA call or changes what PyTorch computes. Caveats of the
-pluggable allocator (PyTorch's, not ours): torch.cuda.memory_stats() and friends raise, and
-cudnn.benchmark, CUDA IPC and cudagraph trees are not supported (README, "PyTorch").
+Two ways to see tensors (`allocator=`):
+- "tracker" (the default): oomtrace's allocator trace tracker is attached to PyTorch's own
+  caching allocator as soon as PyTorch initialises CUDA (`oomtrace_torch_attach`). PyTorch keeps
+  its caching and its statistics: torch.cuda.memory_allocated(), memory_summary() and friends
+  work unchanged.
+- "swap": PyTorch allocates through oomtrace's pluggable-allocator entry points
+  `oomtrace_malloc` / `oomtrace_free` (memory from CUDA's stream-ordered pool). Caveats of the
+  pluggable allocator (PyTorch's, not ours): torch.cuda.memory_stats() and friends raise, and
+  cudnn.benchmark, CUDA IPC and cudagraph trees are not supported (README, "PyTorch"). Only
+  for PyTorch builds the tracker cannot attach to.
+
+Nothing here takes the GIL from a CUDA call or changes what PyTorch computes.
 """
 
 import contextlib
@@ -37,6 +45,9 @@ _step_hook = None
 # nothing from then on and is never installed again in this process.
 _optimizer_marks_stopped = False
 _allocator_installed = False
+# The tracker: None (not asked), "queued" (attached when PyTorch initialises CUDA), True
+# (attached) or why it did not attach (a phrase).
+_tracker = None
 
 
 def _loaded_path():
@@ -131,6 +142,59 @@ def _install_allocator(torch):
     return None
 
 
+def _attach_tracker_now(torch):
+    """None once oomtrace's trace tracker is attached to PyTorch's allocator; else why not."""
+    backend = torch.cuda.memory.get_allocator_backend()
+    if backend != "native":
+        return ("PyTorch's allocator backend is %r, and the tracker attaches to the native "
+                "caching allocator only" % backend)
+    lib = library()
+    attach = lib.oomtrace_torch_attach
+    attach.argtypes = []
+    attach.restype = ctypes.c_char_p
+    why = attach()
+    return None if why is None else why.decode(errors="replace")
+
+
+def _tracker_failed(why):
+    return ("PyTorch's allocator has no oomtrace trace tracker (%s): tracing CUDA allocations "
+            "(segments, not tensors); `--torch=swap` / install(allocator=\"swap\") swaps "
+            "the allocator instead" % why)
+
+
+def _install_tracker(torch):
+    """None once the tracker is attached, or queued to attach right after PyTorch
+    initialises CUDA (its caching allocator exists from then on); otherwise why not."""
+    global _tracker
+    if _tracker is True or _tracker == "queued":
+        return None
+    try:
+        library()
+        if torch.cuda.is_initialized():
+            why = _attach_tracker_now(torch)
+            _tracker = why or True
+            return why
+    except Exception as e:
+        _tracker = "%s: %s" % (type(e).__name__, e)
+        return _tracker
+
+    def attach():
+        # Runs inside torch.cuda's lazy init: it must never raise (PyTorch would turn that
+        # into an error of the user's first CUDA call).
+        global _tracker
+        try:
+            why = _attach_tracker_now(torch)
+        except Exception as e:
+            why = "%s: %s" % (type(e).__name__, e)
+        _tracker = why or True
+        if why:
+            print("oomtrace: " + _tracker_failed(why), file=sys.stderr)
+
+    _tracker = "queued"
+    torch.cuda._lazy_call(attach)
+    return None
+
+
 def _on_optimizer_step(optimizer, args, kwargs):
     # Runs inside optimizer.step(), in Python with the GIL held like the rest of the step; the
     # mark is a ctypes call into liboomtrace (no CUDA call, no hook). It must never break the
@@ -183,19 +247,38 @@ def _install_step_hook(torch):
     return None
 
 
-def install(allocator=True, step_hook=True):
+def _allocator_mode(allocator):
+    """"tracker", "swap" or None from install()'s `allocator` argument."""
+    if allocator is True or allocator == "tracker":
+        return "tracker"
+    if allocator == "swap":
+        return "swap"
+    if allocator in (False, None):
+        return None
+    raise ValueError("allocator must be \"tracker\", \"swap\" or False, not %r" % (allocator,))
+
+
+def install(allocator="tracker", step_hook=True):
     """Traces this process's tensors through oomtrace (imports torch if it is installed).
 
-    allocator: make PyTorch allocate through oomtrace (per-tensor events with Python stacks).
+    allocator: "tracker" (default; True means the same): attach oomtrace's trace tracker to
+    PyTorch's caching allocator, which keeps its caching and statistics; "swap": make PyTorch
+    allocate through oomtrace's pluggable allocator (statistics raise); False: neither.
     step_hook: mark a step after every optimizer step (until the program marks its own).
-    Returns True if the allocator is oomtrace's. What did not work is said in a warning.
+    Returns True if tensors are traced (for the tracker: attached, or to be attached when
+    PyTorch initialises CUDA). What did not work is said in a warning.
     """
+    mode = _allocator_mode(allocator)
     library()
     try:
         import torch
     except ImportError:
         return False
-    if allocator:
+    if mode == "tracker":
+        why = _install_tracker(torch)
+        if why:
+            warnings.warn("oomtrace: " + _tracker_failed(why), stacklevel=2)
+    if mode == "swap":
         why = _install_allocator(torch)
         if why:
             warnings.warn(
@@ -212,15 +295,19 @@ def install(allocator=True, step_hook=True):
                 "per iteration." % why,
                 stacklevel=2,
             )
-    return allocator and _allocator_installed
+    if mode == "tracker":
+        return _tracker is True or _tracker == "queued"
+    return mode == "swap" and _allocator_installed
 
 
-def _on_torch_import(torch, allocator=True, steps=True):
+def _on_torch_import(torch, allocator=False, steps=True, tracker=False):
     """Called by the sitecustomize of `oomtrace run` right after `import torch` finished.
 
-    allocator: `--torch` (PyTorch allocates through oomtrace); steps: mark a step after every
-    optimizer step. Silent when everything asked for worked; otherwise one line on stderr that
-    says what works and what does not, and why. Never raises into the user's `import torch`.
+    tracker: `--torch` (oomtrace's trace tracker on PyTorch's allocator, attached when PyTorch
+    initialises CUDA); allocator: `--torch=swap` (PyTorch allocates through oomtrace); steps:
+    mark a step after every optimizer step. Silent when everything asked for worked; otherwise
+    one line on stderr that says what works and what does not, and why. Never raises into the
+    user's `import torch`.
     """
     def attempt(install):
         try:
@@ -228,16 +315,22 @@ def _on_torch_import(torch, allocator=True, steps=True):
         except Exception as e:
             return "%s: %s" % (type(e).__name__, e)
 
+    no_tracker = attempt(_install_tracker) if tracker else None
     no_allocator = attempt(_install_allocator) if allocator else None
     no_steps = attempt(_install_step_hook) if steps else None
-    if not (no_allocator or no_steps):
+    if not (no_tracker or no_allocator or no_steps):
         return
-    if allocator:
-        if no_allocator:
-            said = ("--torch: PyTorch's allocator was not swapped (%s): tracing CUDA "
+    if allocator or tracker:
+        if no_tracker:
+            said = "--torch: " + _tracker_failed(no_tracker)
+        elif no_allocator:
+            said = ("--torch=swap: PyTorch's allocator was not swapped (%s): tracing CUDA "
                     "allocations (segments, not tensors)" % no_allocator)
+        elif allocator:
+            said = "--torch=swap: PyTorch allocates through oomtrace (tensors are traced)"
         else:
-            said = "--torch: PyTorch allocates through oomtrace (tensors are traced)"
+            said = ("--torch: oomtrace's tracker is attached to PyTorch's allocator when CUDA "
+                    "starts (tensors are traced)")
         if steps:
             if no_steps:
                 said += ("; optimizer steps are not marked (%s): steps are found "

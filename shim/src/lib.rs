@@ -37,6 +37,7 @@ pub mod python;
 pub mod python_env;
 pub mod stack;
 pub mod symbols;
+pub mod torch_tracker;
 pub mod transport;
 
 use std::ffi::{c_char, c_int, CStr};

@@ -195,7 +195,7 @@ fn assert_names_the_leaking_line(r: &Value) {
 
 #[test]
 fn torch_mode_traces_tensors_and_names_the_leaking_python_line() {
-    let (out, r, _) = run_python("train_leak.py", &["--torch"], &["40"], &[]);
+    let (out, r, _) = run_python("train_leak.py", &["--torch=swap"], &["40"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "trained 40\n");
@@ -225,7 +225,7 @@ fn a_project_under_a_directory_named_oomtrace_is_still_the_users_code() {
     std::fs::create_dir(&project).unwrap();
     let program = project.join("train_leak.py");
     std::fs::copy(script("train_leak.py"), &program).unwrap();
-    let (out, r) = run_python_in(&project, &program, &["--torch"], &["40"], &[]);
+    let (out, r) = run_python_in(&project, &program, &["--torch=swap"], &["40"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert_names_the_leaking_line(&r);
@@ -245,7 +245,7 @@ fn a_project_under_a_directory_named_oomtrace_is_still_the_users_code() {
 
 #[test]
 fn torch_mode_on_a_clean_loop_reports_no_leak() {
-    let (out, r, _) = run_python("train_leak.py", &["--torch"], &["40", "--clean"], &[]);
+    let (out, r, _) = run_python("train_leak.py", &["--torch=swap"], &["40", "--clean"], &[]);
     assert!(
         out.status.success(),
         "{}",
@@ -285,7 +285,10 @@ fn users_own_sitecustomize_under(flags: &[&str]) -> String {
 
 #[test]
 fn torch_mode_keeps_the_users_own_sitecustomize() {
-    assert_eq!(users_own_sitecustomize_under(&["--torch"]), "True True\n");
+    assert_eq!(
+        users_own_sitecustomize_under(&["--torch=swap"]),
+        "True True\n"
+    );
 }
 
 /// Without --torch the step hook's sitecustomize is on PYTHONPATH too: the user's own still
@@ -330,7 +333,7 @@ fn allocation_apis(dir: &Path) -> std::collections::BTreeSet<String> {
 /// step hook is still installed under --torch, and nothing is said when all worked.
 #[test]
 fn torch_mode_marks_optimizer_steps_although_torch_optim_hides_its_submodule() {
-    let (out, r, _) = run_python("train_leak.py", &["--torch"], &["12", "--clean"], &[]);
+    let (out, r, _) = run_python("train_leak.py", &["--torch=swap"], &["12", "--clean"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert_eq!(setup_lines(&stderr), Vec::<&str>::new(), "{stderr}");
@@ -344,7 +347,7 @@ fn torch_mode_marks_optimizer_steps_although_torch_optim_hides_its_submodule() {
 fn torch_mode_says_the_allocator_works_when_the_step_hook_cannot_be_installed() {
     let (out, r, dir) = run_python(
         "train_leak.py",
-        &["--torch"],
+        &["--torch=swap"],
         &["12", "--clean"],
         &[("FAKE_TORCH_NO_STEP_HOOKS", "1")],
     );
@@ -353,7 +356,7 @@ fn torch_mode_says_the_allocator_works_when_the_step_hook_cannot_be_installed() 
     assert_eq!(
         setup_lines(&stderr),
         vec![
-            "oomtrace: --torch: PyTorch allocates through oomtrace (tensors are traced); \
+            "oomtrace: --torch=swap: PyTorch allocates through oomtrace (tensors are traced); \
              optimizer steps are not marked (PyTorch 0.0.0+stand-in has no \
              torch.optim.optimizer.register_optimizer_step_post_hook (PyTorch 2.0 added it)): \
              steps are found automatically"
@@ -375,7 +378,7 @@ fn torch_mode_says_the_allocator_works_when_the_step_hook_cannot_be_installed() 
 fn torch_mode_says_the_step_hook_works_when_the_allocator_cannot_be_swapped() {
     let (out, r, dir) = run_python(
         "train_leak.py",
-        &["--torch"],
+        &["--torch=swap"],
         &["12", "--clean"],
         &[("FAKE_TORCH_INIT_CUDA_AT_IMPORT", "1")],
     );
@@ -384,7 +387,7 @@ fn torch_mode_says_the_step_hook_works_when_the_allocator_cannot_be_swapped() {
     assert_eq!(
         setup_lines(&stderr),
         vec![
-            "oomtrace: --torch: PyTorch's allocator was not swapped (CUDA was already \
+            "oomtrace: --torch=swap: PyTorch's allocator was not swapped (CUDA was already \
              initialised, and PyTorch cannot swap an allocator in use): tracing CUDA \
              allocations (segments, not tensors); a step is marked after every optimizer step"
         ],
@@ -585,7 +588,7 @@ fn pluggable_entry_points_load_the_driver_themselves() {
 fn text_reports_show_every_python_frame_of_ooms_holders_and_live_memory() {
     let (out, r, dir) = run_python(
         "oom_holders.py",
-        &["--torch"],
+        &["--torch=swap"],
         &[],
         &[("SIMCUDA_MEMORY", "256MiB")],
     );
@@ -614,7 +617,7 @@ fn text_reports_show_every_python_frame_of_ooms_holders_and_live_memory() {
 /// in the JSON's order, although native frames come first in its stack.
 #[test]
 fn text_reports_show_every_python_frame_of_a_leak() {
-    let (out, r, dir) = run_python("train_leak.py", &["--torch"], &["40"], &[]);
+    let (out, r, dir) = run_python("train_leak.py", &["--torch=swap"], &["40"], &[]);
     let summary = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{summary}");
     let leak = findings(&r, "leak")[0];
@@ -628,7 +631,7 @@ fn text_reports_show_every_python_frame_of_a_leak() {
 /// never reads "0 B held in 0 allocations".
 #[test]
 fn a_leak_freed_at_exit_reports_its_evidence_and_its_end() {
-    let (out, r, dir) = run_python("train_leak.py", &["--torch"], &["40"], &[]);
+    let (out, r, dir) = run_python("train_leak.py", &["--torch=swap"], &["40"], &[]);
     let summary = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{summary}");
     let leak = findings(&r, "leak")[0];
@@ -840,4 +843,29 @@ fn a_line_whose_call_the_interpreter_specialises_stays_one_site() {
         leaks[0]["culprit"]
     );
     assert!(!stderr.contains("[resolved]"), "{stderr}");
+}
+
+/// `--torch` (the tracker) on a torch without PyTorch's native caching allocator (the
+/// stand-in): nothing is attached, one line says why and what is traced instead, the
+/// allocator is not swapped behind the user's back, and the program runs on.
+#[test]
+fn torch_tracker_mode_says_why_it_cannot_attach() {
+    let (out, r, dir) = run_python("train_leak.py", &["--torch"], &["12", "--clean"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let lines = setup_lines(&stderr);
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0]
+            .starts_with("oomtrace: --torch: PyTorch's allocator has no oomtrace trace tracker (")
+            && lines[0].contains("tracing CUDA allocations (segments, not tensors)")
+            && lines[0].ends_with("; a step is marked after every optimizer step"),
+        "{stderr}"
+    );
+    assert_eq!(processes(&r)[0]["steps"], 12);
+    let apis = allocation_apis(&dir);
+    assert!(
+        !apis.is_empty() && !apis.contains("oomtrace_malloc"),
+        "{apis:?}"
+    );
 }

@@ -5,13 +5,15 @@
 //! The wheel lives in a virtual environment outside the clone, made (or found) by
 //! `scripts/torch-env.sh`: a machine without it installs it here, never skips.
 //!
-//! Every script runs in four modes:
+//! Every script runs in five modes:
 //! - `run`: `oomtrace run` (the shim sees the caching allocator's segments; steps come from the
 //!   optimizer hook that `run` installs);
 //! - `preload`: plain `LD_PRELOAD` (the shim starts its own collector and, in a Python
 //!   program, installs the same optimizer hook), then `oomtrace report` on the trace it
 //!   leaves, right after the program returns;
-//! - `torch`: `oomtrace run --torch` (every tensor through oomtrace's allocator);
+//! - `torch`: `oomtrace run --torch` (oomtrace's trace tracker on PyTorch's own caching
+//!   allocator: every tensor, and PyTorch's statistics keep working);
+//! - `torch_swap`: `oomtrace run --torch=swap` (every tensor through oomtrace's allocator);
 //! - `own_allocator`: the user's own `change_current_allocator(CUDAPluggableAllocator(...))`
 //!   pointing at oomtrace's entry points, under `oomtrace run`.
 //!
@@ -67,13 +69,29 @@ enum Mode {
     Run,
     Preload,
     Torch,
+    TorchSwap,
     OwnAllocator,
 }
 
 impl Mode {
     /// Tensor-level modes see every tensor with the Python line that made it.
     fn tensor_level(self) -> bool {
-        matches!(self, Mode::Torch | Mode::OwnAllocator)
+        matches!(self, Mode::Torch | Mode::TorchSwap | Mode::OwnAllocator)
+    }
+
+    /// PyTorch allocates through oomtrace's pluggable allocator (no caching, no statistics,
+    /// and no OutOfMemoryError).
+    fn swapped(self) -> bool {
+        matches!(self, Mode::TorchSwap | Mode::OwnAllocator)
+    }
+
+    /// The API a tensor's allocation is recorded under.
+    fn tensor_api(self) -> &'static str {
+        if self == Mode::Torch {
+            "oomtrace_torch_alloc"
+        } else {
+            "oomtrace_malloc"
+        }
     }
 }
 
@@ -101,8 +119,14 @@ fn command(script_name: &str, mode: Mode, dir: &Path, env: &[(&str, &str)]) -> C
         _ => {
             let mut c = base_command(oomtrace_bin());
             c.arg("run").arg("--json").arg(&json).arg("-o").arg(&trace);
-            if mode == Mode::Torch {
-                c.arg("--torch");
+            match mode {
+                Mode::Torch => {
+                    c.arg("--torch");
+                }
+                Mode::TorchSwap => {
+                    c.arg("--torch=swap");
+                }
+                _ => {}
             }
             c.arg("--").arg(python());
             c
@@ -285,6 +309,20 @@ fn assert_steps_from_optimizer(r: &TorchRun) {
     );
 }
 
+/// Both halves of --torch worked on torch 2.15 (the tracker attached, or the allocator was
+/// swapped; the step hook reaches torch.optim.optimizer, which `import torch` hides): nothing
+/// is said.
+fn assert_torch_said_nothing(r: &TorchRun) {
+    for said in [
+        "not swapped",
+        "no oomtrace trace tracker",
+        "not marked",
+        "cannot set up tracing",
+    ] {
+        assert!(!r.stderr.contains(said), "{}", r.stderr);
+    }
+}
+
 fn assert_no_growth_finding(r: &TorchRun) {
     let found = growth_findings(&r.report);
     assert!(
@@ -309,14 +347,10 @@ fn leak_activations(mode: Mode) {
 fn check_activation_leak(r: &TorchRun, mode: Mode, file: &str, line: u64) {
     let found = growth_findings(&r.report);
     match mode {
-        Mode::Torch | Mode::OwnAllocator => {
+        Mode::Torch | Mode::TorchSwap | Mode::OwnAllocator => {
             assert_steps_from_optimizer(r);
-            if mode == Mode::Torch {
-                // Both halves of --torch worked on torch 2.15 (the step hook reaches
-                // torch.optim.optimizer, which `import torch` hides): nothing is said.
-                for said in ["not swapped", "not marked", "cannot set up tracing"] {
-                    assert!(!r.stderr.contains(said), "{}", r.stderr);
-                }
+            if mode != Mode::OwnAllocator {
+                assert_torch_said_nothing(r);
             }
             let leak = found
                 .iter()
@@ -345,7 +379,7 @@ fn check_activation_leak(r: &TorchRun, mode: Mode, file: &str, line: u64) {
             );
             // Every tensor went through oomtrace's allocator, and the bytes are exact: 40 steps
             // of 4 MiB, still held at the end (or said to be freed at exit).
-            assert_eq!(leak["api"], "oomtrace_malloc", "{leak:#}");
+            assert_eq!(leak["api"], mode.tensor_api(), "{leak:#}");
             let end = &leak["evidence"]["at_end"];
             if end["state"] == "held" {
                 assert_eq!(end["bytes"].as_u64(), Some(STEPS * 4 * MIB), "{end:#}");
@@ -434,7 +468,7 @@ fn total_loss(mode: Mode) {
     if mode.tensor_level() {
         // The graph's tensors are made at line 11, by the loss computed outside no_grad.
         assert_text_has_python_frames(&r.text, &f["stack"]);
-        assert_eq!(f["api"], "oomtrace_malloc", "{f:#}");
+        assert_eq!(f["api"], mode.tensor_api(), "{f:#}");
     }
 }
 
@@ -452,7 +486,7 @@ fn clean(script_name: &str, mode: Mode) {
 
 fn oom(mode: Mode) {
     let r = run_torch("oom.py", mode, &[("SIMCUDA_MEMORY", "512MiB")]);
-    if mode.tensor_level() {
+    if mode.swapped() {
         // PyTorch's pluggable allocator does not raise for the NULL oomtrace_malloc returns:
         // the program goes on (its tensor has no memory), and oomtrace says so, live, once
         // per failure (rate-limited).
@@ -463,7 +497,8 @@ fn oom(mode: Mode) {
             r.stderr
         );
     } else {
-        // The program's own exit code: Python's, for an uncaught torch.OutOfMemoryError.
+        // The program's own exit code: Python's, for an uncaught torch.OutOfMemoryError
+        // (raised by PyTorch's own allocator, with the tracker attached or not).
         assert_ran(&r, 1);
         assert!(r.stderr.contains("torch.OutOfMemoryError"), "{}", r.stderr);
     }
@@ -508,7 +543,7 @@ fn expandable(mode: Mode) {
     );
     assert_ran(&r, 0);
     assert_done(&r);
-    if !mode.tensor_level() {
+    if !mode.swapped() {
         // The segment is mapped physical memory: cuMemCreate, not cudaMalloc.
         assert!(r.text.contains("cuMemCreate"), "{}", r.text);
     }
@@ -526,6 +561,8 @@ macro_rules! in_every_mode {
                 fn preload() { ($body)(Mode::Preload) }
                 #[test]
                 fn torch() { ($body)(Mode::Torch) }
+                #[test]
+                fn torch_swap() { ($body)(Mode::TorchSwap) }
                 #[test]
                 fn own_allocator() { ($body)(Mode::OwnAllocator) }
             }
@@ -568,6 +605,62 @@ fn kv_cache_grown_by_cat_is_a_leak_at_the_cat_line() {
     assert_ran(&r, 0);
     assert_done(&r);
     assert_no_growth_finding(&r);
+}
+
+// ---- --torch keeps PyTorch's allocator: its statistics work, tensors are seen -------------
+
+/// A script that logs torch.cuda.memory_allocated(), memory_reserved() and
+/// max_memory_allocated() every step and prints memory_summary() runs unchanged under
+/// `--torch` (these raise under a pluggable allocator), and its leak is named at its line.
+#[test]
+fn torch_keeps_pytorch_statistics_and_names_the_leak() {
+    let r = run_torch("leak_logged.py", Mode::Torch, &[]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    assert_torch_said_nothing(&r);
+    let allocated: Vec<u64> = r
+        .stdout
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.first() == Some(&"step") && w.len() == 8).then(|| w[3].parse().unwrap())
+        })
+        .collect();
+    assert_eq!(allocated.len(), STEPS as usize, "{}", r.stdout);
+    // PyTorch's own count grows by the 4 MiB kept each step.
+    let grown = allocated[STEPS as usize - 1] - allocated[0];
+    assert_eq!(grown, (STEPS - 1) * 4 * MIB, "{}", r.stdout);
+    assert!(r.stdout.contains("summary lines"), "{}", r.stdout);
+    check_activation_leak(&r, Mode::Torch, "leak_logged.py", 11);
+}
+
+/// The same script under the swap: PyTorch's statistics raise (what `--torch=swap` costs).
+#[test]
+fn torch_swap_loses_pytorch_statistics() {
+    let r = run_torch("leak_logged.py", Mode::TorchSwap, &[]);
+    assert_ne!(r.status.code(), Some(0), "{}", r.stdout);
+    assert!(!r.stdout.contains("done"), "{}", r.stdout);
+}
+
+/// Device memory an extension allocates itself (cudaMalloc outside PyTorch's allocator),
+/// growing while the tensors stay flat, is not the allocator's reserve: no fragmentation.
+#[test]
+fn memory_outside_pytorch_allocator_is_not_reserve() {
+    let r = run_torch("extension_malloc.py", Mode::Torch, &[]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    assert_torch_said_nothing(&r);
+    let frag = findings(&r.report, "fragmentation");
+    assert!(frag.is_empty(), "{frag:#?}\n{}", r.text);
+    // The growth is seen, at the extension's line.
+    let found = growth_findings(&r.report);
+    assert!(
+        found
+            .iter()
+            .any(|f| has_frame(f, "extension_malloc.py", 21)),
+        "{found:#?}\n{}",
+        r.text
+    );
 }
 
 /// `oomtrace_malloc` reached through the pluggable-allocator API before anything loaded the
@@ -735,4 +828,157 @@ fn torch_a_backward_pass_leak_names_its_node_and_forward_line() {
         "{}",
         r.stderr
     );
+}
+
+// ---- The tracker's view of PyTorch's C++ ABI ------------------------------------------------
+
+/// What `trace_entry_layout.cpp` prints, compiled against the pinned torch's own headers,
+/// is what the shim's tracker reads: field offsets, action values, std::function's size. A
+/// torch bump that moves a field fails here.
+#[test]
+fn trace_entry_layout_matches_the_pinned_headers() {
+    use oomtrace::torch_tracker::{action, offset, StdFunction};
+    let dir = scratch("torch-layout");
+    let out = output_within(
+        {
+            let mut c = base_command(python());
+            c.args([
+                "-c",
+                "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))",
+            ]);
+            torch_env(&mut c, &dir);
+            c
+        },
+        TORCH_TIMEOUT,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let include = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let exe = dir.join("layout");
+    let mut cc = Command::new("c++");
+    cc.args(["-std=c++17", "-w", "-I", &include, "-o"])
+        .arg(&exe)
+        .arg(script("trace_entry_layout.cpp"));
+    let built = cc
+        .output()
+        .expect("c++ (g++) is needed to check the tracker against torch's headers");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let printed = Command::new(&exe).output().expect("run layout");
+    let text = String::from_utf8_lossy(&printed.stdout);
+    let value = |name: &str| -> usize {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value("action"), offset::ACTION);
+    assert_eq!(value("device"), offset::DEVICE);
+    assert_eq!(value("sizeof_device"), 1);
+    assert_eq!(value("addr"), offset::ADDR);
+    assert_eq!(value("stream"), offset::STREAM);
+    assert_eq!(value("size"), offset::SIZE);
+    assert_eq!(value("function"), std::mem::size_of::<StdFunction>());
+    for (name, v) in [
+        ("ALLOC", action::ALLOC),
+        ("FREE_COMPLETED", action::FREE_COMPLETED),
+        ("SEGMENT_ALLOC", action::SEGMENT_ALLOC),
+        ("SEGMENT_FREE", action::SEGMENT_FREE),
+        ("SEGMENT_MAP", action::SEGMENT_MAP),
+        ("SEGMENT_UNMAP", action::SEGMENT_UNMAP),
+        ("OOM", action::OOM),
+    ] {
+        assert_eq!(value(name), v as usize, "{name}");
+    }
+}
+
+/// `oomtrace_torch_attach` called by hand after PyTorch initialised CUDA attaches once (a
+/// second call attaches nothing more), and says which vtable slot it used.
+#[test]
+fn tracker_attaches_once() {
+    let dir = scratch("torch-attach");
+    let mut cmd = base_command(python());
+    cmd.arg("-c")
+        .arg(
+            "import ctypes, os, torch\n\
+             lib = ctypes.CDLL(os.environ['OOMTRACE_LIB'])\n\
+             lib.oomtrace_torch_attach.restype = ctypes.c_char_p\n\
+             torch.empty(1, device='cuda')\n\
+             print('after', lib.oomtrace_torch_attach())\n\
+             print('again', lib.oomtrace_torch_attach())\n",
+        )
+        .current_dir(&dir)
+        .env("LD_PRELOAD", shim())
+        .env("OOMTRACE_COLLECTOR", oomtrace_bin())
+        .env("OOMTRACE_TORCH", "")
+        .env("OOMTRACE_LOG", "1");
+    torch_env(&mut cmd, &dir);
+    without_aslr(&mut cmd);
+    let out = output_within(cmd, TORCH_TIMEOUT);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("after None"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("again None"), "{stdout}");
+    assert_eq!(
+        stderr
+            .matches("attached an allocator trace tracker to PyTorch (vtable slot ")
+            .count(),
+        1,
+        "{stderr}"
+    );
+}
+
+/// Another backend (`backend:cudaMallocAsync`) or a pluggable allocator of the user's own in
+/// place: the tracker is not attached, one line says why, and the program runs on.
+#[test]
+fn tracker_keeps_off_allocators_it_does_not_know() {
+    let r = run_torch(
+        "clean.py",
+        Mode::Torch,
+        &[("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")],
+    );
+    assert_ran(&r, 0);
+    assert_done(&r);
+    assert!(
+        r.stderr.contains(
+            "no oomtrace trace tracker (PyTorch's allocator backend is 'cudaMallocAsync'"
+        ),
+        "{}",
+        r.stderr
+    );
+    let r = run_torch("clean.py", Mode::Torch, &[("OWN_ALLOCATOR", "1")]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    assert!(
+        r.stderr
+            .contains("no oomtrace trace tracker (PyTorch's allocator backend is 'pluggable'"),
+        "{}",
+        r.stderr
+    );
+    // The user's allocator is oomtrace's entry points: its tensors are still traced.
+    assert!(r.text.contains("oomtrace_malloc"), "{}", r.text);
+}
+
+/// `oomtrace.install()` after PyTorch initialised CUDA (under plain `oomtrace run`): the
+/// tracker attaches at once (the swap could not be had then) and names the leak's line.
+#[test]
+fn install_after_cuda_init_attaches_the_tracker() {
+    let r = run_torch("install_late.py", Mode::Run, &[]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    assert!(
+        !r.stderr.contains("no oomtrace trace tracker"),
+        "{}",
+        r.stderr
+    );
+    let found = growth_findings(&r.report);
+    let leak = found
+        .iter()
+        .find(|f| f["kind"] == "leak" && has_frame(f, "install_late.py", 15))
+        .unwrap_or_else(|| panic!("no leak at install_late.py:15: {found:#?}\n{}", r.text));
+    assert_eq!(leak["api"], "oomtrace_torch_alloc", "{leak:#}");
 }

@@ -19,10 +19,21 @@ use crate::{locate, render, signals, Failure};
 #[allow(rustdoc::invalid_html_tags)]
 #[derive(clap::Args)]
 pub struct Args {
-    /// Per-tensor tracing of PyTorch: CMD's `import torch` installs oomtrace as PyTorch's
-    /// allocator (through a sitecustomize on PYTHONPATH).
-    #[arg(long)]
-    pub torch: bool,
+    /// Per-tensor tracing of PyTorch (through a sitecustomize on PYTHONPATH). `--torch` (or
+    /// `--torch=tracker`): oomtrace's trace tracker is attached to PyTorch's own caching
+    /// allocator when it initialises CUDA; caching and torch.cuda.memory_allocated() and the
+    /// other statistics keep working. `--torch=swap`: PyTorch allocates through oomtrace's
+    /// pluggable allocator instead (its statistics then raise; for PyTorch builds the tracker
+    /// cannot attach to).
+    #[arg(
+        long,
+        value_enum,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "tracker",
+        value_name = "HOW"
+    )]
+    pub torch: Option<TorchMode>,
     /// Do not mark a step after every PyTorch optimizer step (by default a sitecustomize on
     /// PYTHONPATH does, with or without --torch); steps then come from the program's own
     /// oomtrace_mark calls or are found automatically.
@@ -44,6 +55,15 @@ pub struct Args {
         value_name = "CMD"
     )]
     pub command: Vec<OsString>,
+}
+
+/// How `--torch` sees tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TorchMode {
+    /// A trace tracker on PyTorch's caching allocator (the default).
+    Tracker,
+    /// PyTorch allocates through oomtrace's pluggable allocator.
+    Swap,
 }
 
 /// Everything a traced run needs besides the command.
@@ -73,13 +93,14 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         env: Vec::new(),
     };
     let hooks = PythonHooks {
-        allocator: args.torch,
+        tracker: args.torch == Some(TorchMode::Tracker),
+        allocator: args.torch == Some(TorchMode::Swap),
         steps: !args.no_step_hook,
     };
     match python_env(&session.lib, hooks) {
         Ok(env) => session.env = env,
         // --torch was asked for and cannot be had: say so rather than trace at another level.
-        Err(f) if hooks.allocator => return Err(f),
+        Err(f) if hooks.allocator || hooks.tracker => return Err(f),
         // Only the step hook: the program is traced all the same, with steps found
         // automatically.
         Err(f) => eprintln!(
@@ -180,7 +201,9 @@ fn write_json(path: &Path, r: &Report) {
 /// What the sitecustomize does when the program imports torch.
 #[derive(Clone, Copy, Debug)]
 struct PythonHooks {
-    /// `--torch`: PyTorch allocates through oomtrace's pluggable-allocator entry points.
+    /// `--torch`: oomtrace's trace tracker on PyTorch's caching allocator.
+    tracker: bool,
+    /// `--torch=swap`: PyTorch allocates through oomtrace's pluggable-allocator entry points.
     allocator: bool,
     /// A step marker after every optimizer step (not with `--no-step-hook`).
     steps: bool,
@@ -189,11 +212,15 @@ struct PythonHooks {
 /// Environment for the program: the sitecustomize first on PYTHONPATH, then the package, and
 /// `OOMTRACE_TORCH` saying which hooks it installs. Nothing when no hook is wanted.
 fn python_env(lib: &Path, hooks: PythonHooks) -> Result<Vec<(OsString, OsString)>, Failure> {
-    let wanted: Vec<&str> = [(hooks.allocator, "allocator"), (hooks.steps, "steps")]
-        .iter()
-        .filter(|(on, _)| *on)
-        .map(|&(_, name)| name)
-        .collect();
+    let wanted: Vec<&str> = [
+        (hooks.tracker, "tracker"),
+        (hooks.allocator, "allocator"),
+        (hooks.steps, "steps"),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|&(_, name)| name)
+    .collect();
     if wanted.is_empty() {
         // Said explicitly, so that the shim (which puts the step hook on PYTHONPATH in a
         // Python program under plain LD_PRELOAD) leaves it off too.

@@ -70,6 +70,8 @@ fn kind_name(k: EventKind) -> &'static str {
         EventKind::Marker => "marker",
         EventKind::Init => "init",
         EventKind::FreeFailed => "free_failed",
+        EventKind::Segment => "segment",
+        EventKind::SegmentFree => "segment_free",
     }
 }
 
@@ -144,7 +146,12 @@ fn event_fields(
         Some(EventKind::Free) => {
             put("ptr", hex(ev.ptr));
             put("stream", hex(ev.aux));
-            match p.live(ev.ptr) {
+            let tensor = ev.api().memory_class() == oomtrace_proto::MemoryClass::Tensor;
+            match if tensor {
+                p.tensor(ev.ptr)
+            } else {
+                p.live(ev.ptr)
+            } {
                 Some(a) => {
                     put("size", a.size.into());
                     put("device", a.device.into());
@@ -180,6 +187,11 @@ fn event_fields(
             put("total_bytes", ev.size.into());
         }
         Some(EventKind::FreeFailed) => put("ptr", hex(ev.ptr)),
+        Some(EventKind::Segment | EventKind::SegmentFree) => {
+            put("ptr", hex(ev.ptr));
+            put("size", ev.size.into());
+            put("stream", hex(ev.aux));
+        }
         Some(EventKind::Marker | EventKind::Init) => {}
         None => {
             put("ptr", hex(ev.ptr));

@@ -222,6 +222,15 @@ impl<'a> ProcessView<'a> {
         })
     }
 
+    /// The live tensor of PyTorch's caching allocator (its trace tracker) at `ptr`.
+    pub fn tensor(self, ptr: u64) -> Option<LiveAlloc> {
+        self.0.tensors.get(&ptr).map(|a| LiveAlloc {
+            size: a.size,
+            device: a.device,
+            site: Site(a.site),
+        })
+    }
+
     /// The physical allocation with handle `handle`.
     pub fn handle(self, handle: u64) -> Option<Handle> {
         self.0.handles.get(&handle).map(|h| Handle {

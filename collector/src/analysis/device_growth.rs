@@ -56,7 +56,7 @@ use super::{
     Level, PythonLine,
 };
 use crate::units::{fmt_bytes, fmt_rate};
-use oomtrace_proto::Api;
+use oomtrace_proto::{Api, MemoryClass};
 
 /// The leak detector's thresholds and warm-up, on purpose (see the module comment).
 const LAG: u32 = growth::LAG;
@@ -367,12 +367,19 @@ impl Detector for DeviceGrowthDetector {
         if a.device < 0 {
             return;
         }
+        if a.api.memory_class() == MemoryClass::Tensor {
+            // The trace tracker's tensors sit inside the segments this series counts.
+            return;
+        }
         let d = self.devices.entry(a.device).or_default();
         d.tensors |= a.api == Api::oomtrace_malloc;
         d.births.add(a.epoch, a.size);
     }
 
     fn on_free(&mut self, a: &AllocObs, birth: u32) {
+        if a.api.memory_class() == MemoryClass::Tensor {
+            return;
+        }
         let Some(d) = self.devices.get_mut(&a.device) else {
             return;
         };

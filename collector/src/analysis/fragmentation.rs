@@ -7,9 +7,12 @@
 //!   ≥ 2 of the last 3 epochs are thrashing.
 //! - **Failure with free memory**: the driver reported at least the requested size free
 //!   right after refusing it: free memory not in one piece.
-//! - **Reserved-minus-live creep** (only when tensor-level events exist, from the pluggable
-//!   allocator): reserved memory (segments, VMM physical) rising by ≥ 2 MiB per epoch
-//!   (Mann-Kendall p < 0.01) while the peak of live tensors does not (p > 0.1).
+//! - **Reserved-minus-live creep** (only with oomtrace's trace tracker on PyTorch's caching
+//!   allocator, which reports both tensors and segments): the allocator's reserve (its own
+//!   segments, nothing else) rising by ≥ 2 MiB per epoch (Mann-Kendall p < 0.01) while the
+//!   peak of live tensors does not (p > 0.1). Device memory outside the allocator (an
+//!   extension's own cudaMalloc) is not reserve; under the swapped allocator (`--torch=swap`)
+//!   there is no reserve to see, so no creep is judged there.
 
 use std::collections::VecDeque;
 
@@ -47,7 +50,7 @@ struct DeviceFrag {
     level: Option<Severity>,
     /// Epochs of recent retries (the last few).
     recent: VecDeque<u32>,
-    /// Live bytes from tensor-level (pluggable allocator) events and from everything else.
+    /// Live bytes from tensor-level events (trace tracker or pluggable allocator).
     tensor_live: u64,
     tensor_peak_epoch: u64,
     reserved: VecDeque<f64>,
@@ -60,8 +63,13 @@ pub struct FragmentationDetector {
     devices: FxHashMap<i16, DeviceFrag>,
 }
 
-fn is_tensor_level(api: Api) -> bool {
-    matches!(api, Api::oomtrace_malloc)
+/// Tensor-level events: PyTorch's tensors, through its swapped allocator or oomtrace's trace
+/// tracker on its own.
+pub fn is_tensor_level(api: Api) -> bool {
+    matches!(
+        api,
+        Api::oomtrace_malloc | Api::oomtrace_torch_alloc | Api::oomtrace_torch_free
+    )
 }
 
 impl FragmentationDetector {
@@ -146,7 +154,11 @@ impl Detector for FragmentationDetector {
             let Some(dev) = ctx.devices.get(&device) else {
                 continue;
             };
-            let reserved = dev.live_bytes.saturating_sub(d.tensor_live);
+            // The allocator's own segments; without them (the swapped allocator) there is
+            // no reserve to judge.
+            let Some(reserved) = dev.torch_reserved_bytes else {
+                continue;
+            };
             push(&mut d.reserved, reserved as f64);
             push(&mut d.tensor_peaks, d.tensor_peak_epoch as f64);
             d.tensor_peak_epoch = d.tensor_live;
@@ -307,34 +319,38 @@ mod tests {
         p.a.fragmentation.findings(&p.a.context(&p.p))
     }
 
-    #[test]
-    fn reserved_creeping_while_tensors_stay_flat_is_fragmentation() {
+    /// 20 steps: a 4 MiB cudaMalloc every step that is never freed (a segment of PyTorch's
+    /// allocator when `segment`, else an extension's own buffer), while tensors (`alloc` /
+    /// `free` APIs) come and go at a flat 8 MiB.
+    fn creeping(segment: bool, alloc: Api, free: Api) -> Vec<Finding> {
         let mut p = Proc::new();
         let mut ts = 1;
         for step in 0..20u64 {
-            // A new 4 MiB segment every step (never returned) ...
             ts += 10;
-            p.apply_event(&ev(
-                EventKind::Alloc,
-                Api::cudaMalloc,
-                0x1000_0000 + step * 0x100_0000,
-                4 * MIB,
-                ts,
-            ));
-            // ... while the tensors carved from it come and go at a flat 8 MiB.
+            let base = 0x1000_0000 + step * 0x100_0000;
+            p.apply_event(&ev(EventKind::Alloc, Api::cudaMalloc, base, 4 * MIB, ts));
+            if segment {
+                let seg = ev(
+                    EventKind::Segment,
+                    Api::oomtrace_torch_segment,
+                    base,
+                    4 * MIB,
+                    ts,
+                );
+                p.apply_event(&seg);
+            }
             ts += 10;
-            p.apply_event(&ev(
-                EventKind::Alloc,
-                Api::oomtrace_malloc,
-                0x9000_0000,
-                8 * MIB,
-                ts,
-            ));
+            p.apply_event(&ev(EventKind::Alloc, alloc, 0x9000_0000, 8 * MIB, ts));
             ts += 10;
-            p.apply_event(&ev(EventKind::Free, Api::oomtrace_free, 0x9000_0000, 0, ts));
+            p.apply_event(&ev(EventKind::Free, free, 0x9000_0000, 0, ts));
             mark(&mut p, ts + 5);
         }
-        let f = frag(&p);
+        frag(&p)
+    }
+
+    #[test]
+    fn reserved_creeping_while_tensors_stay_flat_is_fragmentation() {
+        let f = creeping(true, Api::oomtrace_torch_alloc, Api::oomtrace_torch_free);
         assert_eq!(f.len(), 1, "{f:?}");
         assert!(
             f[0].message.contains("reserved memory grows"),
@@ -342,6 +358,17 @@ mod tests {
             f[0].message
         );
         assert!(f[0].growth_bytes_per_step.unwrap() >= 3.9 * MIB as f64);
+    }
+
+    /// Memory outside the tensor allocator (an extension's own cudaMalloc) is not reserve,
+    /// with the tracker (which reports the allocator's segments) or the swapped allocator
+    /// (which has none to report).
+    #[test]
+    fn memory_outside_the_allocator_is_not_reserve() {
+        let tracker = creeping(false, Api::oomtrace_torch_alloc, Api::oomtrace_torch_free);
+        assert!(tracker.is_empty(), "{tracker:?}");
+        let swap = creeping(false, Api::oomtrace_malloc, Api::oomtrace_free);
+        assert!(swap.is_empty(), "{swap:?}");
     }
 
     #[test]

@@ -748,7 +748,7 @@ fn hint(s: &Site, kind: Kind) -> (Cause, String) {
         };
     }
     match s.api {
-        Api::oomtrace_malloc => (
+        Api::oomtrace_malloc | Api::oomtrace_torch_alloc => (
             Cause::TensorsKept,
             "Tensors allocated here survive every step: Python keeps a reference across \
              iterations (a list that gets .append(output), a running total `total_loss += loss` \

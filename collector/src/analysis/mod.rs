@@ -49,7 +49,7 @@ use crate::model::{
 };
 use epoch::EpochClock;
 use oomtrace_proto::wire::Frame;
-use oomtrace_proto::Api;
+use oomtrace_proto::{Api, MemoryClass};
 
 /// How serious a finding is: OOMs, fragmentation, thresholds, and growth that is not a leak.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -529,7 +529,12 @@ impl Observer for Analysis {
             api: a.api,
             epoch: self.clock.epoch,
             ts_ns: a.ts_ns,
-            device_live: a.device_live_before.saturating_add(a.size),
+            // A tracker tensor sits inside a segment already counted.
+            device_live: if a.api.memory_class() == MemoryClass::Tensor {
+                a.device_live_before
+            } else {
+                a.device_live_before.saturating_add(a.size)
+            },
             capacity: a.capacity,
         };
         self.growth.on_alloc(&obs, &mut self.alerts);

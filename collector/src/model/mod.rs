@@ -15,6 +15,11 @@
 //!
 //! Accounting rules:
 //! - Plain allocations are keyed by pointer (unique per process under unified addressing).
+//! - Tensors inside PyTorch's caching allocator (`MemoryClass::Tensor`, from oomtrace's trace
+//!   tracker) live in their own table: the first tensor of a segment has the segment's
+//!   address. Their bytes are counted apart (`tensor_bytes`), never in the device's
+//!   `live_bytes`, which the segments that hold them already fill. The allocator's own
+//!   segment events (`Segment`, `SegmentFree`) give its reserve (`torch_reserved_bytes`).
 //! - VMM physical memory (`cuMemCreate`) is live while the handle has references (create and
 //!   retain add one, release removes one) *or* is mapped: PyTorch and NCCL release while
 //!   mapped. Handle values are reused by the driver, so a freed handle is forgotten at once.
@@ -96,6 +101,14 @@ pub struct DeviceState {
     pub reserved_va_bytes: u64,
     /// Physical VMM bytes currently mapped somewhere.
     pub mapped_bytes: u64,
+    /// Live tensors of PyTorch's caching allocator (its trace tracker): memory in use inside
+    /// the segments counted in `live_bytes`.
+    pub tensor_bytes: u64,
+    pub tensor_count: u64,
+    pub tensor_peak_bytes: u64,
+    /// What PyTorch's caching allocator holds as segments, from its own segment events
+    /// (None until the first one): its reserve, and nothing else's.
+    pub torch_reserved_bytes: Option<u64>,
 }
 
 /// Failed allocations of one (API, error, device).
@@ -253,6 +266,8 @@ pub struct Process {
     pub end: EndState,
     pub devices: BTreeMap<i16, DeviceState>,
     pub live: FxHashMap<u64, LiveAlloc>,
+    /// Live tensors of PyTorch's caching allocator, by address (see the module doc).
+    pub tensors: FxHashMap<u64, LiveAlloc>,
     pub handles: FxHashMap<u64, PhysHandle>,
     /// Mappings by VA start, ordered for range unmaps.
     pub mappings: BTreeMap<u64, Mapping>,
@@ -299,6 +314,7 @@ impl Process {
             end: EndState::Running,
             devices: BTreeMap::new(),
             live: FxHashMap::default(),
+            tensors: FxHashMap::default(),
             handles: FxHashMap::default(),
             mappings: BTreeMap::new(),
             reservations: FxHashMap::default(),
@@ -486,13 +502,19 @@ impl Process {
             },
         );
         let dev = self.device(device);
-        dev.live_bytes = dev.live_bytes.saturating_add(size);
-        dev.live_count += 1;
-        dev.allocations += 1;
-        dev.bytes_allocated = dev.bytes_allocated.saturating_add(size);
-        if dev.live_bytes > dev.peak_bytes {
-            dev.peak_bytes = dev.live_bytes;
-            dev.peak_ts_ns = ts;
+        if api.memory_class() == MemoryClass::Tensor {
+            dev.tensor_bytes = dev.tensor_bytes.saturating_add(size);
+            dev.tensor_count += 1;
+            dev.tensor_peak_bytes = dev.tensor_peak_bytes.max(dev.tensor_bytes);
+        } else {
+            dev.live_bytes = dev.live_bytes.saturating_add(size);
+            dev.live_count += 1;
+            dev.allocations += 1;
+            dev.bytes_allocated = dev.bytes_allocated.saturating_add(size);
+            if dev.live_bytes > dev.peak_bytes {
+                dev.peak_bytes = dev.live_bytes;
+                dev.peak_ts_ns = ts;
+            }
         }
         let s = self.site_stats.entry((site, device)).or_default();
         s.live_bytes = s.live_bytes.saturating_add(size);
@@ -511,9 +533,14 @@ impl Process {
         (device, site, size, api, birth, ts): (i16, SiteId, u64, Api, u32, u64),
     ) {
         let dev = self.device(device);
-        dev.live_bytes = dev.live_bytes.saturating_sub(size);
-        dev.live_count = dev.live_count.saturating_sub(1);
-        dev.frees += 1;
+        if api.memory_class() == MemoryClass::Tensor {
+            dev.tensor_bytes = dev.tensor_bytes.saturating_sub(size);
+            dev.tensor_count = dev.tensor_count.saturating_sub(1);
+        } else {
+            dev.live_bytes = dev.live_bytes.saturating_sub(size);
+            dev.live_count = dev.live_count.saturating_sub(1);
+            dev.frees += 1;
+        }
         if let Some(s) = self.site_stats.get_mut(&(site, device)) {
             s.live_bytes = s.live_bytes.saturating_sub(size);
             s.live_count = s.live_count.saturating_sub(1);
@@ -543,6 +570,15 @@ impl Process {
         }
     }
 
+    /// The live table of `api`'s allocations: tensors have their own address space.
+    fn table(&mut self, api: Api) -> &mut FxHashMap<u64, LiveAlloc> {
+        if api.memory_class() == MemoryClass::Tensor {
+            &mut self.tensors
+        } else {
+            &mut self.live
+        }
+    }
+
     fn device_for_class(api: Api, device: i16) -> i16 {
         if api.memory_class() == MemoryClass::HostPinned {
             HOST_DEVICE
@@ -560,7 +596,7 @@ impl Process {
         match kind {
             EventKind::Alloc => {
                 let device = Self::device_for_class(api, ev.device);
-                if let Some(old) = self.live.remove(&ev.ptr) {
+                if let Some(old) = self.table(api).remove(&ev.ptr) {
                     // The free of the previous owner of this address was lost.
                     let gone = (old.device, old.site, old.size, old.api, old.birth, ev.ts_ns);
                     self.remove_live(obs, gone);
@@ -568,7 +604,7 @@ impl Process {
                 let site = self.site_of(ev.stack);
                 self.device(device).events += 1;
                 let birth = self.add_live(obs, (device, site, ev.size, ev.ts_ns, api));
-                self.live.insert(
+                self.table(api).insert(
                     ev.ptr,
                     LiveAlloc {
                         size: ev.size,
@@ -580,7 +616,7 @@ impl Process {
                     },
                 );
             }
-            EventKind::Free => match self.live.remove(&ev.ptr) {
+            EventKind::Free => match self.table(api).remove(&ev.ptr) {
                 Some(a) => {
                     self.device(a.device).events += 1;
                     self.remove_live(obs, (a.device, a.site, a.size, a.api, a.birth, ev.ts_ns));
@@ -588,6 +624,16 @@ impl Process {
                 None => self.unmatched_frees += 1,
             },
             EventKind::FreeFailed => self.failed_frees += 1,
+            EventKind::Segment | EventKind::SegmentFree => {
+                let dev = self.device(ev.device);
+                dev.events += 1;
+                let reserved = dev.torch_reserved_bytes.unwrap_or(0);
+                dev.torch_reserved_bytes = Some(if kind == EventKind::Segment {
+                    reserved.saturating_add(ev.size)
+                } else {
+                    reserved.saturating_sub(ev.size)
+                });
+            }
             EventKind::AllocFailed => {
                 let device = Self::device_for_class(api, ev.device);
                 let site = self.site_of(ev.stack);
@@ -763,6 +809,64 @@ mod tests {
 
     fn proc() -> Process {
         Process::new(1, Hello::default())
+    }
+
+    /// The tracker's tensors share addresses with the segment that holds them and are not
+    /// counted twice; the reserve is the allocator's own segments, not other CUDA memory.
+    #[test]
+    fn tracker_tensors_live_inside_segments_without_double_counting() {
+        let mut p = proc();
+        let seg = 0x7000_0000;
+        p.apply_event(
+            &ev(EventKind::Alloc, Api::cudaMalloc, seg, 20 << 20),
+            &mut (),
+        );
+        p.apply_event(
+            &ev(
+                EventKind::Segment,
+                Api::oomtrace_torch_segment,
+                seg,
+                20 << 20,
+            ),
+            &mut (),
+        );
+        // An extension's own cudaMalloc: device memory, not the allocator's reserve.
+        p.apply_event(
+            &ev(EventKind::Alloc, Api::cudaMalloc, 0x9000_0000, 8 << 20),
+            &mut (),
+        );
+        let tensor = |p: &mut Process, kind, ptr, size| {
+            let api = if kind == EventKind::Alloc {
+                Api::oomtrace_torch_alloc
+            } else {
+                Api::oomtrace_torch_free
+            };
+            p.apply_event(&ev(kind, api, ptr, size), &mut ());
+        };
+        tensor(&mut p, EventKind::Alloc, seg, 4 << 20);
+        tensor(&mut p, EventKind::Alloc, seg + (4 << 20), 2 << 20);
+        let d = &p.devices[&0];
+        assert_eq!((d.live_bytes, d.live_count), (28 << 20, 2));
+        assert_eq!((d.tensor_bytes, d.tensor_count), (6 << 20, 2));
+        assert_eq!(d.torch_reserved_bytes, Some(20 << 20));
+        assert_eq!(p.live[&seg].size, 20 << 20, "the segment is still live");
+        tensor(&mut p, EventKind::Free, seg, 0);
+        assert_eq!(p.devices[&0].tensor_bytes, 2 << 20);
+        assert_eq!(p.devices[&0].tensor_peak_bytes, 6 << 20);
+        assert_eq!(p.devices[&0].live_bytes, 28 << 20);
+        assert_eq!(p.unmatched_frees, 0);
+        p.apply_event(
+            &ev(
+                EventKind::SegmentFree,
+                Api::oomtrace_torch_segment,
+                seg,
+                20 << 20,
+            ),
+            &mut (),
+        );
+        p.apply_event(&ev(EventKind::Free, Api::cudaFree, seg, 0), &mut ());
+        assert_eq!(p.devices[&0].torch_reserved_bytes, Some(0));
+        assert_eq!(p.devices[&0].live_bytes, 8 << 20);
     }
 
     #[test]

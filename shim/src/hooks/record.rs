@@ -495,3 +495,49 @@ pub fn tensor_free_failed(ptr: u64, rc: c_int) {
     ev.result = rc;
     emit(ev);
 }
+
+/// One entry of PyTorch's caching allocator, from oomtrace's trace tracker
+/// (`torch_tracker.rs`): tensors (with their stacks), segments (the allocator's reserve), and
+/// the allocator's own OOM. Frees that are only requested are not recorded: the block stays
+/// the tensor's until the free completes (after the streams that used it are done).
+pub fn torch_trace(action: u32, device: i16, addr: u64, size: u64, stream: u64) {
+    use crate::torch_tracker::action as a;
+    match action {
+        a::ALLOC => alloc_event(Api::oomtrace_torch_alloc, 0, addr, size, stream, 0, device),
+        a::FREE_COMPLETED => {
+            let mut ev = Event::new(EventKind::Free, Api::oomtrace_torch_free);
+            ev.ptr = addr;
+            ev.size = size;
+            ev.aux = stream;
+            ev.device = device;
+            emit(ev);
+        }
+        a::SEGMENT_ALLOC | a::SEGMENT_MAP | a::SEGMENT_FREE | a::SEGMENT_UNMAP => {
+            let kind = if matches!(action, a::SEGMENT_ALLOC | a::SEGMENT_MAP) {
+                EventKind::Segment
+            } else {
+                EventKind::SegmentFree
+            };
+            let mut ev = Event::new(kind, Api::oomtrace_torch_segment);
+            ev.ptr = addr;
+            ev.size = size;
+            ev.aux = stream;
+            ev.device = device;
+            emit(ev);
+        }
+        // `addr` is the free bytes the driver reported; the tensor's size is what was asked.
+        a::OOM => alloc_event(
+            Api::oomtrace_torch_alloc,
+            OUT_OF_MEMORY,
+            0,
+            size,
+            stream,
+            0,
+            device,
+        ),
+        _ => {}
+    }
+}
+
+/// CUDA_ERROR_OUT_OF_MEMORY (and cudaErrorMemoryAllocation).
+const OUT_OF_MEMORY: c_int = 2;

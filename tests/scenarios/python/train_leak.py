@@ -10,7 +10,7 @@ import sys
 if {"--install", "--mark", "--mark-in-hook"} & set(sys.argv):
     import oomtrace
 if "--install" in sys.argv:
-    oomtrace.install()
+    oomtrace.install(allocator="swap")
 
 import torch
 

@@ -12,7 +12,8 @@
 //!   `free_requested` + `free_completed` + `segment_unmap`, as PyTorch's expandable segments
 //!   do. Physical memory that is not mapped has no address and is not shown; the Cached
 //!   Segment Timeline ignores `segment_map` (the viewer's choice).
-//! - Tensor-level events (`oomtrace_malloc`/`oomtrace_free`) are blocks: `alloc` /
+//! - Tensor-level events (`oomtrace_malloc`/`oomtrace_free`, and the trace tracker's
+//!   `oomtrace_torch_alloc`/`oomtrace_torch_free`) are blocks: `alloc` /
 //!   `free_requested` + `free_completed`. A driver segment that ever holds a tensor block
 //!   loses its whole-segment block (in the trace and in `segments`): the tensors are its blocks,
 //!   as with PyTorch's caching allocator. A tensor block inside no traced segment gets a

@@ -372,11 +372,13 @@ impl Model {
         let ts = ev.ts_ns;
         match kind {
             EventKind::Alloc => {
-                if !api.memory_class().on_device() || ev.device < 0 || ev.size == 0 || ev.ptr == 0 {
+                let tensor = matches!(api, Api::oomtrace_malloc | Api::oomtrace_torch_alloc);
+                let shown = tensor || api.memory_class().on_device();
+                if !shown || ev.device < 0 || ev.size == 0 || ev.ptr == 0 {
                     return;
                 }
                 let stream = ev.aux as i64;
-                if api == Api::oomtrace_malloc {
+                if tensor {
                     self.tensor_alloc(ev.device, ev.ptr, ev.size, stream, ts, site);
                 } else {
                     let seg = Seg::new(SegKind::Driver, ev.size, stream, site, site);
@@ -384,7 +386,7 @@ impl Model {
                 }
             }
             EventKind::Free => {
-                let tensor = api == Api::oomtrace_free;
+                let tensor = matches!(api, Api::oomtrace_free | Api::oomtrace_torch_free);
                 let found = self.devs.iter().find_map(|(&d, dev)| {
                     let hit = if tensor {
                         dev.blocks.contains_key(&ev.ptr)
@@ -908,6 +910,12 @@ mod tests {
 
     #[test]
     fn tensors_in_a_driver_segment_are_its_blocks() {
+        // The swapped allocator's tensors, and the trace tracker's on PyTorch's own.
+        tensors_in_a_driver_segment(Api::oomtrace_malloc, Api::oomtrace_free);
+        tensors_in_a_driver_segment(Api::oomtrace_torch_alloc, Api::oomtrace_torch_free);
+    }
+
+    fn tensors_in_a_driver_segment(alloc: Api, free: Api) {
         let cx = Cx::default();
         let mut m = Model::new(0);
         let (seg, t) = (0x10_0000, 0x4000);
@@ -916,27 +924,15 @@ mod tests {
             &cx,
             ev(EventKind::Alloc, Api::cudaMalloc, 0, seg, 0x1_0000, 1),
         );
-        step(
-            &mut m,
-            &cx,
-            ev(EventKind::Alloc, Api::oomtrace_malloc, 0, seg, t, 2),
-        );
-        step(
-            &mut m,
-            &cx,
-            ev(EventKind::Free, Api::oomtrace_free, 0, seg, 0, 3),
-        );
+        step(&mut m, &cx, ev(EventKind::Alloc, alloc, 0, seg, t, 2));
+        step(&mut m, &cx, ev(EventKind::Free, free, 0, seg, 0, 3));
         // The segment stays, cached and empty: one inactive block.
         assert_eq!(
             layout(&m),
             vec![(seg, 0x1_0000, false, vec![(seg, 0x1_0000, "inactive")])]
         );
         // A second free of the tensor frees nothing; the segment's own free does.
-        step(
-            &mut m,
-            &cx,
-            ev(EventKind::Free, Api::oomtrace_free, 0, seg, 0, 4),
-        );
+        step(&mut m, &cx, ev(EventKind::Free, free, 0, seg, 0, 4));
         step(
             &mut m,
             &cx,
