@@ -593,7 +593,11 @@ fn kv_cache_grown_by_cat_is_a_leak_at_the_cat_line() {
         .find(|f| has_frame(f, "kv_cache.py", 18))
         .unwrap_or_else(|| panic!("no leak at kv_cache.py:18\n{}", r.text));
     let rate = leak["growth_bytes_per_step"].as_f64().unwrap();
-    assert!((rate - MIB as f64).abs() < 0.01 * MIB as f64, "{rate}");
+    assert!(
+        (rate - MIB as f64).abs() < 0.01 * MIB as f64,
+        "{rate}: {leak:#}\n{}",
+        r.text
+    );
     assert!(leak["evidence"]["replaced"].is_object(), "{leak:#}");
     assert!(
         leak["hint"].as_str().unwrap().contains("torch.cat"),

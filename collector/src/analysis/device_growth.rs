@@ -116,6 +116,8 @@ impl Events {
 pub struct DeviceGrowthEvidence {
     /// What the events on this device are: `tensors`, `segments` or `allocations`.
     pub events: Events,
+    /// PyTorch's tensors were traced one by one beside these events (`--torch`).
+    pub tensors_traced: bool,
     pub trend: Option<Trend>,
     pub slope_bytes_per_s: Option<f64>,
     pub window: Option<Window>,
@@ -161,6 +163,9 @@ struct DeviceSeries {
     peak: (u64, u32),
     /// oomtrace_malloc allocations were seen: events are tensors, not segments.
     tensors: bool,
+    /// PyTorch's trace tracker reported tensors on this device (`--torch`): the series is
+    /// made of its segments, and its tensors are traced beside them.
+    traced_tensors: bool,
     level: Option<Confidence>,
     max_level: Option<Confidence>,
     bounded: bool,
@@ -367,11 +372,12 @@ impl Detector for DeviceGrowthDetector {
         if a.device < 0 {
             return;
         }
+        let d = self.devices.entry(a.device).or_default();
         if a.api.memory_class() == MemoryClass::Tensor {
             // The trace tracker's tensors sit inside the segments this series counts.
+            d.traced_tensors = true;
             return;
         }
-        let d = self.devices.entry(a.device).or_default();
         d.tensors |= a.api == Api::oomtrace_malloc;
         d.births.add(a.epoch, a.size);
     }
@@ -476,6 +482,15 @@ pub fn segments_hint(certain: bool) -> String {
     )
 }
 
+/// PyTorch's segments grow while its tensors are traced one by one (`--torch`): the lines
+/// that keep tensors have findings of their own; what is left is how the cache grows.
+pub const TRACED_SEGMENTS_HINT: &str = "These are PyTorch's caching-allocator segments (its \
+    reserve); its tensors are traced one by one, and a line that keeps tensors has a leak \
+    finding of its own. The reserve grows faster than the tensors when the blocks the cache \
+    keeps cannot serve new requests (a tensor rebuilt larger every step, a changing mix of \
+    sizes): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets segments grow in place, and \
+    torch.cuda.memory_reserved() beside memory_allocated() shows the gap.";
+
 /// When the leak findings on the device are the growth: point to them.
 pub const EXPLAINED_HINT: &str = "The leak findings on this device grow as fast as the device: \
     they are this growth; their call sites and causes are in them.";
@@ -577,6 +592,7 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
             } else {
                 Events::Allocations
             },
+            tensors_traced: d.traced_tensors,
             trend: d.trend,
             slope_bytes_per_s: per_s,
             window: d.window,

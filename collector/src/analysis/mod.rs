@@ -563,12 +563,36 @@ impl Observer for Analysis {
             device_live: f.device_live,
             capacity: f.capacity,
         };
-        self.growth.on_free(&obs, f.birth);
-        self.site_growth.on_free(&obs, f.birth);
+        if !f.reserve {
+            // A segment of PyTorch's allocator left the leak detectors when it became reserve.
+            self.growth.on_free(&obs, f.birth);
+            self.site_growth.on_free(&obs, f.birth);
+        }
         self.device_growth.on_free(&obs, f.birth);
         self.fragmentation.on_free(&obs, f.birth);
         self.threshold.on_free(&obs, f.birth);
         self.oom.on_free(&obs, f.birth);
+    }
+
+    /// The caching allocator's segment is reserve: the leak detectors forget it as if freed
+    /// (a line's memory is its tensors, traced one by one); device totals, fragmentation and
+    /// the OOM view keep it.
+    fn reserve(&mut self, _p: &Process, f: &Free) {
+        if self.failed {
+            return;
+        }
+        let obs = AllocObs {
+            device: f.device,
+            site: f.site,
+            size: f.size,
+            api: f.api,
+            epoch: self.clock.epoch,
+            ts_ns: f.ts_ns,
+            device_live: f.device_live,
+            capacity: f.capacity,
+        };
+        self.growth.on_free(&obs, f.birth);
+        self.site_growth.on_free(&obs, f.birth);
     }
 
     fn step(&mut self, p: &Process, ts_ns: u64) {

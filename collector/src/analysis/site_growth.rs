@@ -46,7 +46,7 @@ use super::{
 };
 use crate::model::SiteId;
 use crate::units::{fmt_bytes, fmt_duration, fmt_rate};
-use oomtrace_proto::Api;
+use oomtrace_proto::{Api, MemoryClass};
 
 /// Fewest samples (after warm-up) a trend is tested on: with no surviving generations to go
 /// by, the live bytes alone must rise for longer than a warm-up or a bounded buffer does.
@@ -403,7 +403,8 @@ fn hint(s: &Site, kind: Kind) -> (Cause, String) {
                 .into(),
         );
     }
-    let what = if s.api == Api::oomtrace_malloc {
+    // Tensors: through the pluggable allocator (`--torch=swap`) or PyTorch's trace tracker.
+    let what = if s.api == Api::oomtrace_malloc || s.api.memory_class() == MemoryClass::Tensor {
         "a tensor rebuilt larger every step: torch.cat onto a growing tensor (a KV cache, a \
          history or a running buffer extended by concatenation), so each step allocates the \
          whole, slightly larger tensor and frees the previous one. Preallocate it at its \

@@ -59,6 +59,9 @@ pub struct LiveAlloc {
     pub ts_ns: u64,
     /// What the observer returned at its birth (the analysis's epoch), handed back at its free.
     pub birth: u32,
+    /// PyTorch's caching allocator said (a `Segment` event at this address) that this
+    /// allocation is one of its segments: reserve, not memory a line of code holds.
+    pub reserve: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -530,7 +533,7 @@ impl Process {
     fn remove_live<O: Observer + ?Sized>(
         &mut self,
         obs: &mut O,
-        (device, site, size, api, birth, ts): (i16, SiteId, u64, Api, u32, u64),
+        (device, site, size, api, birth, ts, reserve): (i16, SiteId, u64, Api, u32, u64, bool),
     ) {
         let dev = self.device(device);
         if api.memory_class() == MemoryClass::Tensor {
@@ -555,6 +558,7 @@ impl Process {
             birth,
             device_live: dev.live_bytes,
             capacity: dev.capacity,
+            reserve,
         };
         obs.free(self, &free);
     }
@@ -564,10 +568,46 @@ impl Process {
         let done = matches!(self.handles.get(&handle), Some(h) if h.refs == 0 && h.mappings == 0);
         if done {
             if let Some(h) = self.handles.remove(&handle) {
-                let gone = (h.device, h.site, h.size, Api::cuMemCreate, h.birth, ts);
+                let gone = (
+                    h.device,
+                    h.site,
+                    h.size,
+                    Api::cuMemCreate,
+                    h.birth,
+                    ts,
+                    false,
+                );
                 self.remove_live(obs, gone);
             }
         }
+    }
+
+    /// The allocation at `ptr` (the caching allocator's `cudaMalloc`, seen by the hooks just
+    /// before) is a segment of PyTorch's allocator: reserve, whose tensors are traced one by
+    /// one. Told once, so that the leak detectors stop counting it as a line's memory; the
+    /// device's totals keep it (the GPU holds it).
+    fn mark_reserve<O: Observer + ?Sized>(&mut self, ptr: u64, ts: u64, obs: &mut O) {
+        let Some(a) = self.live.get_mut(&ptr) else {
+            return;
+        };
+        if a.reserve {
+            return;
+        }
+        a.reserve = true;
+        let a = a.clone();
+        let dev = &self.devices[&a.device];
+        let free = Free {
+            device: a.device,
+            site: a.site,
+            size: a.size,
+            api: a.api,
+            ts_ns: ts,
+            birth: a.birth,
+            device_live: dev.live_bytes,
+            capacity: dev.capacity,
+            reserve: true,
+        };
+        obs.reserve(self, &free);
     }
 
     /// The live table of `api`'s allocations: tensors have their own address space.
@@ -598,7 +638,15 @@ impl Process {
                 let device = Self::device_for_class(api, ev.device);
                 if let Some(old) = self.table(api).remove(&ev.ptr) {
                     // The free of the previous owner of this address was lost.
-                    let gone = (old.device, old.site, old.size, old.api, old.birth, ev.ts_ns);
+                    let gone = (
+                        old.device,
+                        old.site,
+                        old.size,
+                        old.api,
+                        old.birth,
+                        ev.ts_ns,
+                        old.reserve,
+                    );
                     self.remove_live(obs, gone);
                 }
                 let site = self.site_of(ev.stack);
@@ -613,18 +661,25 @@ impl Process {
                         api,
                         ts_ns: ev.ts_ns,
                         birth,
+                        reserve: false,
                     },
                 );
             }
             EventKind::Free => match self.table(api).remove(&ev.ptr) {
                 Some(a) => {
                     self.device(a.device).events += 1;
-                    self.remove_live(obs, (a.device, a.site, a.size, a.api, a.birth, ev.ts_ns));
+                    let gone = (
+                        a.device, a.site, a.size, a.api, a.birth, ev.ts_ns, a.reserve,
+                    );
+                    self.remove_live(obs, gone);
                 }
                 None => self.unmatched_frees += 1,
             },
             EventKind::FreeFailed => self.failed_frees += 1,
             EventKind::Segment | EventKind::SegmentFree => {
+                if kind == EventKind::Segment {
+                    self.mark_reserve(ev.ptr, ev.ts_ns, obs);
+                }
                 let dev = self.device(ev.device);
                 dev.events += 1;
                 let reserved = dev.torch_reserved_bytes.unwrap_or(0);
@@ -672,7 +727,9 @@ impl Process {
                 let site = self.site_of(ev.stack);
                 self.device(ev.device).events += 1;
                 if let Some(old) = self.handles.remove(&ev.ptr) {
-                    let gone = (old.device, old.site, old.size, api, old.birth, ev.ts_ns);
+                    let gone = (
+                        old.device, old.site, old.size, api, old.birth, ev.ts_ns, false,
+                    );
                     self.remove_live(obs, gone);
                 }
                 let birth = self.add_live(obs, (ev.device, site, ev.size, ev.ts_ns, api));
@@ -867,6 +924,55 @@ mod tests {
         p.apply_event(&ev(EventKind::Free, Api::cudaFree, seg, 0), &mut ());
         assert_eq!(p.devices[&0].torch_reserved_bytes, Some(0));
         assert_eq!(p.devices[&0].live_bytes, 8 << 20);
+    }
+
+    /// What an observer hears about a segment: born as a `cudaMalloc`, told once as reserve
+    /// when the allocator names it (a second `Segment` at the address changes nothing), and
+    /// its free says it was reserve. An extension's own `cudaMalloc` is never reserve.
+    #[test]
+    fn a_segment_is_told_once_as_reserve_and_freed_as_reserve() {
+        #[derive(Default)]
+        struct Heard(Vec<(&'static str, u64, bool)>);
+        impl Observer for Heard {
+            fn free(&mut self, _p: &Process, f: &Free) {
+                self.0.push(("free", f.size, f.reserve));
+            }
+            fn reserve(&mut self, _p: &Process, f: &Free) {
+                self.0.push(("reserve", f.size, f.reserve));
+            }
+        }
+        let mut p = proc();
+        let mut heard = Heard::default();
+        let seg = 0x7000_0000;
+        let segment = ev(
+            EventKind::Segment,
+            Api::oomtrace_torch_segment,
+            seg,
+            20 << 20,
+        );
+        p.apply_event(
+            &ev(EventKind::Alloc, Api::cudaMalloc, seg, 20 << 20),
+            &mut heard,
+        );
+        p.apply_event(&segment, &mut heard);
+        p.apply_event(&segment, &mut heard);
+        p.apply_event(
+            &ev(EventKind::Alloc, Api::cudaMalloc, 0x9000_0000, 8 << 20),
+            &mut heard,
+        );
+        p.apply_event(
+            &ev(EventKind::Free, Api::cudaFree, 0x9000_0000, 0),
+            &mut heard,
+        );
+        p.apply_event(&ev(EventKind::Free, Api::cudaFree, seg, 0), &mut heard);
+        assert_eq!(
+            heard.0,
+            [
+                ("reserve", 20 << 20, true),
+                ("free", 8 << 20, false),
+                ("free", 20 << 20, true)
+            ]
+        );
     }
 
     #[test]

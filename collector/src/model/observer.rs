@@ -35,6 +35,8 @@ pub struct Free {
     /// Tracked live bytes on the device after it.
     pub device_live: u64,
     pub capacity: Option<u64>,
+    /// It was PyTorch's allocator's reserve when it went (see [`Observer::reserve`]).
+    pub reserve: bool,
 }
 
 /// An allocation the driver refused with out-of-memory.
@@ -70,6 +72,9 @@ pub trait Observer {
         0
     }
     fn free(&mut self, _p: &Process, _f: &Free) {}
+    /// A live allocation, told at its birth, turned out to be a segment of PyTorch's caching
+    /// allocator (reserve): it stays live, but no line of code holds it.
+    fn reserve(&mut self, _p: &Process, _f: &Free) {}
     /// A step marker (`oomtrace_mark`), after it was counted.
     fn step(&mut self, _p: &Process, _ts_ns: u64) {}
     fn out_of_memory(&mut self, _p: &Process, _o: &OutOfMemory) {}

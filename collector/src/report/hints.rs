@@ -157,7 +157,11 @@ pub fn device_growth_hint(
     }
     match torch_segments(p, &e.grew_at) {
         Some(certain) => {
-            let segments = device_growth::segments_hint(certain);
+            let segments = if e.tensors_traced {
+                device_growth::TRACED_SEGMENTS_HINT.to_string()
+            } else {
+                device_growth::segments_hint(certain)
+            };
             let hint = if explained {
                 format!("{hint} {segments}")
             } else {

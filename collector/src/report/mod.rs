@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 pub use crate::analysis::oom::{OomDetail, SiteShare};
-use crate::analysis::{growth, Analysis, Evidence, Severity};
+use crate::analysis::{fragmentation, growth, Analysis, Evidence, Severity};
 pub use crate::analysis::{BackwardNode, Cause, Finding, Kind, Level, PythonLine};
 use crate::model::trace::Trace;
 use crate::model::{EndState, FrameInfo, Process, SiteId, HOST_DEVICE};
@@ -155,6 +155,13 @@ pub struct ReportOptions {
     pub path: String,
     /// Symbolize stacks from the module files (off in tests that check raw frames).
     pub symbolize: bool,
+}
+
+/// Whether a finding's allocations are PyTorch's caching-allocator segments: its site runs in
+/// PyTorch's CUDA library and its events are not tensors (the trace tracker's and the
+/// pluggable allocator's stacks pass through that library too).
+fn segments_of_torch(p: &Process, f: &Finding) -> bool {
+    f.api.is_none_or(|api| !fragmentation::is_tensor_level(api)) && in_torch(p.stacks(), f.site)
 }
 
 fn status(p: &Process, trace: &Trace<Analysis>) -> String {
@@ -450,13 +457,14 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
                 }
                 _ if f.kind == Kind::Leak
                     && f.cause == Cause::NativeLeak
-                    && in_torch(p.stacks(), f.site) =>
+                    && segments_of_torch(p, &f) =>
                 {
                     f.cause = Cause::TorchCacheLeak;
                     f.hint = growth::TORCH_CACHE_HINT.to_string();
                 }
                 _ => {}
             }
+            let segments = segments_of_torch(p, &f);
             match f.evidence.as_mut() {
                 Some(Evidence::DeviceGrowth(e)) => {
                     let hint = std::mem::take(&mut f.hint);
@@ -465,7 +473,7 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
                 }
                 // A leak of PyTorch's segments: the lines that made the device's cache grow
                 // over the same steps say more than the one call that found it exhausted.
-                Some(Evidence::Leak(e)) if in_torch(p.stacks(), f.site) => {
+                Some(Evidence::Leak(e)) if segments => {
                     let grew_at = a.device_growth.grew_at(f.device);
                     e.python_lines = python_lines(p.stacks(), grew_at, |site| stack_of(p, site));
                 }
