@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use oomtrace_collector::model::trace::Trace;
 use oomtrace_collector::report::{self, ReportOptions};
-use oomtrace_tests::corpus::{self, Label, BUDGET_EPOCHS, CORPUS};
+use oomtrace_tests::corpus::{self, Label, BUDGET_EPOCHS, CORPUS, SPARSE_BUDGET_EPOCHS};
 use oomtrace_tests::{base_command, output_within, scenario, scratch, shim, TIMEOUT};
 
 fn main() {
@@ -82,7 +82,7 @@ fn main() {
             .collect();
         let found = leaks
             .iter()
-            .filter(|(_, s)| s.found && s.delay.is_some_and(|d| d <= BUDGET_EPOCHS))
+            .filter(|(_, s)| s.found && s.delay.is_some_and(|d| d <= corpus::case(s.case).budget))
             .count();
         let not_leaks: Vec<_> = pick
             .iter()
@@ -98,7 +98,7 @@ fn main() {
             .count();
         let delays: Vec<corpus::Score> = leaks.iter().map(|(_, s)| s.clone()).collect();
         println!(
-            "\n{}: recall {found}/{} within {BUDGET_EPOCHS} epochs; false positives {fp}/{} \
+            "\n{}: recall {found}/{} within budget ({BUDGET_EPOCHS} epochs, sparse {SPARSE_BUDGET_EPOCHS}); false positives {fp}/{} \
              non-leak runs, {wrong_site} leak runs with an extra site; median epochs-to-detect {}",
             match markers {
                 Some(true) => "with markers",

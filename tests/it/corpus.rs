@@ -3,7 +3,7 @@
 //! the report and the live stderr lines must name the leaking function within
 //! `BUDGET_EPOCHS` of onset, and clean look-alikes must produce no leak finding.
 
-use oomtrace_tests::corpus::{self, Label, BUDGET_EPOCHS};
+use oomtrace_tests::corpus::{self, Label, BUDGET_EPOCHS, SPARSE_BUDGET_EPOCHS};
 use oomtrace_tests::{findings, run_traced, run_traced_with};
 
 fn check(name: &str) {
@@ -21,9 +21,18 @@ fn check(name: &str) {
             s.failure.unwrap_or_default(),
             t.stderr
         );
-        let expected_source = if markers { "markers" } else { "auto" };
+        let expected_sources: &[&str] = if markers { &["markers"] } else { case.sources };
         if case.label != Label::Fragmentation {
-            assert_eq!(s.epoch_source, expected_source, "{name} ({mode})");
+            assert!(
+                expected_sources.contains(&s.epoch_source.as_str()),
+                "{name} ({mode}): epochs from {}, expected one of {expected_sources:?}",
+                s.epoch_source
+            );
+            assert!(
+                (0.0..=1.0).contains(&s.epoch_confidence),
+                "{name} ({mode}): confidence {}",
+                s.epoch_confidence
+            );
         }
         let live_leaks: Vec<&str> = t
             .stderr
@@ -99,6 +108,17 @@ corpus_tests!(
     clean_empty_cache,
     bounded_cache,
     frag_retry,
+    leak_irregular,
+    clean_irregular,
+    leak_one_per_step,
+    leak_one_per_step_pinned,
+    clean_one_per_step,
+    leak_sparse,
+    clean_sparse,
+    leak_threads,
+    clean_threads,
+    leak_phase,
+    clean_phase,
 );
 
 #[test]
@@ -159,4 +179,14 @@ fn capacity_warnings_fire_once_per_threshold() {
 #[test]
 fn budget_is_the_design_target() {
     assert_eq!(BUDGET_EPOCHS, 10);
+    assert_eq!(SPARSE_BUDGET_EPOCHS, 20);
+    for c in corpus::CORPUS {
+        let sparse = c.name.ends_with("_sparse");
+        let want = if sparse {
+            SPARSE_BUDGET_EPOCHS
+        } else {
+            BUDGET_EPOCHS
+        };
+        assert_eq!(c.budget, want, "{}", c.name);
+    }
 }

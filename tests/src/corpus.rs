@@ -13,6 +13,10 @@ pub const STEPS: u32 = 60;
 /// counted from the end of warm-up when it starts earlier: growth during warm-up cannot be
 /// told apart from warm-up itself.
 pub const BUDGET_EPOCHS: u32 = 10;
+/// The budget of a sparse stream (a few allocations per step, steps paced by time).
+pub const SPARSE_BUDGET_EPOCHS: u32 = 20;
+/// Without markers the clock must find the iteration itself.
+const AUTO: &[&str] = &["auto"];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Label {
@@ -31,6 +35,11 @@ pub struct Case {
     pub name: &'static str,
     pub label: Label,
     pub env: &'static [(&'static str, &'static str)],
+    /// Epochs from onset within which a leak must be found ([`BUDGET_EPOCHS`] unless the class
+    /// says otherwise: a sparse stream gets [`SPARSE_BUDGET_EPOCHS`]).
+    pub budget: u32,
+    /// The epoch sources the report may name when the program runs without markers.
+    pub sources: &'static [&'static str],
 }
 
 const fn leak(name: &'static str, function: &'static str, onset: u32) -> Case {
@@ -38,6 +47,8 @@ const fn leak(name: &'static str, function: &'static str, onset: u32) -> Case {
         name,
         label: Label::Leak { function, onset },
         env: &[],
+        budget: BUDGET_EPOCHS,
+        sources: AUTO,
     }
 }
 
@@ -46,6 +57,8 @@ const fn clean(name: &'static str) -> Case {
         name,
         label: Label::Clean,
         env: &[],
+        budget: BUDGET_EPOCHS,
+        sources: AUTO,
     }
 }
 
@@ -70,12 +83,40 @@ pub const CORPUS: &[Case] = &[
         name: "bounded_cache",
         label: Label::Bounded,
         env: &[],
+        budget: BUDGET_EPOCHS,
+        sources: AUTO,
     },
     Case {
         name: "frag_retry",
         label: Label::Fragmentation,
         env: &[("SIMCUDA_MEMORY", "1073741824")],
+        budget: BUDGET_EPOCHS,
+        sources: AUTO,
     },
+    // The epoch clock's classes: irregular iterations, one allocation per step, sparse streams,
+    // threads with their own loops, a phase change (scenarios/corpus/README.md).
+    leak("leak_irregular", "keep_output", 0),
+    clean("clean_irregular"),
+    leak("leak_one_per_step", "keep_buffer", 0),
+    leak("leak_one_per_step_pinned", "keep_buffer", 0),
+    clean("clean_one_per_step"),
+    Case {
+        budget: SPARSE_BUDGET_EPOCHS,
+        ..leak("leak_sparse", "stash_sample", 0)
+    },
+    Case {
+        budget: SPARSE_BUDGET_EPOCHS,
+        ..clean("clean_sparse")
+    },
+    leak("leak_threads", "thread_leak", 0),
+    // 20,000 allocations per thread in well under a second: too short for time windows, and no
+    // thread's loop has an iteration made of more than one call site.
+    Case {
+        sources: &["none", "time"],
+        ..clean("clean_threads")
+    },
+    leak("leak_phase", "keep_eval_output", 25),
+    clean("clean_phase"),
 ];
 
 pub fn case(name: &str) -> &'static Case {
@@ -97,8 +138,10 @@ pub fn env(case: &Case, markers: bool) -> Vec<(&'static str, &'static str)> {
 pub struct Score {
     pub case: &'static str,
     pub markers: bool,
-    /// markers | auto | windows
+    /// markers | auto | time | windows | none
     pub epoch_source: String,
+    /// How sure the clock is of its steps (0..1; `epochs.confidence`).
+    pub epoch_confidence: f64,
     /// The leak was reported at its function.
     pub found: bool,
     /// Epochs from onset (or from the end of warm-up) to the first likely/confirmed level.
@@ -128,6 +171,7 @@ pub fn score(case: &Case, markers: bool, report: &Value) -> Score {
         case: case.name,
         markers,
         epoch_source: epochs["source"].as_str().unwrap_or("?").to_string(),
+        epoch_confidence: epochs["confidence"].as_f64().unwrap_or(0.0),
         found: false,
         delay: None,
         false_leaks: Vec::new(),
@@ -160,9 +204,10 @@ pub fn score(case: &Case, markers: bool, report: &Value) -> Score {
     }
     s.failure = match case.label {
         Label::Leak { function, .. } if !s.found => Some(format!("no leak finding at {function}")),
-        Label::Leak { .. } if s.delay.is_none_or(|d| d > BUDGET_EPOCHS) => Some(format!(
-            "found {} epochs after onset (budget {BUDGET_EPOCHS})",
-            s.delay.map_or("?".into(), |d| d.to_string())
+        Label::Leak { .. } if s.delay.is_none_or(|d| d > case.budget) => Some(format!(
+            "found {} epochs after onset (budget {})",
+            s.delay.map_or("?".into(), |d| d.to_string()),
+            case.budget
         )),
         Label::Fragmentation if !s.fragmentation => Some("no fragmentation finding".into()),
         _ if !s.false_leaks.is_empty() => Some(format!("leak findings at {:?}", s.false_leaks)),

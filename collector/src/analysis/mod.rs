@@ -404,7 +404,7 @@ impl Alerts {
 /// coordinator between detectors.
 #[derive(Debug, Default)]
 pub struct Analysis {
-    /// Epoch boundaries (markers, an auto-detected period, or windows).
+    /// Epoch boundaries (markers, an auto-detected iteration, or time windows).
     pub clock: EpochClock,
     pub growth: growth::GrowthDetector,
     pub device_growth: device_growth::DeviceGrowthDetector,
@@ -471,7 +471,10 @@ impl Observer for Analysis {
         if self.failed {
             return self.clock.epoch;
         }
-        if self.clock.on_alloc(a.site, a.ts_ns, a.device_live_before) {
+        if self
+            .clock
+            .on_alloc(a.site, a.tid, a.ts_ns, a.device_live_before)
+        {
             self.end_epoch(p, a.ts_ns);
         }
         let obs = AllocObs {

@@ -388,7 +388,7 @@ impl Process {
     fn add_live<O: Observer + ?Sized>(
         &mut self,
         obs: &mut O,
-        (device, site, size, ts, api): (i16, SiteId, u64, u64, Api),
+        (device, site, size, ts, api, tid): (i16, SiteId, u64, u64, Api, u32),
     ) -> u32 {
         let (before, capacity) = self
             .devices
@@ -402,6 +402,7 @@ impl Process {
                 size,
                 api,
                 ts_ns: ts,
+                tid,
                 device_live_before: before,
                 capacity,
             },
@@ -488,7 +489,7 @@ impl Process {
                 }
                 let site = self.site_of(ev.stack);
                 self.device(device).events += 1;
-                let birth = self.add_live(obs, (device, site, ev.size, ev.ts_ns, api));
+                let birth = self.add_live(obs, (device, site, ev.size, ev.ts_ns, api, ev.tid));
                 self.live.insert(
                     ev.ptr,
                     LiveAlloc {
@@ -550,7 +551,7 @@ impl Process {
                     let gone = (old.device, old.site, old.size, api, old.birth, ev.ts_ns);
                     self.remove_live(obs, gone);
                 }
-                let birth = self.add_live(obs, (ev.device, site, ev.size, ev.ts_ns, api));
+                let birth = self.add_live(obs, (ev.device, site, ev.size, ev.ts_ns, api, ev.tid));
                 self.handles.insert(
                     ev.ptr,
                     PhysHandle {
