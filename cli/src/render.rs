@@ -116,7 +116,9 @@ fn epochs_line(e: &EpochReport) -> String {
     let how = match e.source {
         "markers" => "step markers".to_string(),
         "auto" => match e.period_allocations {
-            Some(p) => format!("iterations found in the allocations (every {p:.1})"),
+            Some(p) => {
+                format!("iterations found in the allocations (one every {p:.1} allocations)")
+            }
             None => "iterations found in the allocations".to_string(),
         },
         "time" => "time windows closed at troughs (no iteration found)".to_string(),

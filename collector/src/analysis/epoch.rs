@@ -14,8 +14,8 @@
 //!      does not matter, so an iteration with a varying number of temporaries keeps its
 //!      anchor, while a site inside an inner loop (layers) sees alternately nothing and the
 //!      rest of the iteration and never qualifies.
-//!    - **paced**: a site whose allocations come at a steady pace in time (all but one of its
-//!      last gaps within `PACED_TOLERANCE` of their median) at least `PACED_MIN_NS` apart: one
+//!    - **paced**: a site whose allocations come at a steady pace in time (all but two of its
+//!      last 8 gaps within `PACED_TOLERANCE` of their median) at least `PACED_MIN_NS` apart: one
 //!      allocation per step (period 1, where the order of events says nothing), or a sparse
 //!      stream whose other allocations come and go. The floor tells a step, which computes,
 //!      from a tight allocation loop (an initialization), which is microseconds apart.
@@ -24,7 +24,7 @@
 //!    allocates every third step qualifies too), then the one seen at the lowest live bytes;
 //!    a paced one only when no structural one qualifies. It is re-validated at each of its
 //!    allocations: a structural anchor whose signature differs `ANCHOR_MISSES` times in a
-//!    row, a paced one whose gaps leave [½, 2] × its pace 3 times in a row, or one silent for
+//!    row, a paced one whose gaps leave [⅓, 3] × its pace 3 times in a row, or one silent for
 //!    `ANCHOR_SILENT_PERIODS` periods (a phase change: training ends, evaluation starts) is
 //!    dropped; another that qualified meanwhile locks at its next allocation. A site dropped
 //!    `MAX_DROPS` times is never an anchor again (a burst that keeps looking regular).
@@ -51,9 +51,11 @@ const RING: usize = 8;
 const ANCHOR_MIN_SEGMENTS: usize = 5;
 /// Distinct call sites hashed into a segment's signature: the most recent ones.
 const SIGNATURE_SITES: usize = 32;
-/// A paced anchor: all but one of its last `RING` gaps in time lie within this share of their
-/// median (one may be a stall of the thread: a loaded machine, a page fault)...
-const PACED_TOLERANCE: f64 = 0.25;
+/// A paced anchor: all but `PACED_OUTLIERS` of its last `RING` gaps in time lie within this
+/// share of their median (the others may be stalls of the thread: a loaded machine, a page
+/// fault)...
+const PACED_TOLERANCE: f64 = 0.5;
+const PACED_OUTLIERS: usize = 2;
 /// ...are at least this long on average (1 ms)...
 const PACED_MIN_NS: f64 = 1e6;
 /// ...and hold at most this many allocations of its thread on average: where more happen
@@ -61,7 +63,7 @@ const PACED_MIN_NS: f64 = 1e6;
 const PACED_MAX_ALLOCS: f64 = 4.0;
 /// Weight of the newest matching time gap in a paced anchor's pace.
 const ANCHOR_EWMA: f64 = 0.2;
-/// Mismatching segments (a structural anchor) or gaps outside [½, 2] × the pace (a paced
+/// Mismatching segments (a structural anchor) or gaps outside [⅓, 3] × the pace (a paced
 /// one) in a row that drop an anchor.
 const ANCHOR_MISSES: u32 = 3;
 /// An anchor is dropped when its thread made this many times its longest recent gap in
@@ -232,7 +234,7 @@ impl Candidate {
             .iter()
             .filter(|&&x| (x - m).abs() > PACED_TOLERANCE * m)
             .count();
-        m >= PACED_MIN_NS && off <= 1 && per_step <= PACED_MAX_ALLOCS
+        m >= PACED_MIN_NS && off <= PACED_OUTLIERS && per_step <= PACED_MAX_ALLOCS
     }
 
     fn kind(&self) -> Option<AnchorKind> {
@@ -460,7 +462,7 @@ impl EpochClock {
                         let g = time_gap as f64;
                         let pace = a.pace;
                         a.record((g - pace).abs() <= PACED_TOLERANCE * pace);
-                        let matched = g >= pace / 2.0 && g <= 2.0 * pace;
+                        let matched = g >= pace / 3.0 && g <= 3.0 * pace;
                         if matched {
                             a.pace += ANCHOR_EWMA * (g - pace);
                         }

@@ -5,7 +5,7 @@
 //                                                (cudaHostAlloc).
 //   clean_one_per_step:                          CLEAN: keep_buffer() allocates 2 MiB and frees
 //                                                the previous step's buffer.
-// A step is one allocation plus 2 ms of "compute" (a sleep): the allocation stream has
+// A step is one allocation plus 5 ms of "compute" (a sleep): the allocation stream has
 // period 1, so only its pace in time tells a step from a tight loop.
 // Live at exit: LEAK variants steps x 2 MiB (120 MiB with 60 steps); clean 0.
 #include <time.h>
@@ -30,7 +30,7 @@ static void release(void* p) {
 }
 
 static void compute(void) {
-    struct timespec ts = {0, 2 * 1000 * 1000};
+    struct timespec ts = {0, 5 * 1000 * 1000};
     nanosleep(&ts, NULL);
 }
 

@@ -6,8 +6,8 @@
 //                  backlog that the next one frees later), then drains its queue once all
 //                  threads are done. At the end each thread keeps 2 blocks (keep_two): 16
 //                  blocks live at exit. Without markers the threads run free, as in the
-//                  report this reproduces (a confirmed "leak" at worker_alloc from windows of
-//                  1024 allocations); with markers, a step is every thread's next 100
+//                  report this reproduces (before time windows, a confirmed "leak" at
+//                  worker_alloc in 1 to 3 runs of 3); with markers, a step is every thread's next 100
 //                  allocations: they meet at a barrier and thread 0 marks between two
 //                  barriers (a marker from one free-running thread would measure how far
 //                  the others lag, which does grow).
