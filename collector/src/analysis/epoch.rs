@@ -9,8 +9,8 @@
 //!    pairs, each followed in its own thread's allocations, so threads with their own loops
 //!    do not blur each other. Two kinds, structural first:
 //!    - **structural**: between two allocations of the site, the *set* of other call sites
-//!      that allocated on the thread (its segment's signature) is the same
-//!      `ANCHOR_MIN_SEGMENTS` times in a row, and not empty. How many allocations each makes
+//!      that allocated on the thread (its segment's signature) is the same in at least
+//!      `ANCHOR_MIN_SEGMENTS` of its last 8 segments, and not empty. How many allocations each makes
 //!      does not matter, so an iteration with a varying number of temporaries keeps its
 //!      anchor, while a site inside an inner loop (layers) sees alternately nothing and the
 //!      rest of the iteration and never qualifies.
@@ -20,9 +20,11 @@
 //!      stream whose other allocations come and go. The floor tells a step, which computes,
 //!      from a tight allocation loop (an initialization), which is microseconds apart.
 //!
-//!    The anchor is the structural candidate with the shortest period (a site that
-//!    allocates every third step qualifies too), then the one seen at the lowest live bytes;
-//!    a paced one only when no structural one qualifies. It is re-validated at each of its
+//!    The anchor is a structural candidate that allocates near the trough of live bytes (a
+//!    site in a layer loop with two sites per layer also repeats its signature, but
+//!    allocates while activations pile up), with the shortest period among those (a site
+//!    that allocates every third step qualifies too), then the lowest live bytes; a paced one
+//!    only when no structural one qualifies. It is re-validated at each of its
 //!    allocations: a structural anchor whose signature differs `ANCHOR_MISSES` times in a
 //!    row, a paced one whose gaps leave [⅓, 3] × its pace 3 times in a row, or one silent for
 //!    `ANCHOR_SILENT_PERIODS` periods (a phase change: training ends, evaluation starts) is
@@ -189,15 +191,17 @@ struct Candidate {
     last_idx: u64,
     last_local: u64,
     last_ts: u64,
-    /// Σ device live bytes at its allocations: the candidate nearest the trough wins.
-    live_sum: f64,
-    seen: u64,
+    /// Device live bytes at its last allocations: an iteration starts at a trough.
+    lives: [u64; RING],
     drops: u8,
+    /// It qualified at its previous allocation.
+    qualified: bool,
 }
 
 impl Candidate {
-    fn push(&mut self, sig: u64, gap: u64, time_gap: u64, local_gap: u64) {
+    fn push(&mut self, sig: u64, gap: u64, time_gap: u64, local_gap: u64, live: u64) {
         let k = (self.n % RING as u64) as usize;
+        self.lives[k] = live;
         self.sigs[k] = sig;
         self.gaps[k] = gap;
         self.time_gaps[k] = time_gap;
@@ -213,9 +217,17 @@ impl Candidate {
             .collect()
     }
 
+    /// The signature of most of its last segments (at least `ANCHOR_MIN_SEGMENTS` of them),
+    /// if not empty: an optional site in some iterations (an eval every third step) does
+    /// not hide the iteration.
     fn structural(&self) -> Option<u64> {
-        let s = self.last(&self.sigs, ANCHOR_MIN_SEGMENTS);
-        (s.len() == ANCHOR_MIN_SEGMENTS && s[0] != 0 && s.iter().all(|&x| x == s[0])).then(|| s[0])
+        let s = self.last(&self.sigs, RING);
+        s.iter()
+            .filter(|&&x| x != 0)
+            .map(|&x| (s.iter().filter(|&&y| y == x).count(), x))
+            .filter(|&(count, _)| count >= ANCHOR_MIN_SEGMENTS)
+            .max()
+            .map(|(_, x)| x)
     }
 
     fn paced(&self) -> bool {
@@ -262,8 +274,10 @@ impl Candidate {
             .unwrap_or(1)
     }
 
+    /// Mean device live bytes at its recent allocations.
     fn mean_live(&self) -> f64 {
-        self.live_sum / self.seen.max(1) as f64
+        let l = self.last(&self.lives, RING);
+        l.iter().map(|&x| x as f64).sum::<f64>() / l.len().max(1) as f64
     }
 }
 
@@ -425,8 +439,6 @@ impl EpochClock {
                         last_idx: idx,
                         last_local: local,
                         last_ts: ts,
-                        live_sum: device_live as f64,
-                        seen: 1,
                         ..Default::default()
                     },
                 );
@@ -438,13 +450,20 @@ impl EpochClock {
             return false;
         };
         let time_gap = ts.saturating_sub(c.last_ts);
-        c.push(sig, idx - c.last_idx, time_gap, local - c.last_local);
+        c.push(
+            sig,
+            idx - c.last_idx,
+            time_gap,
+            local - c.last_local,
+            device_live,
+        );
         c.last_idx = idx;
         c.last_local = local;
         c.last_ts = ts;
-        c.live_sum += device_live as f64;
-        c.seen += 1;
-        let qualifies = c.kind().is_some();
+        let kind = c.kind();
+        let qualifies = kind.is_some();
+        let newly = qualifies && !c.qualified;
+        c.qualified = qualifies;
         let max_local_gap = c.max_local_gap();
         match self.anchor {
             Some(mut a) if a.key == key => {
@@ -480,35 +499,35 @@ impl EpochClock {
                 self.lock(key);
                 self.anchor.is_some_and(|a| a.key == key)
             }
+            // A structural candidate that qualifies after a structural anchor locked (the
+            // first iteration's layer loop qualified before the iteration did): the anchor
+            // gives way if it no longer allocates near the trough. A paced anchor stays: a
+            // sparse stream's occasional sites repeat a signature every few steps.
+            Some(a)
+                if newly
+                    && matches!(kind, Some(AnchorKind::Structural(_)))
+                    && matches!(a.kind, AnchorKind::Structural(_)) =>
+            {
+                match self.select(key) {
+                    Some((_, pool)) if !pool.contains(&a.key) => {
+                        self.lock(key);
+                        self.anchor.is_some_and(|a| a.key == key)
+                    }
+                    _ => false,
+                }
+            }
             _ => false,
         }
     }
 
     /// Locks the best qualifying anchor, `trigger` being one that just qualified: structural
-    /// before paced, then the shortest period (within 10 %), then the lowest live bytes.
+    /// before paced; among those, the ones that allocate near the trough (mean live bytes at
+    /// their recent allocations within 1/8 of the candidates' range above the lowest: a site
+    /// inside the forward pass's layer loop allocates while activations pile up, the
+    /// iteration begins when they are gone), then the shortest period (within 10 %: not a
+    /// site that allocates every third step), then the lowest live bytes.
     fn lock(&mut self, trigger: (u32, SiteId)) {
-        let qualified: Vec<((u32, SiteId), AnchorKind, f64, f64)> = self
-            .candidates
-            .iter()
-            .filter_map(|(&k, c)| c.kind().map(|kind| (k, kind, c.period(), c.mean_live())))
-            .collect();
-        let structural = qualified
-            .iter()
-            .any(|q| matches!(q.1, AnchorKind::Structural(_)));
-        let pool: Vec<_> = qualified
-            .into_iter()
-            .filter(|q| matches!(q.1, AnchorKind::Structural(_)) == structural)
-            .collect();
-        let shortest = pool.iter().map(|q| q.2).fold(f64::INFINITY, f64::min);
-        let best = pool
-            .iter()
-            .filter(|q| q.2 <= 1.1 * shortest)
-            .min_by(|a, b| a.3.total_cmp(&b.3).then(a.0.cmp(&b.0)))
-            .copied();
-        let Some((key, kind, period, _)) = best.or_else(|| {
-            let c = self.candidates.get(&trigger)?;
-            Some((trigger, c.kind()?, c.period(), c.mean_live()))
-        }) else {
+        let Some(((key, kind, period), _)) = self.select(trigger) else {
             return;
         };
         let c = &self.candidates[&key];
@@ -532,6 +551,44 @@ impl EpochClock {
         });
         self.source = EpochSource::Auto;
         self.stable_since = self.epoch + 1;
+    }
+
+    /// The best qualifying anchor (see [`EpochClock::lock`]), and the candidates that allocate
+    /// near the trough.
+    #[allow(clippy::type_complexity)]
+    fn select(
+        &self,
+        trigger: (u32, SiteId),
+    ) -> Option<(((u32, SiteId), AnchorKind, f64), Vec<(u32, SiteId)>)> {
+        let qualified: Vec<((u32, SiteId), AnchorKind, f64, f64)> = self
+            .candidates
+            .iter()
+            .filter_map(|(&k, c)| c.kind().map(|kind| (k, kind, c.period(), c.mean_live())))
+            .collect();
+        let structural = qualified
+            .iter()
+            .any(|q| matches!(q.1, AnchorKind::Structural(_)));
+        let pool: Vec<_> = qualified
+            .into_iter()
+            .filter(|q| matches!(q.1, AnchorKind::Structural(_)) == structural)
+            .collect();
+        let low = pool.iter().map(|q| q.3).fold(f64::INFINITY, f64::min);
+        let high = pool.iter().map(|q| q.3).fold(0.0, f64::max);
+        let pool: Vec<_> = pool
+            .into_iter()
+            .filter(|q| q.3 <= low + (high - low) / 8.0)
+            .collect();
+        let shortest = pool.iter().map(|q| q.2).fold(f64::INFINITY, f64::min);
+        let best = pool
+            .iter()
+            .filter(|q| q.2 <= 1.1 * shortest)
+            .min_by(|a, b| a.3.total_cmp(&b.3).then(a.0.cmp(&b.0)))
+            .copied();
+        let (key, kind, period, _) = best.or_else(|| {
+            let c = self.candidates.get(&trigger)?;
+            Some((trigger, c.kind()?, c.period(), c.mean_live()))
+        })?;
+        Some(((key, kind, period), pool.iter().map(|q| q.0).collect()))
     }
 
     fn drop_anchor(&mut self, ts: u64) {
@@ -816,6 +873,47 @@ mod tests {
         }
         assert_eq!((c.source, c.anchor()), (EpochSource::Auto, Some(SiteId(2))));
         assert!(c.epoch >= 40, "{}", c.epoch);
+    }
+
+    /// A forward pass of 8 layers with two sites each: each layer site sees the other one
+    /// between most of its allocations, as an iteration's anchor would, but allocates while
+    /// activations pile up; the iteration starts at the trough.
+    #[test]
+    fn a_layer_loop_of_two_sites_is_not_the_iteration() {
+        let mut c = EpochClock::default();
+        let mut ts = 1;
+        for _ in 0..30 {
+            let mut live = 100;
+            for site in [
+                14, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 12,
+            ] {
+                ts += 10;
+                c.on_alloc(SiteId(site), 1, ts, live);
+                live += 4;
+            }
+        }
+        assert_eq!(c.anchor(), Some(SiteId(14)));
+        assert_eq!(c.period_allocs(), Some(18.0));
+    }
+
+    /// An output kept every third step (at the trough, like the step's first allocation):
+    /// the step's own sites still anchor, not the every-third-step one.
+    #[test]
+    fn a_site_in_every_third_step_does_not_make_steps_three_times_longer() {
+        let mut c = EpochClock::default();
+        let mut ts = 1;
+        for step in 0..40 {
+            let mut sites = vec![(14, 100), (20, 104), (20, 108), (20, 112), (12, 150)];
+            if step % 3 == 0 {
+                sites.push((30, 100));
+            }
+            for (site, live) in sites {
+                ts += 10;
+                c.on_alloc(SiteId(site), 1, ts, live);
+            }
+        }
+        assert_eq!(c.anchor(), Some(SiteId(14)));
+        assert!(c.period_allocs().unwrap() < 6.0, "{:?}", c.period_allocs());
     }
 
     /// Train then eval: the training anchor goes silent, the eval loop's anchor takes over.
