@@ -26,9 +26,10 @@
 //!    that allocates every third step qualifies too), then the lowest live bytes; a paced one
 //!    only when no structural one qualifies. It is re-validated at each of its
 //!    allocations: a structural anchor whose signature differs `ANCHOR_MISSES` times in a
-//!    row, a paced one whose gaps leave [⅓, 3] × its pace 3 times in a row, or one silent for
-//!    `ANCHOR_SILENT_PERIODS` periods (a phase change: training ends, evaluation starts) is
-//!    dropped; another that qualified meanwhile locks at its next allocation. A site dropped
+//!    row, a paced one whose gaps leave [⅓, 3] × its pace 3 times in a row, or one whose
+//!    thread made `ANCHOR_SILENT_GAPS` times its longest recent gap without it (a phase
+//!    change: training ends, evaluation starts; or `ANCHOR_SILENT_PERIODS` of its periods in
+//!    the process's allocations: its thread stopped) is dropped; another that qualified meanwhile locks at its next allocation. A site dropped
 //!    `MAX_DROPS` times is never an anchor again (a burst that keeps looking regular).
 //! 3. **Time**: otherwise, a window of at least `WINDOW_MIN_NS` (or `WINDOW_GAP_FACTOR` times
 //!    the median gap between allocations, for streams of a few allocations per minute), closed
@@ -49,7 +50,7 @@ use crate::model::SiteId;
 
 /// Segments (and gaps) kept per candidate.
 const RING: usize = 8;
-/// Equal signatures in a row that make a structural anchor.
+/// Segments of the last `RING` with the same signature that make a structural anchor.
 const ANCHOR_MIN_SEGMENTS: usize = 5;
 /// Distinct call sites hashed into a segment's signature: the most recent ones.
 const SIGNATURE_SITES: usize = 32;
@@ -209,19 +210,28 @@ impl Candidate {
         self.n += 1;
     }
 
-    /// The last `m` entries of a ring, newest first.
-    fn last<T: Copy>(&self, ring: &[T; RING], m: usize) -> Vec<T> {
-        let m = m.min(self.n as usize).min(RING);
-        (0..m)
-            .map(|back| ring[((self.n - 1 - back as u64) % RING as u64) as usize])
-            .collect()
+    /// The filled part of a ring: its last (up to `RING`) entries, in no particular order
+    /// (every use below is a count, a mean, a maximum or a median).
+    fn filled<'a, T>(&self, ring: &'a [T; RING]) -> &'a [T] {
+        &ring[..(self.n as usize).min(RING)]
+    }
+
+    /// The median of its recent time gaps (ns), and the gaps.
+    fn pace(&self) -> (f64, [f64; RING], usize) {
+        let g = self.filled(&self.time_gaps);
+        let mut v = [0.0; RING];
+        for (d, &x) in v.iter_mut().zip(g) {
+            *d = x as f64;
+        }
+        let n = g.len();
+        (super::stats::median(&mut v[..n]), v, n)
     }
 
     /// The signature of most of its last segments (at least `ANCHOR_MIN_SEGMENTS` of them),
     /// if not empty: an optional site in some iterations (an eval every third step) does
     /// not hide the iteration.
     fn structural(&self) -> Option<u64> {
-        let s = self.last(&self.sigs, RING);
+        let s = self.filled(&self.sigs);
         s.iter()
             .filter(|&&x| x != 0)
             .map(|&x| (s.iter().filter(|&&y| y == x).count(), x))
@@ -231,18 +241,12 @@ impl Candidate {
     }
 
     fn paced(&self) -> bool {
-        let mut g: Vec<f64> = self
-            .last(&self.time_gaps, RING)
-            .into_iter()
-            .map(|x| x as f64)
-            .collect();
-        if g.len() < RING {
+        if (self.n as usize) < RING {
             return false;
         }
-        let local = self.last(&self.local_gaps, RING);
-        let per_step = local.iter().sum::<u64>() as f64 / RING as f64;
-        let m = super::stats::median(&mut g);
-        let off = g
+        let per_step = self.filled(&self.local_gaps).iter().sum::<u64>() as f64 / RING as f64;
+        let (m, g, n) = self.pace();
+        let off = g[..n]
             .iter()
             .filter(|&&x| (x - m).abs() > PACED_TOLERANCE * m)
             .count();
@@ -262,21 +266,22 @@ impl Candidate {
 
     /// Mean gap in the process's allocations over the recent segments.
     fn period(&self) -> f64 {
-        let g = self.last(&self.gaps, RING);
+        let g = self.filled(&self.gaps);
         g.iter().sum::<u64>() as f64 / g.len().max(1) as f64
     }
 
     /// The longest recent gap in its thread's allocations.
     fn max_local_gap(&self) -> u64 {
-        self.last(&self.local_gaps, RING)
-            .into_iter()
+        self.filled(&self.local_gaps)
+            .iter()
+            .copied()
             .max()
             .unwrap_or(1)
     }
 
     /// Mean device live bytes at its recent allocations.
     fn mean_live(&self) -> f64 {
-        let l = self.last(&self.lives, RING);
+        let l = self.filled(&self.lives);
         l.iter().map(|&x| x as f64).sum::<f64>() / l.len().max(1) as f64
     }
 }
@@ -531,12 +536,7 @@ impl EpochClock {
             return;
         };
         let c = &self.candidates[&key];
-        let mut g: Vec<f64> = c
-            .last(&c.time_gaps, RING)
-            .iter()
-            .map(|&g| g as f64)
-            .collect();
-        let pace = super::stats::median(&mut g);
+        let pace = c.pace().0;
         self.anchor = Some(Anchor {
             key,
             kind,
