@@ -329,6 +329,68 @@ const TARGETS: &[Target] = &[
             "-ldl",
         ],
     },
+    // Epoch-clock classes (scenarios/corpus/README.md): one source, a leaky and a clean build.
+    Target {
+        out: "leak_irregular",
+        sources: &["corpus/irregular.c"],
+        flags: &["-DLEAK", "-l:libcudart.so.12", "-ldl", "-lpthread"],
+    },
+    Target {
+        out: "clean_irregular",
+        sources: &["corpus/irregular.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "leak_one_per_step",
+        sources: &["corpus/one_per_step.c"],
+        flags: &["-DLEAK", "-l:libcudart.so.12", "-ldl", "-lpthread"],
+    },
+    Target {
+        out: "leak_one_per_step_pinned",
+        sources: &["corpus/one_per_step.c"],
+        flags: &[
+            "-DLEAK",
+            "-DPINNED",
+            "-l:libcudart.so.12",
+            "-ldl",
+            "-lpthread",
+        ],
+    },
+    Target {
+        out: "clean_one_per_step",
+        sources: &["corpus/one_per_step.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "leak_sparse",
+        sources: &["corpus/sparse.c"],
+        flags: &["-DLEAK", "-l:libcudart.so.12", "-ldl", "-lpthread"],
+    },
+    Target {
+        out: "clean_sparse",
+        sources: &["corpus/sparse.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "leak_threads",
+        sources: &["corpus/threads.c"],
+        flags: &["-DLEAK", "-l:libcudart.so.12", "-ldl", "-lpthread"],
+    },
+    Target {
+        out: "clean_threads",
+        sources: &["corpus/threads.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "leak_phase",
+        sources: &["corpus/phase.c"],
+        flags: &["-DLEAK", "-l:libcudart.so.12", "-ldl", "-lpthread"],
+    },
+    Target {
+        out: "clean_phase",
+        sources: &["corpus/phase.c"],
+        flags: CUDART,
+    },
     // The fault-injection suite (tests/it/faults.rs).
     Target {
         out: "fault_many_threads",

@@ -6,7 +6,9 @@ use oomtrace_collector::analysis::device_growth::Events;
 use oomtrace_collector::analysis::growth::Trend;
 use oomtrace_collector::analysis::Evidence;
 use oomtrace_collector::report::symbolize::{culprit, FrameInfo};
-use oomtrace_collector::report::{fmt_python_lines, Finding, Kind, Level, ProcessReport, Report};
+use oomtrace_collector::report::{
+    fmt_python_lines, EpochReport, Finding, Kind, Level, ProcessReport, Report,
+};
 use oomtrace_collector::units::{fmt_bytes, fmt_duration};
 
 /// Native frames shown per stack in text (the JSON has them all; Python frames are always
@@ -161,6 +163,25 @@ fn device_name(d: i16) -> String {
     }
 }
 
+/// How the run was cut into steps, and how sure that is.
+fn epochs_line(e: &EpochReport) -> String {
+    let how = match e.source {
+        "markers" => "step markers".to_string(),
+        "auto" => match e.period_allocations {
+            Some(p) => {
+                format!("iterations found in the allocations (one every {p:.1} allocations)")
+            }
+            None => "iterations found in the allocations".to_string(),
+        },
+        "time" => "time windows closed at troughs (no iteration found)".to_string(),
+        _ => "none (no step marker, no iteration found)".to_string(),
+    };
+    format!(
+        "epochs: {} from {how}, confidence {:.2}",
+        e.count, e.confidence
+    )
+}
+
 fn process_text(out: &mut String, p: &ProcessReport) {
     let lost = if p.lost_events > 0 {
         format!(", {} LOST", p.lost_events)
@@ -181,6 +202,7 @@ fn process_text(out: &mut String, p: &ProcessReport) {
         fmt_duration(p.duration_s),
         p.events
     );
+    let _ = writeln!(out, "      {}", epochs_line(&p.epochs));
     for d in &p.devices {
         let cap = d
             .capacity_bytes

@@ -13,7 +13,9 @@ use std::time::Instant;
 
 use oomtrace_collector::model::trace::Trace;
 use oomtrace_collector::report::{self, ReportOptions};
-use oomtrace_tests::corpus::{self, Class, Label, Score, BUDGET_EPOCHS, CORPUS};
+use oomtrace_tests::corpus::{
+    self, Class, Label, Score, BUDGET_EPOCHS, CORPUS, SPARSE_BUDGET_EPOCHS,
+};
 use oomtrace_tests::{base_command, output_within, scenario, scratch, shim, TIMEOUT};
 
 fn main() {
@@ -121,7 +123,7 @@ fn summary(pick: &[&(Class, Label, Score)]) -> String {
         .collect();
     let found = leaks
         .iter()
-        .filter(|(_, _, s)| s.found && s.delay.is_some_and(|d| d <= BUDGET_EPOCHS))
+        .filter(|(_, _, s)| s.found && s.delay.is_some_and(|d| d <= corpus::case(s.case).budget))
         .count();
     let not_leaks: Vec<_> = pick
         .iter()
@@ -137,7 +139,7 @@ fn summary(pick: &[&(Class, Label, Score)]) -> String {
         .count();
     let delays: Vec<Score> = leaks.iter().map(|(_, _, s)| s.clone()).collect();
     format!(
-        "recall {found}/{} within {BUDGET_EPOCHS} epochs; false positives {fp}/{} non-leak \
+        "recall {found}/{} within budget ({BUDGET_EPOCHS} epochs, sparse {SPARSE_BUDGET_EPOCHS}); false positives {fp}/{} non-leak \
          runs, {wrong_site} leak runs with an extra site; median epochs-to-detect {}",
         leaks.len(),
         not_leaks.len(),

@@ -3,8 +3,10 @@
 //! the report and the live stderr lines must name the leaking function within
 //! `BUDGET_EPOCHS` of onset, and clean look-alikes must produce no leak finding.
 
-use oomtrace_tests::corpus::{self, Label, BUDGET_EPOCHS};
-use oomtrace_tests::{findings, run_traced, run_traced_with};
+use oomtrace_tests::corpus::{self, Label, BUDGET_EPOCHS, SPARSE_BUDGET_EPOCHS};
+use oomtrace_tests::{
+    base_command, findings, oomtrace_bin, output_within, run_traced, run_traced_with, TIMEOUT,
+};
 
 fn check(name: &str) {
     let case = corpus::case(name);
@@ -21,9 +23,18 @@ fn check(name: &str) {
             s.failure.unwrap_or_default(),
             t.stderr
         );
-        let expected_source = if markers { "markers" } else { "auto" };
+        let expected_sources: &[&str] = if markers { &["markers"] } else { case.sources };
         if case.label != Label::Fragmentation {
-            assert_eq!(s.epoch_source, expected_source, "{name} ({mode})");
+            assert!(
+                expected_sources.contains(&s.epoch_source.as_str()),
+                "{name} ({mode}): epochs from {}, expected one of {expected_sources:?}",
+                s.epoch_source
+            );
+            assert!(
+                (0.0..=1.0).contains(&s.epoch_confidence),
+                "{name} ({mode}): confidence {}",
+                s.epoch_confidence
+            );
         }
         let live_leaks: Vec<&str> = t
             .stderr
@@ -107,6 +118,17 @@ corpus_tests!(
     clean_ext_step,
     leak_ext_static,
     clean_ext_static,
+    leak_irregular,
+    clean_irregular,
+    leak_one_per_step,
+    leak_one_per_step_pinned,
+    clean_one_per_step,
+    leak_sparse,
+    clean_sparse,
+    leak_threads,
+    clean_threads,
+    leak_phase,
+    clean_phase,
 );
 
 #[test]
@@ -167,6 +189,64 @@ fn capacity_warnings_fire_once_per_threshold() {
 #[test]
 fn budget_is_the_design_target() {
     assert_eq!(BUDGET_EPOCHS, 10);
+    assert_eq!(SPARSE_BUDGET_EPOCHS, 20);
+    for c in corpus::CORPUS {
+        let sparse = c.name.ends_with("_sparse");
+        let want = if sparse {
+            SPARSE_BUDGET_EPOCHS
+        } else {
+            BUDGET_EPOCHS
+        };
+        assert_eq!(c.budget, want, "{}", c.name);
+    }
+}
+
+/// Without markers the report says where its steps came from and how sure that is, in the JSON
+/// and in the text report, and a replay of the trace finds the same steps as the live
+/// collector did: an iteration found by its structure (`leak_irregular`) and one found by its
+/// pace (`leak_one_per_step_pinned`, one allocation per step).
+#[test]
+fn epochs_name_their_source_and_confidence_live_and_in_replay() {
+    for (name, how, least) in [
+        (
+            "leak_irregular",
+            "iterations found in the allocations (one every ",
+            0.85,
+        ),
+        (
+            "leak_one_per_step_pinned",
+            "iterations found in the allocations (one every 1.0 allocations)",
+            0.4,
+        ),
+    ] {
+        let t = run_traced(name, &[], &corpus::env(corpus::case(name), false));
+        assert!(t.status.success(), "{name}: {}", t.stderr);
+        let live = &t.report["processes"][0]["epochs"];
+        assert_eq!(live["source"], "auto", "{name}: {live:#}");
+        let confidence = live["confidence"].as_f64().expect("epochs.confidence");
+        assert!((least..=1.0).contains(&confidence), "{name}: {live:#}");
+        let replay = |json: bool| {
+            let mut cmd = base_command(oomtrace_bin());
+            cmd.arg("report").arg(&t.trace);
+            if json {
+                cmd.arg("--json");
+            }
+            let out = output_within(cmd, TIMEOUT);
+            assert!(out.status.success(), "{name}: {out:?}");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let replayed: serde_json::Value = serde_json::from_str(&replay(true)).expect("JSON");
+        assert_eq!(&replayed["processes"][0]["epochs"], live, "{name}");
+        let text = replay(false);
+        let line = format!(
+            "epochs: {} from {how}",
+            live["count"].as_u64().expect("epochs.count")
+        );
+        assert!(
+            text.contains(&line) && text.contains(&format!("confidence {confidence:.2}")),
+            "{name}: no `{line}` with its confidence in:\n{text}"
+        );
+    }
 }
 
 /// What oomtrace can see of a framework's own pool (scenarios/corpus/pool.h): the reservation

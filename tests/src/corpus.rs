@@ -13,6 +13,10 @@ pub const STEPS: u32 = 60;
 /// counted from the end of warm-up when it starts earlier: growth during warm-up cannot be
 /// told apart from warm-up itself.
 pub const BUDGET_EPOCHS: u32 = 10;
+/// The budget of a sparse stream (a few allocations per step, steps paced by time).
+pub const SPARSE_BUDGET_EPOCHS: u32 = 20;
+/// Without markers the clock must find the iteration itself.
+const AUTO: &[&str] = &["auto"];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Label {
@@ -37,6 +41,16 @@ pub enum Class {
     Realloc,
     /// A framework's own pool: only its reservation and chunks reach CUDA.
     Pool,
+    /// Iterations of a varying number of allocations of varying sizes.
+    Irregular,
+    /// Exactly one allocation per step (device or pinned host memory).
+    OnePerStep,
+    /// A few allocations per step, steps paced by time (a caching allocator's stream).
+    Sparse,
+    /// Several threads, each with its own loop.
+    Threaded,
+    /// A phase change: training, then evaluation.
+    Phase,
 }
 
 impl Class {
@@ -46,6 +60,11 @@ impl Class {
             Class::Extension => "extension",
             Class::Realloc => "realloc",
             Class::Pool => "pool",
+            Class::Irregular => "irregular",
+            Class::OnePerStep => "one_per_step",
+            Class::Sparse => "sparse",
+            Class::Threaded => "threaded",
+            Class::Phase => "phase",
         }
     }
 }
@@ -56,6 +75,11 @@ pub struct Case {
     pub label: Label,
     pub env: &'static [(&'static str, &'static str)],
     pub class: Class,
+    /// Epochs from onset within which a leak must be found ([`BUDGET_EPOCHS`] unless the class
+    /// says otherwise: a sparse stream gets [`SPARSE_BUDGET_EPOCHS`]).
+    pub budget: u32,
+    /// The epoch sources the report may name when the program runs without markers.
+    pub sources: &'static [&'static str],
 }
 
 const fn leak(name: &'static str, function: &'static str, onset: u32) -> Case {
@@ -64,6 +88,8 @@ const fn leak(name: &'static str, function: &'static str, onset: u32) -> Case {
         label: Label::Leak { function, onset },
         env: &[],
         class: Class::Classic,
+        budget: BUDGET_EPOCHS,
+        sources: AUTO,
     }
 }
 
@@ -73,6 +99,8 @@ const fn clean(name: &'static str) -> Case {
         label: Label::Clean,
         env: &[],
         class: Class::Classic,
+        budget: BUDGET_EPOCHS,
+        sources: AUTO,
     }
 }
 
@@ -105,21 +133,53 @@ pub const CORPUS: &[Case] = &[
         label: Label::Bounded,
         env: &[],
         class: Class::Classic,
+        budget: BUDGET_EPOCHS,
+        sources: AUTO,
     },
     Case {
         name: "frag_retry",
         label: Label::Fragmentation,
         env: &[("SIMCUDA_MEMORY", "1073741824")],
         class: Class::Classic,
+        budget: BUDGET_EPOCHS,
+        sources: AUTO,
     },
     leak("leak_realloc", "grow_buffer", 0).of(Class::Realloc),
     clean("clean_realloc").of(Class::Realloc),
     leak("leak_pool", "pool_grow", POOL_ONSET).of(Class::Pool),
-    clean("clean_pool").of(Class::Pool),
+    // One reservation and nothing per step: no stream to find steps in.
+    Case {
+        sources: &["none", "time"],
+        ..clean("clean_pool").of(Class::Pool)
+    },
     leak("leak_ext_step", "ext_step_keep", 0).of(Class::Extension),
     clean("clean_ext_step").of(Class::Extension),
     leak("leak_ext_static", "ext_step_keep", 0).of(Class::Extension),
     clean("clean_ext_static").of(Class::Extension),
+    // The epoch clock's classes: irregular iterations, one allocation per step, sparse streams,
+    // threads with their own loops, a phase change (scenarios/corpus/README.md).
+    leak("leak_irregular", "keep_output", 0).of(Class::Irregular),
+    clean("clean_irregular").of(Class::Irregular),
+    leak("leak_one_per_step", "keep_buffer", 0).of(Class::OnePerStep),
+    leak("leak_one_per_step_pinned", "keep_buffer", 0).of(Class::OnePerStep),
+    clean("clean_one_per_step").of(Class::OnePerStep),
+    Case {
+        budget: SPARSE_BUDGET_EPOCHS,
+        ..leak("leak_sparse", "stash_sample", 0).of(Class::Sparse)
+    },
+    Case {
+        budget: SPARSE_BUDGET_EPOCHS,
+        ..clean("clean_sparse").of(Class::Sparse)
+    },
+    leak("leak_threads", "thread_leak", 0).of(Class::Threaded),
+    // 20,000 allocations per thread in well under a second: too short for time windows, and no
+    // thread's loop has an iteration made of more than one call site.
+    Case {
+        sources: &["none", "time"],
+        ..clean("clean_threads").of(Class::Threaded)
+    },
+    leak("leak_phase", "keep_eval_output", 25).of(Class::Phase),
+    clean("clean_phase").of(Class::Phase),
 ];
 
 /// The step at which leak_pool's reservation is full and the pool starts growing.
@@ -144,8 +204,10 @@ pub fn env(case: &Case, markers: bool) -> Vec<(&'static str, &'static str)> {
 pub struct Score {
     pub case: &'static str,
     pub markers: bool,
-    /// markers | auto | windows
+    /// markers | auto | time | windows | none
     pub epoch_source: String,
+    /// How sure the clock is of its steps (0..1; `epochs.confidence`).
+    pub epoch_confidence: f64,
     /// The leak was reported at its function.
     pub found: bool,
     /// Epochs from onset (or from the end of warm-up) to the first likely/confirmed level.
@@ -175,6 +237,7 @@ pub fn score(case: &Case, markers: bool, report: &Value) -> Score {
         case: case.name,
         markers,
         epoch_source: epochs["source"].as_str().unwrap_or("?").to_string(),
+        epoch_confidence: epochs["confidence"].as_f64().unwrap_or(0.0),
         found: false,
         delay: None,
         false_leaks: Vec::new(),
@@ -207,9 +270,10 @@ pub fn score(case: &Case, markers: bool, report: &Value) -> Score {
     }
     s.failure = match case.label {
         Label::Leak { function, .. } if !s.found => Some(format!("no leak finding at {function}")),
-        Label::Leak { .. } if s.delay.is_none_or(|d| d > BUDGET_EPOCHS) => Some(format!(
-            "found {} epochs after onset (budget {BUDGET_EPOCHS})",
-            s.delay.map_or("?".into(), |d| d.to_string())
+        Label::Leak { .. } if s.delay.is_none_or(|d| d > case.budget) => Some(format!(
+            "found {} epochs after onset (budget {})",
+            s.delay.map_or("?".into(), |d| d.to_string()),
+            case.budget
         )),
         Label::Fragmentation if !s.fragmentation => Some("no fragmentation finding".into()),
         _ if !s.false_leaks.is_empty() => Some(format!("leak findings at {:?}", s.false_leaks)),

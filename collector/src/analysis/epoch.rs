@@ -1,45 +1,102 @@
 //! Epochs: the iterations a leak is measured in (docs/detection.md).
 //!
 //! One clock per process, fed in stream order, deterministic, so a live collector and a
-//! replay of its trace agree on every boundary. Sources, best first:
+//! replay of its trace agree on every boundary (time here is the trace's timestamps, never
+//! the collector's clock). Sources, best first:
 //! 1. **Markers** (`oomtrace_mark`): each marker ends an epoch. Once one is seen, markers rule.
-//! 2. **Auto**: an *anchor* call site that allocates once per iteration. Per site, the last
-//!    8 gaps between its allocations (counted in allocation events) are kept (a warm-up
-//!    outlier ages out, which an all-time variance would never forget); a site with ≥ 5 gaps
-//!    and a coefficient of variation < 0.1 over them locks, and each
-//!    of its allocations then starts an epoch. A site allocating inside an inner loop
-//!    (layers) shows a large CV as soon as one iteration boundary falls between its gaps, so
-//!    it never qualifies after the first iteration. An anchor is re-validated at each of its
-//!    allocations with an exponentially weighted CV of its recent gaps; above 0.3, or when it
-//!    stops allocating (a burst that looked regular), it is dropped for good and windows take
-//!    over until another anchor locks. Epochs before the clock became stable count as warm-up
-//!    (`stable_since`), so the false epochs of a wrong first lock never make a leak.
-//! 3. **Windows**: without either, a boundary every `WINDOW_ALLOCS` allocations.
+//! 2. **Auto**: an *anchor*, a call site that allocates once per iteration of its thread's
+//!    loop; each of its allocations then starts an epoch. Candidates are (thread, call site)
+//!    pairs, each followed in its own thread's allocations, so threads with their own loops
+//!    do not blur each other. Two kinds, structural first:
+//!    - **structural**: between two allocations of the site, the *set* of other call sites
+//!      that allocated on the thread (its segment's signature) is the same in at least
+//!      `ANCHOR_MIN_SEGMENTS` of its last 8 segments, and not empty. How many allocations each makes
+//!      does not matter, so an iteration with a varying number of temporaries keeps its
+//!      anchor, while a site inside an inner loop (layers) sees alternately nothing and the
+//!      rest of the iteration and never qualifies.
+//!    - **paced**: a site whose allocations come at a steady pace in time (all but two of its
+//!      last 8 gaps within `PACED_TOLERANCE` of their median) at least `PACED_MIN_NS` apart: one
+//!      allocation per step (period 1, where the order of events says nothing), or a sparse
+//!      stream whose other allocations come and go. The floor tells a step, which computes,
+//!      from a tight allocation loop (an initialization), which is microseconds apart.
+//!
+//!    The anchor is a structural candidate that allocates near the trough of live bytes (a
+//!    site in a layer loop with two sites per layer also repeats its signature, but
+//!    allocates while activations pile up), with the shortest period among those (a site
+//!    that allocates every third step qualifies too), then the lowest live bytes; a paced one
+//!    only when no structural one qualifies. It is re-validated at each of its
+//!    allocations: a structural anchor whose signature differs `ANCHOR_MISSES` times in a
+//!    row, a paced one whose gaps leave [⅓, 3] × its pace 3 times in a row, or one whose
+//!    thread made `ANCHOR_SILENT_GAPS` times its longest recent gap without it (a phase
+//!    change: training ends, evaluation starts; or `ANCHOR_SILENT_PERIODS` of its periods in
+//!    the process's allocations: its thread stopped) is dropped; another that qualified meanwhile locks at its next allocation. A site dropped
+//!    `MAX_DROPS` times is never an anchor again (a burst that keeps looking regular).
+//! 3. **Time**: otherwise, a window of at least `WINDOW_MIN_NS` (or `WINDOW_GAP_FACTOR` times
+//!    the median gap between allocations, for streams of a few allocations per minute), closed
+//!    at a trough: at the first allocation once the window is long enough that finds the
+//!    device's live bytes within 1/8 of the window's range above its lowest point (at the
+//!    latest after two window lengths). Samples at troughs do not rise with memory that only
+//!    fluctuates (threads allocating and freeing at their own pace).
+//!
+//! Epochs before the clock became stable count as warm-up (`stable_since`), so the false
+//! epochs of a wrong first lock never make a leak. How sure the clock is of its steps is
+//! [`EpochClock::confidence`].
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
 use crate::model::SiteId;
 
-/// Allocation events before windows are used while no anchor has locked.
-const PATIENCE_ALLOCS: u64 = 4096;
-/// Allocations per fixed window.
-const WINDOW_ALLOCS: u64 = 1024;
-const ANCHOR_MIN_GAPS: u64 = 5;
-const ANCHOR_MAX_CV: f64 = 0.1;
-/// A site allocating in a tight loop (period 1) says nothing about iterations.
-const ANCHOR_MIN_PERIOD: f64 = 2.0;
-/// Weight of the newest gap in the anchor's running mean and variance.
+/// Segments (and gaps) kept per candidate.
+const RING: usize = 8;
+/// Segments of the last `RING` with the same signature that make a structural anchor.
+const ANCHOR_MIN_SEGMENTS: usize = 5;
+/// Distinct call sites hashed into a segment's signature: the most recent ones.
+const SIGNATURE_SITES: usize = 32;
+/// A paced anchor: all but `PACED_OUTLIERS` of its last `RING` gaps in time lie within this
+/// share of their median (the others may be stalls of the thread: a loaded machine, a page
+/// fault)...
+const PACED_TOLERANCE: f64 = 0.5;
+const PACED_OUTLIERS: usize = 2;
+/// ...are at least this long on average (1 ms)...
+const PACED_MIN_NS: f64 = 1e6;
+/// ...and hold at most this many allocations of its thread on average: where more happen
+/// between two of its allocations, their order is the evidence, not time.
+const PACED_MAX_ALLOCS: f64 = 4.0;
+/// Weight of the newest matching time gap in a paced anchor's pace.
 const ANCHOR_EWMA: f64 = 0.2;
-/// Recent-gap CV above which the anchor is dropped.
-const ANCHOR_DROP_CV: f64 = 0.3;
-/// An anchor silent for this many periods is dropped.
+/// Mismatching segments (a structural anchor) or gaps outside [⅓, 3] × the pace (a paced
+/// one) in a row that drop an anchor.
+const ANCHOR_MISSES: u32 = 3;
+/// An anchor is dropped when its thread made this many times its longest recent gap in
+/// allocations without it (training ended, evaluation began)...
+const ANCHOR_SILENT_GAPS: u64 = 2;
+/// ...or the process this many of its periods (its thread stopped).
 const ANCHOR_SILENT_PERIODS: f64 = 8.0;
+/// Drops after which a site is never an anchor again.
+const MAX_DROPS: u8 = 3;
+/// Confidence of a structural anchor whose segments all match, and of a paced one.
+const STRUCTURAL_CONFIDENCE: f64 = 0.9;
+const PACED_CONFIDENCE: f64 = 0.7;
+/// Confidence of time windows: a step of the program is not what they measure.
+const TIME_CONFIDENCE: f64 = 0.3;
+/// The shortest time window (1 s)...
+const WINDOW_MIN_NS: u64 = 1_000_000_000;
+/// ...or this many times the median gap between allocations, when longer.
+const WINDOW_GAP_FACTOR: u64 = 8;
+/// Gaps between allocations kept for that median.
+const WINDOW_GAPS: usize = 64;
+/// Threads and call sites per thread followed; beyond, new ones are not candidates.
+const MAX_THREADS: usize = 1024;
+const MAX_SITES_PER_THREAD: usize = 4096;
 /// Epoch start times kept (for onset times).
 const STARTS_KEPT: usize = 4096;
 /// Epoch durations kept for the median.
 const DURATIONS_KEPT: usize = 64;
+/// A rate per second is only given over steps that span at least this much of the trace (1 s):
+/// a few hundred milliseconds say nothing about a job's pace.
+pub const RATE_MIN_SPAN_NS: u64 = 1_000_000_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EpochSource {
@@ -47,7 +104,8 @@ pub enum EpochSource {
     None,
     Markers,
     Auto,
-    Windows,
+    /// Time windows closed at troughs.
+    Time,
 }
 
 impl EpochSource {
@@ -56,54 +114,208 @@ impl EpochSource {
             EpochSource::None => "none",
             EpochSource::Markers => "markers",
             EpochSource::Auto => "auto",
-            EpochSource::Windows => "windows",
+            EpochSource::Time => "time",
         }
     }
 }
 
-const GAPS_KEPT: usize = 8;
-
-#[derive(Clone, Debug, Default)]
-struct Gaps {
-    last: u64,
-    /// The last gaps, a ring.
-    ring: [u32; GAPS_KEPT],
-    n: u64,
-    /// Σ device live bytes at this site's allocations: the candidate nearest the trough wins.
-    live_sum: f64,
-    seen: u64,
+/// What made the anchor qualify.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnchorKind {
+    /// The same set of call sites between its allocations (that set's signature).
+    Structural(u64),
+    /// A regular pace in time.
+    Paced,
 }
 
-impl Gaps {
-    fn push(&mut self, gap: u64) {
-        self.ring[(self.n % GAPS_KEPT as u64) as usize] = gap.min(u64::from(u32::MAX)) as u32;
+/// One thread's recent allocations: where each call site last allocated, in the thread's own
+/// count, to find the distinct sites between two allocations of one.
+#[derive(Debug, Default)]
+struct Thread {
+    idx: u64,
+    last: FxHashMap<SiteId, u64>,
+    by_last: BTreeMap<u64, SiteId>,
+}
+
+impl Thread {
+    /// An allocation at `site`: the signature of the segment since the site's previous
+    /// allocation on this thread (0: nothing in between), or None the first time (or when
+    /// the thread has too many sites to follow a new one).
+    fn observe(&mut self, site: SiteId) -> Option<u64> {
+        self.idx += 1;
+        let i = self.idx;
+        let prev = match self.last.get(&site) {
+            Some(&j) => j,
+            None => {
+                if self.last.len() < MAX_SITES_PER_THREAD {
+                    self.last.insert(site, i);
+                    self.by_last.insert(i, site);
+                }
+                return None;
+            }
+        };
+        let mut sum = 0u64;
+        let mut n = 0u64;
+        for (_, s) in self.by_last.range(prev + 1..).rev().take(SIGNATURE_SITES) {
+            sum = sum.wrapping_add(mix(u64::from(s.0)));
+            n += 1;
+        }
+        self.by_last.remove(&prev);
+        self.by_last.insert(i, site);
+        self.last.insert(site, i);
+        Some(if n == 0 {
+            0
+        } else {
+            sum.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1
+        })
+    }
+}
+
+/// splitmix64's finalizer: sums of these tell sets of sites apart.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A (thread, call site) that may be an anchor: its last segments and gaps.
+#[derive(Clone, Debug, Default)]
+struct Candidate {
+    sigs: [u64; RING],
+    /// Gaps in the process's allocations, and in time (ns).
+    gaps: [u64; RING],
+    time_gaps: [u64; RING],
+    /// Gaps in its own thread's allocations.
+    local_gaps: [u64; RING],
+    n: u64,
+    last_idx: u64,
+    last_local: u64,
+    last_ts: u64,
+    /// Device live bytes at its last allocations: an iteration starts at a trough.
+    lives: [u64; RING],
+    drops: u8,
+    /// It qualified at its previous allocation.
+    qualified: bool,
+}
+
+impl Candidate {
+    fn push(&mut self, sig: u64, gap: u64, time_gap: u64, local_gap: u64, live: u64) {
+        let k = (self.n % RING as u64) as usize;
+        self.lives[k] = live;
+        self.sigs[k] = sig;
+        self.gaps[k] = gap;
+        self.time_gaps[k] = time_gap;
+        self.local_gaps[k] = local_gap;
         self.n += 1;
     }
 
-    fn recent(&self) -> &[u32] {
-        &self.ring[..(self.n as usize).min(GAPS_KEPT)]
+    /// The filled part of a ring: its last (up to `RING`) entries, in no particular order
+    /// (every use below is a count, a mean, a maximum or a median).
+    fn filled<'a, T>(&self, ring: &'a [T; RING]) -> &'a [T] {
+        &ring[..(self.n as usize).min(RING)]
     }
 
-    fn mean(&self) -> f64 {
-        let r = self.recent();
-        if r.is_empty() {
-            return 0.0;
+    /// The median of its recent time gaps (ns), and the gaps.
+    fn pace(&self) -> (f64, [f64; RING], usize) {
+        let g = self.filled(&self.time_gaps);
+        let mut v = [0.0; RING];
+        for (d, &x) in v.iter_mut().zip(g) {
+            *d = x as f64;
         }
-        r.iter().map(|&g| f64::from(g)).sum::<f64>() / r.len() as f64
+        let n = g.len();
+        (super::stats::median(&mut v[..n]), v, n)
     }
 
-    fn cv(&self) -> f64 {
-        let r = self.recent();
-        let m = self.mean();
-        if r.len() < 2 || m <= 0.0 {
-            return f64::INFINITY;
+    /// The signature of most of its last segments (at least `ANCHOR_MIN_SEGMENTS` of them),
+    /// if not empty: an optional site in some iterations (an eval every third step) does
+    /// not hide the iteration.
+    fn structural(&self) -> Option<u64> {
+        let s = self.filled(&self.sigs);
+        s.iter()
+            .filter(|&&x| x != 0)
+            .map(|&x| (s.iter().filter(|&&y| y == x).count(), x))
+            .filter(|&(count, _)| count >= ANCHOR_MIN_SEGMENTS)
+            .max()
+            .map(|(_, x)| x)
+    }
+
+    fn paced(&self) -> bool {
+        if (self.n as usize) < RING {
+            return false;
         }
-        let var = r.iter().map(|&g| (f64::from(g) - m).powi(2)).sum::<f64>() / (r.len() - 1) as f64;
-        var.sqrt() / m
+        let per_step = self.filled(&self.local_gaps).iter().sum::<u64>() as f64 / RING as f64;
+        let (m, g, n) = self.pace();
+        let off = g[..n]
+            .iter()
+            .filter(|&&x| (x - m).abs() > PACED_TOLERANCE * m)
+            .count();
+        m >= PACED_MIN_NS && off <= PACED_OUTLIERS && per_step <= PACED_MAX_ALLOCS
     }
 
-    fn qualifies(&self) -> bool {
-        self.n >= ANCHOR_MIN_GAPS && self.mean() >= ANCHOR_MIN_PERIOD && self.cv() < ANCHOR_MAX_CV
+    fn kind(&self) -> Option<AnchorKind> {
+        if self.drops >= MAX_DROPS {
+            return None;
+        }
+        match self.structural() {
+            Some(sig) => Some(AnchorKind::Structural(sig)),
+            None if self.paced() => Some(AnchorKind::Paced),
+            None => None,
+        }
+    }
+
+    /// Mean gap in the process's allocations over the recent segments.
+    fn period(&self) -> f64 {
+        let g = self.filled(&self.gaps);
+        g.iter().sum::<u64>() as f64 / g.len().max(1) as f64
+    }
+
+    /// The longest recent gap in its thread's allocations.
+    fn max_local_gap(&self) -> u64 {
+        self.filled(&self.local_gaps)
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(1)
+    }
+
+    /// Mean device live bytes at its recent allocations.
+    fn mean_live(&self) -> f64 {
+        let l = self.filled(&self.lives);
+        l.iter().map(|&x| x as f64).sum::<f64>() / l.len().max(1) as f64
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Anchor {
+    key: (u32, SiteId),
+    kind: AnchorKind,
+    /// Mean gap in the process's allocations.
+    period: f64,
+    /// Paced: its pace, the EWMA of its time gaps (ns) that matched.
+    pace: f64,
+    misses: u32,
+    /// Its last 16 segments, 1 where they matched what it locked on, and how many.
+    agree: u16,
+    agree_n: u8,
+    last_idx: u64,
+    last_local: u64,
+    max_local_gap: u64,
+}
+
+impl Anchor {
+    fn record(&mut self, matched: bool) {
+        self.agree = (self.agree << 1) | u16::from(matched);
+        self.agree_n = (self.agree_n + 1).min(16);
+    }
+
+    fn agreement(&self) -> f64 {
+        let mask = if self.agree_n >= 16 {
+            u16::MAX
+        } else {
+            (1u16 << self.agree_n) - 1
+        };
+        f64::from((self.agree & mask).count_ones()) / f64::from(self.agree_n.max(1))
     }
 }
 
@@ -113,14 +325,20 @@ pub struct EpochClock {
     /// The current epoch; allocations now are born in it.
     pub epoch: u32,
     allocs: u64,
-    gaps: FxHashMap<SiteId, Gaps>,
-    anchor: Option<(SiteId, f64)>,
-    /// The anchor's recent gaps: EWMA mean, variance, count, and its last allocation.
-    recent: (f64, f64, u32, u64),
+    threads: FxHashMap<u32, Thread>,
+    candidates: FxHashMap<(u32, SiteId), Candidate>,
+    anchor: Option<Anchor>,
     /// The epoch since which the current source has been stable: earlier epochs are warm-up.
     pub stable_since: u32,
-    disqualified: FxHashSet<SiteId>,
+    /// The current time window: its start, its length once known, and the lowest and highest
+    /// live bytes seen in it.
     window_start: u64,
+    window_len: Option<u64>,
+    window_low: u64,
+    window_high: u64,
+    /// Recent gaps between allocations (ns), a ring, for the window length.
+    alloc_gaps: VecDeque<u64>,
+    last_ts: u64,
     /// (epoch, start timestamp) of recent epochs.
     starts: VecDeque<(u32, u64)>,
     durations: VecDeque<u64>,
@@ -133,12 +351,16 @@ impl Default for EpochClock {
             source: EpochSource::None,
             epoch: 0,
             allocs: 0,
-            gaps: FxHashMap::default(),
+            threads: FxHashMap::default(),
+            candidates: FxHashMap::default(),
             anchor: None,
-            recent: (0.0, 0.0, 0, 0),
             stable_since: 0,
-            disqualified: FxHashSet::default(),
             window_start: 0,
+            window_len: None,
+            window_low: u64::MAX,
+            window_high: 0,
+            alloc_gaps: VecDeque::new(),
+            last_ts: 0,
             starts: VecDeque::new(),
             durations: VecDeque::new(),
             first_ts: 0,
@@ -154,111 +376,254 @@ impl EpochClock {
         }
         self.source = EpochSource::Markers;
         self.anchor = None;
-        self.gaps = FxHashMap::default();
+        self.threads = FxHashMap::default();
+        self.candidates = FxHashMap::default();
         self.advance(ts);
         true
     }
 
-    /// An allocation at `site`. Returns true if an epoch boundary falls just before it (the
-    /// allocation is then born in the new epoch).
-    pub fn on_alloc(&mut self, site: SiteId, ts: u64, device_live: u64) -> bool {
+    /// An allocation at `site` on thread `tid`, with `device_live` bytes live on its device
+    /// before it. Returns true if an epoch boundary falls just before it (the allocation is
+    /// then born in the new epoch).
+    pub fn on_alloc(&mut self, site: SiteId, tid: u32, ts: u64, device_live: u64) -> bool {
         if self.first_ts == 0 {
             self.first_ts = ts;
+            self.window_start = ts;
         }
         self.allocs += 1;
         if self.source == EpochSource::Markers {
             return false;
         }
         let idx = self.allocs;
-        let mut boundary = false;
-        if site.0 != 0 && !self.disqualified.contains(&site) {
-            let g = self.gaps.entry(site).or_default();
-            g.seen += 1;
-            g.live_sum += device_live as f64;
-            if g.seen > 1 {
-                let gap = (idx - g.last) as f64;
-                g.push(idx - g.last);
-                if let Some((anchor, _)) = self.anchor {
-                    if anchor == site {
-                        let (m, v, n, _) = self.recent;
-                        let d = gap - m;
-                        let m = m + ANCHOR_EWMA * d;
-                        let v = (1.0 - ANCHOR_EWMA) * (v + ANCHOR_EWMA * d * d);
-                        self.recent = (m, v, n + 1, idx);
-                        if n + 1 >= 2 && v.sqrt() / m > ANCHOR_DROP_CV {
-                            self.drop_anchor(idx);
-                        } else {
-                            boundary = true;
-                        }
-                    }
-                } else if g.qualifies() {
-                    self.lock(site);
-                    boundary = self.anchor.is_some_and(|(a, _)| a == site);
-                }
+        if self.last_ts != 0 {
+            if self.alloc_gaps.len() == WINDOW_GAPS {
+                self.alloc_gaps.pop_front();
             }
-            if let Some(g) = self.gaps.get_mut(&site) {
-                g.last = idx;
+            self.alloc_gaps.push_back(ts.saturating_sub(self.last_ts));
+        }
+        self.last_ts = ts;
+        let mut boundary = self.follow(site, tid, idx, ts, device_live);
+        if let Some(a) = self.anchor {
+            let local = self.threads.get(&a.key.0).map_or(0, |t| t.idx);
+            if local - a.last_local > ANCHOR_SILENT_GAPS * a.max_local_gap.max(1)
+                || (idx - a.last_idx) as f64 > ANCHOR_SILENT_PERIODS * a.period.max(1.0)
+            {
+                self.drop_anchor(ts);
             }
         }
-        if let Some((_, period)) = self.anchor {
-            let silent = idx - self.recent.3;
-            if silent as f64 > ANCHOR_SILENT_PERIODS * period {
-                self.drop_anchor(idx);
+        if self.anchor.is_none() && self.window_closes(ts, device_live) {
+            if self.source != EpochSource::Time {
+                self.source = EpochSource::Time;
+                self.stable_since = self.epoch + 1;
             }
-        }
-        if self.anchor.is_none() {
-            if self.source == EpochSource::None && self.allocs >= PATIENCE_ALLOCS {
-                self.source = EpochSource::Windows;
-                self.window_start = idx;
-            }
-            if self.source == EpochSource::Windows && idx - self.window_start >= WINDOW_ALLOCS {
-                self.window_start = idx;
-                boundary = true;
-            }
+            boundary = true;
         }
         if boundary {
             self.advance(ts);
+            self.window_start = ts;
+            self.window_len = None;
+            self.window_low = device_live;
+            self.window_high = device_live;
         }
         boundary
     }
 
-    /// Locks the best qualifying anchor, `trigger` being one that just qualified: among all
-    /// qualified sites with about the longest period, the one seen at the lowest live bytes.
-    fn lock(&mut self, trigger: SiteId) {
-        let longest = self
-            .gaps
-            .iter()
-            .filter(|(s, g)| g.qualifies() && !self.disqualified.contains(s))
-            .map(|(_, g)| g.mean())
-            .fold(0.0, f64::max);
-        let best = self
-            .gaps
-            .iter()
-            .filter(|(s, g)| {
-                g.qualifies() && !self.disqualified.contains(s) && g.mean() >= 0.9 * longest
-            })
-            .min_by(|(sa, a), (sb, b)| {
-                (a.live_sum / a.seen as f64)
-                    .total_cmp(&(b.live_sum / b.seen as f64))
-                    .then(sa.cmp(sb))
-            })
-            .map(|(s, g)| (*s, g.mean()))
-            .unwrap_or((trigger, self.gaps[&trigger].mean()));
-        self.anchor = Some(best);
-        let last = self.gaps.get(&best.0).map_or(self.allocs, |g| g.last);
-        self.recent = (best.1, 0.0, 0, last);
+    /// Follows the (thread, site) candidate; returns whether the anchor allocated.
+    fn follow(&mut self, site: SiteId, tid: u32, idx: u64, ts: u64, device_live: u64) -> bool {
+        if !self.threads.contains_key(&tid) && self.threads.len() >= MAX_THREADS {
+            return false;
+        }
+        let thread = self.threads.entry(tid).or_default();
+        let observed = thread.observe(site);
+        let local = thread.idx;
+        let Some(sig) = observed else {
+            if site.0 != 0 {
+                self.candidates.insert(
+                    (tid, site),
+                    Candidate {
+                        last_idx: idx,
+                        last_local: local,
+                        last_ts: ts,
+                        ..Default::default()
+                    },
+                );
+            }
+            return false;
+        };
+        let key = (tid, site);
+        let Some(c) = self.candidates.get_mut(&key) else {
+            return false;
+        };
+        let time_gap = ts.saturating_sub(c.last_ts);
+        c.push(
+            sig,
+            idx - c.last_idx,
+            time_gap,
+            local - c.last_local,
+            device_live,
+        );
+        c.last_idx = idx;
+        c.last_local = local;
+        c.last_ts = ts;
+        let kind = c.kind();
+        let qualifies = kind.is_some();
+        let newly = qualifies && !c.qualified;
+        c.qualified = qualifies;
+        let max_local_gap = c.max_local_gap();
+        match self.anchor {
+            Some(mut a) if a.key == key => {
+                a.last_idx = idx;
+                a.last_local = local;
+                a.max_local_gap = max_local_gap;
+                let keep = match a.kind {
+                    AnchorKind::Structural(locked) => {
+                        let matched = sig == locked;
+                        a.record(matched);
+                        a.misses = if matched { 0 } else { a.misses + 1 };
+                        a.misses < ANCHOR_MISSES
+                    }
+                    AnchorKind::Paced => {
+                        let g = time_gap as f64;
+                        let pace = a.pace;
+                        a.record((g - pace).abs() <= PACED_TOLERANCE * pace);
+                        let matched = g >= pace / 3.0 && g <= 3.0 * pace;
+                        if matched {
+                            a.pace += ANCHOR_EWMA * (g - pace);
+                        }
+                        a.misses = if matched { 0 } else { a.misses + 1 };
+                        a.misses < ANCHOR_MISSES
+                    }
+                };
+                self.anchor = Some(a);
+                if !keep {
+                    self.drop_anchor(ts);
+                }
+                keep
+            }
+            None if qualifies => {
+                self.lock(key);
+                self.anchor.is_some_and(|a| a.key == key)
+            }
+            // A structural candidate that qualifies after a structural anchor locked (the
+            // first iteration's layer loop qualified before the iteration did): the anchor
+            // gives way if it no longer allocates near the trough. A paced anchor stays: a
+            // sparse stream's occasional sites repeat a signature every few steps.
+            Some(a)
+                if newly
+                    && matches!(kind, Some(AnchorKind::Structural(_)))
+                    && matches!(a.kind, AnchorKind::Structural(_)) =>
+            {
+                match self.select(key) {
+                    Some((_, pool)) if !pool.contains(&a.key) => {
+                        self.lock(key);
+                        self.anchor.is_some_and(|a| a.key == key)
+                    }
+                    _ => false,
+                }
+            }
+            _ => false,
+        }
+    }
+
+    /// Locks the best qualifying anchor, `trigger` being one that just qualified: structural
+    /// before paced; among those, the ones that allocate near the trough (mean live bytes at
+    /// their recent allocations within 1/8 of the candidates' range above the lowest: a site
+    /// inside the forward pass's layer loop allocates while activations pile up, the
+    /// iteration begins when they are gone), then the shortest period (within 10 %: not a
+    /// site that allocates every third step), then the lowest live bytes.
+    fn lock(&mut self, trigger: (u32, SiteId)) {
+        let Some(((key, kind, period), _)) = self.select(trigger) else {
+            return;
+        };
+        let c = &self.candidates[&key];
+        let pace = c.pace().0;
+        self.anchor = Some(Anchor {
+            key,
+            kind,
+            period,
+            pace,
+            misses: 0,
+            agree: (1 << ANCHOR_MIN_SEGMENTS) - 1,
+            agree_n: ANCHOR_MIN_SEGMENTS as u8,
+            last_idx: c.last_idx,
+            last_local: c.last_local,
+            max_local_gap: c.max_local_gap(),
+        });
         self.source = EpochSource::Auto;
         self.stable_since = self.epoch + 1;
     }
 
-    fn drop_anchor(&mut self, idx: u64) {
-        if let Some((site, _)) = self.anchor.take() {
-            self.disqualified.insert(site);
-            self.gaps.remove(&site);
+    /// The best qualifying anchor (see [`EpochClock::lock`]), and the candidates that allocate
+    /// near the trough.
+    #[allow(clippy::type_complexity)]
+    fn select(
+        &self,
+        trigger: (u32, SiteId),
+    ) -> Option<(((u32, SiteId), AnchorKind, f64), Vec<(u32, SiteId)>)> {
+        let qualified: Vec<((u32, SiteId), AnchorKind, f64, f64)> = self
+            .candidates
+            .iter()
+            .filter_map(|(&k, c)| c.kind().map(|kind| (k, kind, c.period(), c.mean_live())))
+            .collect();
+        let structural = qualified
+            .iter()
+            .any(|q| matches!(q.1, AnchorKind::Structural(_)));
+        let pool: Vec<_> = qualified
+            .into_iter()
+            .filter(|q| matches!(q.1, AnchorKind::Structural(_)) == structural)
+            .collect();
+        let low = pool.iter().map(|q| q.3).fold(f64::INFINITY, f64::min);
+        let high = pool.iter().map(|q| q.3).fold(0.0, f64::max);
+        let pool: Vec<_> = pool
+            .into_iter()
+            .filter(|q| q.3 <= low + (high - low) / 8.0)
+            .collect();
+        let shortest = pool.iter().map(|q| q.2).fold(f64::INFINITY, f64::min);
+        let best = pool
+            .iter()
+            .filter(|q| q.2 <= 1.1 * shortest)
+            .min_by(|a, b| a.3.total_cmp(&b.3).then(a.0.cmp(&b.0)))
+            .copied();
+        let (key, kind, period, _) = best.or_else(|| {
+            let c = self.candidates.get(&trigger)?;
+            Some((trigger, c.kind()?, c.period(), c.mean_live()))
+        })?;
+        Some(((key, kind, period), pool.iter().map(|q| q.0).collect()))
+    }
+
+    fn drop_anchor(&mut self, ts: u64) {
+        if let Some(a) = self.anchor.take() {
+            if let Some(c) = self.candidates.get_mut(&a.key) {
+                c.drops = c.drops.saturating_add(1);
+            }
         }
-        self.source = EpochSource::Windows;
-        self.window_start = idx;
+        self.source = EpochSource::Time;
+        self.window_start = ts;
+        self.window_len = None;
+        self.window_low = u64::MAX;
+        self.window_high = 0;
         self.stable_since = self.epoch + 1;
+    }
+
+    /// Whether the time window closes before this allocation (see the module comment).
+    fn window_closes(&mut self, ts: u64, device_live: u64) -> bool {
+        self.window_low = self.window_low.min(device_live);
+        self.window_high = self.window_high.max(device_live);
+        let elapsed = ts.saturating_sub(self.window_start);
+        if elapsed < WINDOW_MIN_NS {
+            return false;
+        }
+        let len = *self.window_len.get_or_insert_with(|| {
+            let mut g: Vec<u64> = self.alloc_gaps.iter().copied().collect();
+            g.sort_unstable();
+            let median = g.get(g.len() / 2).copied().unwrap_or(0);
+            WINDOW_MIN_NS.max(median.saturating_mul(WINDOW_GAP_FACTOR))
+        });
+        if elapsed < len {
+            return false;
+        }
+        let trough = self.window_low + (self.window_high - self.window_low) / 8;
+        device_live <= trough || elapsed >= 2 * len
     }
 
     fn advance(&mut self, ts: u64) {
@@ -295,13 +660,45 @@ impl EpochClock {
         Some(super::stats::median(&mut v))
     }
 
+    /// The duration of a step (seconds) to turn a per-step rate into a per-second one: the
+    /// mean over the recent epochs, and only when they span at least [`RATE_MIN_SPAN_NS`] of
+    /// the trace.
+    pub fn step_duration_for_rates_s(&self) -> Option<f64> {
+        let span: u64 = self.durations.iter().sum();
+        (span >= RATE_MIN_SPAN_NS && !self.durations.is_empty())
+            .then(|| span as f64 / 1e9 / self.durations.len() as f64)
+    }
+
     /// The anchor's period in allocation events, when auto-detected.
     pub fn period_allocs(&self) -> Option<f64> {
-        self.anchor.map(|(_, p)| p)
+        self.anchor.map(|a| a.period)
     }
 
     pub fn anchor(&self) -> Option<SiteId> {
-        self.anchor.map(|(s, _)| s)
+        self.anchor.map(|a| a.key.1)
+    }
+
+    /// What made the current anchor qualify.
+    pub fn anchor_kind(&self) -> Option<AnchorKind> {
+        self.anchor.map(|a| a.kind)
+    }
+
+    /// How sure the clock is that its epochs are the program's steps, 0..1: 1 with markers;
+    /// with an anchor, 0.9 (structural) or 0.7 (paced) times the share of its last 16
+    /// allocations that matched what it locked on; 0.3 for time windows; 0 without epochs.
+    pub fn confidence(&self) -> f64 {
+        match (self.source, self.anchor) {
+            (EpochSource::Markers, _) => 1.0,
+            (EpochSource::Auto, Some(a)) => {
+                let base = match a.kind {
+                    AnchorKind::Structural(_) => STRUCTURAL_CONFIDENCE,
+                    AnchorKind::Paced => PACED_CONFIDENCE,
+                };
+                base * a.agreement()
+            }
+            (EpochSource::Time, _) if self.epoch > 0 => TIME_CONFIDENCE,
+            _ => 0.0,
+        }
     }
 }
 
@@ -314,11 +711,11 @@ mod tests {
         let mut boundaries = 0;
         for _ in 0..12 {
             *ts += 10;
-            boundaries += u32::from(clock.on_alloc(SiteId(1), *ts, 0));
+            boundaries += u32::from(clock.on_alloc(SiteId(1), 1, *ts, 0));
         }
         for s in 2..7 {
             *ts += 10;
-            boundaries += u32::from(clock.on_alloc(SiteId(s), *ts, 0));
+            boundaries += u32::from(clock.on_alloc(SiteId(s), 1, *ts, 0));
         }
         boundaries
     }
@@ -334,7 +731,9 @@ mod tests {
         assert_eq!(c.source, EpochSource::Auto);
         assert_eq!(c.period_allocs(), Some(17.0));
         assert_ne!(c.anchor(), Some(SiteId(1)));
+        assert!(matches!(c.anchor_kind(), Some(AnchorKind::Structural(_))));
         assert!(per_iter[10..].iter().all(|&b| b == 1), "{per_iter:?}");
+        assert!((c.confidence() - STRUCTURAL_CONFIDENCE).abs() < 1e-9);
     }
 
     #[test]
@@ -350,20 +749,39 @@ mod tests {
             assert_eq!(iteration(&mut c, &mut ts), 0);
         }
         assert_eq!((c.source, c.epoch), (EpochSource::Markers, before + 1));
+        assert_eq!(c.confidence(), 1.0);
+    }
+
+    /// xorshift64, for streams with no structure.
+    fn xorshift(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
     }
 
     #[test]
-    fn aperiodic_streams_fall_back_to_windows() {
+    fn aperiodic_streams_fall_back_to_time_windows_at_troughs() {
         let mut c = EpochClock::default();
         let mut x: u64 = 88172645463325252;
+        let mut live_at_boundaries = Vec::new();
+        // 20,000 allocations 100 µs apart (2 s); live bytes a sawtooth of period 37.
         for i in 0..20_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            c.on_alloc(SiteId((x % 500) as u32 + 1), i + 1, 0);
+            let site = SiteId((xorshift(&mut x) % 500) as u32 + 1);
+            let live = (i % 37) * 1000 + 5000;
+            if c.on_alloc(site, 1, 1 + i * 100_000, live) {
+                live_at_boundaries.push(live);
+            }
         }
-        assert_eq!(c.source, EpochSource::Windows);
-        assert!(c.epoch >= 14, "{}", c.epoch);
+        assert_eq!(c.source, EpochSource::Time);
+        assert_eq!(c.epoch, 1, "two 1 s windows, the second still open");
+        assert_eq!(c.anchor(), None);
+        // Closed at a trough: within 1/8 of the window's range above its lowest point.
+        assert!(
+            live_at_boundaries.iter().all(|&l| l <= 5000 + 36_000 / 8),
+            "{live_at_boundaries:?}"
+        );
+        assert!((c.confidence() - TIME_CONFIDENCE).abs() < 1e-9);
     }
 
     #[test]
@@ -378,11 +796,164 @@ mod tests {
         for _ in 0..4 {
             for _ in 0..50 {
                 ts += 1;
-                c.on_alloc(SiteId(99), ts, 0);
+                c.on_alloc(SiteId(99), 1, ts, 0);
             }
             ts += 1;
-            c.on_alloc(anchor, ts, 0);
+            c.on_alloc(anchor, 1, ts, 0);
         }
         assert_ne!(c.anchor(), Some(anchor));
+    }
+
+    /// 3 to 7 temporaries at one site, then one output: the output's gap varies from 4 to 8
+    /// allocations (CV > 0.1), but the set of sites between two outputs is always the same.
+    #[test]
+    fn an_irregular_iteration_locks_on_its_structure() {
+        let mut c = EpochClock::default();
+        let mut x: u64 = 7;
+        let mut ts = 1;
+        let mut per_iter = Vec::new();
+        for _ in 0..40 {
+            let mut b = 0;
+            for _ in 0..3 + xorshift(&mut x) % 5 {
+                ts += 10;
+                b += u32::from(c.on_alloc(SiteId(1), 1, ts, 0));
+            }
+            ts += 10;
+            b += u32::from(c.on_alloc(SiteId(2), 1, ts, 0));
+            per_iter.push(b);
+        }
+        assert_eq!((c.source, c.anchor()), (EpochSource::Auto, Some(SiteId(2))));
+        assert!(per_iter[6..].iter().all(|&b| b == 1), "{per_iter:?}");
+        assert!(c.stable_since <= 7, "{}", c.stable_since);
+    }
+
+    /// One allocation per step: paced steps (2 ms apart) are steps; a tight loop of the same
+    /// allocations (2 µs apart: an initialization) is not.
+    #[test]
+    fn one_allocation_per_step_is_a_step_only_at_a_step_pace() {
+        for (gap, steps) in [(2_000_000u64, true), (2_000, false)] {
+            let mut c = EpochClock::default();
+            let mut ts = 1;
+            let mut x: u64 = 3;
+            for i in 0..80 {
+                // ±5 % jitter, and one stall of the thread (a loaded machine) at step 40.
+                ts += gap - gap / 20 + xorshift(&mut x) % (gap / 10);
+                if i == 40 {
+                    ts += 10 * gap;
+                }
+                c.on_alloc(SiteId(1), 1, ts, 0);
+            }
+            if steps {
+                assert_eq!(c.anchor_kind(), Some(AnchorKind::Paced));
+                assert_eq!(c.stable_since, 1, "locked once, never dropped");
+                assert!(c.epoch >= 70, "{}", c.epoch);
+                assert!(c.confidence() > 0.5, "{}", c.confidence());
+            } else {
+                assert_eq!((c.source, c.epoch), (EpochSource::None, 0));
+            }
+        }
+    }
+
+    /// Eight threads with their own loops, interleaved at random: each thread's iteration is
+    /// followed on its own thread, so one of them anchors; the shared temporary site is never
+    /// one (on each thread it is period 1, microseconds apart).
+    #[test]
+    fn threads_with_their_own_loops_anchor_on_one_of_them() {
+        let mut c = EpochClock::default();
+        let mut x: u64 = 11;
+        let mut next = [0u32; 8];
+        let mut ts = 1;
+        for _ in 0..8 * 4 * 60 {
+            let t = (xorshift(&mut x) % 8) as usize;
+            ts += 1000;
+            // Thread t: 3 temporaries then its output; thread 3's output leaks.
+            let site = if next[t] < 3 { SiteId(1) } else { SiteId(2) };
+            next[t] = (next[t] + 1) % 4;
+            c.on_alloc(site, t as u32, ts, 0);
+        }
+        assert_eq!((c.source, c.anchor()), (EpochSource::Auto, Some(SiteId(2))));
+        assert!(c.epoch >= 40, "{}", c.epoch);
+    }
+
+    /// A forward pass of 8 layers with two sites each: each layer site sees the other one
+    /// between most of its allocations, as an iteration's anchor would, but allocates while
+    /// activations pile up; the iteration starts at the trough.
+    #[test]
+    fn a_layer_loop_of_two_sites_is_not_the_iteration() {
+        let mut c = EpochClock::default();
+        let mut ts = 1;
+        for _ in 0..30 {
+            let mut live = 100;
+            for site in [
+                14, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 12,
+            ] {
+                ts += 10;
+                c.on_alloc(SiteId(site), 1, ts, live);
+                live += 4;
+            }
+        }
+        assert_eq!(c.anchor(), Some(SiteId(14)));
+        assert_eq!(c.period_allocs(), Some(18.0));
+    }
+
+    /// An output kept every third step (at the trough, like the step's first allocation):
+    /// the step's own sites still anchor, not the every-third-step one.
+    #[test]
+    fn a_site_in_every_third_step_does_not_make_steps_three_times_longer() {
+        let mut c = EpochClock::default();
+        let mut ts = 1;
+        for step in 0..40 {
+            let mut sites = vec![(14, 100), (20, 104), (20, 108), (20, 112), (12, 150)];
+            if step % 3 == 0 {
+                sites.push((30, 100));
+            }
+            for (site, live) in sites {
+                ts += 10;
+                c.on_alloc(SiteId(site), 1, ts, live);
+            }
+        }
+        assert_eq!(c.anchor(), Some(SiteId(14)));
+        assert!(c.period_allocs().unwrap() < 6.0, "{:?}", c.period_allocs());
+    }
+
+    /// Train then eval: the training anchor goes silent, the eval loop's anchor takes over.
+    #[test]
+    fn a_phase_change_relocks_on_the_new_loop() {
+        let mut c = EpochClock::default();
+        let mut ts = 1;
+        for _ in 0..20 {
+            iteration(&mut c, &mut ts);
+        }
+        let train = c.anchor().unwrap();
+        let since = c.stable_since;
+        let mut per_iter = Vec::new();
+        for _ in 0..30 {
+            let mut b = 0;
+            for s in [20, 21, 21, 22] {
+                ts += 10;
+                b += u32::from(c.on_alloc(SiteId(s), 1, ts, 0));
+            }
+            per_iter.push(b);
+        }
+        assert_eq!(c.source, EpochSource::Auto);
+        assert_ne!(c.anchor(), Some(train));
+        assert!(c.stable_since > since);
+        assert!(per_iter[12..].iter().all(|&b| b == 1), "{per_iter:?}");
+    }
+
+    /// The same stream gives the same boundaries (the live collector and a replay agree).
+    #[test]
+    fn boundaries_are_a_function_of_the_stream() {
+        let run = || {
+            let mut c = EpochClock::default();
+            let mut x: u64 = 5;
+            (0..5000u64)
+                .filter(|&i| {
+                    let site = SiteId((xorshift(&mut x) % 7) as u32 + 1);
+                    c.on_alloc(site, (i % 3) as u32, 1 + i * 300_000, i % 11)
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(), run());
     }
 }

@@ -509,10 +509,12 @@ pub(crate) fn seconds(ctx: &Context<'_>, ts: u64) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// A per-step rate in bytes per second, with the clock's median step duration.
+/// A per-step rate in bytes per second: over the trace's own time, and only when the recent
+/// steps span long enough to mean something (`epoch::RATE_MIN_SPAN_NS`); a run of a few
+/// hundred milliseconds gets no per-second rate.
 pub(crate) fn per_second(per_step: f64, ctx: &Context<'_>) -> Option<f64> {
     ctx.clock
-        .median_duration_s()
+        .step_duration_for_rates_s()
         .filter(|&d| d > 0.0)
         .map(|d| per_step / d)
 }
@@ -796,6 +798,7 @@ mod tests {
     trait GrowthQueries {
         fn leak_finding(&self, stack: u32) -> crate::analysis::Finding;
         fn leak_level(&self, stack: u32) -> Option<(Kind, Level)>;
+        fn leak_finding_opt(&self, stack: u32) -> Option<crate::analysis::Finding>;
     }
 
     impl GrowthQueries for Sim {
@@ -807,6 +810,14 @@ mod tests {
                 .into_iter()
                 .find(|f| f.site == SiteId(stack))
                 .expect("a finding at that site")
+        }
+        fn leak_finding_opt(&self, stack: u32) -> Option<crate::analysis::Finding> {
+            let ctx = self.a.context(&self.p);
+            self.a
+                .growth
+                .findings(&ctx)
+                .into_iter()
+                .find(|f| f.site == SiteId(stack))
         }
         fn leak_level(&self, stack: u32) -> Option<(Kind, Level)> {
             let ctx = self.a.context(&self.p);
@@ -929,6 +940,25 @@ mod tests {
             f.message
         );
         assert!(f.message.contains("when detected at step"), "{}", f.message);
+    }
+
+    /// A rate per second over the trace's own time, only once the steps span a second.
+    #[test]
+    fn a_rate_per_second_needs_a_second_of_steps() {
+        // 4 events of 25 ms per step: 100 ms per step.
+        let mut sim = Sim::new(25_000_000);
+        let mut rates = Vec::new();
+        for _ in 0..30 {
+            transient(&mut sim);
+            sim.alloc(2, MIB);
+            sim.mark();
+            rates.push(sim.leak_finding_opt(2).and_then(|f| f.growth_bytes_per_s));
+        }
+        // Detected within the first second: no rate yet.
+        let first = rates.iter().position(|r| r.is_some()).expect("a rate");
+        assert!(first >= 9, "{rates:?}");
+        let per_s = rates.last().unwrap().unwrap();
+        assert!((per_s / (10.0 * MIB as f64) - 1.0).abs() < 0.01, "{per_s}");
     }
 
     #[test]

@@ -435,7 +435,7 @@ impl Alerts {
 /// coordinator between detectors.
 #[derive(Debug, Default)]
 pub struct Analysis {
-    /// Epoch boundaries (markers, an auto-detected period, or windows).
+    /// Epoch boundaries (markers, an auto-detected iteration, or time windows).
     pub clock: EpochClock,
     pub growth: growth::GrowthDetector,
     pub site_growth: site_growth::SiteGrowthDetector,
@@ -519,7 +519,10 @@ impl Observer for Analysis {
         if self.failed {
             return self.clock.epoch;
         }
-        if self.clock.on_alloc(a.site, a.ts_ns, a.device_live_before) {
+        if self
+            .clock
+            .on_alloc(a.site, a.tid, a.ts_ns, a.device_live_before)
+        {
             self.end_epoch(p, a.ts_ns);
         }
         let obs = AllocObs {

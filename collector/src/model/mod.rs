@@ -486,7 +486,7 @@ impl Process {
     fn add_live<O: Observer + ?Sized>(
         &mut self,
         obs: &mut O,
-        (device, site, size, ts, api): (i16, SiteId, u64, u64, Api),
+        (device, site, size, ts, api, tid): (i16, SiteId, u64, u64, Api, u32),
     ) -> u32 {
         let (before, capacity) = self
             .devices
@@ -500,6 +500,7 @@ impl Process {
                 size,
                 api,
                 ts_ns: ts,
+                tid,
                 device_live_before: before,
                 capacity,
             },
@@ -651,7 +652,7 @@ impl Process {
                 }
                 let site = self.site_of(ev.stack);
                 self.device(device).events += 1;
-                let birth = self.add_live(obs, (device, site, ev.size, ev.ts_ns, api));
+                let birth = self.add_live(obs, (device, site, ev.size, ev.ts_ns, api, ev.tid));
                 self.table(api).insert(
                     ev.ptr,
                     LiveAlloc {
@@ -732,7 +733,7 @@ impl Process {
                     );
                     self.remove_live(obs, gone);
                 }
-                let birth = self.add_live(obs, (ev.device, site, ev.size, ev.ts_ns, api));
+                let birth = self.add_live(obs, (ev.device, site, ev.size, ev.ts_ns, api, ev.tid));
                 self.handles.insert(
                     ev.ptr,
                     PhysHandle {

@@ -15,6 +15,8 @@ pub struct Alloc {
     pub size: u64,
     pub api: Api,
     pub ts_ns: u64,
+    /// The thread that allocated (the epoch clock follows each thread's own loop).
+    pub tid: u32,
     /// Tracked live bytes on the device before it.
     pub device_live_before: u64,
     /// The device's capacity as last reported by the driver.

@@ -116,9 +116,13 @@ pub struct FailedAllocations {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct EpochReport {
-    /// markers | auto | windows | none
+    /// markers | auto | time | none
     pub source: &'static str,
     pub count: u32,
+    /// How sure the clock is that its epochs are the program's steps, 0..1 (1: markers;
+    /// auto: 0.9 for an iteration found by its structure, 0.7 by its pace, times the share of
+    /// recent iterations that matched; 0.3: time windows; 0: no epochs).
+    pub confidence: f64,
     /// With `auto`: allocations per step of the anchor call site.
     pub period_allocations: Option<f64>,
     pub median_step_s: Option<f64>,
@@ -391,6 +395,7 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
             epochs: EpochReport {
                 source: a.clock.source.name(),
                 count: a.clock.epoch,
+                confidence: (a.clock.confidence() * 100.0).round() / 100.0,
                 period_allocations: a.clock.period_allocs(),
                 median_step_s: a.clock.median_duration_s(),
                 stable_since: a.clock.stable_since,

@@ -11,6 +11,7 @@ int main(void) {
     int steps = corpus_steps();
     for (int s = 0; s < steps; s++) {
         pool_step();
+        corpus_compute();
         pool_free(step_output());
         corpus_end_step(s);
     }

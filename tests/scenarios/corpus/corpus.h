@@ -17,6 +17,7 @@
 #include "scenario.h"
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #define N_PARAMS 8
 #define PARAM_BYTES (8 * MiB)
@@ -63,6 +64,15 @@ static inline uint32_t corpus_rand(void) {
 }
 
 static inline void corpus_free(void* p) { CHECK(cudaFree(p)); }
+
+// A step's kernels: 5 ms of "compute" (a sleep). Programs whose steps make one allocation or
+// none (an extension called once per step, a pool's chunks) have a period of one event or
+// less in their allocation stream, so only the pace of a real step tells one from a tight
+// loop; a real step launches kernels that take time.
+static inline void corpus_compute(void) {
+    struct timespec ts = {0, 5 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+}
 
 __attribute__((noinline)) void* alloc_param(size_t bytes) {
     void* p;

@@ -6,7 +6,8 @@
 //   EXT_LEAKY  1: ext_step_keep(), 2 MiB kept per step (LEAK at ext_step_keep, onset step 0;
 //              live at exit: steps x 2 MiB); 0: ext_step_scratch(), 2 MiB freed in the call
 //              (CLEAN; nothing live at exit).
-// Exactly one allocation per step: without markers the stream's period is one event.
+// Exactly one allocation per step, then 5 ms of compute (corpus_compute): without markers the
+// stream's period is one event, and only its pace in time marks the steps.
 #include "corpus.h"
 #include <limits.h>
 #include <unistd.h>
@@ -36,6 +37,7 @@ int main(void) {
     int steps = corpus_steps();
     for (int s = 0; s < steps; s++) {
         op();
+        corpus_compute();
         corpus_end_step(s);
     }
     printf("%s: ok\n", EXT_LEAKY ? "leak_ext_step" : "clean_ext_step");

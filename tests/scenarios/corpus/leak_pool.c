@@ -17,6 +17,7 @@ int main(void) {
     int steps = corpus_steps();
     for (int s = 0; s < steps; s++) {
         pool_step();
+        corpus_compute();
         keep_output();  // never freed
         corpus_end_step(s);
     }
