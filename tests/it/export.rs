@@ -1,5 +1,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
+use std::time::Duration;
 
 use oomtrace_tests::*;
 use serde_json::Value;
@@ -270,6 +271,62 @@ fn memory_viz_of_vmm_mappings() {
     assert_eq!(s["actions"]["segment_unmap"], 4, "{s}");
     assert_eq!(s["live_blocks"], 12 * MIB, "{s}");
     assert!(names(&s).contains(&"grow_segment"), "{s}");
+}
+
+/// Loads a memory-viz pickle with the real PyTorch wheel's `torch.cuda._memory_viz` (every
+/// text and HTML view it makes), and compares its keys with a snapshot PyTorch itself takes
+/// (on the simulated GPU): every top-level key and every `allocator_settings` key of theirs
+/// is in ours. Prints our `allocator_settings` as JSON.
+const TORCH_READS_SNAPSHOT: &str = r#"
+import json, pickle, sys
+import torch
+from torch.cuda import _memory_viz as mv
+snap = pickle.load(open(sys.argv[1], 'rb'))
+lines = lambda x: x
+assert mv.segsum(snap) and mv.trace(snap)
+assert mv.segments(snap, format_flamegraph=lines) and mv.memory(snap, format_flamegraph=lines)
+assert mv.trace_plot(snap) and mv.segment_plot(snap)
+torch.cuda.memory._record_memory_history(max_entries=100)
+x = torch.empty(1 << 20, device='cuda')
+theirs = torch.cuda.memory._snapshot()
+missing = set(theirs) - set(snap)
+assert not missing, f'top-level keys missing: {missing}'
+missing = set(theirs['allocator_settings']) - set(snap['allocator_settings'])
+assert not missing, f'allocator_settings keys missing: {missing}'
+for k, v in theirs['allocator_settings'].items():
+    assert type(snap['allocator_settings'][k]) is type(v), (k, v, snap['allocator_settings'][k])
+print(json.dumps(snap['allocator_settings']))
+"#;
+
+#[test]
+fn memory_viz_opens_in_torchs_own_memory_viz() {
+    let t = run_traced("vmm_growth", &[], &[]);
+    let out = export(&t.trace, "memory-viz", &[]);
+    let mut cmd = base_command(super::torch::python());
+    cmd.arg("-c")
+        .arg(TORCH_READS_SNAPSHOT)
+        .arg(&out)
+        .env("CUDA_MODULE_LOADING", "LAZY")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF");
+    let o = output_within(cmd, Duration::from_secs(240));
+    assert!(
+        o.status.success(),
+        "torch's _memory_viz cannot read the snapshot:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let settings: Value =
+        serde_json::from_str(stdout.lines().last().expect("settings line")).unwrap();
+    // The process mapped memory through the VMM API, as expandable segments do.
+    assert_eq!(settings["expandable_segments"], true, "{settings}");
+    assert!(
+        settings["PYTORCH_CUDA_ALLOC_CONF"]
+            .as_str()
+            .unwrap()
+            .contains("unknown"),
+        "{settings}"
+    );
 }
 
 #[test]

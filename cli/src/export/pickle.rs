@@ -24,6 +24,7 @@ mod op {
     pub const SETITEMS: u8 = b'u';
     pub const APPENDS: u8 = b'e';
     pub const TUPLE2: u8 = 0x86;
+    pub const BINFLOAT: u8 = b'G';
     pub const BININT: u8 = b'J';
     pub const BININT1: u8 = b'K';
     pub const BININT2: u8 = b'M';
@@ -109,6 +110,12 @@ impl<W: Write> Pickler<W> {
     /// An unsigned value as an int64 (saturating: the viewer reads no wider integers).
     pub fn uint(&mut self, v: u64) {
         self.int(i64::try_from(v).unwrap_or(i64::MAX));
+    }
+
+    /// A float (BINFLOAT: 8 bytes, big-endian IEEE 754).
+    pub fn float(&mut self, v: f64) {
+        self.raw(&[op::BINFLOAT]);
+        self.raw(&v.to_be_bytes());
     }
 
     pub fn bool(&mut self, v: bool) {
