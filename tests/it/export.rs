@@ -404,6 +404,43 @@ fn chrome_trace_has_live_bytes_counters_and_ooms() {
     assert!(events
         .iter()
         .any(|e| e["ph"] == "M" && e["name"] == "process_name"));
+    // Who holds the memory: a counter per call site, biggest first, named by its line; at the
+    // end they add up to the device's live bytes.
+    let last_of = |name: &str| {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "C" && e["name"] == name)
+            .last()
+            .unwrap_or_else(|| panic!("no counter {name}"))["args"]["live_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    let sites: Vec<&str> = events
+        .iter()
+        .filter(|e| e["ph"] == "C")
+        .filter_map(|e| e["name"].as_str())
+        .filter(|n| n.starts_with("cuda:0 site "))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(sites.len(), 3, "{sites:?}");
+    assert!(
+        sites[0].starts_with("cuda:0 site 1: keep_weights (runtime_basic.c:"),
+        "{sites:?}"
+    );
+    assert!(sites[1].starts_with("cuda:0 site 2: keep_cache ("), "{sites:?}");
+    assert!(sites[2].starts_with("cuda:0 site 3: temporaries ("), "{sites:?}");
+    assert_eq!(last_of(sites[0]), 24 * MIB);
+    assert_eq!(last_of(sites[1]), 4 * MIB);
+    assert_eq!(last_of(sites[2]), 0);
+    let temporaries_peak = events
+        .iter()
+        .filter(|e| e["name"] == sites[2])
+        .map(|e| e["args"]["live_bytes"].as_u64().unwrap())
+        .max();
+    assert_eq!(temporaries_peak, Some(MIB));
+    // Three sites: nothing left over for "other sites".
+    assert!(!events.iter().any(|e| e["name"] == "cuda:0 other sites"));
 
     let t = run_traced("oom", &[], &[("SIMCUDA_MEMORY", "1GiB")]);
     let out = export(&t.trace, "chrome", &[]);
@@ -417,6 +454,14 @@ fn chrome_trace_has_live_bytes_counters_and_ooms() {
     assert_eq!(oom.len(), 1);
     assert_eq!(oom[0]["args"]["requested_bytes"], 768 * MIB);
     assert!(oom[0]["args"]["site"].as_str().unwrap().contains("too_big"));
+    // Thread-scoped, so Perfetto shows its arguments.
+    assert_eq!(oom[0]["s"], "t");
+    assert!(oom[0]["tid"].as_u64().unwrap() > 0);
+    // The reading the shim takes after the failure (600 MiB of 1 GiB held), not the one from
+    // the program's start (the whole GiB free).
+    assert_eq!(oom[0]["args"]["device_free_when"], "after the failure");
+    let free = oom[0]["args"]["device_free_bytes"].as_u64().unwrap();
+    assert!(free > 0 && free <= 424 * MIB, "device_free_bytes {free}");
 }
 
 /// Folded lines: `frame;frame;... BYTES`.
