@@ -479,12 +479,23 @@ fn folded(path: &Path) -> Vec<(Vec<String>, u64)> {
         .collect()
 }
 
+/// The bytes of the stacks whose innermost frame is function `leaf` (`leaf (file:line)`).
 fn weight_of(lines: &[(Vec<String>, u64)], leaf: &str) -> u64 {
     lines
         .iter()
-        .filter(|(s, _)| s.last().map(String::as_str) == Some(leaf))
+        .filter(|(s, _)| {
+            s.last()
+                .is_some_and(|f| f.split(" (").next() == Some(leaf))
+        })
         .map(|(_, n)| n)
         .sum()
+}
+
+/// `file:line` of a folded frame `function (file:line)`.
+fn line_of(frame: &str) -> Option<(&str, u64)> {
+    let inner = frame.rsplit_once(" (")?.1.strip_suffix(')')?;
+    let (file, line) = inner.rsplit_once(':')?;
+    Some((file, line.parse().ok()?))
 }
 
 #[test]
@@ -494,12 +505,26 @@ fn folded_stacks_weigh_live_bytes_or_the_peak() {
     assert_eq!(weight_of(&lines, "keep_weights"), 24 * MIB, "{lines:?}");
     assert_eq!(weight_of(&lines, "keep_cache"), 4 * MIB, "{lines:?}");
     for (stack, _) in &lines {
-        assert!(stack[0].contains("runtime_basic (pid "), "{stack:?}");
-        assert_eq!(stack[1], "cuda:0 live at end");
-        // Outermost first.
-        let main = stack.iter().position(|f| f == "main").unwrap();
-        assert!(main < stack.len() - 1, "{stack:?}");
+        // The kind of memory is the root, the process under it.
+        assert_eq!(stack[0], "cuda:0 live at end");
+        assert!(stack[1].contains("runtime_basic (pid "), "{stack:?}");
+        // Outermost first, start-up frames dropped: `main` comes right after the process.
+        assert!(stack[2].starts_with("main (runtime_basic.c:"), "{stack:?}");
+        for f in &stack[2..] {
+            let (file, line) = line_of(f).unwrap_or_else(|| panic!("{f}: no file:line"));
+            assert_eq!(file, "runtime_basic.c", "{stack:?}");
+            assert!(line > 0, "{stack:?}");
+        }
+        assert!(
+            !stack
+                .iter()
+                .any(|f| f.starts_with("_start") || f.starts_with("__libc_start")),
+            "{stack:?}"
+        );
     }
+    // The trace has those start-up frames: the folded text drops them.
+    let json = std::fs::read_to_string(export(&t.trace, "json", &[])).unwrap();
+    assert!(json.contains("\"function\":\"_start\""), "no _start frame to drop");
 
     // Everything freed by the end: what held the device at its peak (600 + 100 MiB).
     let t = run_traced("oom", &[], &[("SIMCUDA_MEMORY", "1GiB")]);
@@ -510,7 +535,15 @@ fn folded_stacks_weigh_live_bytes_or_the_peak() {
         700 * MIB,
         "{lines:?}"
     );
-    assert!(lines.iter().all(|(s, _)| s[1] == "cuda:0 at peak"));
+    assert!(lines.iter().all(|(s, _)| s[0] == "cuda:0 at peak"));
+
+    // `--at oom`: just before the failure, only `hold`'s 600 MiB (the failed 768 MiB is not
+    // held); `--at end`: nothing is live, so nothing is written.
+    let at_oom = folded(&export(&t.trace, "folded", &["--at", "oom"]));
+    assert_eq!(weight_of(&at_oom, "hold"), 600 * MIB, "{at_oom:?}");
+    assert_eq!(at_oom.iter().map(|l| l.1).sum::<u64>(), 600 * MIB);
+    assert!(at_oom.iter().all(|(s, _)| s[0] == "cuda:0 at OOM"));
+    assert!(folded(&export(&t.trace, "folded", &["--at", "end"])).is_empty());
 
     // `-o -`: standard output.
     let o = oomtrace(&[
@@ -522,7 +555,45 @@ fn folded_stacks_weigh_live_bytes_or_the_peak() {
         "-",
     ]);
     assert!(o.status.success());
-    assert!(String::from_utf8_lossy(&o.stdout).contains(";hold 629145600"));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.lines().any(|l| l.contains(";hold (oom.c:") && l.ends_with(" 629145600")),
+        "{stdout}"
+    );
+}
+
+/// Device memory and pinned host memory are separate roots, never summed under one; `--at
+/// peak` weighs a device at its peak even when memory is live at the end; `--at oom` needs
+/// an OOM; `--at` is for folded only.
+#[test]
+fn folded_roots_split_device_and_pinned_memory_and_at_picks_the_moment() {
+    let t = run_traced("pinned_host", &[], &[]);
+    let lines = folded(&export(&t.trace, "folded", &[]));
+    let roots: std::collections::BTreeSet<&str> =
+        lines.iter().map(|(s, _)| s[0].as_str()).collect();
+    assert_eq!(
+        roots.into_iter().collect::<Vec<_>>(),
+        ["cuda:0 live at end", "pinned host live at end"],
+        "{lines:?}"
+    );
+    let weight_under = |lines: &[(Vec<String>, u64)], root: &str| -> u64 {
+        lines.iter().filter(|(s, _)| s[0] == root).map(|l| l.1).sum()
+    };
+    assert_eq!(weight_under(&lines, "pinned host live at end"), 5 * MIB);
+    assert_eq!(weight_under(&lines, "cuda:0 live at end"), MIB);
+
+    // The pinned peak held the 4 MiB temporary too (main's own allocation).
+    let peak = folded(&export(&t.trace, "folded", &["--at", "peak"]));
+    assert_eq!(weight_under(&peak, "pinned host at peak"), 9 * MIB, "{peak:?}");
+    assert_eq!(weight_under(&peak, "cuda:0 at peak"), MIB, "{peak:?}");
+
+    let trace = t.trace.to_str().unwrap();
+    let out = t.trace.with_extension("folded.out");
+    let out = out.to_str().unwrap();
+    let o = oomtrace(&["export", trace, "--format", "folded", "--at", "oom", "-o", out]);
+    assert_one_line_error(&o, "no out-of-memory failure");
+    let o = oomtrace(&["export", trace, "--format", "chrome", "--at", "peak", "-o", out]);
+    assert_one_line_error(&o, "--at is for --format folded");
 }
 
 #[test]
