@@ -258,6 +258,8 @@ mod tests {
             p.int(0);
             p.int(0);
             p.tuple2();
+            p.float(0.0);
+            p.float(-2.5);
         });
         p.str("shared");
         list(&mut p, &mut |p| {
@@ -288,7 +290,8 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
-            "['APPENDS', 'BINGET', 'BININT', 'BININT1', 'BININT2', 'BINUNICODE', 'EMPTY_DICT', \
+            "['APPENDS', 'BINFLOAT', 'BINGET', 'BININT', 'BININT1', 'BININT2', 'BINUNICODE', \
+             'EMPTY_DICT', \
              'EMPTY_LIST', 'LONG1', 'MARK', 'MEMOIZE', 'NEWFALSE', 'NEWTRUE', 'PROTO', \
              'SETITEMS', 'SHORT_BINUNICODE', 'STOP', 'TUPLE2']"
         );
@@ -297,7 +300,7 @@ mod tests {
             format!(
                 "{{'ints': [0, 255, 256, 65535, 65536, -1, -129, 2147483648, -2147483649, \
                  139641712656111, 9223372036854775807, -9223372036854775808], \
-                 'strs': ['ümlaut', '{long}', 'ümlaut'], 'misc': [True, False, (0, 0)], \
+                 'strs': ['ümlaut', '{long}', 'ümlaut'], 'misc': [True, False, (0, 0), 0.0, -2.5], \
                  'shared': [{{'name': 'f', 'line': 3}}, {{'name': 'f', 'line': 3}}], \
                  'big': 9223372036854775807}}"
             )
