@@ -409,8 +409,8 @@ fn chrome_trace_has_live_bytes_counters_and_ooms() {
     let last_of = |name: &str| {
         events
             .iter()
-            .filter(|e| e["ph"] == "C" && e["name"] == name)
-            .last()
+            .rev()
+            .find(|e| e["ph"] == "C" && e["name"] == name)
             .unwrap_or_else(|| panic!("no counter {name}"))["args"]["live_bytes"]
             .as_u64()
             .unwrap()
@@ -428,11 +428,19 @@ fn chrome_trace_has_live_bytes_counters_and_ooms() {
         sites[0].starts_with("cuda:0 site 1: keep_weights (runtime_basic.c:"),
         "{sites:?}"
     );
-    assert!(sites[1].starts_with("cuda:0 site 2: keep_cache ("), "{sites:?}");
-    assert!(sites[2].starts_with("cuda:0 site 3: temporaries ("), "{sites:?}");
+    assert!(
+        sites[1].starts_with("cuda:0 site 2: keep_cache ("),
+        "{sites:?}"
+    );
+    assert!(
+        sites[2].starts_with("cuda:0 site 3: temporaries ("),
+        "{sites:?}"
+    );
     assert_eq!(last_of(sites[0]), 24 * MIB);
     assert_eq!(last_of(sites[1]), 4 * MIB);
     assert_eq!(last_of(sites[2]), 0);
+    let held: u64 = sites.iter().map(|s| last_of(s)).sum();
+    assert_eq!(held, last_of("cuda:0"));
     let temporaries_peak = events
         .iter()
         .filter(|e| e["name"] == sites[2])
@@ -483,10 +491,7 @@ fn folded(path: &Path) -> Vec<(Vec<String>, u64)> {
 fn weight_of(lines: &[(Vec<String>, u64)], leaf: &str) -> u64 {
     lines
         .iter()
-        .filter(|(s, _)| {
-            s.last()
-                .is_some_and(|f| f.split(" (").next() == Some(leaf))
-        })
+        .filter(|(s, _)| s.last().is_some_and(|f| f.split(" (").next() == Some(leaf)))
         .map(|(_, n)| n)
         .sum()
 }
@@ -524,7 +529,10 @@ fn folded_stacks_weigh_live_bytes_or_the_peak() {
     }
     // The trace has those start-up frames: the folded text drops them.
     let json = std::fs::read_to_string(export(&t.trace, "json", &[])).unwrap();
-    assert!(json.contains("\"function\":\"_start\""), "no _start frame to drop");
+    assert!(
+        json.contains("\"function\":\"_start\""),
+        "no _start frame to drop"
+    );
 
     // Everything freed by the end: what held the device at its peak (600 + 100 MiB).
     let t = run_traced("oom", &[], &[("SIMCUDA_MEMORY", "1GiB")]);
@@ -557,7 +565,9 @@ fn folded_stacks_weigh_live_bytes_or_the_peak() {
     assert!(o.status.success());
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(
-        stdout.lines().any(|l| l.contains(";hold (oom.c:") && l.ends_with(" 629145600")),
+        stdout
+            .lines()
+            .any(|l| l.contains(";hold (oom.c:") && l.ends_with(" 629145600")),
         "{stdout}"
     );
 }
@@ -577,22 +587,34 @@ fn folded_roots_split_device_and_pinned_memory_and_at_picks_the_moment() {
         "{lines:?}"
     );
     let weight_under = |lines: &[(Vec<String>, u64)], root: &str| -> u64 {
-        lines.iter().filter(|(s, _)| s[0] == root).map(|l| l.1).sum()
+        lines
+            .iter()
+            .filter(|(s, _)| s[0] == root)
+            .map(|l| l.1)
+            .sum()
     };
     assert_eq!(weight_under(&lines, "pinned host live at end"), 5 * MIB);
     assert_eq!(weight_under(&lines, "cuda:0 live at end"), MIB);
 
     // The pinned peak held the 4 MiB temporary too (main's own allocation).
     let peak = folded(&export(&t.trace, "folded", &["--at", "peak"]));
-    assert_eq!(weight_under(&peak, "pinned host at peak"), 9 * MIB, "{peak:?}");
+    assert_eq!(
+        weight_under(&peak, "pinned host at peak"),
+        9 * MIB,
+        "{peak:?}"
+    );
     assert_eq!(weight_under(&peak, "cuda:0 at peak"), MIB, "{peak:?}");
 
     let trace = t.trace.to_str().unwrap();
     let out = t.trace.with_extension("folded.out");
     let out = out.to_str().unwrap();
-    let o = oomtrace(&["export", trace, "--format", "folded", "--at", "oom", "-o", out]);
+    let o = oomtrace(&[
+        "export", trace, "--format", "folded", "--at", "oom", "-o", out,
+    ]);
     assert_one_line_error(&o, "no out-of-memory failure");
-    let o = oomtrace(&["export", trace, "--format", "chrome", "--at", "peak", "-o", out]);
+    let o = oomtrace(&[
+        "export", trace, "--format", "chrome", "--at", "peak", "-o", out,
+    ]);
     assert_one_line_error(&o, "--at is for --format folded");
 }
 

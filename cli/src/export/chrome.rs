@@ -145,7 +145,11 @@ fn top_sites(p: ProcessView<'_>, sym: &mut Symbolizer) -> BTreeMap<i16, DeviceSi
             .enumerate()
             .map(|(i, &(site, _))| {
                 let at = site_text(p, site, sym, true);
-                let at = if at.is_empty() { "[no stack]".into() } else { at };
+                let at = if at.is_empty() {
+                    "[no stack]".into()
+                } else {
+                    at
+                };
                 (site, format!("{} site {}: {at}", device_label(d), i + 1))
             })
             .collect();

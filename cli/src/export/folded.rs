@@ -110,7 +110,11 @@ pub fn write(
         }
     }
     if !need_peak.is_empty() || !need_oom.is_empty() {
-        let wanted: HashSet<u32> = need_peak.keys().map(|k| k.0).chain(need_oom.clone()).collect();
+        let wanted: HashSet<u32> = need_peak
+            .keys()
+            .map(|k| k.0)
+            .chain(need_oom.clone())
+            .collect();
         view::replay(
             path,
             &mut |done, total| progress.update(done, total),
@@ -238,8 +242,12 @@ mod tests {
         let mut py = frame("Model.forward", "/src/train.py", 40);
         py.python = true;
         assert_eq!(folded_frame(&py), "Model.forward (train.py:40)");
-        for f in ["_start", "__libc_start_main", "__libc_start_main_impl", "__libc_start_call_main"]
-        {
+        for f in [
+            "_start",
+            "__libc_start_main",
+            "__libc_start_main_impl",
+            "__libc_start_call_main",
+        ] {
             assert!(start_up(&frame(f, "", 0)), "{f}");
         }
         assert!(!start_up(&frame("main", "", 0)));

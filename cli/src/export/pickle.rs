@@ -3,8 +3,8 @@
 //!
 //! Only opcodes the viewer's JavaScript unpickler accepts: PROTO, EMPTY_DICT, EMPTY_LIST,
 //! MARK, SETITEMS, APPENDS, TUPLE2, BININT1, BININT2, BININT, LONG1 (at most 8 bytes: every
-//! integer is an `i64`), NEWTRUE, NEWFALSE, SHORT_BINUNICODE, BINUNICODE, MEMOIZE,
-//! BINGET, LONG_BINGET, STOP. No FRAME (optional in protocol 4), no classes.
+//! integer is an `i64`), BINFLOAT, NEWTRUE, NEWFALSE, SHORT_BINUNICODE, BINUNICODE,
+//! MEMOIZE, BINGET, LONG_BINGET, STOP. No FRAME (optional in protocol 4), no classes.
 //!
 //! Strings are memoized (written once, then fetched with BINGET, as CPython does); callers
 //! memoize shared containers themselves with [`Pickler::memoize`] + [`Pickler::get`]. Never

@@ -257,7 +257,9 @@ impl<'a> ProcessView<'a> {
             .site_stats
             .iter()
             .filter(move |((_, d), s)| {
-                *d == device && s.api.is_none_or(|a| a.memory_class() != MemoryClass::Tensor)
+                *d == device
+                    && s.api
+                        .is_none_or(|a| a.memory_class() != MemoryClass::Tensor)
             })
             .map(|((site, _), s)| (Site(*site), s.peak_bytes))
     }
