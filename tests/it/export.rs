@@ -472,6 +472,42 @@ fn chrome_trace_has_live_bytes_counters_and_ooms() {
     assert!(free > 0 && free <= 424 * MIB, "device_free_bytes {free}");
 }
 
+/// More call sites than get counters of their own: the biggest [8] by bytes held, the rest
+/// summed as "other sites".
+#[test]
+fn chrome_trace_sums_the_sites_past_the_top_eight_as_other() {
+    let t = run_traced("many_sites", &[], &[]);
+    let out = export(&t.trace, "chrome", &[]);
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let last: std::collections::BTreeMap<&str, u64> = events
+        .iter()
+        .filter(|e| e["ph"] == "C")
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap(),
+                e["args"]["live_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let sites: Vec<(&str, u64)> = last
+        .iter()
+        .filter(|(n, _)| n.starts_with("cuda:0 site "))
+        .map(|(n, b)| (*n, *b))
+        .collect();
+    assert_eq!(sites.len(), 8, "{last:?}");
+    for (rank, keep) in (1..=8).zip((3..=10).rev()) {
+        let name = format!("cuda:0 site {rank}: keep_{keep} (many_sites.c:");
+        let (_, bytes) = sites
+            .iter()
+            .find(|(n, _)| n.starts_with(&name))
+            .unwrap_or_else(|| panic!("no counter {name}...: {sites:?}"));
+        assert_eq!(*bytes, keep * MIB, "{name}");
+    }
+    assert_eq!(last["cuda:0 other sites"], 3 * MIB, "{last:?}");
+    assert_eq!(last["cuda:0"], 55 * MIB, "{last:?}");
+}
+
 /// Folded lines: `frame;frame;... BYTES`.
 fn folded(path: &Path) -> Vec<(Vec<String>, u64)> {
     std::fs::read_to_string(path)
