@@ -21,6 +21,11 @@ const TARGETS: &[Target] = &[
         flags: CUDART,
     },
     Target {
+        out: "many_sites",
+        sources: &["many_sites.c"],
+        flags: CUDART,
+    },
+    Target {
         out: "vmm_growth",
         sources: &["vmm_growth.c"],
         flags: CUDART,

@@ -4,17 +4,23 @@
 // are freed again (plain and stream-ordered), a pinned staging buffer, an expandable segment
 // grown page by page through the VMM API (obtained the way PyTorch does, through
 // cudaGetDriverEntryPointByVersion), and one planted bug: keep_history() keeps every step's
-// output alive, 16 MiB per step. At the end an evaluation buffer no longer fits.
+// output alive, 16 MiB per step. Each step also computes for STEP_MS (a sleep), so the run lasts
+// about 1.5 s and its rates read like a real job's. At the end an evaluation buffer no longer fits.
 //
 // Built without frame pointers on purpose: oomtrace recovers stacks by DWARF unwinding.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #define MiB (1024ull * 1024ull)
 #define STEPS 24
+// A step's compute time. Real training steps take tens of milliseconds to seconds; without a
+// pause the whole loop ran in about a millisecond, and rates per second read as TiB/s.
+#define STEP_MS 60
 
 #define CHECK(call)                                                                   \
     do {                                                                              \
@@ -97,6 +103,13 @@ __attribute__((noinline)) static cudaError_t evaluate(void** buffer) {
     return cudaMalloc(buffer, 3400 * MiB);
 }
 
+// The time a real step spends computing (kernels run while the host waits).
+static void compute(void) {
+    struct timespec left = {0, STEP_MS * 1000000L};
+    while (nanosleep(&left, &left) == -1 && errno == EINTR) {
+    }
+}
+
 int main(void) {
     void (*mark)(const char*) = (void (*)(const char*))dlsym(RTLD_DEFAULT, "oomtrace_mark");
     vmm.create = (mem_create_fn)driver_entry("cuMemCreate");
@@ -123,6 +136,7 @@ int main(void) {
 
     for (int step = 0; step < STEPS; step++) {
         train_step(step, stream);
+        compute();
         if (mark) mark("step");
     }
     printf("train_demo: %d steps done\n", STEPS);

@@ -153,6 +153,17 @@ fn the_demo_finds_its_planted_leak_and_blames_the_oom_on_it() {
             .any(|l| l.contains("[confirmed leak]") && l.contains("keep_history")),
         "{text}"
     );
+    // Each step sleeps 60 ms, so the leak (16 MiB a step) grows at most ~267 MiB/s, and the
+    // 3 GiB left fill in seconds, not milliseconds (a loop with no pause read "5.67 TiB/s" and
+    // "full in 1 ms").
+    for l in text.lines() {
+        assert!(!l.contains("TiB/s") && !l.contains("GiB/s"), "{l}");
+        let full_in_ms = l
+            .split("full in ")
+            .nth(1)
+            .is_some_and(|t| t.split_whitespace().nth(1) == Some("ms"));
+        assert!(!full_in_ms, "{l}");
+    }
     let r = report_json(&trace);
     assert_eq!(r["findings"][0]["kind"], "oom");
     assert!(

@@ -1,5 +1,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
+use std::time::Duration;
 
 use oomtrace_tests::*;
 use serde_json::Value;
@@ -272,6 +273,62 @@ fn memory_viz_of_vmm_mappings() {
     assert!(names(&s).contains(&"grow_segment"), "{s}");
 }
 
+/// Loads a memory-viz pickle with the real PyTorch wheel's `torch.cuda._memory_viz` (every
+/// text and HTML view it makes), and compares its keys with a snapshot PyTorch itself takes
+/// (on the simulated GPU): every top-level key and every `allocator_settings` key of theirs
+/// is in ours. Prints our `allocator_settings` as JSON.
+const TORCH_READS_SNAPSHOT: &str = r#"
+import json, pickle, sys
+import torch
+from torch.cuda import _memory_viz as mv
+snap = pickle.load(open(sys.argv[1], 'rb'))
+lines = lambda x: x
+assert mv.segsum(snap) and mv.trace(snap)
+assert mv.segments(snap, format_flamegraph=lines) and mv.memory(snap, format_flamegraph=lines)
+assert mv.trace_plot(snap) and mv.segment_plot(snap)
+torch.cuda.memory._record_memory_history(max_entries=100)
+x = torch.empty(1 << 20, device='cuda')
+theirs = torch.cuda.memory._snapshot()
+missing = set(theirs) - set(snap)
+assert not missing, f'top-level keys missing: {missing}'
+missing = set(theirs['allocator_settings']) - set(snap['allocator_settings'])
+assert not missing, f'allocator_settings keys missing: {missing}'
+for k, v in theirs['allocator_settings'].items():
+    assert type(snap['allocator_settings'][k]) is type(v), (k, v, snap['allocator_settings'][k])
+print(json.dumps(snap['allocator_settings']))
+"#;
+
+#[test]
+fn memory_viz_opens_in_torchs_own_memory_viz() {
+    let t = run_traced("vmm_growth", &[], &[]);
+    let out = export(&t.trace, "memory-viz", &[]);
+    let mut cmd = base_command(super::torch::python());
+    cmd.arg("-c")
+        .arg(TORCH_READS_SNAPSHOT)
+        .arg(&out)
+        .env("CUDA_MODULE_LOADING", "LAZY")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF");
+    let o = output_within(cmd, Duration::from_secs(240));
+    assert!(
+        o.status.success(),
+        "torch's _memory_viz cannot read the snapshot:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let settings: Value =
+        serde_json::from_str(stdout.lines().last().expect("settings line")).unwrap();
+    // The process mapped memory through the VMM API, as expandable segments do.
+    assert_eq!(settings["expandable_segments"], true, "{settings}");
+    assert!(
+        settings["PYTORCH_CUDA_ALLOC_CONF"]
+            .as_str()
+            .unwrap()
+            .contains("unknown"),
+        "{settings}"
+    );
+}
+
 #[test]
 fn memory_viz_records_the_oom() {
     let t = run_traced("oom", &[], &[("SIMCUDA_MEMORY", "1GiB")]);
@@ -347,6 +404,51 @@ fn chrome_trace_has_live_bytes_counters_and_ooms() {
     assert!(events
         .iter()
         .any(|e| e["ph"] == "M" && e["name"] == "process_name"));
+    // Who holds the memory: a counter per call site, biggest first, named by its line; at the
+    // end they add up to the device's live bytes.
+    let last_of = |name: &str| {
+        events
+            .iter()
+            .rev()
+            .find(|e| e["ph"] == "C" && e["name"] == name)
+            .unwrap_or_else(|| panic!("no counter {name}"))["args"]["live_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    let sites: Vec<&str> = events
+        .iter()
+        .filter(|e| e["ph"] == "C")
+        .filter_map(|e| e["name"].as_str())
+        .filter(|n| n.starts_with("cuda:0 site "))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(sites.len(), 3, "{sites:?}");
+    assert!(
+        sites[0].starts_with("cuda:0 site 1: keep_weights (runtime_basic.c:"),
+        "{sites:?}"
+    );
+    assert!(
+        sites[1].starts_with("cuda:0 site 2: keep_cache ("),
+        "{sites:?}"
+    );
+    assert!(
+        sites[2].starts_with("cuda:0 site 3: temporaries ("),
+        "{sites:?}"
+    );
+    assert_eq!(last_of(sites[0]), 24 * MIB);
+    assert_eq!(last_of(sites[1]), 4 * MIB);
+    assert_eq!(last_of(sites[2]), 0);
+    let held: u64 = sites.iter().map(|s| last_of(s)).sum();
+    assert_eq!(held, last_of("cuda:0"));
+    let temporaries_peak = events
+        .iter()
+        .filter(|e| e["name"] == sites[2])
+        .map(|e| e["args"]["live_bytes"].as_u64().unwrap())
+        .max();
+    assert_eq!(temporaries_peak, Some(MIB));
+    // Three sites: nothing left over for "other sites".
+    assert!(!events.iter().any(|e| e["name"] == "cuda:0 other sites"));
 
     let t = run_traced("oom", &[], &[("SIMCUDA_MEMORY", "1GiB")]);
     let out = export(&t.trace, "chrome", &[]);
@@ -360,6 +462,50 @@ fn chrome_trace_has_live_bytes_counters_and_ooms() {
     assert_eq!(oom.len(), 1);
     assert_eq!(oom[0]["args"]["requested_bytes"], 768 * MIB);
     assert!(oom[0]["args"]["site"].as_str().unwrap().contains("too_big"));
+    // Thread-scoped, so Perfetto shows its arguments.
+    assert_eq!(oom[0]["s"], "t");
+    assert!(oom[0]["tid"].as_u64().unwrap() > 0);
+    // The reading the shim takes after the failure (600 MiB of 1 GiB held), not the one from
+    // the program's start (the whole GiB free).
+    assert_eq!(oom[0]["args"]["device_free_when"], "after the failure");
+    let free = oom[0]["args"]["device_free_bytes"].as_u64().unwrap();
+    assert!(free > 0 && free <= 424 * MIB, "device_free_bytes {free}");
+}
+
+/// More call sites than get counters of their own: the biggest [8] by bytes held, the rest
+/// summed as "other sites".
+#[test]
+fn chrome_trace_sums_the_sites_past_the_top_eight_as_other() {
+    let t = run_traced("many_sites", &[], &[]);
+    let out = export(&t.trace, "chrome", &[]);
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let last: std::collections::BTreeMap<&str, u64> = events
+        .iter()
+        .filter(|e| e["ph"] == "C")
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap(),
+                e["args"]["live_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let sites: Vec<(&str, u64)> = last
+        .iter()
+        .filter(|(n, _)| n.starts_with("cuda:0 site "))
+        .map(|(n, b)| (*n, *b))
+        .collect();
+    assert_eq!(sites.len(), 8, "{last:?}");
+    for (rank, keep) in (1..=8).zip((3..=10).rev()) {
+        let name = format!("cuda:0 site {rank}: keep_{keep} (many_sites.c:");
+        let (_, bytes) = sites
+            .iter()
+            .find(|(n, _)| n.starts_with(&name))
+            .unwrap_or_else(|| panic!("no counter {name}...: {sites:?}"));
+        assert_eq!(*bytes, keep * MIB, "{name}");
+    }
+    assert_eq!(last["cuda:0 other sites"], 3 * MIB, "{last:?}");
+    assert_eq!(last["cuda:0"], 55 * MIB, "{last:?}");
 }
 
 /// Folded lines: `frame;frame;... BYTES`.
@@ -377,12 +523,20 @@ fn folded(path: &Path) -> Vec<(Vec<String>, u64)> {
         .collect()
 }
 
+/// The bytes of the stacks whose innermost frame is function `leaf` (`leaf (file:line)`).
 fn weight_of(lines: &[(Vec<String>, u64)], leaf: &str) -> u64 {
     lines
         .iter()
-        .filter(|(s, _)| s.last().map(String::as_str) == Some(leaf))
+        .filter(|(s, _)| s.last().is_some_and(|f| f.split(" (").next() == Some(leaf)))
         .map(|(_, n)| n)
         .sum()
+}
+
+/// `file:line` of a folded frame `function (file:line)`.
+fn line_of(frame: &str) -> Option<(&str, u64)> {
+    let inner = frame.rsplit_once(" (")?.1.strip_suffix(')')?;
+    let (file, line) = inner.rsplit_once(':')?;
+    Some((file, line.parse().ok()?))
 }
 
 #[test]
@@ -392,12 +546,29 @@ fn folded_stacks_weigh_live_bytes_or_the_peak() {
     assert_eq!(weight_of(&lines, "keep_weights"), 24 * MIB, "{lines:?}");
     assert_eq!(weight_of(&lines, "keep_cache"), 4 * MIB, "{lines:?}");
     for (stack, _) in &lines {
-        assert!(stack[0].contains("runtime_basic (pid "), "{stack:?}");
-        assert_eq!(stack[1], "cuda:0 live at end");
-        // Outermost first.
-        let main = stack.iter().position(|f| f == "main").unwrap();
-        assert!(main < stack.len() - 1, "{stack:?}");
+        // The kind of memory is the root, the process under it.
+        assert_eq!(stack[0], "cuda:0 live at end");
+        assert!(stack[1].contains("runtime_basic (pid "), "{stack:?}");
+        // Outermost first, start-up frames dropped: `main` comes right after the process.
+        assert!(stack[2].starts_with("main (runtime_basic.c:"), "{stack:?}");
+        for f in &stack[2..] {
+            let (file, line) = line_of(f).unwrap_or_else(|| panic!("{f}: no file:line"));
+            assert_eq!(file, "runtime_basic.c", "{stack:?}");
+            assert!(line > 0, "{stack:?}");
+        }
+        assert!(
+            !stack
+                .iter()
+                .any(|f| f.starts_with("_start") || f.starts_with("__libc_start")),
+            "{stack:?}"
+        );
     }
+    // The trace has those start-up frames: the folded text drops them.
+    let json = std::fs::read_to_string(export(&t.trace, "json", &[])).unwrap();
+    assert!(
+        json.contains("\"function\":\"_start\""),
+        "no _start frame to drop"
+    );
 
     // Everything freed by the end: what held the device at its peak (600 + 100 MiB).
     let t = run_traced("oom", &[], &[("SIMCUDA_MEMORY", "1GiB")]);
@@ -408,7 +579,15 @@ fn folded_stacks_weigh_live_bytes_or_the_peak() {
         700 * MIB,
         "{lines:?}"
     );
-    assert!(lines.iter().all(|(s, _)| s[1] == "cuda:0 at peak"));
+    assert!(lines.iter().all(|(s, _)| s[0] == "cuda:0 at peak"));
+
+    // `--at oom`: just before the failure, only `hold`'s 600 MiB (the failed 768 MiB is not
+    // held); `--at end`: nothing is live, so nothing is written.
+    let at_oom = folded(&export(&t.trace, "folded", &["--at", "oom"]));
+    assert_eq!(weight_of(&at_oom, "hold"), 600 * MIB, "{at_oom:?}");
+    assert_eq!(at_oom.iter().map(|l| l.1).sum::<u64>(), 600 * MIB);
+    assert!(at_oom.iter().all(|(s, _)| s[0] == "cuda:0 at OOM"));
+    assert!(folded(&export(&t.trace, "folded", &["--at", "end"])).is_empty());
 
     // `-o -`: standard output.
     let o = oomtrace(&[
@@ -420,7 +599,59 @@ fn folded_stacks_weigh_live_bytes_or_the_peak() {
         "-",
     ]);
     assert!(o.status.success());
-    assert!(String::from_utf8_lossy(&o.stdout).contains(";hold 629145600"));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains(";hold (oom.c:") && l.ends_with(" 629145600")),
+        "{stdout}"
+    );
+}
+
+/// Device memory and pinned host memory are separate roots, never summed under one; `--at
+/// peak` weighs a device at its peak even when memory is live at the end; `--at oom` needs
+/// an OOM; `--at` is for folded only.
+#[test]
+fn folded_roots_split_device_and_pinned_memory_and_at_picks_the_moment() {
+    let t = run_traced("pinned_host", &[], &[]);
+    let lines = folded(&export(&t.trace, "folded", &[]));
+    let roots: std::collections::BTreeSet<&str> =
+        lines.iter().map(|(s, _)| s[0].as_str()).collect();
+    assert_eq!(
+        roots.into_iter().collect::<Vec<_>>(),
+        ["cuda:0 live at end", "pinned host live at end"],
+        "{lines:?}"
+    );
+    let weight_under = |lines: &[(Vec<String>, u64)], root: &str| -> u64 {
+        lines
+            .iter()
+            .filter(|(s, _)| s[0] == root)
+            .map(|l| l.1)
+            .sum()
+    };
+    assert_eq!(weight_under(&lines, "pinned host live at end"), 5 * MIB);
+    assert_eq!(weight_under(&lines, "cuda:0 live at end"), MIB);
+
+    // The pinned peak held the 4 MiB temporary too (main's own allocation).
+    let peak = folded(&export(&t.trace, "folded", &["--at", "peak"]));
+    assert_eq!(
+        weight_under(&peak, "pinned host at peak"),
+        9 * MIB,
+        "{peak:?}"
+    );
+    assert_eq!(weight_under(&peak, "cuda:0 at peak"), MIB, "{peak:?}");
+
+    let trace = t.trace.to_str().unwrap();
+    let out = t.trace.with_extension("folded.out");
+    let out = out.to_str().unwrap();
+    let o = oomtrace(&[
+        "export", trace, "--format", "folded", "--at", "oom", "-o", out,
+    ]);
+    assert_one_line_error(&o, "no out-of-memory failure");
+    let o = oomtrace(&[
+        "export", trace, "--format", "chrome", "--at", "peak", "-o", out,
+    ]);
+    assert_one_line_error(&o, "--at is for --format folded");
 }
 
 #[test]

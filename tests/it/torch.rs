@@ -43,7 +43,7 @@ fn repo() -> PathBuf {
 }
 
 /// The venv's interpreter, from `scripts/torch-env.sh` (which installs the wheel if missing).
-fn python() -> &'static Path {
+pub(crate) fn python() -> &'static Path {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
     PYTHON.get_or_init(|| {
         let out = Command::new(repo().join("scripts/torch-env.sh"))

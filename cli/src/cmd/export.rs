@@ -4,7 +4,7 @@ use std::io::{self, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::export::{self, memory_viz, view, Format};
+use crate::export::{self, folded, memory_viz, view, Format};
 use crate::output::Output;
 use crate::progress::Progress;
 use crate::Failure;
@@ -33,6 +33,11 @@ pub struct Args {
     /// `max_entries` (default 100000; 0 keeps all, and memory then grows with the trace).
     #[arg(long, value_name = "N")]
     pub max_entries: Option<usize>,
+    /// folded: the moment whose holdings weigh the stacks: each device's peak of live bytes,
+    /// just before the first out-of-memory failure, or the end of the trace (default: the end,
+    /// or the peak for a device where nothing is live at the end).
+    #[arg(long, value_enum, value_name = "MOMENT")]
+    pub at: Option<folded::Moment>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
@@ -44,6 +49,11 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     if args.max_entries.is_some() && args.format != Format::MemoryViz {
         return Err(Failure::new(
             "--max-entries is for --format memory-viz (the other formats stream every event)",
+        ));
+    }
+    if args.at.is_some() && args.format != Format::Folded {
+        return Err(Failure::new(
+            "--at is for --format folded (the other formats show the whole history)",
         ));
     }
     let to_stdout = output.as_os_str() == "-";
@@ -91,7 +101,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             export::chrome::write(path, scan, &conns, &mut progress, &mut out)
         }
         (Format::Folded, Some(scan)) => {
-            export::folded::write(path, scan, &conns, &mut progress, &mut out)
+            folded::write(path, scan, &conns, args.at, &mut progress, &mut out)
         }
         (Format::Json, _) => export::json::write(path, &conns, &mut progress, &mut out),
         (Format::Chrome | Format::Folded, None) => Err(Failure::new("internal: no scan")),

@@ -8,8 +8,10 @@
 //! output is written, so bad input never leaves half a file behind.
 //!
 //! - [`memory_viz`]: a pickle (protocol 4, [`pickle`]) that pytorch.org/memory_viz opens.
-//! - [`chrome`]: Chrome trace-event JSON (Perfetto, chrome://tracing): live-bytes counters.
-//! - [`folded`]: flamegraph folded stacks weighted by bytes.
+//! - [`chrome`]: Chrome trace-event JSON (Perfetto, chrome://tracing): live-bytes counters
+//!   per device and per top call site, OOM and step-marker instants.
+//! - [`folded`]: flamegraph folded stacks weighted by bytes, one root per kind of memory, at
+//!   a chosen moment ([`folded::Moment`]).
 //! - [`json`]: every event as JSON lines, with symbolized sites.
 //!
 //! This file: the format list, which processes to export, and display helpers the formats

@@ -3,8 +3,8 @@
 //!
 //! Only opcodes the viewer's JavaScript unpickler accepts: PROTO, EMPTY_DICT, EMPTY_LIST,
 //! MARK, SETITEMS, APPENDS, TUPLE2, BININT1, BININT2, BININT, LONG1 (at most 8 bytes: every
-//! integer is an `i64`), NEWTRUE, NEWFALSE, SHORT_BINUNICODE, BINUNICODE, MEMOIZE,
-//! BINGET, LONG_BINGET, STOP. No FRAME (optional in protocol 4), no classes.
+//! integer is an `i64`), BINFLOAT, NEWTRUE, NEWFALSE, SHORT_BINUNICODE, BINUNICODE,
+//! MEMOIZE, BINGET, LONG_BINGET, STOP. No FRAME (optional in protocol 4), no classes.
 //!
 //! Strings are memoized (written once, then fetched with BINGET, as CPython does); callers
 //! memoize shared containers themselves with [`Pickler::memoize`] + [`Pickler::get`]. Never
@@ -24,6 +24,7 @@ mod op {
     pub const SETITEMS: u8 = b'u';
     pub const APPENDS: u8 = b'e';
     pub const TUPLE2: u8 = 0x86;
+    pub const BINFLOAT: u8 = b'G';
     pub const BININT: u8 = b'J';
     pub const BININT1: u8 = b'K';
     pub const BININT2: u8 = b'M';
@@ -109,6 +110,12 @@ impl<W: Write> Pickler<W> {
     /// An unsigned value as an int64 (saturating: the viewer reads no wider integers).
     pub fn uint(&mut self, v: u64) {
         self.int(i64::try_from(v).unwrap_or(i64::MAX));
+    }
+
+    /// A float (BINFLOAT: 8 bytes, big-endian IEEE 754).
+    pub fn float(&mut self, v: f64) {
+        self.raw(&[op::BINFLOAT]);
+        self.raw(&v.to_be_bytes());
     }
 
     pub fn bool(&mut self, v: bool) {
@@ -251,6 +258,8 @@ mod tests {
             p.int(0);
             p.int(0);
             p.tuple2();
+            p.float(0.0);
+            p.float(-2.5);
         });
         p.str("shared");
         list(&mut p, &mut |p| {
@@ -281,7 +290,8 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
-            "['APPENDS', 'BINGET', 'BININT', 'BININT1', 'BININT2', 'BINUNICODE', 'EMPTY_DICT', \
+            "['APPENDS', 'BINFLOAT', 'BINGET', 'BININT', 'BININT1', 'BININT2', 'BINUNICODE', \
+             'EMPTY_DICT', \
              'EMPTY_LIST', 'LONG1', 'MARK', 'MEMOIZE', 'NEWFALSE', 'NEWTRUE', 'PROTO', \
              'SETITEMS', 'SHORT_BINUNICODE', 'STOP', 'TUPLE2']"
         );
@@ -290,7 +300,7 @@ mod tests {
             format!(
                 "{{'ints': [0, 255, 256, 65535, 65536, -1, -129, 2147483648, -2147483649, \
                  139641712656111, 9223372036854775807, -9223372036854775808], \
-                 'strs': ['ümlaut', '{long}', 'ümlaut'], 'misc': [True, False, (0, 0)], \
+                 'strs': ['ümlaut', '{long}', 'ümlaut'], 'misc': [True, False, (0, 0), 0.0, -2.5], \
                  'shared': [{{'name': 'f', 'line': 3}}, {{'name': 'f', 'line': 3}}], \
                  'big': 9223372036854775807}}"
             )

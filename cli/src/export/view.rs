@@ -11,8 +11,8 @@
 //!   ([`ProcessView`], the state before the event is applied), and returns the final state
 //!   ([`Trace`]).
 //! - [`ProcessView`]: a process's identity, end, per-device totals ([`DeviceTotals`]), live
-//!   allocations ([`LiveAlloc`]), physical VMM handles ([`Handle`]) and live bytes per call
-//!   site ([`Site`]).
+//!   allocations ([`LiveAlloc`]), physical VMM handles ([`Handle`]) and live and peak bytes
+//!   per call site ([`Site`]).
 //! - [`Symbolizer`]: a call site's frames ([`Frame`]), innermost first.
 //!
 //! Wire-level records (`oomtrace_proto::Event`, `EventKind`, `Api`) are shown as they are:
@@ -24,7 +24,7 @@ use oomtrace_collector::model::history::{self, Seen as CollectorSeen};
 use oomtrace_collector::model::{self as state, EndState, Process, SiteId};
 use oomtrace_collector::report::symbolize::{FrameInfo, StackSymbolizer};
 use oomtrace_proto::wire::GoodbyeReason;
-use oomtrace_proto::Event;
+use oomtrace_proto::{Event, MemoryClass};
 
 use crate::Failure;
 
@@ -247,6 +247,29 @@ impl<'a> ProcessView<'a> {
             .iter()
             .filter(move |((_, d), _)| *d == device)
             .map(|((site, _), s)| (Site(*site), s.live_bytes))
+    }
+
+    /// The most bytes each call site held at once on `device`, counting only memory that
+    /// `DeviceTotals::live_bytes` counts (not the tensors of PyTorch's caching allocator, which
+    /// lie inside its segments), in no particular order.
+    pub fn site_peaks(self, device: i16) -> impl Iterator<Item = (Site, u64)> + 'a {
+        self.0
+            .site_stats
+            .iter()
+            .filter(move |((_, d), s)| {
+                *d == device
+                    && s.api
+                        .is_none_or(|a| a.memory_class() != MemoryClass::Tensor)
+            })
+            .map(|((site, _), s)| (Site(*site), s.peak_bytes))
+    }
+
+    /// The live bytes of call site `site` on `device` (0 when it holds nothing there).
+    pub fn site_live(self, site: Site, device: i16) -> u64 {
+        self.0
+            .site_stats
+            .get(&(site.0, device))
+            .map_or(0, |s| s.live_bytes)
     }
 }
 

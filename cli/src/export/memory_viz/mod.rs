@@ -30,6 +30,11 @@
 //!   `stream`: the CUDA stream as int64 (0 for non-stream-ordered APIs); every entry about an
 //!   allocation carries the stream it was allocated on. Frames: `{filename, line, name}`,
 //!   innermost first (PyTorch's order); a free's frames are its allocation's.
+//! - `allocator_settings`: the keys PyTorch 2.15 writes (the viewer's Allocator Settings
+//!   tab). The trace does not record the caching allocator's configuration: PyTorch's
+//!   defaults, except `expandable_segments` (true when the process mapped VMM memory), and
+//!   `PYTORCH_CUDA_ALLOC_CONF` says it is unknown. `external_annotations`, `host_segments`,
+//!   `host_traces`: empty lists, as in PyTorch's snapshots without profiler annotations.
 //! - Left out: pinned host memory (not device memory), allocations of 0 bytes, frees of
 //!   addresses the trace never saw allocated, step markers.
 //! - `device_traces[d]` keeps the most recent `max_entries` entries of each device (`export

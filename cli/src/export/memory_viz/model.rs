@@ -145,6 +145,8 @@ pub struct Model {
     /// OOM entries waiting for the driver's reading that follows them: (device, tid) -> the
     /// entry's stream index.
     pending_oom: HashMap<(i16, u32), u64>,
+    /// Whether any VMM mapping was seen (PyTorch maps memory only with expandable segments).
+    mapped: bool,
 }
 
 impl Model {
@@ -159,6 +161,11 @@ impl Model {
     /// Entries kept per device (0: all).
     pub fn max_entries(&self) -> usize {
         self.max_entries
+    }
+
+    /// Whether the process mapped memory through the VMM API (as expandable segments do).
+    pub fn mapped(&self) -> bool {
+        self.mapped
     }
 
     /// Devices the snapshot lists: every ordinal up to the highest with any entry, segment
@@ -239,6 +246,7 @@ impl Model {
             SegKind::Driver => Action::SegmentAlloc,
             SegKind::Mapping => Action::SegmentMap,
         };
+        self.mapped |= seg.kind == SegKind::Mapping;
         let (size, stream) = (seg.size, seg.stream);
         self.push(d, seg_action, addr, size, stream, ts, seg.site);
         seg.block_entry = self.push(d, Action::Alloc, addr, size, stream, ts, seg.block_site);

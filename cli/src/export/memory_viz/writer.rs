@@ -1,6 +1,8 @@
 //! The snapshot writer: a finished allocator [`Model`] as the dict
 //! `torch.cuda.memory._snapshot()` returns, pickled (protocol 4, [`crate::export::pickle`]):
-//! `{"segments": [...], "device_traces": [[...], ...]}` and, when the ring left entries out,
+//! `{"segments": [...], "device_traces": [[...], ...], "allocator_settings": {...},
+//! "external_annotations": [], "host_segments": [], "host_traces": []}` (the keys of PyTorch
+//! 2.15's snapshots) and, when the ring left entries out,
 //! `"oomtrace": {...}`. It reads the model and symbolizes call sites; it decides nothing about
 //! what the snapshot holds.
 //!
@@ -17,6 +19,9 @@ use crate::export::pickle::{Pickler, BATCH};
 use crate::export::view::{ProcessView, Site, Symbolizer};
 use crate::export::{frame_file, frame_name, write_failed};
 use crate::Failure;
+
+/// `allocator_settings["PYTORCH_CUDA_ALLOC_CONF"]`: the trace does not record it.
+pub const UNKNOWN_CONF: &str = "(unknown: not recorded in the oomtrace trace)";
 
 /// Writes `model`'s snapshot of `process` to `out`.
 pub fn write(
@@ -97,6 +102,13 @@ impl<W: Write> SnapshotWriter<'_, W> {
             self.trace(model.entries(d as i16));
         }
         self.p.appends();
+        self.allocator_settings(model.mapped());
+        // PyTorch 2.15's other top-level keys, empty: annotations come from PyTorch's
+        // profiler ranges, and pinned host memory is not device memory (left out above).
+        for key in ["external_annotations", "host_segments", "host_traces"] {
+            self.p.str(key);
+            self.p.empty_list();
+        }
         let dropped: Vec<u64> = (0..n_dev).map(|d| model.dropped(d as i16)).collect();
         if dropped.iter().any(|&n| n > 0) {
             // Not a key of PyTorch's snapshots: the viewer ignores it; a reader of the pickle
@@ -120,6 +132,48 @@ impl<W: Write> SnapshotWriter<'_, W> {
             );
             self.p.setitems();
         }
+        self.p.setitems();
+    }
+
+    /// `allocator_settings` as PyTorch 2.15 writes it (the viewer's Allocator Settings tab).
+    /// A trace does not record the caching allocator's configuration: the values are
+    /// PyTorch's defaults, except `expandable_segments`, true when the process mapped memory
+    /// through the VMM API; `PYTORCH_CUDA_ALLOC_CONF` says that it is unknown.
+    fn allocator_settings(&mut self, mapped: bool) {
+        self.p.str("allocator_settings");
+        self.p.empty_dict();
+        self.p.mark();
+        self.p.str("PYTORCH_CUDA_ALLOC_CONF");
+        self.p.str(UNKNOWN_CONF);
+        for (key, value) in [
+            ("max_split_size", -1),
+            ("pinned_num_register_threads", 1),
+            ("max_round_threshold", -1),
+            ("max_cached_size", -1),
+        ] {
+            self.p.str(key);
+            self.p.int(value);
+        }
+        self.p.str("garbage_collection_threshold");
+        self.p.float(0.0);
+        for (key, value) in [
+            ("expandable_segments", mapped),
+            ("release_lock_on_cudamalloc", false),
+            ("pinned_use_cuda_host_register", false),
+            ("graph_capture_record_stream_reuse", false),
+        ] {
+            self.p.str(key);
+            self.p.bool(value);
+        }
+        // Divisions per power-of-two size class ("1", "2", ... "32768" MiB): 0, no rounding.
+        self.p.str("roundup_power2_divisions");
+        self.p.empty_dict();
+        self.p.mark();
+        for shift in 0..16 {
+            self.p.str(&(1u32 << shift).to_string());
+            self.p.int(0);
+        }
+        self.p.setitems();
         self.p.setitems();
     }
 
