@@ -314,17 +314,9 @@ impl DeviceGrowthDetector {
             if before == after {
                 continue;
             }
-            let change = if d.resolved && !before.2 {
-                Change::Resolved
-            } else if d.bounded && !before.1 {
-                Change::Downgraded
-            } else if d.level > before.0 && d.level >= Some(Confidence::Likely) {
-                if before.0 >= Some(Confidence::Likely) {
-                    Change::Upgraded
-                } else {
-                    Change::New
-                }
-            } else {
+            let resolved = d.resolved && !before.2;
+            let downgraded = d.bounded && !before.1;
+            let Some(change) = Change::between(before.0, d.level, resolved, downgraded) else {
                 continue;
             };
             if change == Change::New && d.detected.is_none() {

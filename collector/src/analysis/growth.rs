@@ -370,17 +370,9 @@ impl Detector for GrowthDetector {
             if before == after {
                 continue;
             }
-            let change = if s.resolved && !before.2 {
-                Change::Resolved
-            } else if s.class != Class::Leak && before.1 == Class::Leak {
-                Change::Downgraded
-            } else if s.level > before.0 && s.level >= Some(Confidence::Likely) {
-                if before.0 >= Some(Confidence::Likely) {
-                    Change::Upgraded
-                } else {
-                    Change::New
-                }
-            } else {
+            let resolved = s.resolved && !before.2;
+            let downgraded = s.class != Class::Leak && before.1 == Class::Leak;
+            let Some(change) = Change::between(before.0, s.level, resolved, downgraded) else {
                 continue;
             };
             if change == Change::New && s.detected.is_none() {

@@ -239,6 +239,33 @@ pub enum Change {
     Resolved,
 }
 
+impl Change {
+    /// What a series' verdict did at a step boundary, if it is worth a line: it resolved or
+    /// was downgraded just now (`resolved`, `downgraded`: newly true), or its confidence rose
+    /// to `likely` or above (`before` -> `after`). The leak, site-growth and device-growth
+    /// detectors all say it this way.
+    pub fn between(
+        before: Option<Confidence>,
+        after: Option<Confidence>,
+        resolved: bool,
+        downgraded: bool,
+    ) -> Option<Change> {
+        if resolved {
+            Some(Change::Resolved)
+        } else if downgraded {
+            Some(Change::Downgraded)
+        } else if after > before && after >= Some(Confidence::Likely) {
+            Some(if before >= Some(Confidence::Likely) {
+                Change::Upgraded
+            } else {
+                Change::New
+            })
+        } else {
+            None
+        }
+    }
+}
+
 /// A finding as it happens: what the live collector prints. Sites are raw; the printer
 /// symbolizes them.
 #[derive(Clone, Debug)]
@@ -514,6 +541,22 @@ impl Analysis {
     }
 }
 
+impl Analysis {
+    /// A live allocation gone (freed, or become PyTorch's reserve), as the detectors see it.
+    fn gone(&self, f: &Free) -> AllocObs {
+        AllocObs {
+            device: f.device,
+            site: f.site,
+            size: f.size,
+            api: f.api,
+            epoch: self.clock.epoch,
+            ts_ns: f.ts_ns,
+            device_live: f.device_live,
+            capacity: f.capacity,
+        }
+    }
+}
+
 impl Observer for Analysis {
     fn alloc(&mut self, p: &Process, a: &Alloc) -> u32 {
         if self.failed {
@@ -556,16 +599,7 @@ impl Observer for Analysis {
         if self.failed {
             return;
         }
-        let obs = AllocObs {
-            device: f.device,
-            site: f.site,
-            size: f.size,
-            api: f.api,
-            epoch: self.clock.epoch,
-            ts_ns: f.ts_ns,
-            device_live: f.device_live,
-            capacity: f.capacity,
-        };
+        let obs = self.gone(f);
         if !f.reserve {
             // A segment of PyTorch's allocator left the leak detectors when it became reserve.
             self.growth.on_free(&obs, f.birth);
@@ -584,16 +618,7 @@ impl Observer for Analysis {
         if self.failed {
             return;
         }
-        let obs = AllocObs {
-            device: f.device,
-            site: f.site,
-            size: f.size,
-            api: f.api,
-            epoch: self.clock.epoch,
-            ts_ns: f.ts_ns,
-            device_live: f.device_live,
-            capacity: f.capacity,
-        };
+        let obs = self.gone(f);
         self.growth.on_free(&obs, f.birth);
         self.site_growth.on_free(&obs, f.birth);
     }

@@ -220,17 +220,9 @@ impl SiteGrowthDetector {
             if before == after {
                 continue;
             }
-            let change = if s.resolved && !before.2 {
-                Change::Resolved
-            } else if s.bounded && !before.1 {
-                Change::Downgraded
-            } else if s.level > before.0 && s.level >= Some(Confidence::Likely) {
-                if before.0 >= Some(Confidence::Likely) {
-                    Change::Upgraded
-                } else {
-                    Change::New
-                }
-            } else {
+            let resolved = s.resolved && !before.2;
+            let downgraded = s.bounded && !before.1;
+            let Some(change) = Change::between(before.0, s.level, resolved, downgraded) else {
                 continue;
             };
             if change == Change::New && s.detected.is_none() {
