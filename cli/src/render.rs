@@ -173,7 +173,7 @@ fn epochs_line(e: &EpochReport) -> String {
             }
             None => "iterations found in the allocations".to_string(),
         },
-        "time" => "time windows closed at troughs (no iteration found)".to_string(),
+        "windows" => "time windows closed at troughs (no iteration found)".to_string(),
         _ => "none (no step marker, no iteration found)".to_string(),
     };
     format!(

@@ -149,7 +149,7 @@ pub const CORPUS: &[Case] = &[
     leak("leak_pool", "pool_grow", POOL_ONSET).of(Class::Pool),
     // One reservation and nothing per step: no stream to find steps in.
     Case {
-        sources: &["none", "time"],
+        sources: &["none", "windows"],
         ..clean("clean_pool").of(Class::Pool)
     },
     leak("leak_ext_step", "ext_step_keep", 0).of(Class::Extension),
@@ -175,7 +175,7 @@ pub const CORPUS: &[Case] = &[
     // 20,000 allocations per thread in well under a second: too short for time windows, and no
     // thread's loop has an iteration made of more than one call site.
     Case {
-        sources: &["none", "time"],
+        sources: &["none", "windows"],
         ..clean("clean_threads").of(Class::Threaded)
     },
     leak("leak_phase", "keep_eval_output", 25).of(Class::Phase),
@@ -204,7 +204,7 @@ pub fn env(case: &Case, markers: bool) -> Vec<(&'static str, &'static str)> {
 pub struct Score {
     pub case: &'static str,
     pub markers: bool,
-    /// markers | auto | time | windows | none
+    /// markers | auto | windows | none
     pub epoch_source: String,
     /// How sure the clock is of its steps (0..1; `epochs.confidence`).
     pub epoch_confidence: f64,

@@ -105,7 +105,7 @@ pub enum EpochSource {
     Markers,
     Auto,
     /// Time windows closed at troughs.
-    Time,
+    Windows,
 }
 
 impl EpochSource {
@@ -114,7 +114,7 @@ impl EpochSource {
             EpochSource::None => "none",
             EpochSource::Markers => "markers",
             EpochSource::Auto => "auto",
-            EpochSource::Time => "time",
+            EpochSource::Windows => "windows",
         }
     }
 }
@@ -412,8 +412,8 @@ impl EpochClock {
             }
         }
         if self.anchor.is_none() && self.window_closes(ts, device_live) {
-            if self.source != EpochSource::Time {
-                self.source = EpochSource::Time;
+            if self.source != EpochSource::Windows {
+                self.source = EpochSource::Windows;
                 self.stable_since = self.epoch + 1;
             }
             boundary = true;
@@ -597,7 +597,7 @@ impl EpochClock {
                 c.drops = c.drops.saturating_add(1);
             }
         }
-        self.source = EpochSource::Time;
+        self.source = EpochSource::Windows;
         self.window_start = ts;
         self.window_len = None;
         self.window_low = u64::MAX;
@@ -696,7 +696,7 @@ impl EpochClock {
                 };
                 base * a.agreement()
             }
-            (EpochSource::Time, _) if self.epoch > 0 => TIME_CONFIDENCE,
+            (EpochSource::Windows, _) if self.epoch > 0 => TIME_CONFIDENCE,
             _ => 0.0,
         }
     }
@@ -773,7 +773,7 @@ mod tests {
                 live_at_boundaries.push(live);
             }
         }
-        assert_eq!(c.source, EpochSource::Time);
+        assert_eq!(c.source, EpochSource::Windows);
         assert_eq!(c.epoch, 1, "two 1 s windows, the second still open");
         assert_eq!(c.anchor(), None);
         // Closed at a trough: within 1/8 of the window's range above its lowest point.
