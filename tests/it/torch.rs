@@ -636,6 +636,14 @@ fn torch_keeps_pytorch_statistics_and_names_the_leak() {
     assert_eq!(grown, (STEPS - 1) * 4 * MIB, "{}", r.stdout);
     assert!(r.stdout.contains("summary lines"), "{}", r.stdout);
     check_activation_leak(&r, Mode::Torch, "leak_logged.py", 11);
+    // The report's device 0 has the tensors beside the segments: at their peak at least what
+    // PyTorch counted, inside a reserve at least as large.
+    let d0 = device(processes(&r.report)[0], 0);
+    let tensors_peak = d0["tensors"]["peak_bytes"].as_u64().unwrap_or(0);
+    assert!(tensors_peak >= grown, "{d0:#}");
+    let reserved_peak = d0["peak_bytes"].as_u64().unwrap_or(0);
+    assert!(reserved_peak >= tensors_peak, "{d0:#}");
+    assert!(d0["torch_reserved_bytes"].as_u64().is_some(), "{d0:#}");
 }
 
 /// The same script under the swap: PyTorch's statistics raise (what `--torch=swap` costs).

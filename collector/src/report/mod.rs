@@ -150,6 +150,22 @@ pub struct DeviceReport {
     pub capacity_bytes: Option<u64>,
     pub free_bytes: Option<u64>,
     pub reserved_va_bytes: u64,
+    /// PyTorch's tensors as its caching allocator's trace tracker reported them (`--torch`):
+    /// they live inside the segments counted above, so they are not part of those totals.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensors: Option<TensorTotals>,
+    /// Bytes of segments PyTorch's caching allocator held at the end (its reserve), from the
+    /// tracker's segment events (`--torch`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torch_reserved_bytes: Option<u64>,
+}
+
+/// A device's tensors under `--torch` (the trace tracker).
+#[derive(Clone, Debug, Serialize)]
+pub struct TensorTotals {
+    pub peak_bytes: u64,
+    pub live_at_exit_bytes: u64,
+    pub live_at_exit_count: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -366,6 +382,12 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
                 capacity_bytes: d.capacity,
                 free_bytes: d.last_free,
                 reserved_va_bytes: d.reserved_va_bytes,
+                tensors: (d.tensor_peak_bytes > 0).then_some(TensorTotals {
+                    peak_bytes: d.tensor_peak_bytes,
+                    live_at_exit_bytes: d.tensor_bytes,
+                    live_at_exit_count: d.tensor_count,
+                }),
+                torch_reserved_bytes: d.torch_reserved_bytes,
             })
             .collect();
         processes.push(ProcessReport {
