@@ -221,6 +221,20 @@ fn process_text(out: &mut String, p: &ProcessReport) {
             fmt_bytes(d.live_at_exit_bytes),
             d.live_at_exit_count
         );
+        if let Some(t) = &d.tensors {
+            let reserve = d
+                .torch_reserved_bytes
+                .map(|r| format!("   PyTorch's reserve at exit {}", fmt_bytes(r)))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "      {:<14} peak {:>11}   live at exit {:>11} in {}{reserve}",
+                "  tensors",
+                fmt_bytes(t.peak_bytes),
+                fmt_bytes(t.live_at_exit_bytes),
+                t.live_at_exit_count
+            );
+        }
     }
     for f in &p.failed_allocations {
         let error = match (f.error, f.meaning) {
