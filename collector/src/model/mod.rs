@@ -112,7 +112,20 @@ pub struct DeviceState {
     /// What PyTorch's caching allocator holds as segments, from its own segment events
     /// (None until the first one): its reserve, and nothing else's.
     pub torch_reserved_bytes: Option<u64>,
+    /// Allocations freed in the step (between two markers) they were made in.
+    pub temporary: u64,
+    /// Allocations and bytes by size, in power-of-two buckets: index `i` holds sizes in
+    /// `[2^(i-1), 2^i)` (0 holds size 0). Grown on demand, at most 65 entries.
+    pub size_buckets: Vec<(u64, u64)>,
+    /// The largest sites (site, live bytes, live allocations) when `peak_bytes` was last
+    /// reached, at most [`PEAK_SITES`], largest first. Taken when memory first falls from a
+    /// new peak (once per peak, not per allocation); while `peak_pending`, the peak is now.
+    pub peak_sites: Vec<(SiteId, u64, u64)>,
+    pub peak_pending: bool,
 }
+
+/// Call sites kept per device from the moment of its peak.
+pub const PEAK_SITES: usize = 32;
 
 /// Failed allocations of one (API, error, device).
 #[derive(Clone, Debug, Default)]
@@ -133,6 +146,36 @@ pub struct SiteStats {
     pub allocations: u64,
     /// The API that allocated most recently at this site.
     pub api: Option<Api>,
+    pub frees: u64,
+    /// Frees of allocations made in the same step (see [`DeviceState::temporary`]).
+    pub temporary: u64,
+    /// Live bytes when the first step marker came (0 for a site first seen after it): the
+    /// base of its growth per step.
+    pub live_at_first_step: u64,
+    /// Live bytes when the current step began, kept lazily: valid while `step_seen` is the
+    /// process's marker count (see [`SiteStats::live_at_last_step`]).
+    live_at_step_start: u64,
+    step_seen: u64,
+}
+
+impl SiteStats {
+    /// Live bytes when the last step marker came: the end of the last whole step, before the
+    /// teardown a program does at exit. `markers`: the process's count.
+    pub fn live_at_last_step(&self, markers: u64) -> u64 {
+        if self.step_seen == markers {
+            self.live_at_step_start
+        } else {
+            self.live_bytes
+        }
+    }
+
+    /// Remembers the live bytes at the start of the step, before the first change in it.
+    fn enter_step(&mut self, markers: u64) {
+        if self.step_seen != markers {
+            self.step_seen = markers;
+            self.live_at_step_start = self.live_bytes;
+        }
+    }
 }
 
 /// One frame of a stack, resolved to its module when the stack arrived.
@@ -303,6 +346,8 @@ pub struct Process {
     pub unknown_stacks: u64,
     pub markers: u64,
     pub last_marker: Option<String>,
+    /// When the current step began (the last marker; 0 before the first).
+    pub step_start_ts_ns: u64,
     pub first_ts_ns: u64,
     pub last_ts_ns: u64,
     pub last_seq: u64,
@@ -338,6 +383,7 @@ impl Process {
             unknown_stacks: 0,
             markers: 0,
             last_marker: None,
+            step_start_ts_ns: 0,
             first_ts_ns: 0,
             last_ts_ns: 0,
             last_seq: 0,
@@ -478,6 +524,13 @@ impl Process {
     /// A step marker: counted, and told to the observer.
     fn on_marker<O: Observer + ?Sized>(&mut self, ts: u64, obs: &mut O) {
         self.markers += 1;
+        self.step_start_ts_ns = self.step_start_ts_ns.max(ts);
+        if self.markers == 1 {
+            // Once per process: the base of each site's growth per step.
+            for s in self.site_stats.values_mut() {
+                s.live_at_first_step = s.live_bytes;
+            }
+        }
         obs.step(self, ts);
     }
 
@@ -514,12 +567,21 @@ impl Process {
             dev.live_count += 1;
             dev.allocations += 1;
             dev.bytes_allocated = dev.bytes_allocated.saturating_add(size);
+            let bucket = size_bucket(size);
+            if dev.size_buckets.len() <= bucket {
+                dev.size_buckets.resize(bucket + 1, (0, 0));
+            }
+            let b = &mut dev.size_buckets[bucket];
+            b.0 += 1;
+            b.1 = b.1.saturating_add(size);
             if dev.live_bytes > dev.peak_bytes {
                 dev.peak_bytes = dev.live_bytes;
                 dev.peak_ts_ns = ts;
+                dev.peak_pending = true;
             }
         }
         let s = self.site_stats.entry((site, device)).or_default();
+        s.enter_step(self.markers);
         s.live_bytes = s.live_bytes.saturating_add(size);
         s.live_count += 1;
         s.total_bytes = s.total_bytes.saturating_add(size);
@@ -534,9 +596,22 @@ impl Process {
         &mut self,
         obs: &mut O,
         (device, site, size, api, birth, ts, reserve): (i16, SiteId, u64, Api, u32, u64, bool),
+        born_ns: u64,
     ) {
+        let tensor = api.memory_class() == MemoryClass::Tensor;
+        if !tensor && self.devices.get(&device).is_some_and(|d| d.peak_pending) {
+            // Memory falls from a new peak: who holds it is who held the peak.
+            let sites = self.largest_sites(device, PEAK_SITES);
+            let dev = self.device(device);
+            dev.peak_sites = sites;
+            dev.peak_pending = false;
+        }
+        let temporary = born_ns >= self.step_start_ts_ns;
         let dev = self.device(device);
-        if api.memory_class() == MemoryClass::Tensor {
+        if !tensor && temporary {
+            dev.temporary += 1;
+        }
+        if tensor {
             dev.tensor_bytes = dev.tensor_bytes.saturating_sub(size);
             dev.tensor_count = dev.tensor_count.saturating_sub(1);
         } else {
@@ -545,8 +620,11 @@ impl Process {
             dev.frees += 1;
         }
         if let Some(s) = self.site_stats.get_mut(&(site, device)) {
+            s.enter_step(self.markers);
             s.live_bytes = s.live_bytes.saturating_sub(size);
             s.live_count = s.live_count.saturating_sub(1);
+            s.frees += 1;
+            s.temporary += u64::from(temporary);
         }
         let dev = &self.devices[&device];
         let free = Free {
@@ -577,7 +655,7 @@ impl Process {
                     ts,
                     false,
                 );
-                self.remove_live(obs, gone);
+                self.remove_live(obs, gone, h.ts_ns);
             }
         }
     }
@@ -647,7 +725,7 @@ impl Process {
                         ev.ts_ns,
                         old.reserve,
                     );
-                    self.remove_live(obs, gone);
+                    self.remove_live(obs, gone, old.ts_ns);
                 }
                 let site = self.site_of(ev.stack);
                 self.device(device).events += 1;
@@ -671,7 +749,7 @@ impl Process {
                     let gone = (
                         a.device, a.site, a.size, a.api, a.birth, ev.ts_ns, a.reserve,
                     );
-                    self.remove_live(obs, gone);
+                    self.remove_live(obs, gone, a.ts_ns);
                 }
                 None => self.unmatched_frees += 1,
             },
@@ -730,7 +808,7 @@ impl Process {
                     let gone = (
                         old.device, old.site, old.size, api, old.birth, ev.ts_ns, false,
                     );
-                    self.remove_live(obs, gone);
+                    self.remove_live(obs, gone, old.ts_ns);
                 }
                 let birth = self.add_live(obs, (ev.device, site, ev.size, ev.ts_ns, api));
                 self.handles.insert(
@@ -829,6 +907,36 @@ impl Process {
     }
 
     /// The `n` sites holding the most live bytes on `device`: (site, bytes, count).
+    /// The `n` sites of `device` holding most memory now, as (site, live bytes, live
+    /// allocations), largest first; tensors inside PyTorch's segments are left out (the
+    /// segments hold their bytes).
+    fn largest_sites(&self, device: i16, n: usize) -> Vec<(SiteId, u64, u64)> {
+        let mut v: Vec<(SiteId, u64, u64)> = self
+            .site_stats
+            .iter()
+            .filter(|((_, d), s)| {
+                *d == device
+                    && s.live_bytes > 0
+                    && s.api
+                        .is_none_or(|a| a.memory_class() != MemoryClass::Tensor)
+            })
+            .map(|((site, _), s)| (*site, s.live_bytes, s.live_count))
+            .collect();
+        v.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v.truncate(n);
+        v
+    }
+
+    /// Who held `device`'s memory at its peak: (site, bytes, allocations), largest first, at
+    /// most [`PEAK_SITES`].
+    pub fn peak_sites(&self, device: i16) -> Vec<(SiteId, u64, u64)> {
+        match self.devices.get(&device) {
+            Some(d) if d.peak_pending => self.largest_sites(device, PEAK_SITES),
+            Some(d) => d.peak_sites.clone(),
+            None => Vec::new(),
+        }
+    }
+
     pub fn top_sites(&self, device: i16, n: usize) -> Vec<(SiteId, u64, u64)> {
         let mut v: Vec<(SiteId, u64, u64)> = self
             .site_stats
@@ -850,6 +958,11 @@ impl Process {
             .map(|(_, n)| n)
             .sum()
     }
+}
+
+/// The size-histogram bucket of `size`: sizes in `[2^(i-1), 2^i)` go to `i`, 0 to 0.
+pub fn size_bucket(size: u64) -> usize {
+    (u64::BITS - size.leading_zeros()) as usize
 }
 
 #[cfg(test)]
