@@ -1301,4 +1301,82 @@ mod tests {
         assert_eq!(p.devices[&HOST_DEVICE].live_bytes, 10);
         assert_eq!(p.devices[&0].live_bytes, 20);
     }
+
+    /// Defines stacks 1 and 2 (one frame each) and returns their sites.
+    fn two_sites(p: &mut Process) -> (SiteId, SiteId) {
+        p.apply(
+            &Frame::StackDef {
+                id: StackId(1),
+                frames: vec![0x1000],
+            },
+            &mut (),
+        );
+        p.apply(
+            &Frame::StackDef {
+                id: StackId(2),
+                frames: vec![0x2000],
+            },
+            &mut (),
+        );
+        (p.stack_site(StackId(1)), p.stack_site(StackId(2)))
+    }
+
+    fn at(kind: EventKind, ptr: u64, size: u64, stack: u32, ts: u64) -> Event {
+        let api = if kind == EventKind::Alloc {
+            Api::cudaMalloc
+        } else {
+            Api::cudaFree
+        };
+        let mut e = ev(kind, api, ptr, size);
+        e.stack = StackId(stack);
+        e.ts_ns = ts;
+        e
+    }
+
+    #[test]
+    fn the_peak_remembers_who_held_it() {
+        let mut p = proc();
+        let (s1, s2) = two_sites(&mut p);
+        p.apply_event(&at(EventKind::Alloc, 0xa, 8, 1, 1), &mut ());
+        p.apply_event(&at(EventKind::Alloc, 0xb, 4, 2, 2), &mut ());
+        p.apply_event(&at(EventKind::Free, 0xb, 0, 0, 3), &mut ());
+        p.apply_event(&at(EventKind::Alloc, 0xc, 2, 1, 4), &mut ());
+        assert_eq!(p.devices[&0].peak_bytes, 12);
+        assert_eq!(p.peak_sites(0), vec![(s1, 8, 1), (s2, 4, 1)], "not the end");
+        // A new peak, not yet left: the peak is now.
+        p.apply_event(&at(EventKind::Alloc, 0xd, 8, 2, 5), &mut ());
+        assert_eq!(p.peak_sites(0), vec![(s1, 10, 2), (s2, 8, 1)]);
+        let buckets = &p.devices[&0].size_buckets;
+        // 2 -> [2, 4), 4 -> [4, 8), 8 -> [8, 16).
+        assert_eq!(buckets[2..], [(1, 2), (1, 4), (2, 16)]);
+    }
+
+    #[test]
+    fn temporaries_and_growth_are_counted_by_step() {
+        let mut p = proc();
+        let (_, s2) = two_sites(&mut p);
+        let marker = |p: &mut Process, ts| {
+            let mut e = Event::new(EventKind::Marker, Api::cudaMalloc);
+            e.ts_ns = ts;
+            p.apply_event(&e, &mut ());
+        };
+        p.apply_event(&at(EventKind::Alloc, 0x1, 1, 1, 10), &mut ());
+        marker(&mut p, 20);
+        // Born in the step before: not temporary.
+        p.apply_event(&at(EventKind::Free, 0x1, 0, 0, 25), &mut ());
+        p.apply_event(&at(EventKind::Alloc, 0x2, 1, 1, 30), &mut ());
+        p.apply_event(&at(EventKind::Free, 0x2, 0, 0, 35), &mut ());
+        p.apply_event(&at(EventKind::Alloc, 0x3, 8, 2, 40), &mut ());
+        marker(&mut p, 50);
+        p.apply_event(&at(EventKind::Alloc, 0x4, 8, 2, 60), &mut ());
+        marker(&mut p, 70);
+        // The teardown at exit, after the last marker.
+        p.apply_event(&at(EventKind::Free, 0x3, 0, 0, 80), &mut ());
+        p.apply_event(&at(EventKind::Free, 0x4, 0, 0, 81), &mut ());
+        assert_eq!(p.devices[&0].temporary, 1);
+        let s = &p.site_stats[&(s2, 0)];
+        assert_eq!((s.frees, s.temporary, s.live_bytes), (2, 0, 0));
+        assert_eq!(s.live_at_first_step, 0);
+        assert_eq!(s.live_at_last_step(p.markers), 16, "before the teardown");
+    }
 }
