@@ -8,6 +8,7 @@
 //! A step is the model's own: the time between two step markers; a run without markers is
 //! one step.
 
+use std::collections::HashMap;
 use std::str::FromStr;
 
 use serde::Serialize;
@@ -183,9 +184,13 @@ fn growth_per_step(p: &Process, s: &SiteStats) -> f64 {
 /// Sections of every process and device of `trace` that allocated, in the report's order.
 pub fn build(trace: &Trace<Analysis>, opts: &SectionOptions) -> Vec<DeviceSections> {
     let mut sym = StackSymbolizer::new();
+    // A site shows in several lists: symbolized once per process.
+    let mut seen: HashMap<(u32, u32, SiteId), Vec<FrameInfo>> = HashMap::new();
     let mut stack_of = |p: &Process, site: SiteId| {
         if opts.symbolize {
-            sym.site(p, site)
+            seen.entry((p.conn, p.pid(), site))
+                .or_insert_with(|| sym.site(p, site))
+                .clone()
         } else {
             p.sites
                 .get(site.0 as usize)
