@@ -323,3 +323,33 @@ fn diff_refuses_bad_input_in_one_line() {
         assert!(out.stdout.is_empty(), "{all:?}");
     }
 }
+
+/// leak_history keeps 2 MiB every step, marked: its growth per step, between the first and
+/// the last marker, is exactly 2 MiB; `--sort growth` orders the table by it.
+#[test]
+fn growth_per_step_is_measured_between_markers() {
+    let t = run_traced("leak_history", &[], &[("CORPUS_MARKERS", "1")]);
+    assert!(t.status.success(), "{}", t.stderr);
+    let r = json_of(&oomtrace(&[
+        "report",
+        "--json",
+        "--sort",
+        "growth",
+        t.trace.to_str().unwrap(),
+    ]));
+    let s = &r["sections"][0];
+    assert_eq!(s["sort"], "growth");
+    assert_eq!(s["totals"]["steps"], 60);
+    let sites = s["sites"].as_array().unwrap();
+    let growth: Vec<f64> = sites
+        .iter()
+        .map(|r| r["growth_per_step"].as_f64().unwrap())
+        .collect();
+    assert!(growth.windows(2).all(|w| w[0] >= w[1]), "{growth:?}");
+    let history = sites
+        .iter()
+        .find(|r| first_function(r) == "history_append")
+        .expect("history_append in the table");
+    assert_eq!(history["growth_per_step"].as_f64(), Some((2 * MIB) as f64));
+    assert_eq!(history["live_at_exit_bytes"], 120 * MIB);
+}
