@@ -34,6 +34,7 @@ enum Command {
     Report(cmd::report::Args),
     Demo(cmd::demo::Args),
     Export(cmd::export::Args),
+    Diff(cmd::diff::Args),
     #[command(aliases = ["lib-path", "libpath", "preload"])]
     Lib(cmd::lib::Args),
 }
@@ -126,6 +127,7 @@ fn main() -> ExitCode {
         Command::Report(a) => cmd::report::run(a),
         Command::Demo(a) => cmd::demo::run(a),
         Command::Export(a) => cmd::export::run(a),
+        Command::Diff(a) => cmd::diff::run(a),
         Command::Lib(a) => cmd::lib::run(a),
     };
     match result {

@@ -5,6 +5,7 @@ use std::fmt::Write;
 use oomtrace_collector::analysis::device_growth::Events;
 use oomtrace_collector::analysis::growth::Trend;
 use oomtrace_collector::analysis::Evidence;
+use oomtrace_collector::report::sections::{site_name, DeviceSections, SiteRow};
 use oomtrace_collector::report::symbolize::{culprit, FrameInfo};
 use oomtrace_collector::report::{
     fmt_python_lines, EpochReport, Finding, Kind, Level, ProcessReport, Report,
@@ -464,7 +465,96 @@ pub fn full(r: &Report) -> String {
             stack_text(&mut out, &f.stack, "        ", TEXT_FRAMES);
         }
     }
+    for s in &r.sections {
+        sections_text(&mut out, s);
+    }
     out
+}
+
+/// A size bucket's range, e.g. `[1.0 MiB, 2.0 MiB)`.
+fn bucket_text(min: u64, max: u64) -> String {
+    if min == 0 {
+        "0 B".into()
+    } else {
+        format!("[{}, {})", fmt_bytes(min), fmt_bytes(max.saturating_add(1)))
+    }
+}
+
+fn site_row_text(out: &mut String, r: &SiteRow) {
+    let _ = writeln!(
+        out,
+        "    peak {:>10}  end {:>10}  {:>7} allocs  {:>7} temporary  {:>+12.0} B/step  {}",
+        fmt_bytes(r.peak_bytes),
+        fmt_bytes(r.live_at_exit_bytes),
+        r.allocations,
+        r.temporary,
+        r.growth_per_step,
+        site_name(&r.stack)
+    );
+}
+
+/// The heaptrack_print-like sections of one process and device (`oomtrace report`).
+fn sections_text(out: &mut String, s: &DeviceSections) {
+    let t = &s.totals;
+    let _ = writeln!(out, "\nSections: pid {}, {}", s.pid, device_name(s.device));
+    let _ = writeln!(
+        out,
+        "  totals: {} allocations, {} frees ({} temporary), {} allocated in total, peak {} at \
+         {}, {} in {} live at exit, {} steps",
+        t.allocations,
+        t.frees,
+        t.temporary,
+        fmt_bytes(t.bytes_allocated),
+        fmt_bytes(t.peak_bytes),
+        fmt_duration(t.peak_time_s),
+        fmt_bytes(t.live_at_exit_bytes),
+        t.live_at_exit_count,
+        t.steps
+    );
+    let _ = writeln!(out, "  peak consumers (held at the peak):");
+    for c in &s.peak_consumers {
+        let _ = writeln!(
+            out,
+            "    {:>10} in {:>5}  {}",
+            fmt_bytes(c.bytes),
+            c.count,
+            site_name(&c.stack)
+        );
+    }
+    let _ = writeln!(out, "  most allocations:");
+    for r in &s.most_allocations {
+        let _ = writeln!(
+            out,
+            "    {:>7} allocations, {:>10} in total  {}",
+            r.allocations,
+            fmt_bytes(r.bytes_allocated),
+            site_name(&r.stack)
+        );
+    }
+    let _ = writeln!(out, "  most temporary allocations (freed in their step):");
+    for r in &s.most_temporary {
+        let _ = writeln!(
+            out,
+            "    {:>7} of {:>7} allocations  {}",
+            r.temporary,
+            r.allocations,
+            site_name(&r.stack)
+        );
+    }
+    let _ = writeln!(out, "  allocation sizes:");
+    for b in &s.size_histogram {
+        let _ = writeln!(
+            out,
+            "    {:>22}  {:>7} allocations  {:>10}",
+            bucket_text(b.min_bytes, b.max_bytes),
+            b.count,
+            fmt_bytes(b.bytes)
+        );
+    }
+    let _ = writeln!(out, "  call sites (by {}):", s.sort);
+    for r in &s.sites {
+        site_row_text(out, r);
+    }
 }
 
 /// A few lines for the end of `oomtrace run`.

@@ -60,3 +60,7 @@ mod attribution;
 /// clean training loops, an OOM at a known line and expandable segments, each under `run`,
 /// plain `LD_PRELOAD`, `--torch` and the user's own pluggable allocator.
 mod torch;
+
+/// `oomtrace report`'s sections (peak consumers, most allocations, temporaries, sizes,
+/// totals, `--sort`) and `oomtrace diff` of two runs of a corpus program, both ways.
+mod report_diff;

@@ -3,6 +3,7 @@
 
 pub mod collect;
 pub mod demo;
+pub mod diff;
 pub mod export;
 pub mod lib;
 pub mod report;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use oomtrace_collector::analysis::Analysis;
 use oomtrace_collector::model::trace::Trace;
+use oomtrace_collector::report::sections::{self, SectionOptions, SiteOrder};
 use oomtrace_collector::report::{self, ReportOptions};
 
 use crate::output::Output;
@@ -23,6 +24,11 @@ pub struct Args {
     /// Call sites listed per process and device.
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub top: usize,
+    /// Order of the call-site table in each process and device's sections: peak (most held
+    /// at once), end (most live at exit, the default), count (most allocations) or growth
+    /// (fastest growth per step).
+    #[arg(long, default_value = "end", value_name = "ORDER")]
+    pub sort: SiteOrder,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
@@ -39,11 +45,19 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     for w in report::analysis_failures(&trace) {
         eprintln!("{w}");
     }
-    let report = report::build(
+    let mut report = report::build(
         &trace,
         &ReportOptions {
             top: args.top,
             path: args.file.display().to_string(),
+            symbolize: true,
+        },
+    );
+    report.sections = sections::build(
+        &trace,
+        &SectionOptions {
+            top: args.top,
+            order: args.sort,
             symbolize: true,
         },
     );

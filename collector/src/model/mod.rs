@@ -112,7 +112,20 @@ pub struct DeviceState {
     /// What PyTorch's caching allocator holds as segments, from its own segment events
     /// (None until the first one): its reserve, and nothing else's.
     pub torch_reserved_bytes: Option<u64>,
+    /// Allocations freed in the step (between two markers) they were made in.
+    pub temporary: u64,
+    /// Allocations and bytes by size, in power-of-two buckets: index `i` holds sizes in
+    /// `[2^(i-1), 2^i)` (0 holds size 0). Grown on demand, at most 65 entries.
+    pub size_buckets: Vec<(u64, u64)>,
+    /// The largest sites (site, live bytes, live allocations) when `peak_bytes` was last
+    /// reached, at most [`PEAK_SITES`], largest first. Taken when memory first falls from a
+    /// new peak (once per peak, not per allocation); while `peak_pending`, the peak is now.
+    pub peak_sites: Vec<(SiteId, u64, u64)>,
+    pub peak_pending: bool,
 }
+
+/// Call sites kept per device from the moment of its peak.
+pub const PEAK_SITES: usize = 32;
 
 /// Failed allocations of one (API, error, device).
 #[derive(Clone, Debug, Default)]
@@ -133,6 +146,36 @@ pub struct SiteStats {
     pub allocations: u64,
     /// The API that allocated most recently at this site.
     pub api: Option<Api>,
+    pub frees: u64,
+    /// Frees of allocations made in the same step (see [`DeviceState::temporary`]).
+    pub temporary: u64,
+    /// Live bytes when the first step marker came (0 for a site first seen after it): the
+    /// base of its growth per step.
+    pub live_at_first_step: u64,
+    /// Live bytes when the current step began, kept lazily: valid while `step_seen` is the
+    /// process's marker count (see [`SiteStats::live_at_last_step`]).
+    live_at_step_start: u64,
+    step_seen: u64,
+}
+
+impl SiteStats {
+    /// Live bytes when the last step marker came: the end of the last whole step, before the
+    /// teardown a program does at exit. `markers`: the process's count.
+    pub fn live_at_last_step(&self, markers: u64) -> u64 {
+        if self.step_seen == markers {
+            self.live_at_step_start
+        } else {
+            self.live_bytes
+        }
+    }
+
+    /// Remembers the live bytes at the start of the step, before the first change in it.
+    fn enter_step(&mut self, markers: u64) {
+        if self.step_seen != markers {
+            self.step_seen = markers;
+            self.live_at_step_start = self.live_bytes;
+        }
+    }
 }
 
 /// One frame of a stack, resolved to its module when the stack arrived.
@@ -303,6 +346,8 @@ pub struct Process {
     pub unknown_stacks: u64,
     pub markers: u64,
     pub last_marker: Option<String>,
+    /// When the current step began (the last marker; 0 before the first).
+    pub step_start_ts_ns: u64,
     pub first_ts_ns: u64,
     pub last_ts_ns: u64,
     pub last_seq: u64,
@@ -338,6 +383,7 @@ impl Process {
             unknown_stacks: 0,
             markers: 0,
             last_marker: None,
+            step_start_ts_ns: 0,
             first_ts_ns: 0,
             last_ts_ns: 0,
             last_seq: 0,
@@ -478,6 +524,13 @@ impl Process {
     /// A step marker: counted, and told to the observer.
     fn on_marker<O: Observer + ?Sized>(&mut self, ts: u64, obs: &mut O) {
         self.markers += 1;
+        self.step_start_ts_ns = self.step_start_ts_ns.max(ts);
+        if self.markers == 1 {
+            // Once per process: the base of each site's growth per step.
+            for s in self.site_stats.values_mut() {
+                s.live_at_first_step = s.live_bytes;
+            }
+        }
         obs.step(self, ts);
     }
 
@@ -515,12 +568,21 @@ impl Process {
             dev.live_count += 1;
             dev.allocations += 1;
             dev.bytes_allocated = dev.bytes_allocated.saturating_add(size);
+            let bucket = size_bucket(size);
+            if dev.size_buckets.len() <= bucket {
+                dev.size_buckets.resize(bucket + 1, (0, 0));
+            }
+            let b = &mut dev.size_buckets[bucket];
+            b.0 += 1;
+            b.1 = b.1.saturating_add(size);
             if dev.live_bytes > dev.peak_bytes {
                 dev.peak_bytes = dev.live_bytes;
                 dev.peak_ts_ns = ts;
+                dev.peak_pending = true;
             }
         }
         let s = self.site_stats.entry((site, device)).or_default();
+        s.enter_step(self.markers);
         s.live_bytes = s.live_bytes.saturating_add(size);
         s.live_count += 1;
         s.total_bytes = s.total_bytes.saturating_add(size);
@@ -535,9 +597,22 @@ impl Process {
         &mut self,
         obs: &mut O,
         (device, site, size, api, birth, ts, reserve): (i16, SiteId, u64, Api, u32, u64, bool),
+        born_ns: u64,
     ) {
+        let tensor = api.memory_class() == MemoryClass::Tensor;
+        if !tensor && self.devices.get(&device).is_some_and(|d| d.peak_pending) {
+            // Memory falls from a new peak: who holds it is who held the peak.
+            let sites = self.largest_sites(device, PEAK_SITES);
+            let dev = self.device(device);
+            dev.peak_sites = sites;
+            dev.peak_pending = false;
+        }
+        let temporary = born_ns >= self.step_start_ts_ns;
         let dev = self.device(device);
-        if api.memory_class() == MemoryClass::Tensor {
+        if !tensor && temporary {
+            dev.temporary += 1;
+        }
+        if tensor {
             dev.tensor_bytes = dev.tensor_bytes.saturating_sub(size);
             dev.tensor_count = dev.tensor_count.saturating_sub(1);
         } else {
@@ -546,8 +621,11 @@ impl Process {
             dev.frees += 1;
         }
         if let Some(s) = self.site_stats.get_mut(&(site, device)) {
+            s.enter_step(self.markers);
             s.live_bytes = s.live_bytes.saturating_sub(size);
             s.live_count = s.live_count.saturating_sub(1);
+            s.frees += 1;
+            s.temporary += u64::from(temporary);
         }
         let dev = &self.devices[&device];
         let free = Free {
@@ -578,7 +656,7 @@ impl Process {
                     ts,
                     false,
                 );
-                self.remove_live(obs, gone);
+                self.remove_live(obs, gone, h.ts_ns);
             }
         }
     }
@@ -648,7 +726,7 @@ impl Process {
                         ev.ts_ns,
                         old.reserve,
                     );
-                    self.remove_live(obs, gone);
+                    self.remove_live(obs, gone, old.ts_ns);
                 }
                 let site = self.site_of(ev.stack);
                 self.device(device).events += 1;
@@ -672,7 +750,7 @@ impl Process {
                     let gone = (
                         a.device, a.site, a.size, a.api, a.birth, ev.ts_ns, a.reserve,
                     );
-                    self.remove_live(obs, gone);
+                    self.remove_live(obs, gone, a.ts_ns);
                 }
                 None => self.unmatched_frees += 1,
             },
@@ -731,7 +809,7 @@ impl Process {
                     let gone = (
                         old.device, old.site, old.size, api, old.birth, ev.ts_ns, false,
                     );
-                    self.remove_live(obs, gone);
+                    self.remove_live(obs, gone, old.ts_ns);
                 }
                 let birth = self.add_live(obs, (ev.device, site, ev.size, ev.ts_ns, api, ev.tid));
                 self.handles.insert(
@@ -830,6 +908,36 @@ impl Process {
     }
 
     /// The `n` sites holding the most live bytes on `device`: (site, bytes, count).
+    /// The `n` sites of `device` holding most memory now, as (site, live bytes, live
+    /// allocations), largest first; tensors inside PyTorch's segments are left out (the
+    /// segments hold their bytes).
+    fn largest_sites(&self, device: i16, n: usize) -> Vec<(SiteId, u64, u64)> {
+        let mut v: Vec<(SiteId, u64, u64)> = self
+            .site_stats
+            .iter()
+            .filter(|((_, d), s)| {
+                *d == device
+                    && s.live_bytes > 0
+                    && s.api
+                        .is_none_or(|a| a.memory_class() != MemoryClass::Tensor)
+            })
+            .map(|((site, _), s)| (*site, s.live_bytes, s.live_count))
+            .collect();
+        v.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v.truncate(n);
+        v
+    }
+
+    /// Who held `device`'s memory at its peak: (site, bytes, allocations), largest first, at
+    /// most [`PEAK_SITES`].
+    pub fn peak_sites(&self, device: i16) -> Vec<(SiteId, u64, u64)> {
+        match self.devices.get(&device) {
+            Some(d) if d.peak_pending => self.largest_sites(device, PEAK_SITES),
+            Some(d) => d.peak_sites.clone(),
+            None => Vec::new(),
+        }
+    }
+
     pub fn top_sites(&self, device: i16, n: usize) -> Vec<(SiteId, u64, u64)> {
         let mut v: Vec<(SiteId, u64, u64)> = self
             .site_stats
@@ -851,6 +959,11 @@ impl Process {
             .map(|(_, n)| n)
             .sum()
     }
+}
+
+/// The size-histogram bucket of `size`: sizes in `[2^(i-1), 2^i)` go to `i`, 0 to 0.
+pub fn size_bucket(size: u64) -> usize {
+    (u64::BITS - size.leading_zeros()) as usize
 }
 
 #[cfg(test)]
@@ -1188,5 +1301,83 @@ mod tests {
         p.apply_event(&ev(EventKind::Alloc, Api::cudaMalloc, 0xb, 20), &mut ());
         assert_eq!(p.devices[&HOST_DEVICE].live_bytes, 10);
         assert_eq!(p.devices[&0].live_bytes, 20);
+    }
+
+    /// Defines stacks 1 and 2 (one frame each) and returns their sites.
+    fn two_sites(p: &mut Process) -> (SiteId, SiteId) {
+        p.apply(
+            &Frame::StackDef {
+                id: StackId(1),
+                frames: vec![0x1000],
+            },
+            &mut (),
+        );
+        p.apply(
+            &Frame::StackDef {
+                id: StackId(2),
+                frames: vec![0x2000],
+            },
+            &mut (),
+        );
+        (p.stack_site(StackId(1)), p.stack_site(StackId(2)))
+    }
+
+    fn at(kind: EventKind, ptr: u64, size: u64, stack: u32, ts: u64) -> Event {
+        let api = if kind == EventKind::Alloc {
+            Api::cudaMalloc
+        } else {
+            Api::cudaFree
+        };
+        let mut e = ev(kind, api, ptr, size);
+        e.stack = StackId(stack);
+        e.ts_ns = ts;
+        e
+    }
+
+    #[test]
+    fn the_peak_remembers_who_held_it() {
+        let mut p = proc();
+        let (s1, s2) = two_sites(&mut p);
+        p.apply_event(&at(EventKind::Alloc, 0xa, 8, 1, 1), &mut ());
+        p.apply_event(&at(EventKind::Alloc, 0xb, 4, 2, 2), &mut ());
+        p.apply_event(&at(EventKind::Free, 0xb, 0, 0, 3), &mut ());
+        p.apply_event(&at(EventKind::Alloc, 0xc, 2, 1, 4), &mut ());
+        assert_eq!(p.devices[&0].peak_bytes, 12);
+        assert_eq!(p.peak_sites(0), vec![(s1, 8, 1), (s2, 4, 1)], "not the end");
+        // A new peak, not yet left: the peak is now.
+        p.apply_event(&at(EventKind::Alloc, 0xd, 8, 2, 5), &mut ());
+        assert_eq!(p.peak_sites(0), vec![(s1, 10, 2), (s2, 8, 1)]);
+        let buckets = &p.devices[&0].size_buckets;
+        // 2 -> [2, 4), 4 -> [4, 8), 8 -> [8, 16).
+        assert_eq!(buckets[2..], [(1, 2), (1, 4), (2, 16)]);
+    }
+
+    #[test]
+    fn temporaries_and_growth_are_counted_by_step() {
+        let mut p = proc();
+        let (_, s2) = two_sites(&mut p);
+        let marker = |p: &mut Process, ts| {
+            let mut e = Event::new(EventKind::Marker, Api::cudaMalloc);
+            e.ts_ns = ts;
+            p.apply_event(&e, &mut ());
+        };
+        p.apply_event(&at(EventKind::Alloc, 0x1, 1, 1, 10), &mut ());
+        marker(&mut p, 20);
+        // Born in the step before: not temporary.
+        p.apply_event(&at(EventKind::Free, 0x1, 0, 0, 25), &mut ());
+        p.apply_event(&at(EventKind::Alloc, 0x2, 1, 1, 30), &mut ());
+        p.apply_event(&at(EventKind::Free, 0x2, 0, 0, 35), &mut ());
+        p.apply_event(&at(EventKind::Alloc, 0x3, 8, 2, 40), &mut ());
+        marker(&mut p, 50);
+        p.apply_event(&at(EventKind::Alloc, 0x4, 8, 2, 60), &mut ());
+        marker(&mut p, 70);
+        // The teardown at exit, after the last marker.
+        p.apply_event(&at(EventKind::Free, 0x3, 0, 0, 80), &mut ());
+        p.apply_event(&at(EventKind::Free, 0x4, 0, 0, 81), &mut ());
+        assert_eq!(p.devices[&0].temporary, 1);
+        let s = &p.site_stats[&(s2, 0)];
+        assert_eq!((s.frees, s.temporary, s.live_bytes), (2, 0, 0));
+        assert_eq!(s.live_at_first_step, 0);
+        assert_eq!(s.live_at_last_step(p.markers), 16, "before the teardown");
     }
 }

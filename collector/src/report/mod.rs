@@ -11,6 +11,7 @@
 pub mod hints;
 pub mod live;
 pub mod roles;
+pub mod sections;
 pub mod symbolize;
 
 use std::collections::{BTreeMap, HashMap};
@@ -38,6 +39,10 @@ pub struct Report {
     pub trace: TraceInfo,
     pub processes: Vec<ProcessReport>,
     pub findings: Vec<Finding>,
+    /// heaptrack_print-like sections per process and device ([`sections`]); filled by
+    /// `oomtrace report`, absent (empty) elsewhere.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sections: Vec<sections::DeviceSections>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -575,5 +580,6 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
         },
         processes,
         findings,
+        sections: Vec::new(),
     }
 }

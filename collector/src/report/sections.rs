@@ -1,0 +1,319 @@
+//! Report sections in the manner of heaptrack_print, per process and device: who held memory
+//! at the device's peak, the call sites that allocated most often, those whose allocations
+//! were freed within the step that made them (temporaries), a power-of-two size histogram,
+//! the totals, and a table of call sites in a chosen order.
+//!
+//! Built from the model's accounting alone (per-site counters, the peak snapshot), so that
+//! every front end (`oomtrace report`, `oomtrace diff`, an HTML view) shows the same numbers.
+//! A step is the model's own: the time between two step markers; a run without markers is
+//! one step.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use crate::analysis::Analysis;
+use crate::model::trace::Trace;
+use crate::model::{FrameInfo, Process, SiteId, SiteStats, HOST_DEVICE};
+
+use super::symbolize::{culprit, StackSymbolizer};
+
+/// How the call-site table is ordered (`oomtrace report --sort`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SiteOrder {
+    /// Most bytes at the site's own peak first.
+    Peak,
+    /// Most bytes live at exit first (the report's order of live-at-exit call sites).
+    #[default]
+    End,
+    /// Most allocations first.
+    Count,
+    /// Fastest growth per step first.
+    Growth,
+}
+
+impl FromStr for SiteOrder {
+    type Err = String;
+    fn from_str(s: &str) -> Result<SiteOrder, String> {
+        match s {
+            "peak" => Ok(SiteOrder::Peak),
+            "end" => Ok(SiteOrder::End),
+            "count" => Ok(SiteOrder::Count),
+            "growth" => Ok(SiteOrder::Growth),
+            _ => Err(format!(
+                "unknown order {s:?} (expected peak, end, count or growth)"
+            )),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SectionOptions {
+    /// Entries per list (the table of call sites and each top list).
+    pub top: usize,
+    pub order: SiteOrder,
+    /// Symbolize stacks (off in tests that check raw frames).
+    pub symbolize: bool,
+}
+
+/// The sections of one process and device.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceSections {
+    pub pid: u32,
+    pub device: i16,
+    /// "device" or "host_pinned", as in `processes[].devices[]`.
+    pub memory: &'static str,
+    pub totals: Totals,
+    /// Who held memory when the device reached `totals.peak_bytes`, largest first.
+    pub peak_consumers: Vec<SiteBytes>,
+    /// Call sites by allocations made, most first.
+    pub most_allocations: Vec<SiteRow>,
+    /// Call sites by temporary allocations (freed in the step that made them), most first;
+    /// sites with none are left out.
+    pub most_temporary: Vec<SiteRow>,
+    /// Allocations by size; only non-empty buckets.
+    pub size_histogram: Vec<SizeBucket>,
+    /// Call sites in the order asked for (`sort`), at most `--top`.
+    pub sites: Vec<SiteRow>,
+    /// The order of `sites`: peak | end | count | growth.
+    pub sort: &'static str,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Totals {
+    pub allocations: u64,
+    pub frees: u64,
+    pub temporary: u64,
+    pub bytes_allocated: u64,
+    pub peak_bytes: u64,
+    /// Seconds from the process's first event to the peak.
+    pub peak_time_s: f64,
+    pub live_at_exit_bytes: u64,
+    pub live_at_exit_count: u64,
+    /// Step markers the process sent.
+    pub steps: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SiteBytes {
+    pub bytes: u64,
+    pub count: u64,
+    /// [`site_key`] of `stack`: equal for the same code in two runs.
+    pub key: String,
+    pub stack: Vec<FrameInfo>,
+}
+
+/// One call site's counters on one device.
+#[derive(Clone, Debug, Serialize)]
+pub struct SiteRow {
+    pub allocations: u64,
+    pub frees: u64,
+    pub temporary: u64,
+    pub bytes_allocated: u64,
+    /// The most this site held at once.
+    pub peak_bytes: u64,
+    pub live_at_exit_bytes: u64,
+    pub live_at_exit_count: u64,
+    /// (live at the last step marker - live at the first) / (steps between them); 0 with
+    /// fewer than two markers. Measured between markers so that the teardown at exit does not
+    /// count as shrinking.
+    pub growth_per_step: f64,
+    pub key: String,
+    pub stack: Vec<FrameInfo>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SizeBucket {
+    /// Sizes in `[min_bytes, max_bytes]`.
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    pub count: u64,
+    pub bytes: u64,
+}
+
+/// A call site's identity across runs: its symbolized frames, innermost first, each as
+/// `function` (native, symbolized), `module+offset` (native, no symbol) or
+/// `file:line function` (Python), joined by ` <- `. Raw addresses and site ids differ from
+/// run to run; these do not while the code is the same.
+pub fn site_key(stack: &[FrameInfo]) -> String {
+    let mut parts: Vec<String> = Vec::with_capacity(stack.len());
+    for f in stack {
+        let part = if f.python {
+            format!("{}:{} {}", f.file, f.line, f.function)
+        } else if !f.function.is_empty() {
+            f.function.clone()
+        } else if !f.module.is_empty() {
+            format!("{}+{}", f.module, f.offset)
+        } else {
+            f.address.clone()
+        };
+        parts.push(part);
+    }
+    if parts.is_empty() {
+        "(no stack)".into()
+    } else {
+        parts.join(" <- ")
+    }
+}
+
+/// A short name for a key's site: its culprit frame, as the text report names it.
+pub fn site_name(stack: &[FrameInfo]) -> String {
+    match culprit(stack).or(stack.first()) {
+        None => "(no stack)".into(),
+        Some(f) if f.python => format!(
+            "{}:{} {}",
+            f.file.rsplit('/').next().unwrap_or(&f.file),
+            f.line,
+            f.function
+        ),
+        Some(f) if !f.function.is_empty() => f.function.clone(),
+        Some(f) if !f.module.is_empty() => format!("{} +{}", f.module, f.offset),
+        Some(f) => f.address.clone(),
+    }
+}
+
+fn growth_per_step(p: &Process, s: &SiteStats) -> f64 {
+    if p.markers < 2 {
+        return 0.0;
+    }
+    let last = s.live_at_last_step(p.markers);
+    (last as f64 - s.live_at_first_step as f64) / (p.markers - 1) as f64
+}
+
+/// Sections of every process and device of `trace` that allocated, in the report's order.
+pub fn build(trace: &Trace<Analysis>, opts: &SectionOptions) -> Vec<DeviceSections> {
+    let mut sym = StackSymbolizer::new();
+    // A site shows in several lists: symbolized once per process.
+    let mut seen: HashMap<(u32, u32, SiteId), Vec<FrameInfo>> = HashMap::new();
+    let mut stack_of = |p: &Process, site: SiteId| {
+        if opts.symbolize {
+            seen.entry((p.conn, p.pid(), site))
+                .or_insert_with(|| sym.site(p, site))
+                .clone()
+        } else {
+            p.sites
+                .get(site.0 as usize)
+                .map(|fs| {
+                    fs.iter()
+                        .map(|f| FrameInfo {
+                            address: format!("{:#x}", f.addr),
+                            ..Default::default()
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        }
+    };
+    let mut out = Vec::new();
+    for p in &trace.processes {
+        for (&device, d) in p.devices.iter().filter(|(_, d)| d.allocations > 0) {
+            let mut stats: Vec<(SiteId, &SiteStats)> = p
+                .site_stats
+                .iter()
+                .filter(|((_, dev), s)| *dev == device && s.allocations > 0)
+                .map(|((site, _), s)| (*site, s))
+                .collect();
+            // A fixed order first, so that ties come out the same on every run.
+            stats.sort_unstable_by_key(|(site, _)| *site);
+            let mut row = |p: &Process, site: SiteId, s: &SiteStats| {
+                let stack = stack_of(p, site);
+                SiteRow {
+                    allocations: s.allocations,
+                    frees: s.frees,
+                    temporary: s.temporary,
+                    bytes_allocated: s.total_bytes,
+                    peak_bytes: s.peak_bytes,
+                    live_at_exit_bytes: s.live_bytes,
+                    live_at_exit_count: s.live_count,
+                    growth_per_step: growth_per_step(p, s),
+                    key: site_key(&stack),
+                    stack,
+                }
+            };
+            let mut top_by = |key: &dyn Fn(&SiteStats) -> f64, skip_zero: bool| {
+                let mut v: Vec<&(SiteId, &SiteStats)> = stats
+                    .iter()
+                    .filter(|(_, s)| !skip_zero || key(s) > 0.0)
+                    .collect();
+                v.sort_by(|a, b| key(b.1).total_cmp(&key(a.1)));
+                v.truncate(opts.top);
+                v.into_iter()
+                    .map(|&(site, s)| row(p, site, s))
+                    .collect::<Vec<_>>()
+            };
+            let most_allocations = top_by(&|s| s.allocations as f64, false);
+            let most_temporary = top_by(&|s| s.temporary as f64, true);
+            let sites = match opts.order {
+                SiteOrder::Peak => top_by(&|s| s.peak_bytes as f64, false),
+                SiteOrder::End => top_by(&|s| s.live_bytes as f64, true),
+                SiteOrder::Count => top_by(&|s| s.allocations as f64, false),
+                SiteOrder::Growth => top_by(&|s| growth_per_step(p, s), false),
+            };
+            let peak_consumers = p
+                .peak_sites(device)
+                .into_iter()
+                .take(opts.top)
+                .map(|(site, bytes, count)| {
+                    let stack = stack_of(p, site);
+                    SiteBytes {
+                        bytes,
+                        count,
+                        key: site_key(&stack),
+                        stack,
+                    }
+                })
+                .collect();
+            let size_histogram = d
+                .size_buckets
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.0 > 0)
+                .map(|(i, &(count, bytes))| SizeBucket {
+                    min_bytes: if i == 0 { 0 } else { 1u64 << (i - 1) },
+                    max_bytes: if i == 0 {
+                        0
+                    } else if i >= 64 {
+                        u64::MAX
+                    } else {
+                        (1u64 << i) - 1
+                    },
+                    count,
+                    bytes,
+                })
+                .collect();
+            out.push(DeviceSections {
+                pid: p.pid(),
+                device,
+                memory: if device == HOST_DEVICE {
+                    "host_pinned"
+                } else {
+                    "device"
+                },
+                totals: Totals {
+                    allocations: d.allocations,
+                    frees: d.frees,
+                    temporary: d.temporary,
+                    bytes_allocated: d.bytes_allocated,
+                    peak_bytes: d.peak_bytes,
+                    peak_time_s: d.peak_ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
+                    live_at_exit_bytes: d.live_bytes,
+                    live_at_exit_count: d.live_count,
+                    steps: p.markers,
+                },
+                peak_consumers,
+                most_allocations,
+                most_temporary,
+                size_histogram,
+                sites,
+                sort: match opts.order {
+                    SiteOrder::Peak => "peak",
+                    SiteOrder::End => "end",
+                    SiteOrder::Count => "count",
+                    SiteOrder::Growth => "growth",
+                },
+            });
+        }
+    }
+    out
+}
