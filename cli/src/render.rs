@@ -240,8 +240,8 @@ fn process_text(out: &mut String, p: &ProcessReport) {
     for f in &p.failed_allocations {
         let error = match (f.error, f.meaning) {
             ("", _) => format!("error {}", f.error_code),
-            (name, "") => format!("{} {name}", f.error_code),
-            (name, meaning) => format!("{} {name} ({meaning})", f.error_code),
+            (name, "") => format!("{name} (error {})", f.error_code),
+            (name, meaning) => format!("{name} (error {}: {meaning})", f.error_code),
         };
         let place = match f.device {
             d if d >= 0 => format!(" on device {d}"),

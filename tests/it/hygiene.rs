@@ -208,7 +208,7 @@ fn a_failed_allocation_names_its_error_and_no_device_is_not_pinned_memory() {
     );
     assert!(
         t.stderr
-            .contains("1 failed cudaMalloc: 100 cudaErrorNoDevice"),
+            .contains("1 failed cudaMalloc: cudaErrorNoDevice (error 100"),
         "{}",
         t.stderr
     );
