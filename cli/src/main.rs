@@ -10,6 +10,7 @@ mod output;
 mod progress;
 mod render;
 mod signals;
+mod view;
 
 use std::process::ExitCode;
 
@@ -34,6 +35,7 @@ enum Command {
     Report(cmd::report::Args),
     Demo(cmd::demo::Args),
     Export(cmd::export::Args),
+    View(cmd::view::Args),
     #[command(aliases = ["lib-path", "libpath", "preload"])]
     Lib(cmd::lib::Args),
 }
@@ -126,6 +128,7 @@ fn main() -> ExitCode {
         Command::Report(a) => cmd::report::run(a),
         Command::Demo(a) => cmd::demo::run(a),
         Command::Export(a) => cmd::export::run(a),
+        Command::View(a) => cmd::view::run(a),
         Command::Lib(a) => cmd::lib::run(a),
     };
     match result {

@@ -7,3 +7,4 @@ pub mod export;
 pub mod lib;
 pub mod report;
 pub mod run;
+pub mod view;
