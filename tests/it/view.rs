@@ -276,3 +276,23 @@ fn a_long_trace_gives_a_bounded_page() {
     );
     eprintln!("{events} events: a page of {} bytes", html.len());
 }
+
+/// `view` without `-o`, or of a file that is not a trace: one line, exit 2, and no page.
+#[test]
+fn view_refuses_bad_input_and_writes_nothing() {
+    let dir = scratch("view-errors");
+    let run = |args: &[&str]| {
+        let mut cmd = base_command(oomtrace_bin());
+        cmd.current_dir(&dir).args(args);
+        output_within(cmd, TIMEOUT)
+    };
+    std::fs::write(dir.join("bad.oomt"), "not a trace").unwrap();
+    let o = run(&["view", "bad.oomt"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("view needs --output"));
+    let o = run(&["view", "bad.oomt", "-o", "page.html"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(!dir.join("page.html").exists());
+}
