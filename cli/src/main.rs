@@ -10,6 +10,7 @@ mod output;
 mod progress;
 mod render;
 mod signals;
+mod view;
 
 use std::process::ExitCode;
 
@@ -35,6 +36,7 @@ enum Command {
     Demo(cmd::demo::Args),
     Export(cmd::export::Args),
     Diff(cmd::diff::Args),
+    View(cmd::view::Args),
     #[command(aliases = ["lib-path", "libpath", "preload"])]
     Lib(cmd::lib::Args),
 }
@@ -128,6 +130,7 @@ fn main() -> ExitCode {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Export(a) => cmd::export::run(a),
         Command::Diff(a) => cmd::diff::run(a),
+        Command::View(a) => cmd::view::run(a),
         Command::Lib(a) => cmd::lib::run(a),
     };
     match result {

@@ -28,6 +28,10 @@ mod lossless;
 /// JSON lines; bad input.
 mod export;
 
+/// `oomtrace view` and `run --html`: the page in headless Chromium (no script errors, the
+/// leaking function on the rendered page, a screenshot), and its bounded size.
+mod view;
+
 /// Private files and sockets; peers of another user refused.
 mod security;
 

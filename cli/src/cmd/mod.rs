@@ -8,3 +8,4 @@ pub mod export;
 pub mod lib;
 pub mod report;
 pub mod run;
+pub mod view;

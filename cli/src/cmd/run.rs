@@ -48,6 +48,9 @@ pub struct Args {
     /// Also write the JSON report to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Also write the HTML view (`oomtrace view`) of the trace to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
     /// The command to trace, after `--`.
     #[arg(
         trailing_var_arg = true,
@@ -164,6 +167,13 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             }
         }
         Err(f) => eprintln!("oomtrace: no report: {}", f.message),
+    }
+    if let Some(path) = &args.html {
+        // Like --json: a view that cannot be written is said, and the program's code stays.
+        match crate::cmd::view::write_page(&session.output, path) {
+            Ok(()) => eprintln!("oomtrace: view written to {}", path.display()),
+            Err(f) => eprintln!("oomtrace: no view: {}", f.message),
+        }
     }
     if args.fail_on_leak && outcome.status.success() {
         if let Ok(r) = &outcome.report {

@@ -1,0 +1,58 @@
+//! `oomtrace view`: one self-contained HTML page of a trace (see `crate::view`).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use crate::output::Output;
+use crate::progress::Progress;
+use crate::view::{html, model};
+use crate::Failure;
+
+/// Write one HTML page of a trace that opens offline: memory over time per device by call
+/// site, step markers and findings, the OOM, a flame graph and a table of call sites.
+#[derive(clap::Args)]
+pub struct Args {
+    /// A .oomt trace file.
+    pub file: PathBuf,
+    /// The HTML file to write (required); `-` writes to standard output. An existing file is
+    /// replaced only once the page is complete.
+    #[arg(short = 'o', long = "output", value_name = "OUT")]
+    pub output: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> Result<ExitCode, Failure> {
+    let Some(output) = args.output else {
+        return Err(Failure::new(
+            "view needs --output OUT (-o OUT): an .html file, or - for standard output",
+        ));
+    };
+    write_page(&args.file, &output)?;
+    if output.as_os_str() != "-" {
+        eprintln!(
+            "oomtrace: wrote {} (open it in a browser; it needs no network)",
+            output.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Builds the page of the trace at `trace` and writes it to `output` (`-`: standard output).
+/// Nothing at `output` changes when the trace cannot be read.
+pub fn write_page(trace: &Path, output: &Path) -> Result<(), Failure> {
+    let mut progress = Progress::new();
+    let data = model::build(trace, &mut progress)?;
+    drop(progress);
+    let mut out = Output::create(output)?.named("the view");
+    let result = html::write(&data, &mut out).and_then(|()| out.flush());
+    if result.is_err() && out.reader_gone() {
+        return Ok(());
+    }
+    if let Err(e) = result {
+        return Err(out
+            .failure()
+            .unwrap_or_else(|| crate::export::write_failed(e)));
+    }
+    out.finish()?;
+    Ok(())
+}

@@ -1,0 +1,298 @@
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use oomtrace_tests::*;
+use serde_json::Value;
+
+/// Headless Chromium (Debian's `chromium` package; `.ci/run` installs it).
+fn chromium() -> Option<PathBuf> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find_map(|name| {
+            let ok = Command::new(name)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success());
+            ok.then(|| PathBuf::from(name))
+        })
+}
+
+const BROWSER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Chromium on `page` in `dir` (its own profile there, so tests in parallel do not share one)
+/// with `args`; returns stdout and stderr, the page's console included.
+fn browse(browser: &Path, dir: &Path, page: &Path, args: &[&str]) -> (String, String) {
+    let mut cmd = Command::new(browser);
+    cmd.args([
+        "--headless",
+        "--disable-gpu",
+        "--no-sandbox",
+        "--no-first-run",
+        "--enable-logging=stderr",
+        "--v=0",
+    ])
+    .arg(format!(
+        "--user-data-dir={}",
+        dir.join("chromium-profile").display()
+    ))
+    .args(args)
+    .arg(format!("file://{}", page.display()));
+    let out = output_within(cmd, BROWSER_TIMEOUT);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "chromium failed: {stderr}");
+    (stdout, stderr)
+}
+
+/// The DOM after the page's script ran: it must have run to its end without an error (none
+/// caught into `#errors`, none uncaught on the console).
+fn rendered_dom(browser: &Path, dir: &Path, page: &Path) -> String {
+    let (dom, console) = browse(browser, dir, page, &["--dump-dom"]);
+    assert!(!console.contains("Uncaught"), "script error:\n{console}");
+    let errors = dom
+        .split("id=\"errors\"")
+        .nth(1)
+        .and_then(|rest| rest.split_once('>'))
+        .map(|(_, rest)| rest.split("</pre>").next().unwrap_or(""))
+        .expect("the page has its #errors element");
+    assert!(errors.trim().is_empty(), "the page caught errors: {errors}");
+    assert!(
+        dom.contains("data-rendered=\"yes\""),
+        "the script did not finish:\n{dom}"
+    );
+    shown(&dom)
+}
+
+/// What the page shows: its `<main>` as the script filled it (not the script and data that
+/// made it, which name the same functions).
+fn shown(dom: &str) -> String {
+    let start = dom
+        .find("<main id=\"app\">")
+        .expect("the page has its <main>");
+    let end = dom[start..].find("</main>").expect("a closed <main>") + start;
+    dom[start..end].to_string()
+}
+
+/// The call-site labels the page shows (chart legend, OOM table, site table).
+fn site_labels(dom: &str) -> Vec<String> {
+    dom.split("class=\"site-label\">")
+        .skip(1)
+        .map(|s| s.split('<').next().unwrap_or("").to_string())
+        .collect()
+}
+
+/// The data the page was written with.
+fn page_data(html: &str) -> Value {
+    let start = html
+        .find("<script id=\"data\" type=\"application/json\">")
+        .expect("the page has its data");
+    let rest = &html[start..];
+    let json = &rest[rest.find('>').unwrap() + 1..rest.find("</script>").unwrap()];
+    serde_json::from_str(json).expect("the page's data is JSON")
+}
+
+fn oomtrace_in(dir: &Path, args: &[&str]) -> std::process::Output {
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.current_dir(dir).args(args);
+    let out = output_within(cmd, TIMEOUT);
+    assert!(
+        out.status.success(),
+        "oomtrace {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Where a test's screenshot is kept after its scratch directory is gone.
+fn artifact(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("view");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// The demo's trace as a page, in a real browser: the script runs without an error, the
+/// planted leak (`keep_history`) and the OOM's culprit (`evaluate`) are on the rendered page,
+/// the chart marks the OOM and the leak, and the page loads nothing. The screenshot is kept
+/// under target/tmp/view/; with `OOMTRACE_UPDATE_SCREENSHOT=1` it also replaces docs/view.png
+/// (the README's picture).
+#[test]
+fn the_demo_view_renders_its_leak_and_oom_in_a_browser() {
+    let Some(browser) = chromium() else {
+        precondition(false, "chromium (apt-get install chromium)");
+        return;
+    };
+    let dir = scratch("view-demo");
+    oomtrace_in(&dir, &["demo", "--output", "demo.oomt"]);
+    let page = dir.join("demo.html");
+    let out = oomtrace_in(&dir, &["view", "demo.oomt", "-o", "demo.html"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("wrote"),
+        "{out:?}"
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    for remote in ["http://", "https://", " src=", "url("] {
+        assert!(!html.contains(remote), "the page loads something: {remote}");
+    }
+    let dom = rendered_dom(&browser, &dir, &page);
+    let labels = site_labels(&dom);
+    assert!(labels.iter().any(|l| l == "keep_history"), "{labels:?}");
+    assert!(dom.contains("Out of memory at"), "no OOM panel");
+    assert!(
+        dom.contains("class=\"culprit\">evaluate<"),
+        "the OOM's culprit is not shown"
+    );
+    assert!(
+        dom.contains("leak onset: keep_history"),
+        "no leak onset on the time axis"
+    );
+    assert!(
+        dom.contains("leak detected: keep_history"),
+        "no leak detection on the axis"
+    );
+    assert!(
+        dom.contains("OOM: 3.32 GiB requested"),
+        "no OOM on the time axis"
+    );
+    // 24 steps, each a marker line on each device's chart.
+    let charts = dom.matches("<svg ").count();
+    assert!(charts >= 1);
+    assert_eq!(dom.matches("class=\"step\"").count(), 24 * charts);
+    // The flame graph can show the bytes held at the OOM.
+    let data = page_data(&html);
+    let cuda0 = &data["processes"][0]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == 0)
+        .expect("cuda:0")
+        .clone();
+    assert!(
+        cuda0["flames"]["oom"]["v"].as_u64().unwrap() > 0,
+        "{}",
+        cuda0["flames"]
+    );
+
+    let shot = dir.join("view.png");
+    let (_, _) = browse(
+        &browser,
+        &dir,
+        &page,
+        &[
+            &format!("--screenshot={}", shot.display()),
+            "--window-size=1400,1000",
+            "--hide-scrollbars",
+        ],
+    );
+    let png = std::fs::read(&shot).expect("chromium wrote no screenshot");
+    assert!(png.starts_with(b"\x89PNG"), "not a PNG");
+    let kept = artifact("demo.png");
+    std::fs::write(&kept, &png).unwrap();
+    eprintln!("screenshot of the demo's view: {}", kept.display());
+    if std::env::var_os("OOMTRACE_UPDATE_SCREENSHOT").is_some_and(|v| v == "1") {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/view.png");
+        std::fs::write(&docs, &png).unwrap();
+        eprintln!("updated {}", docs.display());
+    }
+}
+
+/// `oomtrace run --html` on a corpus leak: the leaking function is a call site on the
+/// rendered page, with a positive growth per step.
+#[test]
+fn run_html_shows_the_leaking_function_in_a_browser() {
+    let Some(browser) = chromium() else {
+        precondition(false, "chromium (apt-get install chromium)");
+        return;
+    };
+    let t = run_traced_with("leak_history", &["--html", "view.html"], &[], &[]);
+    let page = t.dir.join("view.html");
+    assert!(
+        page.is_file(),
+        "run --html wrote no page; stderr:\n{}",
+        t.stderr
+    );
+    let dom = rendered_dom(&browser, &t.dir, &page);
+    let labels = site_labels(&dom);
+    assert!(labels.iter().any(|l| l == "history_append"), "{labels:?}");
+    let data = page_data(&std::fs::read_to_string(&page).unwrap());
+    let site = data["processes"][0]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|d| d["sites"].as_array().unwrap().iter())
+        .find(|s| s["label"] == "history_append")
+        .expect("history_append in the site table")
+        .clone();
+    assert!(site["growth_per_step"].as_f64().unwrap() > 0.0, "{site}");
+    assert!(site["end"].as_u64().unwrap() > 0, "{site}");
+    let shot = t.dir.join("leak.png");
+    let (_, _) = browse(
+        &browser,
+        &t.dir,
+        &page,
+        &[
+            &format!("--screenshot={}", shot.display()),
+            "--window-size=1400,1000",
+        ],
+    );
+    let kept = artifact("leak_history.png");
+    std::fs::copy(&shot, &kept).expect("chromium wrote no screenshot");
+    eprintln!("screenshot of leak_history's view: {}", kept.display());
+}
+
+/// A long trace (over a million events) gives a bounded page: at most 2000 points per
+/// device, and well under the size a 10^7-event trace must stay under (20 MB).
+#[test]
+fn a_long_trace_gives_a_bounded_page() {
+    let t = run_traced_within(
+        "bench_pairs",
+        &[],
+        &["200000"],
+        &[],
+        Duration::from_secs(300),
+    );
+    assert!(t.status.success(), "{}", t.stderr);
+    let events = t.report["processes"][0]["events"].as_u64().unwrap();
+    assert!(events > 1_000_000, "only {events} events");
+    let page = t.dir.join("view.html");
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.arg("view").arg(&t.trace).arg("-o").arg(&page);
+    let out = output_within(cmd, Duration::from_secs(300));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    let data = page_data(&html);
+    for d in data["processes"][0]["devices"].as_array().unwrap() {
+        let n = d["points"].as_array().unwrap().len();
+        assert!(n <= 2000, "{n} points on {}", d["label"]);
+    }
+    assert!(
+        html.len() < 2_000_000,
+        "{} bytes for {events} events",
+        html.len()
+    );
+    eprintln!("{events} events: a page of {} bytes", html.len());
+}
+
+/// `view` without `-o`, or of a file that is not a trace: one line, exit 2, and no page.
+#[test]
+fn view_refuses_bad_input_and_writes_nothing() {
+    let dir = scratch("view-errors");
+    let run = |args: &[&str]| {
+        let mut cmd = base_command(oomtrace_bin());
+        cmd.current_dir(&dir).args(args);
+        output_within(cmd, TIMEOUT)
+    };
+    std::fs::write(dir.join("bad.oomt"), "not a trace").unwrap();
+    let o = run(&["view", "bad.oomt"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("view needs --output"));
+    let o = run(&["view", "bad.oomt", "-o", "page.html"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(!dir.join("page.html").exists());
+}
