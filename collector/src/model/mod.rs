@@ -324,7 +324,7 @@ pub struct Process {
     module_index: FxHashMap<u32, usize>,
     /// Shim stack id -> site (the shim may send one stack under several ids).
     stack_sites: FxHashMap<u32, SiteId>,
-    /// A stack's identity ([`site_key`]: its frames less the interpreter's own) -> site.
+    /// A stack's identity (`site_key`: its frames less the interpreter's own) -> site.
     site_index: FxHashMap<Vec<RawFrame>, SiteId>,
     /// Frames of each site as first seen, interpreter frames included (the symbolizer places
     /// Python frames by them); index = SiteId (0 is the empty "no stack" site).
@@ -332,7 +332,7 @@ pub struct Process {
     /// Per module (index as `modules`): whether it is the Python interpreter itself.
     interpreter_modules: Vec<bool>,
     /// Stacks the shim sent that joined a site whose first stack differs from theirs (inside
-    /// the interpreter, or in the instruction of a Python line): sites that [`site_key`] kept
+    /// the interpreter, or in the instruction of a Python line): sites that `site_key` kept
     /// from splitting.
     pub merged_stacks: u64,
     pub site_stats: FxHashMap<(SiteId, i16), SiteStats>,
