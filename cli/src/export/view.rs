@@ -264,6 +264,15 @@ impl<'a> ProcessView<'a> {
             .map(|((site, _), s)| (Site(*site), s.peak_bytes))
     }
 
+    /// Allocations of call site `site` on `device` freed in the step that made them (the
+    /// report's temporaries; with no step markers the run is one step).
+    pub fn site_temporaries(self, site: Site, device: i16) -> u64 {
+        self.0
+            .site_stats
+            .get(&(site.0, device))
+            .map_or(0, |s| s.temporary)
+    }
+
     /// The live bytes of call site `site` on `device` (0 when it holds nothing there).
     pub fn site_live(self, site: Site, device: i16) -> u64 {
         self.0

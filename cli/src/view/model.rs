@@ -580,7 +580,7 @@ fn device_json(
                 "peak": peak,
                 "end": end,
                 "allocations": c.allocations,
-                "temporaries": c.frees.min(c.allocations),
+                "temporaries": p.site_temporaries(site, d),
                 "growth_per_step": growth,
                 "stack": stack,
             })
