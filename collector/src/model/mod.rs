@@ -117,11 +117,14 @@ pub struct DeviceState {
     /// Allocations and bytes by size, in power-of-two buckets: index `i` holds sizes in
     /// `[2^(i-1), 2^i)` (0 holds size 0). Grown on demand, at most 65 entries.
     pub size_buckets: Vec<(u64, u64)>,
-    /// The largest sites (site, live bytes, live allocations) when `peak_bytes` was last
-    /// reached, at most [`PEAK_SITES`], largest first. Taken when memory first falls from a
-    /// new peak (once per peak, not per allocation); while `peak_pending`, the peak is now.
+    /// The largest sites (site, live bytes, live allocations) at the device's peak, at most
+    /// [`PEAK_SITES`], largest first. Taken when memory first falls from a new peak that is
+    /// at least 1/64 (and 64 KiB) above the last snapshot's, so it shows who held memory
+    /// within 1/64 of the peak; while `peak_pending`, the peak is now.
     pub peak_sites: Vec<(SiteId, u64, u64)>,
     pub peak_pending: bool,
+    /// Live bytes when `peak_sites` was taken.
+    pub peak_snap_bytes: u64,
 }
 
 /// Call sites kept per device from the moment of its peak.
@@ -578,7 +581,13 @@ impl Process {
             if dev.live_bytes > dev.peak_bytes {
                 dev.peak_bytes = dev.live_bytes;
                 dev.peak_ts_ns = ts;
-                dev.peak_pending = true;
+                // A snapshot scans the device's sites: taken again only once the peak has
+                // grown by 1/64 (at least 64 KiB) since the last one, so a peak that creeps
+                // up with every allocation costs at most a few hundred scans in a run.
+                let step = (dev.peak_snap_bytes / 64).max(64 << 10);
+                if dev.peak_sites.is_empty() || dev.peak_bytes >= dev.peak_snap_bytes + step {
+                    dev.peak_pending = true;
+                }
             }
         }
         let s = self.site_stats.entry((site, device)).or_default();
@@ -605,6 +614,7 @@ impl Process {
             let sites = self.largest_sites(device, PEAK_SITES);
             let dev = self.device(device);
             dev.peak_sites = sites;
+            dev.peak_snap_bytes = dev.live_bytes;
             dev.peak_pending = false;
         }
         let temporary = born_ns >= self.step_start_ts_ns;
@@ -1336,20 +1346,32 @@ mod tests {
 
     #[test]
     fn the_peak_remembers_who_held_it() {
+        const M: u64 = 1 << 20;
         let mut p = proc();
         let (s1, s2) = two_sites(&mut p);
-        p.apply_event(&at(EventKind::Alloc, 0xa, 8, 1, 1), &mut ());
-        p.apply_event(&at(EventKind::Alloc, 0xb, 4, 2, 2), &mut ());
+        p.apply_event(&at(EventKind::Alloc, 0xa, 8 * M, 1, 1), &mut ());
+        p.apply_event(&at(EventKind::Alloc, 0xb, 4 * M, 2, 2), &mut ());
         p.apply_event(&at(EventKind::Free, 0xb, 0, 0, 3), &mut ());
-        p.apply_event(&at(EventKind::Alloc, 0xc, 2, 1, 4), &mut ());
-        assert_eq!(p.devices[&0].peak_bytes, 12);
-        assert_eq!(p.peak_sites(0), vec![(s1, 8, 1), (s2, 4, 1)], "not the end");
+        p.apply_event(&at(EventKind::Alloc, 0xc, 2 * M, 1, 4), &mut ());
+        assert_eq!(p.devices[&0].peak_bytes, 12 * M);
+        assert_eq!(
+            p.peak_sites(0),
+            vec![(s1, 8 * M, 1), (s2, 4 * M, 1)],
+            "not the end"
+        );
         // A new peak, not yet left: the peak is now.
-        p.apply_event(&at(EventKind::Alloc, 0xd, 8, 2, 5), &mut ());
-        assert_eq!(p.peak_sites(0), vec![(s1, 10, 2), (s2, 8, 1)]);
+        p.apply_event(&at(EventKind::Alloc, 0xd, 8 * M, 2, 5), &mut ());
+        assert_eq!(p.peak_sites(0), vec![(s1, 10 * M, 2), (s2, 8 * M, 1)]);
+        p.apply_event(&at(EventKind::Free, 0xd, 0, 0, 6), &mut ());
+        // A peak only 4 KiB higher (under 1/64 of 18 MiB): the snapshot stays the one of
+        // 18 MiB rather than scanning the sites again.
+        p.apply_event(&at(EventKind::Alloc, 0xe, 8 * M + 4096, 2, 7), &mut ());
+        p.apply_event(&at(EventKind::Free, 0xe, 0, 0, 8), &mut ());
+        assert_eq!(p.devices[&0].peak_bytes, 18 * M + 4096);
+        assert_eq!(p.peak_sites(0), vec![(s1, 10 * M, 2), (s2, 8 * M, 1)]);
         let buckets = &p.devices[&0].size_buckets;
-        // 2 -> [2, 4), 4 -> [4, 8), 8 -> [8, 16).
-        assert_eq!(buckets[2..], [(1, 2), (1, 4), (2, 16)]);
+        // 2 MiB -> [2^21, 2^22), 4 MiB -> [2^22, 2^23), 8 MiB -> [2^23, 2^24).
+        assert_eq!(buckets[22..], [(1, 2 * M), (1, 4 * M), (3, 24 * M + 4096)]);
     }
 
     #[test]
