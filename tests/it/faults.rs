@@ -35,30 +35,6 @@ fn stop_collector(mut collector: Collector, trace: &std::path::Path) -> Value {
     report_json(trace)
 }
 
-/// Waits (at most 20 s) until the trace a running collector writes (it flushes at least every
-/// 100 ms) holds an allocation on device 0.
-fn wait_for_allocations(trace: &std::path::Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-        let mut cmd = base_command(oomtrace_bin());
-        cmd.arg("report").arg("--json").arg(trace);
-        let out = output_within(cmd, TIMEOUT);
-        let Ok(r) = serde_json::from_slice::<Value>(&out.stdout) else {
-            continue;
-        };
-        let allocated = r["processes"].as_array().into_iter().flatten().any(|p| {
-            p["devices"].as_array().into_iter().flatten().any(|d| {
-                d["device"].as_i64() == Some(0) && d["allocations"].as_u64().unwrap_or(0) > 0
-            })
-        });
-        if allocated {
-            return;
-        }
-    }
-    panic!("the collector wrote no allocation of the program within 20 s");
-}
-
 fn slow_loop_against(socket: &std::path::Path, secs: &str) -> Child {
     base_command(scenario("slow_loop"))
         .arg(secs)
@@ -439,9 +415,7 @@ fn a_stopped_collector_never_holds_the_program_back() {
     let collector = start_collector(&socket, &trace);
     let mut app = slow_loop_against(&socket, "2");
     let start = Instant::now();
-    // Stop the collector once it has written some of the program's allocations (a fixed
-    // sleep was too short on a loaded machine: nothing had arrived yet).
-    wait_for_allocations(&trace);
+    std::thread::sleep(Duration::from_millis(300));
     signal(&collector, libc::SIGSTOP);
     let status = wait_within(&mut app, Duration::from_secs(30), "the program");
     let took = start.elapsed();
@@ -486,8 +460,11 @@ fn a_stopped_collector_never_holds_the_program_back() {
             .contains(&p["status"].as_str().unwrap()),
         "{p}"
     );
+    // Something of the program reached the collector, delivered or counted as lost. Not
+    // necessarily an allocation: on a loaded machine the collector can be stopped before the
+    // program's first allocation arrives (waiting for one instead made the stop come after
+    // the program's end of stream, which this test is not about).
     assert!(u(&p["events"]) + u(&p["lost_events"]) > 0);
-    assert!(u(&d0["allocations"]) > 0);
     assert!(u(&p["lost_frees"]) <= u(&p["lost_events"]));
     // What arrived is a prefix of 1 MiB alloc/free pairs: never more than one block live.
     assert!(u(&d0["peak_bytes"]) <= MIB, "{d0}");
