@@ -585,7 +585,9 @@ impl Process {
                 // grown by 1/64 (at least 64 KiB) since the last one, so a peak that creeps
                 // up with every allocation costs at most a few hundred scans in a run.
                 let step = (dev.peak_snap_bytes / 64).max(64 << 10);
-                if dev.peak_sites.is_empty() || dev.peak_bytes >= dev.peak_snap_bytes + step {
+                if dev.peak_sites.is_empty()
+                    || dev.peak_bytes >= dev.peak_snap_bytes.saturating_add(step)
+                {
                     dev.peak_pending = true;
                 }
             }
@@ -1372,6 +1374,23 @@ mod tests {
         let buckets = &p.devices[&0].size_buckets;
         // 2 MiB -> [2^21, 2^22), 4 MiB -> [2^22, 2^23), 8 MiB -> [2^23, 2^24).
         assert_eq!(buckets[22..], [(1, 2 * M), (1, 4 * M), (3, 24 * M + 4096)]);
+    }
+
+    /// Sizes near 2^64 (any bytes on the wire): the peak snapshot's threshold saturates
+    /// instead of overflowing (found by the wire_decoder fuzz target).
+    #[test]
+    fn a_peak_near_the_largest_size_does_not_overflow() {
+        let mut p = proc();
+        p.apply_event(
+            &ev(EventKind::Alloc, Api::cudaMalloc, 0xa, u64::MAX - 8),
+            &mut (),
+        );
+        p.apply_event(&ev(EventKind::Free, Api::cudaFree, 0xa, 0), &mut ());
+        p.apply_event(
+            &ev(EventKind::Alloc, Api::cudaMalloc, 0xb, u64::MAX),
+            &mut (),
+        );
+        assert_eq!(p.devices[&0].peak_bytes, u64::MAX);
     }
 
     #[test]
