@@ -84,7 +84,7 @@ def main():
         if step % 10 == 0 or step == args.steps - 1:
             sync()
             mem = ""
-            try:  # raises under a pluggable allocator (oomtrace run --torch)
+            try:  # raises under a pluggable allocator (oomtrace run --torch=swap)
                 if dev.type == "cuda":
                     mem = f", allocated {torch.cuda.memory_allocated() / 2**20:.0f} MiB"
             except RuntimeError:
