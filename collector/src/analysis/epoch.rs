@@ -405,8 +405,9 @@ impl EpochClock {
         let mut boundary = self.follow(site, tid, idx, ts, device_live);
         if let Some(a) = self.anchor {
             let local = self.threads.get(&a.key.0).map_or(0, |t| t.idx);
-            if local - a.last_local > ANCHOR_SILENT_GAPS * a.max_local_gap.max(1)
-                || (idx - a.last_idx) as f64 > ANCHOR_SILENT_PERIODS * a.period.max(1.0)
+            if local.saturating_sub(a.last_local)
+                > ANCHOR_SILENT_GAPS.saturating_mul(a.max_local_gap.max(1))
+                || idx.saturating_sub(a.last_idx) as f64 > ANCHOR_SILENT_PERIODS * a.period.max(1.0)
             {
                 self.drop_anchor(ts);
             }
@@ -457,9 +458,9 @@ impl EpochClock {
         let time_gap = ts.saturating_sub(c.last_ts);
         c.push(
             sig,
-            idx - c.last_idx,
+            idx.saturating_sub(c.last_idx),
             time_gap,
-            local - c.last_local,
+            local.saturating_sub(c.last_local),
             device_live,
         );
         c.last_idx = idx;
@@ -623,7 +624,7 @@ impl EpochClock {
             return false;
         }
         let trough = self.window_low + (self.window_high - self.window_low) / 8;
-        device_live <= trough || elapsed >= 2 * len
+        device_live <= trough || elapsed >= len.saturating_mul(2)
     }
 
     fn advance(&mut self, ts: u64) {
@@ -718,6 +719,25 @@ mod tests {
             boundaries += u32::from(clock.on_alloc(SiteId(s), 1, *ts, 0));
         }
         boundaries
+    }
+
+    /// Timestamps from the wire can be anything: gaps near 2^64 make the time window's length
+    /// saturate instead of overflowing (found by the wire_decoder fuzz target).
+    #[test]
+    fn time_windows_survive_timestamps_near_the_largest() {
+        // A median gap of 2^60 ns makes a window of 2^63 ns; at 2^63 ns in, its double
+        // overflowed.
+        let mut c = EpochClock {
+            window_len: Some(1 << 63),
+            window_low: 0,
+            window_high: 1 << 20,
+            ..EpochClock::default()
+        };
+        assert!(
+            !c.window_closes(1 << 63, 1 << 20),
+            "not at a trough, not twice as long"
+        );
+        assert!(c.window_closes(u64::MAX, 1 << 20));
     }
 
     #[test]
