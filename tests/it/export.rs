@@ -306,9 +306,11 @@ fn memory_viz_opens_in_torchs_own_memory_viz() {
     cmd.arg("-c")
         .arg(TORCH_READS_SNAPSHOT)
         .arg(&out)
-        .env("CUDA_MODULE_LOADING", "LAZY")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
         .env_remove("PYTORCH_CUDA_ALLOC_CONF");
+    // PyTorch's cache directory inside a scratch directory: `import torch` would otherwise
+    // leave /tmp/torchinductor_<user> behind.
+    let dir = scratch("memory-viz-torch");
+    super::torch::torch_env(&mut cmd, &dir);
     let o = output_within(cmd, Duration::from_secs(240));
     assert!(
         o.status.success(),

@@ -151,7 +151,7 @@ fn command(script_name: &str, mode: Mode, dir: &Path, env: &[(&str, &str)]) -> C
 /// no `__pycache__` written into the repository's scripts, and PyTorch's own cache directory
 /// (which `import torch` makes, `/tmp/torchinductor_<user>` by default) inside the test's
 /// scratch directory, so that a test run leaves nothing behind.
-fn torch_env(cmd: &mut Command, dir: &Path) {
+pub(crate) fn torch_env(cmd: &mut Command, dir: &Path) {
     cmd.env("CUDA_MODULE_LOADING", "LAZY")
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("TORCHINDUCTOR_CACHE_DIR", dir.join("torchinductor"));
