@@ -339,23 +339,28 @@ fn forward_lines(
     lines
 }
 
+/// A site's frames as bare addresses (reports built without symbolizing).
+pub(crate) fn raw_stack(p: &Process, site: SiteId) -> Vec<FrameInfo> {
+    p.sites
+        .get(site.0 as usize)
+        .map(|fs| {
+            fs.iter()
+                .map(|f| FrameInfo {
+                    address: format!("{:#x}", f.addr),
+                    ..Default::default()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
     let mut sym = StackSymbolizer::new();
     let mut stack_of = |p: &Process, site| {
         if opts.symbolize {
             sym.site(p, site)
         } else {
-            p.sites
-                .get(site.0 as usize)
-                .map(|fs| {
-                    fs.iter()
-                        .map(|f| FrameInfo {
-                            address: format!("{:#x}", f.addr),
-                            ..Default::default()
-                        })
-                        .collect()
-                })
-                .unwrap_or_default()
+            raw_stack(p, site)
         }
     };
     let mut processes = Vec::new();

@@ -192,17 +192,7 @@ pub fn build(trace: &Trace<Analysis>, opts: &SectionOptions) -> Vec<DeviceSectio
                 .or_insert_with(|| sym.site(p, site))
                 .clone()
         } else {
-            p.sites
-                .get(site.0 as usize)
-                .map(|fs| {
-                    fs.iter()
-                        .map(|f| FrameInfo {
-                            address: format!("{:#x}", f.addr),
-                            ..Default::default()
-                        })
-                        .collect()
-                })
-                .unwrap_or_default()
+            super::raw_stack(p, site)
         }
     };
     let mut out = Vec::new();
