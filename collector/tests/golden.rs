@@ -41,6 +41,7 @@ fn fixture() -> Vec<u8> {
             shim_version: "0.1.0".into(),
             exe: "/app/train".into(),
             argv: vec!["/app/train".into(), "--epochs".into(), "2".into()],
+            ..Default::default()
         },
     );
     encode::module_def(

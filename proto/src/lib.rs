@@ -5,6 +5,7 @@
 //! - [`collector_spawn`]: the one way to start an `oomtrace collect` (shim and `run`).
 //! - [`cuda_error`]: names of the CUDA error codes an allocation fails with.
 //! - [`file_kind`]: what a refused path is, in the words every part uses.
+//! - [`launch`]: a process's rank in a distributed job, from its launcher's variables.
 //! - [`wire`]: length-framed records on the socket (`Hello`, `Events`, `StackDef`, ...).
 //! - [`private_dir`]: the one way to make a private (0700 from creation) directory.
 //! - [`python`]: Python frames inside stacks and the code objects they name.
@@ -18,6 +19,7 @@ pub mod collector_spawn;
 pub mod cuda_error;
 pub mod event;
 pub mod file_kind;
+pub mod launch;
 pub mod private_dir;
 pub mod python;
 pub mod trace_file;

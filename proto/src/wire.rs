@@ -12,6 +12,10 @@
 //! ```text
 //! 1 Hello      pid u32 | ppid u32 | start_unix_ns u64 | flags u32 | shim_version str
 //!              | exe str | argc u16 | argv str * argc
+//!              [ | start_mono_ns u64 | host str | nvars u16 | (name str, value str) * nvars ]
+//!              (the bracketed tail: the monotonic clock at `start_unix_ns`, so that event
+//!              times can be put on the wall clock; the host name; the launcher's variables,
+//!              see `launch.rs`. Absent in traces written before it: read as 0 and empty)
 //! 2 Events     count u32 | Event (64 bytes) * count
 //! 3 StackDef   id u32 | n u16 | reserved u16 | frame u64 * n   (return addresses, innermost first)
 //! 4 ModuleDef  id u32 | start u64 | end u64 | bias u64 | build_id_len u8 | build_id | path str
@@ -207,6 +211,12 @@ pub struct Hello {
     pub shim_version: String,
     pub exe: String,
     pub argv: Vec<String>,
+    /// CLOCK_MONOTONIC (the events' clock) when `start_unix_ns` was read; 0 when unknown.
+    pub start_mono_ns: u64,
+    /// The host's name (`/proc/sys/kernel/hostname`); "" when unknown.
+    pub host: String,
+    /// The launcher's variables (`launch::LAUNCH_VARS`) that were set, as (name, value).
+    pub launch: Vec<(String, String)>,
 }
 
 /// A module (executable or shared object) mapped into the traced process.
@@ -336,6 +346,17 @@ fn decode_payload(ty: u8, payload: &[u8]) -> Result<Frame<'_>, Error> {
             for _ in 0..argc {
                 argv.push(r.str()?);
             }
+            // The tail came later: a Hello that ends here has no host and no launcher.
+            let (mut start_mono_ns, mut host, mut launch) = (0, String::new(), Vec::new());
+            if r.remaining() > 0 {
+                start_mono_ns = r.u64()?;
+                host = r.str()?;
+                let nvars = r.u16()?;
+                for _ in 0..nvars {
+                    let name = r.str()?;
+                    launch.push((name, r.str()?));
+                }
+            }
             Frame::Hello(Hello {
                 pid,
                 ppid,
@@ -344,6 +365,9 @@ fn decode_payload(ty: u8, payload: &[u8]) -> Result<Frame<'_>, Error> {
                 shim_version,
                 exe,
                 argv,
+                start_mono_ns,
+                host,
+                launch,
             })
         }
         EVENTS => {
@@ -463,6 +487,14 @@ pub mod encode {
         w.u16(argc as u16);
         for a in &h.argv[..argc] {
             w.str(a);
+        }
+        w.u64(h.start_mono_ns);
+        w.str(&h.host);
+        let nvars = h.launch.len().min(u16::MAX as usize);
+        w.u16(nvars as u16);
+        for (name, value) in &h.launch[..nvars] {
+            w.str(name);
+            w.str(value);
         }
         end_frame(buf, at);
     }
@@ -623,6 +655,9 @@ mod tests {
                 shim_version: "0.1.0".into(),
                 exe: "/bin/app".into(),
                 argv: vec!["app".into(), "--x".into()],
+                start_mono_ns: 3,
+                host: "node7".into(),
+                launch: vec![("RANK".into(), "3".into()), ("WORLD_SIZE".into(), "4".into())],
             },
         );
         let mut e = Event::new(EventKind::Alloc, Api::cudaMalloc);
@@ -664,6 +699,9 @@ mod tests {
             Frame::Hello(h) => {
                 assert_eq!(h.pid, 42);
                 assert_eq!(h.argv, vec!["app", "--x"]);
+                assert_eq!((h.start_mono_ns, h.host.as_str()), (3, "node7"));
+                assert_eq!(h.launch.len(), 2);
+                assert_eq!(h.launch[0], ("RANK".into(), "3".into()));
             }
             f => panic!("{f:?}"),
         }
@@ -676,6 +714,32 @@ mod tests {
         }
         match &all[5] {
             Frame::Lost(l) => assert_eq!(l.by_device, vec![(0, 4), (-1, 1)]),
+            f => panic!("{f:?}"),
+        }
+    }
+
+    #[test]
+    fn a_hello_without_its_tail_has_no_host_and_no_launcher() {
+        // As written before the host and launcher variables were added.
+        let mut b = Vec::new();
+        let at = begin_frame(&mut b, frame_type::HELLO);
+        let mut w = Writer { buf: &mut b };
+        w.u32(9);
+        w.u32(1);
+        w.u64(5);
+        w.u32(0);
+        w.str("0.1.0");
+        w.str("/bin/old");
+        w.u16(1);
+        w.str("old");
+        end_frame(&mut b, at);
+        let all: Vec<_> = frames(&b).collect::<Result<_, _>>().unwrap();
+        match &all[0] {
+            Frame::Hello(h) => {
+                assert_eq!((h.pid, h.exe.as_str()), (9, "/bin/old"));
+                assert_eq!((h.start_mono_ns, h.host.as_str()), (0, ""));
+                assert!(h.launch.is_empty());
+            }
             f => panic!("{f:?}"),
         }
     }

@@ -27,6 +27,7 @@
 
 use std::collections::BTreeMap;
 
+use oomtrace_proto::launch::Launch;
 use oomtrace_proto::python::{CodeDef, PyFrame};
 use oomtrace_proto::wire::{Frame, GoodbyeReason, Hello, Lost, ModuleDef};
 use oomtrace_proto::{Api, Event, EventKind, MemoryClass, StackId, DEVICE_UNKNOWN};
@@ -312,6 +313,8 @@ pub enum EndState {
 pub struct Process {
     pub conn: u32,
     pub hello: Hello,
+    /// Its rank in a distributed job, from the launcher's variables in `hello`.
+    pub launch: Launch,
     pub end: EndState,
     pub devices: BTreeMap<i16, DeviceState>,
     pub live: FxHashMap<u64, LiveAlloc>,
@@ -361,6 +364,7 @@ impl Process {
     pub fn new(conn: u32, hello: Hello) -> Process {
         Process {
             conn,
+            launch: Launch::from_vars(&hello.launch),
             hello,
             end: EndState::Running,
             devices: BTreeMap::new(),

@@ -201,6 +201,33 @@ fn read_cmdline() -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The launcher's variables (rank, world size, ...) as the process started with them. Read
+/// from `/proc/self/environ`, not `getenv`: this runs on the drain thread while the program
+/// may be calling `setenv`, and launchers set these before `exec`.
+fn read_launch_vars() -> Vec<(String, String)> {
+    use oomtrace_proto::launch::{LAUNCH_VARS, MAX_VALUE};
+    let Ok(environ) = std::fs::read("/proc/self/environ") else {
+        return Vec::new();
+    };
+    environ
+        .split(|&c| c == 0)
+        .filter_map(|entry| {
+            let eq = entry.iter().position(|&c| c == b'=')?;
+            let (name, value) = (&entry[..eq], &entry[eq + 1..]);
+            let name = LAUNCH_VARS.iter().find(|n| n.as_bytes() == name)?;
+            let value = &value[..value.len().min(MAX_VALUE)];
+            Some((name.to_string(), String::from_utf8_lossy(value).into_owned()))
+        })
+        .collect()
+}
+
+/// The host's name, "" when unreadable (a trace from many nodes tells them apart by it).
+fn read_host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
+
 impl<S: Sink> Drainer<S> {
     fn new(
         ob: &'static Outbox,
@@ -235,6 +262,9 @@ impl<S: Sink> Drainer<S> {
                 .map(|p| p.to_string_lossy().into_owned())
                 .unwrap_or_default(),
             argv: read_cmdline(),
+            start_mono_ns: clock::monotonic_ns(),
+            host: read_host(),
+            launch: read_launch_vars(),
         };
         Drainer {
             ob,
