@@ -38,7 +38,6 @@ fn stream(from: u64, to: u64, out: &mut Vec<u8>) {
                 pid: 4242,
                 argv: vec!["synthetic".into()],
                 ..Default::default()
-                ..Default::default()
             },
         );
         for s in 1..=64u32 {

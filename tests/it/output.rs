@@ -42,7 +42,6 @@ pub fn synthetic_trace(path: &Path, events: u64, live: u64, compress: bool, endi
             pid: 4242,
             argv: vec!["synthetic".into()],
             ..Default::default()
-            ..Default::default()
         },
     );
     for s in 1..=64u32 {

@@ -315,7 +315,6 @@ mod tests {
                 pid: 77,
                 argv: vec!["app".into()],
                 ..Default::default()
-                ..Default::default()
             },
         );
         let mut e = Event::new(EventKind::Alloc, Api::cudaMalloc);
