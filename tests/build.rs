@@ -61,6 +61,11 @@ const TARGETS: &[Target] = &[
         flags: CUDART,
     },
     Target {
+        out: "rank_job",
+        sources: &["rank_job.c"],
+        flags: CUDART,
+    },
+    Target {
         out: "soak",
         sources: &["soak.c"],
         flags: &["-O2", "-l:libcudart.so.12", "-ldl"],

@@ -5,6 +5,7 @@ use std::fmt::Write;
 use oomtrace_collector::analysis::device_growth::Events;
 use oomtrace_collector::analysis::growth::Trend;
 use oomtrace_collector::analysis::Evidence;
+use oomtrace_collector::report::ranks::Ranks;
 use oomtrace_collector::report::sections::{site_name, DeviceSections, SiteRow};
 use oomtrace_collector::report::symbolize::{culprit, FrameInfo};
 use oomtrace_collector::report::{
@@ -194,9 +195,14 @@ fn process_text(out: &mut String, p: &ProcessReport) {
     } else {
         String::new()
     };
+    let rank = match (p.rank, p.world_size) {
+        (Some(r), Some(w)) => format!(" (rank {r}/{w})"),
+        (Some(r), None) => format!(" (rank {r})"),
+        _ => String::new(),
+    };
     let _ = writeln!(
         out,
-        "  pid {}  {}\n      {}, {}{steps}, {} events{lost}",
+        "  pid {}{rank}  {}\n      {}, {}{steps}, {} events{lost}",
         p.pid,
         p.command,
         p.status,
@@ -270,8 +276,13 @@ fn process_text(out: &mut String, p: &ProcessReport) {
     }
 }
 
+/// " (rank N)" for a finding of a ranked process, "" otherwise.
+fn rank_text(f: &Finding) -> String {
+    f.rank.map_or_else(String::new, |r| format!(" (rank {r})"))
+}
+
 fn oom_text(out: &mut String, f: &Finding, with_holders: bool, native_frames: usize) {
-    let _ = writeln!(out, "  pid {}: {}", f.pid, f.message);
+    let _ = writeln!(out, "  pid {}{}: {}", f.pid, rank_text(f), f.message);
     backward_text(out, f, "      ");
     stack_text(out, &f.stack, "      ", native_frames);
     if let (true, Some(o)) = (with_holders, &f.oom) {
@@ -345,7 +356,13 @@ fn detected_text(out: &mut String, f: &Finding, frames: usize) {
         Kind::DeviceGrowth => format!("{} device growth", f.level.name()),
         kind => format!("{} {}", kind.name(), f.level.name()),
     };
-    let _ = writeln!(out, "  [{tag}] pid {}: {}", f.pid, f.message);
+    let _ = writeln!(
+        out,
+        "  [{tag}] pid {}{}: {}",
+        f.pid,
+        rank_text(f),
+        f.message
+    );
     if let Some(t) = f.evidence.as_ref().and_then(trend_text) {
         let tr = t.trend;
         let ci = |i: usize| fmt_bytes(finite_or(tr.slope_ci[i], 0.0).max(0.0) as u64);
@@ -415,6 +432,9 @@ pub fn full(r: &Report) -> String {
     }
     for w in warnings {
         let _ = writeln!(out, "  (warning: {w})");
+    }
+    if let Some(ranks) = &r.ranks {
+        ranks_text(&mut out, ranks);
     }
     let ooms: Vec<&Finding> = r.findings.iter().filter(|f| f.kind == Kind::Oom).collect();
     if !ooms.is_empty() {
@@ -558,9 +578,51 @@ fn sections_text(out: &mut String, s: &DeviceSections) {
 }
 
 /// A few lines for the end of `oomtrace run`.
+/// The rank table and what it says (`report::ranks`).
+fn ranks_text(out: &mut String, ranks: &Ranks) {
+    let of = ranks
+        .world_size
+        .map_or_else(String::new, |w| format!(" of {w}"));
+    let _ = writeln!(out, "\nRanks ({}{of})", ranks.rows.len());
+    for v in &ranks.verdicts {
+        let _ = writeln!(out, "  {}", v.message);
+    }
+    if !ranks.missing.is_empty() {
+        let missing: Vec<String> = ranks.missing.iter().map(u32::to_string).collect();
+        let _ = writeln!(out, "  no trace holds rank {}", missing.join(", "));
+    }
+    let _ = writeln!(
+        out,
+        "  {:>5}  {:<16} {:>8}  {:>10}  {:>10}  {:>12}  findings",
+        "rank", "host", "pid", "peak", "at exit", "growth/step"
+    );
+    for row in &ranks.rows {
+        let growth = row
+            .growth_bytes_per_step
+            .map_or_else(|| "-".to_string(), |g| format!("+{}", fmt_bytes(g as u64)));
+        let oom = if row.oom { ", OOM" } else { "" };
+        let _ = writeln!(
+            out,
+            "  {:>5}  {:<16} {:>8}  {:>10}  {:>10}  {:>12}  {}{oom}",
+            row.rank,
+            if row.host.is_empty() { "?" } else { &row.host },
+            row.pid,
+            fmt_bytes(row.peak_bytes),
+            fmt_bytes(row.live_at_exit_bytes),
+            growth,
+            row.findings
+        );
+    }
+}
+
 pub fn summary(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "\noomtrace summary");
+    if let Some(ranks) = &r.ranks {
+        for v in &ranks.verdicts {
+            let _ = writeln!(out, "  ranks: {}", v.message);
+        }
+    }
     for p in &r.processes {
         process_text(&mut out, p);
     }

@@ -1,9 +1,12 @@
-//! Golden files: `fixtures/v1-basic.oomt` is a version-1 trace written by the encoders below,
-//! and `fixtures/v1-basic.json` the report read back from it. If the writer's bytes change, or
-//! the reader or report interpret version-1 bytes differently, these fail: bump the format
-//! version instead of silently changing what old traces mean.
+//! Golden files: `fixtures/v1-writer.oomt` is a version-1 trace written by the encoders below,
+//! `fixtures/v1-basic.oomt` the same trace as the first version-1 writer made it (before the
+//! Hello's tail: host and launcher variables; never rewritten), and `fixtures/v1-basic.json`
+//! the report read back from both. If the writer's bytes change, or the reader or report
+//! interpret version-1 bytes differently, these fail: bump the format version instead of
+//! silently changing what old traces mean.
 //!
-//! Regenerate both after an intended change: `UPDATE_GOLDEN=1 cargo test -p oomtrace-collector --test golden`.
+//! Regenerate after an intended change (the frozen file stays):
+//! `UPDATE_GOLDEN=1 cargo test -p oomtrace-collector --test golden`.
 
 use oomtrace_collector::model::trace::Trace;
 use oomtrace_collector::report::{build, ReportOptions};
@@ -163,16 +166,22 @@ fn update() -> bool {
     std::env::var_os("UPDATE_GOLDEN").is_some()
 }
 
-/// The committed trace (rewritten first when updating, so both tests see the new one).
+/// The trace today's writer makes (rewritten first when updating, so both tests see it).
 fn golden_trace() -> std::path::PathBuf {
-    let path = fixture_path("v1-basic.oomt");
+    let path = fixture_path("v1-writer.oomt");
     if update() {
         std::fs::write(&path, fixture()).unwrap();
         let seed = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../fuzz/seeds/trace_reader/v1-basic.oomt");
+            .join("../fuzz/seeds/trace_reader/v1-writer.oomt");
         std::fs::copy(&path, seed).unwrap();
     }
     path
+}
+
+/// The same trace as an older writer made it (its Hello ends after the arguments: no host,
+/// no launcher variables). Never rewritten: traces already on users' disks look like this.
+fn frozen_trace() -> std::path::PathBuf {
+    fixture_path("v1-basic.oomt")
 }
 
 #[test]
@@ -187,23 +196,27 @@ fn writer_bytes_are_stable() {
 
 #[test]
 fn version_1_traces_read_to_the_same_report() {
-    let trace = Trace::load(&golden_trace()).unwrap();
-    let report = build(
-        &trace,
-        &ReportOptions {
-            top: 10,
-            path: "v1-basic.oomt".into(),
-            symbolize: false,
-        },
-    );
-    let got = serde_json::to_string_pretty(&report).unwrap() + "\n";
     let path = fixture_path("v1-basic.json");
-    if update() {
-        std::fs::write(&path, &got).unwrap();
+    // The frozen file first: updating must not let today's writer redefine the old report.
+    for (i, file) in [frozen_trace(), golden_trace()].into_iter().enumerate() {
+        let trace = Trace::load(&file).unwrap();
+        let report = build(
+            &trace,
+            &ReportOptions {
+                top: 10,
+                path: "v1-basic.oomt".into(),
+                symbolize: false,
+            },
+        );
+        let got = serde_json::to_string_pretty(&report).unwrap() + "\n";
+        if update() && i == 0 {
+            std::fs::write(&path, &got).unwrap();
+        }
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            got,
+            "the report of {} changed",
+            file.display()
+        );
     }
-    assert_eq!(
-        std::fs::read_to_string(&path).unwrap(),
-        got,
-        "the report of a v1 trace changed"
-    );
 }

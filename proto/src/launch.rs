@@ -43,6 +43,47 @@ pub const LAUNCH_VARS: &[&str] = &[
 /// Longest value the shim records for one variable (bytes); longer ones are cut.
 pub const MAX_VALUE: usize = 256;
 
+/// One launcher's variable names, each list best first.
+struct Source {
+    launcher: Launcher,
+    rank: &'static [&'static str],
+    local_rank: &'static [&'static str],
+    world_size: &'static [&'static str],
+    node: &'static [&'static str],
+}
+
+/// The launchers, in the order their variables win (the module doc's table).
+const SOURCES: &[Source] = &[
+    Source {
+        launcher: Launcher::Torchrun,
+        rank: &["RANK"],
+        local_rank: &["LOCAL_RANK"],
+        world_size: &["WORLD_SIZE"],
+        node: &["GROUP_RANK", "NODE_RANK"],
+    },
+    Source {
+        launcher: Launcher::Slurm,
+        rank: &["SLURM_PROCID"],
+        local_rank: &["SLURM_LOCALID"],
+        world_size: &["SLURM_NTASKS"],
+        node: &["SLURM_NODEID"],
+    },
+    Source {
+        launcher: Launcher::OpenMpi,
+        rank: &["OMPI_COMM_WORLD_RANK"],
+        local_rank: &["OMPI_COMM_WORLD_LOCAL_RANK"],
+        world_size: &["OMPI_COMM_WORLD_SIZE"],
+        node: &[],
+    },
+    Source {
+        launcher: Launcher::Pmi,
+        rank: &["PMI_RANK", "PMIX_RANK"],
+        local_rank: &["MPI_LOCALRANKID"],
+        world_size: &["PMI_SIZE"],
+        node: &[],
+    },
+];
+
 /// Which launcher's variables gave the rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Launcher {
@@ -93,51 +134,20 @@ impl Launch {
                 .find(|(k, v)| k == name && !v.is_empty())
                 .map(|(_, v)| v.clone())
         };
-        // (launcher, rank, local rank, world size, node) variable names, best first.
-        const SOURCES: &[(Launcher, &[&str], &[&str], &[&str], &[&str])] = &[
-            (
-                Launcher::Torchrun,
-                &["RANK"],
-                &["LOCAL_RANK"],
-                &["WORLD_SIZE"],
-                &["GROUP_RANK", "NODE_RANK"],
-            ),
-            (
-                Launcher::Slurm,
-                &["SLURM_PROCID"],
-                &["SLURM_LOCALID"],
-                &["SLURM_NTASKS"],
-                &["SLURM_NODEID"],
-            ),
-            (
-                Launcher::OpenMpi,
-                &["OMPI_COMM_WORLD_RANK"],
-                &["OMPI_COMM_WORLD_LOCAL_RANK"],
-                &["OMPI_COMM_WORLD_SIZE"],
-                &[],
-            ),
-            (
-                Launcher::Pmi,
-                &["PMI_RANK", "PMIX_RANK"],
-                &["MPI_LOCALRANKID"],
-                &["PMI_SIZE"],
-                &[],
-            ),
-        ];
         let first = |names: &[&str]| names.iter().find_map(|n| get(n));
-        for &(launcher, rank, local, size, node) in SOURCES {
-            let Some(r) = first(rank) else { continue };
-            let world_size = first(size);
+        for src in SOURCES {
+            let Some(r) = first(src.rank) else { continue };
+            let world_size = first(src.world_size);
             // A rank outside its world is a garbled environment: believe neither.
             if world_size.is_some_and(|w| r >= w) {
                 continue;
             }
             return Launch {
                 rank: Some(r),
-                local_rank: first(local),
+                local_rank: first(src.local_rank),
                 world_size,
-                node_rank: first(node),
-                launcher: Some(launcher),
+                node_rank: first(src.node),
+                launcher: Some(src.launcher),
                 job: text("SLURM_JOB_ID").or_else(|| text("TORCHELASTIC_RUN_ID")),
             };
         }
@@ -193,7 +203,12 @@ mod tests {
             ("SLURM_NODEID", "1"),
         ]));
         assert_eq!(
-            (slurm.rank, slurm.local_rank, slurm.world_size, slurm.node_rank),
+            (
+                slurm.rank,
+                slurm.local_rank,
+                slurm.world_size,
+                slurm.node_rank
+            ),
             (Some(3), Some(1), Some(4), Some(1))
         );
         assert_eq!(slurm.launcher, Some(Launcher::Slurm));
@@ -206,6 +221,18 @@ mod tests {
         let pmi = Launch::from_vars(&vars(&[("PMIX_RANK", "7")]));
         assert_eq!((pmi.rank, pmi.launcher), (Some(7), Some(Launcher::Pmi)));
         assert_eq!(pmi.label(), "rank 7");
+    }
+
+    #[test]
+    fn the_shim_records_every_variable_the_collector_reads() {
+        for src in SOURCES {
+            for name in [src.rank, src.local_rank, src.world_size, src.node].concat() {
+                assert!(LAUNCH_VARS.contains(&name), "{name} is read but not recorded");
+            }
+        }
+        for name in ["SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"] {
+            assert!(LAUNCH_VARS.contains(&name));
+        }
     }
 
     #[test]

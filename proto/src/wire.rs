@@ -657,7 +657,10 @@ mod tests {
                 argv: vec!["app".into(), "--x".into()],
                 start_mono_ns: 3,
                 host: "node7".into(),
-                launch: vec![("RANK".into(), "3".into()), ("WORLD_SIZE".into(), "4".into())],
+                launch: vec![
+                    ("RANK".into(), "3".into()),
+                    ("WORLD_SIZE".into(), "4".into()),
+                ],
             },
         );
         let mut e = Event::new(EventKind::Alloc, Api::cudaMalloc);

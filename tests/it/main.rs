@@ -32,6 +32,10 @@ mod export;
 /// leaking function on the rendered page, a screenshot), and its bounded size.
 mod view;
 
+/// Distributed jobs: ranks from launcher variables, one rank leaking vs all, imbalance, the
+/// first OOM; one report from one collector and from per-rank trace files.
+mod ranks;
+
 /// Private files and sockets; peers of another user refused.
 mod security;
 

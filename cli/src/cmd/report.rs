@@ -1,23 +1,26 @@
 //! `oomtrace report`: culprits from a trace file, as text or as the JSON contract.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use oomtrace_collector::analysis::Analysis;
 use oomtrace_collector::model::trace::Trace;
 use oomtrace_collector::report::sections::{self, SectionOptions, SiteOrder};
-use oomtrace_collector::report::{self, ReportOptions};
+use oomtrace_collector::report::{self, merge, Report, ReportOptions};
 
 use crate::output::Output;
 use crate::progress::Progress;
 use crate::{render, Failure};
 
-/// Report peak, live-at-exit memory and the call sites that hold it, from a trace file.
+/// Report peak, live-at-exit memory and the call sites that hold it, from a trace file (or
+/// several: the traces of one job's nodes, merged into one report with a table of ranks).
 #[derive(clap::Args)]
 pub struct Args {
-    /// A .oomt trace file (from `oomtrace run`, `collect`, or a plain LD_PRELOAD run).
-    pub file: PathBuf,
+    /// .oomt trace files (from `oomtrace run`, `collect`, or a plain LD_PRELOAD run), or
+    /// directories: every *.oomt file directly inside. Several are merged into one report.
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
     /// Print the stable JSON document instead of text.
     #[arg(long)]
     pub json: bool,
@@ -31,14 +34,42 @@ pub struct Args {
     pub sort: SiteOrder,
 }
 
-pub fn run(args: Args) -> Result<ExitCode, Failure> {
+/// The trace files `paths` name: files as given, directories replaced by the `*.oomt` files
+/// directly inside them (sorted). A directory without any is an error, not an empty report.
+pub fn trace_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Failure> {
+    let mut files = Vec::new();
+    for path in paths {
+        if !path.is_dir() {
+            files.push(path.clone());
+            continue;
+        }
+        let entries = std::fs::read_dir(path)
+            .map_err(|e| Failure::new(format!("cannot read directory {}: {e}", path.display())))?;
+        let mut found: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "oomt") && p.is_file())
+            .collect();
+        if found.is_empty() {
+            return Err(Failure::new(format!(
+                "{} holds no trace files (*.oomt)",
+                path.display()
+            )));
+        }
+        found.sort();
+        files.extend(found);
+    }
+    Ok(files)
+}
+
+/// One trace's report, sections included.
+fn report_of(file: &Path, args: &Args) -> Result<Report, Failure> {
     let mut progress = Progress::new();
-    let name = args.file.file_name().map_or_else(
-        || args.file.display().to_string(),
+    let name = file.file_name().map_or_else(
+        || file.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
     progress.pass(format!("reading {name}"));
-    let trace = Trace::<Analysis>::load_with_progress(&args.file, &mut |done, total| {
+    let trace = Trace::<Analysis>::load_with_progress(file, &mut |done, total| {
         progress.update(done, total)
     })?;
     drop(progress);
@@ -49,7 +80,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         &trace,
         &ReportOptions {
             top: args.top,
-            path: args.file.display().to_string(),
+            path: file.display().to_string(),
             symbolize: true,
         },
     );
@@ -61,6 +92,20 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             symbolize: true,
         },
     );
+    Ok(report)
+}
+
+pub fn run(args: Args) -> Result<ExitCode, Failure> {
+    let files = trace_files(&args.files)?;
+    let report = if let [one] = files.as_slice() {
+        report_of(one, &args)?
+    } else {
+        let reports = files
+            .iter()
+            .map(|f| report_of(f, &args))
+            .collect::<Result<Vec<_>, _>>()?;
+        merge::merge(reports)
+    };
     // Not println!: it panics when standard output fails (`> /dev/full`). A full or broken
     // output is one line and exit 2; a reader that went away (`| head`) ends it quietly.
     let mut out = Output::stdout().named("the report");

@@ -565,6 +565,7 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
             Level::INFO
         },
         pid: 0,
+        rank: None,
         device,
         site: Default::default(),
         stack: Vec::new(),

@@ -241,6 +241,7 @@ fn finding(device: i16, d: &DeviceFrag) -> Finding {
         kind: Kind::Fragmentation,
         level: d.level.unwrap_or(Severity::Warning).into(),
         pid: 0,
+        rank: None,
         device,
         site: Default::default(),
         stack: Vec::new(),

@@ -652,6 +652,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         kind,
         level,
         pid: 0,
+        rank: None,
         device,
         site,
         stack: Vec::new(),

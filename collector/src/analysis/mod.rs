@@ -285,6 +285,10 @@ pub struct Finding {
     pub kind: Kind,
     pub level: Level,
     pub pid: u32,
+    /// The process's rank in a distributed job, when a launcher gave it one (set by the
+    /// report).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
     pub device: i16,
     pub bytes: u64,
     pub growth_bytes_per_step: Option<f64>,
@@ -351,6 +355,7 @@ impl Finding {
             kind,
             level: level.into(),
             pid: 0,
+            rank: None,
             device,
             bytes: 0,
             growth_bytes_per_step: None,

@@ -195,6 +195,7 @@ fn finding_of(r: &OomRecord, nth: u64) -> Finding {
         kind: Kind::Oom,
         level: level.into(),
         pid: 0,
+        rank: None,
         device: r.device,
         site: r.site,
         stack: Vec::new(),
@@ -267,7 +268,12 @@ pub struct OomDetail {
     pub total_bytes: Option<u64>,
     /// Tracked live bytes on the device when the allocation failed.
     pub live_bytes: u64,
+    /// Seconds from the process's first event.
     pub time_s: f64,
+    /// When it failed, on the wall clock (Unix time, s): comparable across processes and
+    /// hosts. Absent in traces whose shim did not record its monotonic start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unix_s: Option<f64>,
     /// The largest holders at that instant.
     pub top_sites: Vec<SiteShare>,
 }

@@ -127,6 +127,7 @@ fn finding(device: i16, t: u32, line: &Line, peak: f64, cap: u64, live: u64) -> 
         }
         .into(),
         pid: 0,
+        rank: None,
         device,
         site: Default::default(),
         stack: Vec::new(),

@@ -44,6 +44,9 @@ pub fn line(p: &Process, a: &Alert, sym: &mut StackSymbolizer) -> String {
         (_, kind) => format!("{} {}", kind.name(), f.level.name()),
     };
     let mut text = format!("oomtrace: [{tag}] pid {} ", p.pid());
+    if let Some(rank) = p.launch.rank {
+        text.push_str(&format!("(rank {rank}) "));
+    }
     if f.device >= 0 {
         text.push_str(&format!("device {}, step {}: ", f.device, a.epoch));
     } else {

@@ -10,6 +10,8 @@
 
 pub mod hints;
 pub mod live;
+pub mod merge;
+pub mod ranks;
 pub mod roles;
 pub mod sections;
 pub mod symbolize;
@@ -43,6 +45,13 @@ pub struct Report {
     /// `oomtrace report`, absent (empty) elsewhere.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sections: Vec<sections::DeviceSections>,
+    /// The ranks of a distributed job side by side ([`ranks`]); absent unless the processes
+    /// hold at least two ranks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<ranks::Ranks>,
+    /// Each trace file of a report merged from several ([`merge`]); `trace` then sums them up.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub traces: Vec<TraceInfo>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -81,6 +90,18 @@ pub struct ProcessReport {
     pub ppid: u32,
     pub command: String,
     pub exe: String,
+    /// Its rank in a distributed job, from the launcher's variables (`RANK`, `SLURM_PROCID`,
+    /// ...); null for a process no launcher started.
+    pub rank: Option<u32>,
+    pub local_rank: Option<u32>,
+    pub world_size: Option<u32>,
+    /// The host it ran on ("" in traces from before it was recorded).
+    pub host: String,
+    /// When it started (Unix time, ns).
+    pub start_unix_ns: u64,
+    /// The trace file it came from, when a report reads several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
     /// exited | exited (_exit) | detached | replaced by exec | ended without goodbye |
     /// running | protocol error
     pub status: String,
@@ -405,6 +426,12 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
             ppid: p.hello.ppid,
             command: p.command(),
             exe: p.hello.exe.clone(),
+            rank: p.launch.rank,
+            local_rank: p.launch.local_rank,
+            world_size: p.launch.world_size,
+            host: p.hello.host.clone(),
+            start_unix_ns: p.hello.start_unix_ns,
+            trace: None,
             status: if p.end == EndState::Abrupt
                 && trace
                     .processes
@@ -454,6 +481,7 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
         });
         for mut f in a.findings(p) {
             f.pid = p.pid();
+            f.rank = p.launch.rank;
             let record = f.record.and_then(|i| a.oom.records.get(i));
             f.oom = record.map(|o| OomDetail {
                 requested_bytes: o.size,
@@ -462,6 +490,10 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
                 total_bytes: o.total_bytes,
                 live_bytes: o.live_bytes,
                 time_s: o.ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
+                unix_s: (p.hello.start_mono_ns != 0).then(|| {
+                    (p.hello.start_unix_ns as f64 + o.ts_ns as f64 - p.hello.start_mono_ns as f64)
+                        / 1e9
+                }),
                 top_sites: o
                     .top_sites
                     .iter()
@@ -530,6 +562,7 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
                 let (cause, hint) = live_hint(p, a, device, site);
                 let mut f = Finding {
                     pid: p.pid(),
+                    rank: p.launch.rank,
                     bytes,
                     stack: stack_of(p, site),
                     message: format!(
@@ -551,19 +584,10 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
         }
     }
     live.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
-    // OOMs open the report, then leaks, device growth (the process-level view of the same
-    // memory), fragmentation, thresholds and bounded growth.
-    let rank = |f: &Finding| match f.kind {
-        Kind::Oom => 0,
-        Kind::Leak => 1,
-        Kind::DeviceGrowth => 2,
-        Kind::Fragmentation => 3,
-        Kind::Threshold => 4,
-        Kind::Growth | Kind::LiveAtExit => 5,
-    };
-    detected.sort_by_key(|f| rank(f));
+    detected.sort_by_key(order);
     let mut findings = detected;
     findings.extend(live);
+    let ranks = ranks::build(&processes, &findings);
     Report {
         version: REPORT_VERSION,
         trace: TraceInfo {
@@ -586,5 +610,22 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
         processes,
         findings,
         sections: Vec::new(),
+        ranks,
+        traces: Vec::new(),
+    }
+}
+
+/// Where a finding goes in the report: OOMs open it, then leaks, device growth (the
+/// process-level view of the same memory), fragmentation, thresholds and bounded growth, then
+/// what was live at exit.
+pub fn order(f: &Finding) -> u8 {
+    match f.kind {
+        Kind::Oom => 0,
+        Kind::Leak => 1,
+        Kind::DeviceGrowth => 2,
+        Kind::Fragmentation => 3,
+        Kind::Threshold => 4,
+        Kind::Growth => 5,
+        Kind::LiveAtExit => 6,
     }
 }

@@ -216,7 +216,10 @@ fn read_launch_vars() -> Vec<(String, String)> {
             let (name, value) = (&entry[..eq], &entry[eq + 1..]);
             let name = LAUNCH_VARS.iter().find(|n| n.as_bytes() == name)?;
             let value = &value[..value.len().min(MAX_VALUE)];
-            Some((name.to_string(), String::from_utf8_lossy(value).into_owned()))
+            Some((
+                name.to_string(),
+                String::from_utf8_lossy(value).into_owned(),
+            ))
         })
         .collect()
 }
