@@ -92,31 +92,6 @@ fn job_in_files(dir: &Path, args: &[&str], env: fn(u32) -> Vec<(&'static str, St
     }
 }
 
-/// `oomtrace report --json ARGS...`.
-fn report_of(args: &[&Path]) -> Value {
-    let mut cmd = base_command(oomtrace_bin());
-    cmd.arg("report").arg("--json").args(args);
-    let out = output_within(cmd, TIMEOUT);
-    assert!(
-        out.status.success(),
-        "report failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("valid JSON")
-}
-
-fn report_text_of(args: &[&Path]) -> String {
-    let mut cmd = base_command(oomtrace_bin());
-    cmd.arg("report").args(args);
-    let out = output_within(cmd, TIMEOUT);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// (pattern, ranks) of each verdict.
 fn verdicts(r: &Value) -> Vec<(String, Vec<u64>)> {
     r["ranks"]["verdicts"]
@@ -188,7 +163,7 @@ fn assert_rank_two_leaks(r: &Value, text: &str) {
 fn one_collector_names_the_one_leaking_rank() {
     let dir = scratch("ranks_one_collector");
     let trace = job_through_one_collector(&dir, &["leak=2"]);
-    let r = report_of(&[&trace]);
+    let r = report_json_of(&[&trace]);
     assert_eq!(processes(&r).len(), WORLD as usize);
     assert!(r.get("traces").is_none(), "one trace: no list of traces");
     assert_rank_two_leaks(&r, &report_text_of(&[&trace]));
@@ -221,9 +196,9 @@ fn per_process_traces_merge_into_one_report() {
     let files = traces_in(&dir);
     assert_eq!(files.len(), WORLD as usize, "{files:?}");
     // A directory and the list of its files give the same report.
-    let by_dir = report_of(&[&dir]);
+    let by_dir = report_json_of(&[&dir]);
     let listed: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
-    let by_list = report_of(&listed);
+    let by_list = report_json_of(&listed);
     for r in [&by_dir, &by_list] {
         assert_eq!(r["traces"].as_array().unwrap().len(), WORLD as usize);
         assert_eq!(r["trace"]["complete"], true);
@@ -242,7 +217,7 @@ fn per_process_traces_merge_into_one_report() {
 fn imbalance_and_the_first_rank_to_run_out_are_told_apart() {
     let dir = scratch("ranks_imbalance");
     let trace = job_through_one_collector(&dir, &["heavy=1", "oom=3", "oom_late=0"]);
-    let r = report_of(&[&trace]);
+    let r = report_json_of(&[&trace]);
     assert_eq!(
         verdicts(&r),
         [
@@ -272,7 +247,7 @@ fn imbalance_and_the_first_rank_to_run_out_are_told_apart() {
 fn every_rank_leaking_is_the_shared_code() {
     let dir = scratch("ranks_all");
     job_in_files(&dir, &["leak=all"], torchrun_env);
-    let r = report_of(&[&dir]);
+    let r = report_json_of(&[&dir]);
     assert_eq!(
         verdicts(&r),
         [("leak_on_all_ranks".to_string(), vec![0, 1, 2, 3])]

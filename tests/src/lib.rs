@@ -417,15 +417,25 @@ pub fn run_plain(name: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
 
 /// `oomtrace report --json FILE`.
 pub fn report_json(trace: &Path) -> Value {
+    report_json_of(&[trace])
+}
+
+/// `oomtrace report --json FILE...` (several files or directories: one merged report).
+pub fn report_json_of(traces: &[&Path]) -> Value {
+    serde_json::from_str(&report_output(&["--json"], traces)).expect("valid JSON")
+}
+
+/// `oomtrace report [FLAGS] FILE...`'s standard output; fails the test if it fails.
+fn report_output(flags: &[&str], traces: &[&Path]) -> String {
     let mut cmd = base_command(oomtrace_bin());
-    cmd.arg("report").arg("--json").arg(trace);
+    cmd.arg("report").args(flags).args(traces);
     let out = output_within(cmd, TIMEOUT);
     assert!(
         out.status.success(),
         "report failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("valid JSON")
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The process entries of a report, by pid.
@@ -560,15 +570,12 @@ pub fn assert_text_has_python_frames(text: &str, stack: &Value) {
 
 /// `oomtrace report FILE` (text).
 pub fn report_text(trace: &Path) -> String {
-    let mut cmd = base_command(oomtrace_bin());
-    cmd.arg("report").arg(trace);
-    let out = output_within(cmd, TIMEOUT);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    report_text_of(&[trace])
+}
+
+/// `oomtrace report FILE...` (text).
+pub fn report_text_of(traces: &[&Path]) -> String {
+    report_output(&[], traces)
 }
 
 pub const MIB: u64 = 1 << 20;
