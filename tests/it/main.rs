@@ -72,3 +72,8 @@ mod torch;
 /// `oomtrace report`'s sections (peak consumers, most allocations, temporaries, sizes,
 /// totals, `--sort`) and `oomtrace diff` of two runs of a corpus program, both ways.
 mod report_diff;
+
+/// Prometheus metrics (`collect --metrics`, `--metrics-textfile`): a real Prometheus server
+/// scrapes a two-rank job and its values are the report's; bad addresses and textfile targets;
+/// the Grafana dashboard names only exported metrics.
+mod metrics;
