@@ -24,7 +24,7 @@ use oomtrace_proto::wire::{self, Frame, Next};
 
 use crate::analysis::Analysis;
 use crate::console::{Console, Silent};
-use crate::metrics::{ProcessSnapshot, Registry, SiteCache, PUBLISH_EVERY};
+use crate::metrics::{Asked, ProcessSnapshot, Registry, PUBLISH_EVERY};
 use crate::model::trace::{Incomplete, Trace};
 use crate::model::{EndState, Error, Observer, Process};
 use crate::report::live;
@@ -357,7 +357,7 @@ struct Shared {
 /// events arrive, never per event.
 struct Publisher {
     registry: Arc<Registry>,
-    sites: SiteCache,
+    asked: Asked,
     last: Instant,
     /// Events applied since the last publication.
     dirty: bool,
@@ -368,7 +368,7 @@ impl Publisher {
         registry.connected.fetch_add(1, Ordering::Relaxed);
         Publisher {
             registry,
-            sites: SiteCache::default(),
+            asked: Asked::default(),
             last: Instant::now(),
             dirty: false,
         }
@@ -378,8 +378,8 @@ impl Publisher {
     fn maybe(&mut self, process: Option<&(Process, Analysis)>) {
         if self.dirty && self.last.elapsed() >= PUBLISH_EVERY {
             if let Some((p, a)) = process {
-                self.registry
-                    .publish(ProcessSnapshot::of(p, a, &mut self.sites));
+                let r = &self.registry;
+                r.publish(ProcessSnapshot::of(p, a, &r.names, &mut self.asked));
             }
             self.dirty = false;
             self.last = Instant::now();
@@ -389,7 +389,8 @@ impl Publisher {
     /// The final values, once the connection is closed.
     fn end(mut self, process: Option<(&Process, &Analysis)>) {
         if let Some((p, a)) = process {
-            let mut s = ProcessSnapshot::of(p, a, &mut self.sites);
+            let r = &self.registry;
+            let mut s = ProcessSnapshot::of(p, a, &r.names, &mut self.asked);
             s.running = false;
             self.registry.publish(s);
         }

@@ -1,6 +1,7 @@
 //! Prometheus's text exposition format, version 0.0.4: each family once, `# HELP` and
 //! `# TYPE` first, then its samples; label values escaped (`\\`, `\"`, `\n`).
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
@@ -105,6 +106,23 @@ fn per_process(
     }
 }
 
+/// One process's sites, by name.
+#[derive(Default)]
+struct Named {
+    /// (device, site id) -> (per step, per second).
+    rates: BTreeMap<(String, String), (Option<f64>, Option<f64>)>,
+    live: BTreeMap<(String, String), u64>,
+    /// id -> location.
+    sites: BTreeMap<String, String>,
+}
+
+fn sum(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a + b),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Everything the registry holds, in the exposition format.
 pub fn render(r: &Registry) -> String {
     let procs = r.snapshots();
@@ -202,81 +220,95 @@ pub fn render(r: &Registry) -> String {
             }
         },
     );
-    per_process(
-        &mut w,
-        &procs,
-        "oomtrace_leak_rate_bytes_per_step",
-        "gauge",
-        "Growth of each current leak finding, bytes per step.",
-        |w, p, pid, rank| {
-            for l in &p.leak_rates {
-                if let Some(v) = l.bytes_per_step {
+    // Sites by name (see `names`): not yet named ones are left out; two raw sites of one
+    // process with the same key (the same code reached by two return addresses) are one
+    // series, their sum.
+    let named: Vec<Named> = r.names.with(|known| {
+        procs
+            .iter()
+            .map(|p| {
+                let name = |site| known.get(&(p.conn, site)).cloned();
+                let mut n = Named::default();
+                for l in &p.leak_rates {
+                    if let Some((id, loc)) = name(l.site) {
+                        let e = n.rates.entry((l.device.clone(), id.clone())).or_default();
+                        e.0 = sum(e.0, l.bytes_per_step);
+                        e.1 = sum(e.1, l.bytes_per_second);
+                        n.sites.insert(id, loc);
+                    }
+                }
+                for s in &p.top_sites {
+                    if let Some((id, loc)) = name(s.site) {
+                        *n.live.entry((s.device.clone(), id.clone())).or_default() += s.live_bytes;
+                        n.sites.insert(id, loc);
+                    }
+                }
+                n
+            })
+            .collect()
+    });
+    type Rate = fn(&(Option<f64>, Option<f64>)) -> Option<f64>;
+    let rates: [(&str, &str, Rate); 2] = [
+        (
+            "oomtrace_leak_rate_bytes_per_step",
+            "Growth of each current leak finding, bytes per step.",
+            |r| r.0,
+        ),
+        (
+            "oomtrace_leak_rate_bytes_per_second",
+            "Growth of each current leak finding, bytes per second (when the steps have a \
+             duration).",
+            |r| r.1,
+        ),
+    ];
+    for (name, help, get) in rates {
+        w.family(name, "gauge", help);
+        for (p, n) in procs.iter().zip(&named) {
+            let (pid, rank) = (p.pid.to_string(), opt(p.rank));
+            for ((device, site), r) in &n.rates {
+                if let Some(v) = get(r) {
                     w.sample(
-                        "oomtrace_leak_rate_bytes_per_step",
+                        name,
                         &[
-                            ("pid", pid),
-                            ("rank", rank),
-                            ("device", &l.device),
-                            ("site", &l.site),
+                            ("pid", &pid),
+                            ("rank", &rank),
+                            ("device", device),
+                            ("site", site),
                         ],
                         v,
                     );
                 }
             }
-        },
-    );
-    per_process(
-        &mut w,
-        &procs,
-        "oomtrace_leak_rate_bytes_per_second",
-        "gauge",
-        "Growth of each current leak finding, bytes per second (when the steps have a duration).",
-        |w, p, pid, rank| {
-            for l in &p.leak_rates {
-                if let Some(v) = l.bytes_per_second {
-                    w.sample(
-                        "oomtrace_leak_rate_bytes_per_second",
-                        &[
-                            ("pid", pid),
-                            ("rank", rank),
-                            ("device", &l.device),
-                            ("site", &l.site),
-                        ],
-                        v,
-                    );
-                }
-            }
-        },
-    );
-    per_process(
-        &mut w,
-        &procs,
+        }
+    }
+    w.family(
         "oomtrace_site_live_bytes",
         "gauge",
         "Live bytes of the process's top call sites (at most 10 per process).",
-        |w, p, pid, rank| {
-            for s in &p.top_sites {
-                w.sample(
-                    "oomtrace_site_live_bytes",
-                    &[
-                        ("pid", pid),
-                        ("rank", rank),
-                        ("device", &s.device),
-                        ("site", &s.site),
-                    ],
-                    s.live_bytes as f64,
-                );
-            }
-        },
     );
+    for (p, n) in procs.iter().zip(&named) {
+        let (pid, rank) = (p.pid.to_string(), opt(p.rank));
+        for ((device, site), v) in &n.live {
+            w.sample(
+                "oomtrace_site_live_bytes",
+                &[
+                    ("pid", &pid),
+                    ("rank", &rank),
+                    ("device", device),
+                    ("site", site),
+                ],
+                *v as f64,
+            );
+        }
+    }
     w.family(
         "oomtrace_site_info",
         "gauge",
         "Where each exported call site is: its culprit frame, file:line function.",
     );
-    let mut seen = std::collections::BTreeMap::new();
-    for p in &procs {
-        for (id, loc) in &p.sites {
+    let mut seen = BTreeMap::new();
+    for n in &named {
+        for (id, loc) in &n.sites {
             seen.entry(id.as_str()).or_insert(loc.as_str());
         }
     }
@@ -394,6 +426,7 @@ fn resident_bytes() -> u64 {
 mod tests {
     use super::super::snapshot::{DeviceSnapshot, LeakRate, SiteLive};
     use super::*;
+    use crate::model::SiteId;
 
     #[test]
     fn label_values_are_escaped() {
@@ -436,18 +469,35 @@ mod tests {
             findings: vec![("leak", "likely", 2)],
             leak_rates: vec![LeakRate {
                 device: "0".into(),
-                site: "0123456789ab".into(),
+                site: SiteId(3),
                 bytes_per_step: Some(1024.0),
                 bytes_per_second: None,
             }],
-            top_sites: vec![SiteLive {
-                device: "0".into(),
-                site: "0123456789ab".into(),
-                live_bytes: 100,
-            }],
-            sites: vec![("0123456789ab".into(), "t.c:12 leak".into())],
+            top_sites: vec![
+                SiteLive {
+                    device: "0".into(),
+                    site: SiteId(3),
+                    live_bytes: 100,
+                },
+                // The same code by another return address: one series, the sum.
+                SiteLive {
+                    device: "0".into(),
+                    site: SiteId(4),
+                    live_bytes: 20,
+                },
+                // Not named yet: left out.
+                SiteLive {
+                    device: "0".into(),
+                    site: SiteId(5),
+                    live_bytes: 7,
+                },
+            ],
             ..Default::default()
         });
+        for site in [SiteId(3), SiteId(4)] {
+            r.names
+                .insert(1, site, ("0123456789ab".into(), "t.c:12 leak".into()));
+        }
         let text = r.render();
         let mut families = std::collections::BTreeSet::new();
         let mut current = String::new();
@@ -474,6 +524,7 @@ mod tests {
             "oomtrace_findings{pid=\"42\",rank=\"3\",kind=\"leak\",level=\"likely\"} 2",
             "oomtrace_leak_rate_bytes_per_step{pid=\"42\",rank=\"3\",device=\"0\",site=\"0123456789ab\"} 1024",
             "oomtrace_site_info{site=\"0123456789ab\",location=\"t.c:12 leak\"} 1",
+            "oomtrace_site_live_bytes{pid=\"42\",rank=\"3\",device=\"0\",site=\"0123456789ab\"} 120",
             "oomtrace_process_info{pid=\"42\",rank=\"3\",local_rank=\"\",world_size=\"\",exe=\"/bin/x\\\"y\"} 1",
             "oomtrace_process_running{pid=\"42\",rank=\"3\"} 1",
             "oomtrace_collector_scrapes_total 1",
@@ -481,5 +532,10 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "{line} missing in:\n{text}");
         }
         assert!(!text.contains("oomtrace_leak_rate_bytes_per_second{"));
+        assert_eq!(
+            text.matches("oomtrace_site_live_bytes{").count(),
+            1,
+            "{text}"
+        );
     }
 }

@@ -12,6 +12,7 @@
 
 pub mod exposition;
 pub mod http;
+pub mod names;
 pub mod snapshot;
 pub mod textfile;
 
@@ -20,7 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-pub use snapshot::{ProcessSnapshot, SiteCache};
+pub use names::{Asked, Names};
+pub use snapshot::ProcessSnapshot;
 
 use crate::trace_writer::SharedFailure;
 
@@ -48,6 +50,8 @@ pub struct Registry {
     pub last_render_ns: AtomicU64,
     /// The trace writer's failure, once the server runs.
     failure: Mutex<Option<SharedFailure>>,
+    /// Call-site names, made off the connections' threads.
+    pub names: Arc<Names>,
 }
 
 #[derive(Debug, Default)]
@@ -77,6 +81,7 @@ impl Registry {
             scrapes: AtomicU64::new(0),
             last_render_ns: AtomicU64::new(0),
             failure: Mutex::new(None),
+            names: Arc::default(),
         }
     }
 
@@ -106,14 +111,23 @@ impl Registry {
         let s = Arc::new(s);
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         // A newer image of the same pid (an exec) replaces the ended one: one series per pid.
-        inner.ended.retain(|e| e.pid != s.pid);
+        let names = &self.names;
+        inner.ended.retain(|e| {
+            let keep = e.pid != s.pid;
+            if !keep {
+                names.forget(e.conn);
+            }
+            keep
+        });
         if s.running {
             inner.running.insert(s.conn, s);
         } else {
             inner.running.remove(&s.conn);
             inner.ended.push_back(s);
             while inner.ended.len() > ENDED_KEPT {
-                inner.ended.pop_front();
+                if let Some(gone) = inner.ended.pop_front() {
+                    self.names.forget(gone.conn);
+                }
             }
         }
     }

@@ -2,12 +2,11 @@
 //! connection thread (see the module above for when): a few numbers per device, its current
 //! findings counted by kind and level, its leak rates and its top call sites by live bytes.
 
-use rustc_hash::FxHashMap;
+use std::sync::Arc;
 
+use super::names::{Asked, Names};
 use crate::analysis::{Analysis, Kind};
 use crate::model::{DeviceState, EndState, Process, SiteId, HOST_DEVICE};
-use crate::report::sections::site_key;
-use crate::report::symbolize::{culprit, FrameInfo, StackSymbolizer};
 
 /// Call sites exported per process by live bytes (`oomtrace_site_live_bytes`): a bound on the
 /// series, whatever the number of sites.
@@ -31,8 +30,6 @@ pub struct ProcessSnapshot {
     pub findings: Vec<(&'static str, &'static str, u64)>,
     pub leak_rates: Vec<LeakRate>,
     pub top_sites: Vec<SiteLive>,
-    /// Every site named above: (id, location).
-    pub sites: Vec<(String, String)>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -50,7 +47,8 @@ pub struct DeviceSnapshot {
 #[derive(Clone, Debug)]
 pub struct LeakRate {
     pub device: String,
-    pub site: String,
+    /// The process's site (named at render time, see [`super::names`]).
+    pub site: SiteId,
     pub bytes_per_step: Option<f64>,
     pub bytes_per_second: Option<f64>,
 }
@@ -58,7 +56,7 @@ pub struct LeakRate {
 #[derive(Clone, Debug)]
 pub struct SiteLive {
     pub device: String,
-    pub site: String,
+    pub site: SiteId,
     pub live_bytes: u64,
 }
 
@@ -71,41 +69,10 @@ pub fn device_label(device: i16) -> String {
     }
 }
 
-/// How a site's location reads: the culprit frame as the report names it, `file:line
-/// function`, or the function (or module+offset) of a native frame without lines.
-fn location(stack: &[FrameInfo]) -> String {
-    match culprit(stack).or(stack.first()) {
-        None => "(no stack)".into(),
-        Some(f) if !f.file.is_empty() => format!("{}:{} {}", f.file, f.line, f.function),
-        Some(f) if !f.function.is_empty() => f.function.clone(),
-        Some(f) if !f.module.is_empty() => format!("{}+{}", f.module, f.offset),
-        Some(f) => f.address.clone(),
-    }
-}
-
-/// The sites of one process already symbolized, kept by its connection: a site is symbolized
-/// once (its frames never change), the first time it is exported.
-#[derive(Default)]
-pub struct SiteCache {
-    sym: Option<StackSymbolizer>,
-    known: FxHashMap<SiteId, (String, String)>,
-}
-
-impl SiteCache {
-    /// (id, location) of `site` of `p`.
-    pub fn get(&mut self, p: &Process, site: SiteId) -> &(String, String) {
-        let sym = &mut self.sym;
-        self.known.entry(site).or_insert_with(|| {
-            let stack = sym.get_or_insert_with(StackSymbolizer::new).site(p, site);
-            (super::site_id(&site_key(&stack)), location(&stack))
-        })
-    }
-}
-
 impl ProcessSnapshot {
-    /// The metrics of `p` now. Costs O(devices + sites + findings), plus symbolizing the
-    /// sites it exports for the first time.
-    pub fn of(p: &Process, a: &Analysis, cache: &mut SiteCache) -> ProcessSnapshot {
+    /// The metrics of `p` now. Costs O(devices + sites + findings); the sites it exports for
+    /// the first time are handed to `names` (never symbolized here).
+    pub fn of(p: &Process, a: &Analysis, names: &Arc<Names>, asked: &mut Asked) -> ProcessSnapshot {
         let shown = |d: &DeviceState| d.allocations > 0 || d.failed_allocations > 0;
         let devices = p
             .devices
@@ -120,13 +87,9 @@ impl ProcessSnapshot {
                 frees: d.frees,
             })
             .collect();
-        let mut sites: Vec<(String, String)> = Vec::new();
-        let mut name = |cache: &mut SiteCache, site: SiteId| {
-            let (id, loc) = cache.get(p, site).clone();
-            if !sites.iter().any(|(i, _)| *i == id) {
-                sites.push((id.clone(), loc));
-            }
-            id
+        let mut name = |site: SiteId| {
+            names.ask(asked, p, site);
+            site
         };
         let findings_now = if a.failed { Vec::new() } else { a.findings(p) };
         let mut counted: Vec<(&'static str, &'static str, u64)> = Vec::new();
@@ -145,7 +108,7 @@ impl ProcessSnapshot {
             {
                 leak_rates.push(LeakRate {
                     device: device_label(f.device),
-                    site: name(cache, f.site),
+                    site: name(f.site),
                     bytes_per_step: f.growth_bytes_per_step,
                     bytes_per_second: f.growth_bytes_per_s,
                 });
@@ -165,37 +128,14 @@ impl ProcessSnapshot {
             top.truncate(TOP_SITES);
         }
         top.sort_unstable_by(by_bytes);
-        let mut top_sites: Vec<SiteLive> = Vec::with_capacity(top.len());
-        for (site, device, live_bytes) in top {
-            let site = name(cache, site);
-            let device = device_label(device);
-            // Two raw sites can share a key (the same code reached by two return addresses):
-            // one series, their sum.
-            match top_sites
-                .iter_mut()
-                .find(|s| s.site == site && s.device == device)
-            {
-                Some(s) => s.live_bytes += live_bytes,
-                None => top_sites.push(SiteLive {
-                    device,
-                    site,
-                    live_bytes,
-                }),
-            }
-        }
-        let mut merged: Vec<LeakRate> = Vec::with_capacity(leak_rates.len());
-        for l in leak_rates {
-            match merged
-                .iter_mut()
-                .find(|m| m.site == l.site && m.device == l.device)
-            {
-                Some(m) => {
-                    m.bytes_per_step = sum(m.bytes_per_step, l.bytes_per_step);
-                    m.bytes_per_second = sum(m.bytes_per_second, l.bytes_per_second);
-                }
-                None => merged.push(l),
-            }
-        }
+        let top_sites = top
+            .into_iter()
+            .map(|(site, device, live_bytes)| SiteLive {
+                device: device_label(device),
+                site: name(site),
+                live_bytes,
+            })
+            .collect();
         ProcessSnapshot {
             conn: p.conn,
             pid: p.pid(),
@@ -208,16 +148,8 @@ impl ProcessSnapshot {
             lost_events: p.lost.events,
             devices,
             findings: counted,
-            leak_rates: merged,
+            leak_rates,
             top_sites,
-            sites,
         }
-    }
-}
-
-fn sum(a: Option<f64>, b: Option<f64>) -> Option<f64> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a + b),
-        (a, b) => a.or(b),
     }
 }

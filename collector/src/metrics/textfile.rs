@@ -121,12 +121,14 @@ impl Textfile {
         })
     }
 
-    /// Stops the thread and writes the final values.
+    /// Stops the thread and writes the final values (once the sites asked for are named, or
+    /// after 5 s).
     pub fn finish(mut self) -> Result<(), String> {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        self.registry.names.settle(Duration::from_secs(5));
         write(&self.path, &self.registry.render())
     }
 }
