@@ -164,9 +164,19 @@ fn through_socket(dir: &std::path::Path, frames: &[u8], events: u64, metrics: bo
 fn render_cost(n: u32) -> (f64, usize) {
     use oomtrace_collector::metrics::snapshot::{DeviceSnapshot, LeakRate, SiteLive};
     use oomtrace_collector::metrics::ProcessSnapshot;
+    use oomtrace_collector::model::SiteId;
     let r = Registry::new();
     for i in 0..n {
-        let site = |k: u32| format!("{:012x}", u64::from(i * 100 + k) * 7919);
+        for k in 0..10 {
+            r.names.insert(
+                i + 1,
+                SiteId(k),
+                (
+                    format!("{:012x}", u64::from(i * 100 + k) * 7919),
+                    format!("/home/u/model/layer_{k}.py:{} forward", 100 + k),
+                ),
+            );
+        }
         r.publish(ProcessSnapshot {
             conn: i + 1,
             pid: 10_000 + i,
@@ -191,23 +201,15 @@ fn render_cost(n: u32) -> (f64, usize) {
             findings: vec![("leak", "confirmed", 1), ("device_growth", "likely", 1)],
             leak_rates: vec![LeakRate {
                 device: "0".into(),
-                site: site(0),
+                site: SiteId(0),
                 bytes_per_step: Some(4_194_304.0),
                 bytes_per_second: Some(1.5e7),
             }],
             top_sites: (0..10)
                 .map(|k| SiteLive {
                     device: "0".into(),
-                    site: site(k),
+                    site: SiteId(k),
                     live_bytes: 1 << 20,
-                })
-                .collect(),
-            sites: (0..10)
-                .map(|k| {
-                    (
-                        site(k),
-                        format!("/home/u/model/layer_{k}.py:{} forward", 100 + k),
-                    )
                 })
                 .collect(),
         });

@@ -1,7 +1,8 @@
 //! `oomtrace collect --metrics ADDR --metrics-textfile PATH`: a real Prometheus server (Debian's
-//! `prometheus`) started on a loopback port scrapes the collector while a two-rank job runs
-//! through it (one rank leaks); the values Prometheus's HTTP API returns are those of
-//! `oomtrace report --json` on the trace the collector wrote. Also: bad addresses, the
+//! `prometheus`) started on a loopback port scrapes the collector while a process runs (its
+//! values arrive while it runs; it is then killed) and a two-rank job runs through it (one rank
+//! leaks); the values Prometheus's HTTP API returns are those of `oomtrace report --json` on
+//! the trace the collector wrote. Also: bad addresses, the
 //! textfile's refusals, and the Grafana dashboard in contrib/ naming only real metrics.
 
 use std::collections::BTreeMap;
@@ -66,10 +67,17 @@ fn url_encode(s: &str) -> String {
         .collect()
 }
 
+/// A Prometheus server, and the moment its queries are evaluated at (None: now).
+struct Prom {
+    addr: String,
+    at: Option<f64>,
+}
+
 /// One PromQL instant query: each series's labels and value.
-fn query(prom: &str, q: &str) -> Vec<(BTreeMap<String, String>, f64)> {
-    let (status, body) = http_get(prom, &format!("/api/v1/query?query={}", url_encode(q)))
-        .unwrap_or_else(|e| panic!("query {q}: {e}"));
+fn query(prom: &Prom, q: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+    let at = prom.at.map(|t| format!("&time={t:.3}")).unwrap_or_default();
+    let path = format!("/api/v1/query?query={}{at}", url_encode(q));
+    let (status, body) = http_get(&prom.addr, &path).unwrap_or_else(|e| panic!("query {q}: {e}"));
     assert_eq!(status, 200, "query {q}: {body}");
     let v: Value = serde_json::from_str(&body).expect("Prometheus answers JSON");
     assert_eq!(v["status"], "success", "{body}");
@@ -91,7 +99,7 @@ fn query(prom: &str, q: &str) -> Vec<(BTreeMap<String, String>, f64)> {
 }
 
 /// The single value of `q`.
-fn one(prom: &str, q: &str) -> f64 {
+fn one(prom: &Prom, q: &str) -> f64 {
     let r = query(prom, q);
     assert_eq!(r.len(), 1, "{q}: {r:?}");
     r[0].1
@@ -183,7 +191,10 @@ fn prometheus_scrapes_what_the_report_says() {
     assert!(own.contains("# TYPE oomtrace_collector_processes gauge"));
 
     let port = free_port();
-    let prom = format!("127.0.0.1:{port}");
+    let mut prom = Prom {
+        addr: format!("127.0.0.1:{port}"),
+        at: None,
+    };
     let config = dir.join("prometheus.yml");
     std::fs::write(
         &config,
@@ -202,7 +213,7 @@ fn prometheus_scrapes_what_the_report_says() {
                 "--storage.tsdb.path={}",
                 dir.join("tsdb").display()
             ))
-            .arg(format!("--web.listen-address={prom}"))
+            .arg(format!("--web.listen-address={}", prom.addr))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -211,8 +222,33 @@ fn prometheus_scrapes_what_the_report_says() {
     );
     let prom_log = || std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
     wait_for("prometheus to be ready", Duration::from_secs(60), || {
-        http_get(&prom, "/-/ready").is_ok_and(|(s, _)| s == 200)
+        http_get(&prom.addr, "/-/ready").is_ok_and(|(s, _)| s == 200)
     });
+
+    // While a process runs, its values arrive (published every 500 ms, not only at its end).
+    let mut slow = Guard(
+        base_command(scenario("slow_loop"))
+            .arg("60")
+            .env("LD_PRELOAD", shim())
+            .env("OOMTRACE_SOCKET", &socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start slow_loop"),
+    );
+    let slow_pid = slow.0.id();
+    wait_for(
+        "the running process's allocations in Prometheus",
+        Duration::from_secs(60),
+        || {
+            let sel = format!("{{pid=\"{slow_pid}\",rank=\"\"}}");
+            query(&prom, &format!("oomtrace_process_running{sel} == 1")).len() == 1
+                && query(&prom, &format!("oomtrace_allocations_total{sel} > 0")).len() == 1
+                && query(&prom, "oomtrace_collector_processes == 1").len() == 1
+        },
+    );
+    signal(&slow.0, libc::SIGKILL);
+    let _ = slow.0.wait();
 
     // Two ranks of a data-parallel job; rank 1 keeps 4 MiB per step.
     let ranks: Vec<Guard> = (0..2)
@@ -238,18 +274,33 @@ fn prometheus_scrapes_what_the_report_says() {
         let status = wait_within(&mut r.0, TIMEOUT, "a rank");
         assert!(status.success(), "a rank failed: {status}");
     }
-    // Both ended, as a scrape after their final snapshots says.
+    // Both ended, as a scrape after their final snapshots says, and the leaking site named
+    // (sites are named off the connections' threads, shortly after they are first exported).
     wait_for(
         "Prometheus to scrape both ranks' final values",
         Duration::from_secs(60),
         || {
             let r = query(&prom, "oomtrace_process_running == 0");
             pids.iter()
+                .chain([&slow_pid])
                 .all(|pid| r.iter().any(|(l, _)| l["pid"] == pid.to_string()))
+                && !query(
+                    &prom,
+                    &format!("oomtrace_leak_rate_bytes_per_step{{pid=\"{}\"}}", pids[1]),
+                )
+                .is_empty()
         },
     );
     assert_eq!(one(&prom, "up{job=\"oomtrace\"}"), 1.0, "{}", prom_log());
 
+    // From here on, queries are evaluated at this moment: once the collector has gone,
+    // Prometheus's next (failed) scrape marks every series stale.
+    prom.at = Some(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64(),
+    );
     signal(&collector.0, libc::SIGTERM);
     let status = wait_within(&mut collector.0, TIMEOUT, "the collector");
     let said = reader.join().unwrap();
@@ -265,6 +316,18 @@ fn prometheus_scrapes_what_the_report_says() {
     );
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
 
+    let killed = processes(&report)
+        .into_iter()
+        .find(|p| p["pid"] == slow_pid)
+        .expect("slow_loop in the report");
+    assert_eq!(
+        one(
+            &prom,
+            &format!("oomtrace_allocations_total{{pid=\"{slow_pid}\"}}")
+        ),
+        device(killed, 0)["allocations"].as_u64().unwrap() as f64,
+        "the killed process's final count"
+    );
     for (rank, pid) in pids.iter().enumerate() {
         let p = processes(&report)
             .into_iter()
@@ -396,6 +459,15 @@ fn prometheus_scrapes_what_the_report_says() {
     }
     assert!(text
         .contains("\n# TYPE oomtrace_collector_processes gauge\noomtrace_collector_processes 0\n"));
+    // The final file names the leaking site too (written once the sites are named).
+    let rate_line = format!(
+        "oomtrace_leak_rate_bytes_per_step{{pid=\"{}\",rank=\"1\",device=\"0\",site=\"{site}\"}} {want}",
+        pids[1]
+    );
+    assert!(
+        text.lines().any(|l| l == rate_line),
+        "{rate_line} in\n{text}"
+    );
     let leftovers: Vec<String> = names_in(&dir)
         .into_iter()
         .filter(|n| n.ends_with(".tmp"))
