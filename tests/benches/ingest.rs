@@ -18,7 +18,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use oomtrace_collector::analysis::Analysis;
-use oomtrace_collector::metrics::Registry;
+use oomtrace_collector::metrics::{ProcessSnapshot, Registry};
 use oomtrace_collector::model::trace::Trace;
 use oomtrace_collector::model::Process;
 use oomtrace_collector::report::{self, ReportOptions};
@@ -163,7 +163,6 @@ fn through_socket(dir: &std::path::Path, frames: &[u8], events: u64, metrics: bo
 /// leak each), and its size in bytes.
 fn render_cost(n: u32) -> (f64, usize) {
     use oomtrace_collector::metrics::snapshot::{DeviceSnapshot, LeakRate, SiteLive};
-    use oomtrace_collector::metrics::ProcessSnapshot;
     use oomtrace_collector::model::SiteId;
     let r = Registry::new();
     for i in 0..n {
@@ -240,6 +239,7 @@ fn main() {
 
     // 1. Ingest on one core: decode + per-process state + detectors; baseline: decode only.
     let (mut decode, mut ingest) = (Vec::new(), Vec::new());
+    let mut last = None;
     for _ in 0..3 {
         let t = Instant::now();
         let mut used = 0;
@@ -266,8 +266,27 @@ fn main() {
             used += len;
         }
         ingest.push(events as f64 / t.elapsed().as_secs_f64());
-        let (p, _) = p.expect("process");
+        let (p, a) = p.expect("process");
         assert_eq!(p.events, events);
+        last = Some((p, a));
+    }
+    // What a connection spends on the metrics every 500 ms: one snapshot of its process.
+    if let Some((p, a)) = &last {
+        let registry = Registry::new();
+        let mut asked = oomtrace_collector::metrics::Asked::default();
+        let mut times = Vec::new();
+        for _ in 0..11 {
+            let t = Instant::now();
+            let s = ProcessSnapshot::of(p, a, &registry.names, &mut asked);
+            times.push(t.elapsed().as_secs_f64());
+            assert!(!s.devices.is_empty());
+        }
+        line(
+            "metrics_snapshot_us_per_publication",
+            format!("{:.1}", median(times) * 1e6),
+            "-".into(),
+            "(at most every 500 ms per connection)",
+        );
     }
     line(
         "ingest_events_per_s",
