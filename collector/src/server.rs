@@ -379,7 +379,10 @@ impl Publisher {
         if self.dirty && self.last.elapsed() >= PUBLISH_EVERY {
             if let Some((p, a)) = process {
                 let r = &self.registry;
-                r.publish(ProcessSnapshot::of(p, a, &r.names, &mut self.asked));
+                let mut s = ProcessSnapshot::of(p, a, &r.names, &mut self.asked);
+                // Connected: a process that said goodbye ends with its connection.
+                s.running = true;
+                r.publish(s);
             }
             self.dirty = false;
             self.last = Instant::now();

@@ -111,10 +111,11 @@ impl Registry {
         let s = Arc::new(s);
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         // A newer image of the same pid (an exec) replaces the ended one: one series per pid.
+        // (The same connection's own earlier snapshot goes too, its names stay.)
         let names = &self.names;
         inner.ended.retain(|e| {
             let keep = e.pid != s.pid;
-            if !keep {
+            if !keep && e.conn != s.conn {
                 names.forget(e.conn);
             }
             keep
@@ -174,6 +175,7 @@ pub fn site_id(key: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::SiteId;
 
     fn snap(conn: u32, pid: u32, running: bool) -> ProcessSnapshot {
         ProcessSnapshot {
@@ -210,5 +212,18 @@ mod tests {
         assert!(s
             .iter()
             .any(|s| s.pid == 1050 && s.conn == 500 && s.running));
+    }
+
+    #[test]
+    fn a_connection_publishing_its_end_twice_keeps_its_site_names() {
+        let r = Registry::new();
+        let name = ("0123456789ab".to_string(), "x.c:1 f".to_string());
+        r.names.insert(7, SiteId(1), name);
+        r.publish(snap(7, 70, false));
+        r.publish(snap(7, 70, false));
+        assert!(r.names.get(7, SiteId(1)).is_some());
+        // A new image of pid 70 (an exec) drops the old connection's names with it.
+        r.publish(snap(8, 70, true));
+        assert!(r.names.get(7, SiteId(1)).is_none());
     }
 }
