@@ -522,6 +522,66 @@ fn run_writes_the_textfile_too() {
     }
 }
 
+/// Real PyTorch under `run --torch`: `oomtrace_reserved_bytes` is the caching allocator's
+/// reserve the report gives, and the leak's line is a Python line.
+#[test]
+fn torch_reserve_and_python_leak_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let run = |dir: &Path| {
+        let mut cmd = base_command(oomtrace_bin());
+        cmd.current_dir(dir)
+            .args(["run", "--torch", "--json", "r.json", "-o", "t.oomt"])
+            .args(["--metrics-textfile", "torch.prom", "--"])
+            .arg(super::torch::python())
+            .arg(root.join("scenarios/torch/leak_activations.py"))
+            .env("STEPS", "40")
+            .env_remove("PYTORCH_CUDA_ALLOC_CONF");
+        super::torch::torch_env(&mut cmd, dir);
+        // As the PyTorch tier runs it (cuBLAS's kernel choice on simcuda needs it).
+        super::torch::without_aslr(&mut cmd);
+        output_within(cmd, Duration::from_secs(240))
+    };
+    let mut dir = scratch("metrics-torch");
+    let mut out = run(&dir);
+    if super::torch::pytorch_exit_abort(&out.status, &String::from_utf8_lossy(&out.stderr)) {
+        // PyTorch's own abort at exit (pytorch#38228), traced or not: once more.
+        dir = scratch("metrics-torch");
+        out = run(&dir);
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let textfile = dir.join("torch.prom");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("r.json")).unwrap()).unwrap();
+    let p = processes(&report)[0];
+    let pid = p["pid"].as_u64().unwrap();
+    let reserved = device(p, 0)["torch_reserved_bytes"]
+        .as_u64()
+        .expect("the reserve under --torch");
+    assert!(reserved > 0);
+    let text = std::fs::read_to_string(&textfile).unwrap();
+    let line =
+        format!("oomtrace_reserved_bytes{{pid=\"{pid}\",rank=\"\",device=\"0\"}} {reserved}");
+    assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    // The leak's site is named by its Python line.
+    let rate = text
+        .lines()
+        .find(|l| l.starts_with("oomtrace_leak_rate_bytes_per_step{"))
+        .unwrap_or_else(|| panic!("a leak rate in\n{text}\nstderr: {err}"));
+    let site = rate
+        .split("site=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap();
+    let info = text
+        .lines()
+        .find(|l| l.starts_with(&format!("oomtrace_site_info{{site=\"{site}\"")))
+        .unwrap_or_else(|| panic!("site_info of {site} in\n{text}"));
+    assert!(info.contains("leak_activations.py:"), "{info}");
+}
+
 #[test]
 fn bad_metrics_arguments_are_one_line_and_leave_nothing() {
     let dir = scratch("metrics-bad");
