@@ -74,6 +74,7 @@ mod torch;
 mod report_diff;
 
 /// Prometheus metrics (`collect --metrics`, `--metrics-textfile`): a real Prometheus server
-/// scrapes a two-rank job and its values are the report's; bad addresses and textfile targets;
-/// the Grafana dashboard names only exported metrics.
+/// scrapes a running process and a two-rank job, and its values are the report's; real
+/// PyTorch's reserve and Python leak lines; bad addresses and textfile targets; the Grafana
+/// dashboard and the docs name exactly the exported metrics.
 mod metrics;

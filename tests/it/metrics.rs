@@ -580,6 +580,27 @@ fn torch_reserve_and_python_leak_lines() {
         .find(|l| l.starts_with(&format!("oomtrace_site_info{{site=\"{site}\"")))
         .unwrap_or_else(|| panic!("site_info of {site} in\n{text}"));
     assert!(info.contains("leak_activations.py:"), "{info}");
+    // What it held at exit is among the top sites, and every site of every series has its
+    // location.
+    let live: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("oomtrace_site_live_bytes{"))
+        .collect();
+    assert!((1..=10).contains(&live.len()), "top sites: {live:?}");
+    assert!(live.iter().any(|l| l.contains(&format!("site=\"{site}\""))));
+    for l in text.lines().filter(|l| l.contains(",site=\"")) {
+        let id = l
+            .split(",site=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        assert!(
+            text.contains(&format!("oomtrace_site_info{{site=\"{id}\",location=")),
+            "{id} (in {l}) has no oomtrace_site_info"
+        );
+    }
 }
 
 #[test]
