@@ -227,7 +227,10 @@ mod tests {
     fn the_shim_records_every_variable_the_collector_reads() {
         for src in SOURCES {
             for name in [src.rank, src.local_rank, src.world_size, src.node].concat() {
-                assert!(LAUNCH_VARS.contains(&name), "{name} is read but not recorded");
+                assert!(
+                    LAUNCH_VARS.contains(&name),
+                    "{name} is read but not recorded"
+                );
             }
         }
         for name in ["SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"] {

@@ -3,8 +3,9 @@
 //! in the same run.
 //!
 //! `cargo bench -p oomtrace-tests --bench ingest` (env `EVENTS`, default 10^7; `BIG_EVENTS`,
-//! default 10^8, for the memory run, which needs `cargo build --release` first for the
-//! `oomtrace` binary). Prints `metric<TAB>value<TAB>baseline<TAB>target` lines, read by
+//! default 10^8, for the memory run (0: skip it); `PROCESSES` (64) and `LIVE` (10^6) for the
+//! collector's memory per traced process and per live allocation; `ONLY_PROCESSES=1` runs
+//! only that). Prints `metric<TAB>value<TAB>baseline<TAB>target` lines, read by
 //! `scripts/bench.sh`. The socket run is repeated with the metrics on (`--metrics`: snapshots
 //! published by the connection, rendered every 100 ms), beside the run without.
 //!
@@ -33,11 +34,16 @@ const BATCH: u64 = 512;
 /// Frames for events `from..to` of the synthetic stream (the first call adds the Hello and
 /// the stack definitions).
 fn stream(from: u64, to: u64, out: &mut Vec<u8>) {
+    stream_of(4242, from, to, out)
+}
+
+/// [`stream`] of the process `pid`.
+fn stream_of(pid: u32, from: u64, to: u64, out: &mut Vec<u8>) {
     if from == 0 {
         encode::hello(
             out,
             &Hello {
-                pid: 4242,
+                pid,
                 argv: vec!["synthetic".into()],
                 ..Default::default()
             },
@@ -97,11 +103,16 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 /// VmHWM of a process, in KiB.
 fn peak_rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmHWM:")
+}
+
+/// One `/proc/PID/status` line's value, in KiB (0 if unreadable).
+fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         })
         .unwrap_or(0)
@@ -223,7 +234,118 @@ fn render_cost(n: u32) -> (f64, usize) {
     (median(times), len)
 }
 
+/// A real `oomtrace collect` on a socket in `dir`, once it listens.
+fn spawn_collector(dir: &std::path::Path, name: &str) -> (std::process::Child, std::path::PathBuf) {
+    let socket = dir.join(format!("{name}.sock"));
+    let child = std::process::Command::new(oomtrace_bin())
+        .args(["collect", "--quiet", "--socket"])
+        .arg(&socket)
+        .arg("--output")
+        .arg(dir.join(format!("{name}.oomt")))
+        .spawn()
+        .expect("oomtrace collect");
+    while UnixStream::connect(&socket).is_err() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (child, socket)
+}
+
+/// Waits until the collector has taken everything sent (its RSS stops moving) and returns it.
+fn settled_rss_kib(pid: u32) -> u64 {
+    let mut last = status_kib(pid, "VmRSS:");
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = status_kib(pid, "VmRSS:");
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// 5. What one more traced process costs a collector: `PROCESSES` synthetic processes (64
+///    call sites, 256 live allocations, 20,000 events each) connected at once to one real
+///    `oomtrace collect`; baseline: the collector with one. Then what a live allocation costs:
+///    one process that allocates `LIVE` and frees none; baseline: the same collector before.
+fn memory_per_process() {
+    let n = env_u64("PROCESSES", 64).max(2) as u32;
+    let live = env_u64("LIVE", 1_000_000);
+    let dir = scratch("ingest-processes");
+    let (mut child, socket) = spawn_collector(&dir, "many");
+    let mut conns = Vec::new();
+    let mut one = 0;
+    for i in 0..n {
+        let mut c = UnixStream::connect(&socket).expect("connect");
+        let mut buf = Vec::new();
+        stream_of(10_000 + i, 0, 20_000, &mut buf);
+        c.write_all(&wire::stream_header()).unwrap();
+        c.write_all(&buf).unwrap();
+        conns.push(c);
+        if i == 0 {
+            one = settled_rss_kib(child.id());
+        }
+    }
+    let all = settled_rss_kib(child.id());
+    line(
+        "collector_kib_per_process",
+        format!("{:.0}", (all - one) as f64 / f64::from(n - 1)),
+        format!("{one}"),
+        &format!("(baseline: collector RSS KiB with 1 process; {all} KiB with {n})"),
+    );
+    // Live allocations: one more process that only allocates, at distinct addresses.
+    let before = all;
+    let mut c = UnixStream::connect(&socket).expect("connect");
+    c.write_all(&wire::stream_header()).unwrap();
+    let mut buf = Vec::new();
+    encode::hello(
+        &mut buf,
+        &Hello {
+            pid: 99_999,
+            ..Default::default()
+        },
+    );
+    encode::stack_def(&mut buf, StackId(1), &[0x40_0000, 0x40_1000]);
+    let mut sent = 0;
+    while sent < live {
+        let at = encode::begin_events(&mut buf);
+        for k in sent..(sent + BATCH).min(live) {
+            let mut e = Event::new(EventKind::Alloc, Api::cudaMalloc);
+            e.ptr = 0x7000_0000_0000 + k * 512;
+            e.size = 512;
+            e.stack = StackId(1);
+            e.seq = k + 1;
+            e.ts_ns = 1_000 + k * 100;
+            e.device = 0;
+            encode::push_event(&mut buf, &e);
+        }
+        encode::end_events(&mut buf, at);
+        sent = (sent + BATCH).min(live);
+        if buf.len() > 1 << 20 {
+            c.write_all(&buf).unwrap();
+            buf.clear();
+        }
+    }
+    c.write_all(&buf).unwrap();
+    let after = settled_rss_kib(child.id());
+    line(
+        "collector_bytes_per_live_allocation",
+        format!("{:.0}", (after - before) as f64 * 1024.0 / live as f64),
+        format!("{before}"),
+        &format!("(baseline: collector RSS KiB before; {after} KiB with {live} live)"),
+    );
+    drop(c);
+    drop(conns);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn main() {
+    if env_u64("ONLY_PROCESSES", 0) == 1 {
+        memory_per_process();
+        return;
+    }
     for n in [64, 1000] {
         let (secs, bytes) = render_cost(n);
         line(
@@ -355,22 +477,16 @@ fn main() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 
+    memory_per_process();
+
     // 4. Collector memory over BIG_EVENTS through the real `oomtrace collect` process;
     //    baseline: its memory after the first 1 % of them.
     let big = env_u64("BIG_EVENTS", 100_000_000);
-    let bin = oomtrace_bin();
-    let dir = scratch("ingest-big");
-    let socket = dir.join("c.sock");
-    let mut child = std::process::Command::new(bin)
-        .args(["collect", "--quiet", "--socket"])
-        .arg(&socket)
-        .arg("--output")
-        .arg(dir.join("big.oomt"))
-        .spawn()
-        .expect("oomtrace collect");
-    while UnixStream::connect(&socket).is_err() {
-        std::thread::sleep(Duration::from_millis(10));
+    if big == 0 {
+        return;
     }
+    let dir = scratch("ingest-big");
+    let (mut child, socket) = spawn_collector(&dir, "big");
     let mut c = UnixStream::connect(&socket).expect("connect");
     c.write_all(&wire::stream_header()).unwrap();
     let chunk = 1_000_000;

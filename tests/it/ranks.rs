@@ -192,6 +192,26 @@ fn one_collector_names_the_one_leaking_rank() {
     assert_eq!(processes(&r).len(), WORLD as usize);
     assert!(r.get("traces").is_none(), "one trace: no list of traces");
     assert_rank_two_leaks(&r, &report_text_of(&[&trace]));
+    // The other views of the trace name ranks too: Perfetto's process names, the HTML view.
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.args(["export", "--format", "chrome", "-o", "-"])
+        .arg(&trace);
+    let chrome = String::from_utf8(output_within(cmd, TIMEOUT).stdout).unwrap();
+    for rank in 0..WORLD {
+        assert!(
+            chrome.contains(&format!(", rank {rank})")),
+            "{chrome:.2000}"
+        );
+    }
+    let page = dir.join("view.html");
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.arg("view").arg(&trace).arg("-o").arg(&page);
+    assert!(output_within(cmd, TIMEOUT).status.success());
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains("\"rank\":2,\"world_size\":4"),
+        "the view's data has the ranks"
+    );
 }
 
 #[test]

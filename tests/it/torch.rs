@@ -994,3 +994,60 @@ fn install_after_cuda_init_attaches_the_tracker() {
         .unwrap_or_else(|| panic!("no leak at install_late.py:15: {found:#?}\n{}", r.text));
     assert_eq!(leak["api"], "oomtrace_torch_alloc", "{leak:#}");
 }
+
+// ---- Distributed: torchrun's workers, labelled by rank --------------------------------------
+
+/// `oomtrace run --torch -- python -m torch.distributed.run --standalone --nproc_per_node=2`:
+/// both workers are traced (the preload reaches them through torchrun), each labelled by the
+/// RANK torchrun gave it, and the report says that rank 1 alone leaks, at its line.
+#[test]
+fn torchrun_workers_are_labelled_and_the_leaking_rank_named() {
+    let dir = scratch("torch-torchrun");
+    let (trace, json) = (dir.join("trace.oomt"), dir.join("report.json"));
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.args(["run", "--torch", "--json"])
+        .arg(&json)
+        .arg("-o")
+        .arg(&trace)
+        .arg("--")
+        .arg(python())
+        .args([
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+        ])
+        .arg(script("torchrun_one_rank.py"))
+        .current_dir(&dir)
+        .env("STEPS", STEPS.to_string())
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF");
+    torch_env(&mut cmd, &dir);
+    without_aslr(&mut cmd);
+    let out = output_within(cmd, TORCH_TIMEOUT);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stderr}", out.status);
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let ranked: Vec<(u64, u64)> = processes(&report)
+        .iter()
+        .filter_map(|p| Some((p["rank"].as_u64()?, p["world_size"].as_u64()?)))
+        .collect();
+    assert_eq!(ranked.len(), 2, "two workers with ranks: {ranked:?}");
+    assert!(
+        ranked.contains(&(0, 2)) && ranked.contains(&(1, 2)),
+        "{ranked:?}"
+    );
+    let verdicts = &report["ranks"]["verdicts"];
+    assert_eq!(verdicts[0]["pattern"], "leak_on_one_rank", "{verdicts:#}");
+    assert_eq!(verdicts[0]["ranks"][0], 1, "{verdicts:#}");
+    let leak = findings(&report, "leak")
+        .into_iter()
+        .find(|f| has_frame(f, "torchrun_one_rank.py", 16))
+        .unwrap_or_else(|| panic!("no leak at torchrun_one_rank.py:16\n{stderr}"));
+    assert_eq!(leak["rank"], 1);
+    let text = report_text(&trace);
+    assert!(text.contains("only rank 1 grows"), "{text}");
+    assert!(
+        stderr.contains("(rank 1)"),
+        "the live line names the rank: {stderr}"
+    );
+}

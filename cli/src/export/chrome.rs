@@ -210,7 +210,10 @@ pub fn write(
                 "name": "process_name",
                 "ph": "M",
                 "pid": p.pid(),
-                "args": {"name": format!("{} (pid {})", short_name(p), p.pid())},
+                "args": {"name": match p.launch().rank {
+                    Some(rank) => format!("{} (pid {}, rank {rank})", short_name(p), p.pid()),
+                    None => format!("{} (pid {})", short_name(p), p.pid()),
+                }},
             });
             w.event(&v);
         }

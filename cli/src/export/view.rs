@@ -158,6 +158,11 @@ impl<'a> ProcessView<'a> {
         self.0.hello.ppid
     }
 
+    /// Its place in a distributed job (all `None` without a launcher).
+    pub fn launch(self) -> &'a oomtrace_proto::launch::Launch {
+        &self.0.launch
+    }
+
     /// The command line, as one string.
     pub fn command(self) -> String {
         self.0.command()

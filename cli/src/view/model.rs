@@ -429,6 +429,8 @@ pub fn build(path: &Path, progress: &mut Progress) -> Result<Value, Failure> {
             .collect();
         processes.push(json!({
             "pid": p.pid(),
+            "rank": p.launch().rank,
+            "world_size": p.launch().world_size,
             "name": short_name(p),
             "command": p.command(),
             "duration_s": secs(span.1),

@@ -319,7 +319,9 @@
       }).forEach(function (dev) {
         if (!(dev.points || []).length && !(dev.sites || []).length) return;
         var sec = el("section", "device");
-        sec.appendChild(el("h2", null, esc(proc.name) + " (pid " + esc(proc.pid) + ") — " + esc(dev.label) +
+        sec.appendChild(el("h2", null, esc(proc.name) + " (pid " + esc(proc.pid) +
+          (proc.rank === null || proc.rank === undefined ? "" : ", rank " + esc(proc.rank) +
+            (proc.world_size ? "/" + esc(proc.world_size) : "")) + ") — " + esc(dev.label) +
           " <span class=\"muted\">peak " + esc(bytes(dev.peak)) + " at " + esc(secs(dev.peak_t)) + ", " + esc(bytes(dev.end)) + " at the end</span>"));
         sec.appendChild(el("h3", null, "Memory over time, by call site"));
         renderChart(D, proc, dev, sec);

@@ -175,6 +175,15 @@ pub fn build(processes: &[ProcessReport], findings: &[Finding]) -> Option<Ranks>
     })
 }
 
+/// "the other rank stays" / "the other 3 ranks stay".
+fn others(n: usize, one: &str, many: &str) -> String {
+    if n == 1 {
+        format!("the other rank {one}")
+    } else {
+        format!("the other {n} ranks {many}")
+    }
+}
+
 fn list(ranks: &[u32]) -> String {
     let names: Vec<String> = ranks.iter().map(u32::to_string).collect();
     names.join(", ")
@@ -192,11 +201,11 @@ fn verdicts(rows: &[RankRow]) -> Vec<RankVerdict> {
             pattern: RankPattern::OomOnOneRank,
             ranks: vec![r.rank],
             message: format!(
-                "only rank {} ran out of memory (peak {}); the other {} ranks did not: look at \
-                 what differs on rank {} (its data, its share of the model, rank-only work)",
+                "only rank {} ran out of memory (peak {}); {} not: look at what differs on \
+                 rank {} (its data, its share of the model, rank-only work)",
                 r.rank,
                 fmt_bytes(r.peak_bytes),
-                rows.len() - 1,
+                others(rows.len() - 1, "did", "did"),
                 r.rank
             ),
         });
@@ -253,12 +262,11 @@ fn verdicts(rows: &[RankRow]) -> Vec<RankVerdict> {
             pattern: RankPattern::LeakOnOneRank,
             ranks: vec![r.rank],
             message: format!(
-                "only rank {} grows ({}); the other {} ranks stay flat: look at code that runs \
-                 on rank {} alone (logging, evaluation or checkpointing on one rank, data that \
-                 reaches it alone)",
+                "only rank {} grows ({}); {} flat: look at code that runs on rank {} alone \
+                 (logging, evaluation or checkpointing on one rank, data that reaches it alone)",
                 r.rank,
                 rate(r),
-                rows.len() - 1,
+                others(rows.len() - 1, "stays", "stay"),
                 r.rank
             ),
         });
