@@ -2,13 +2,15 @@
 //!
 //! Written here rather than taken from a crate: it answers one GET with one body and closes
 //! the connection, which is a few dozen lines, while an HTTP crate would bring an async
-//! runtime or a dependency tree into a collector that has neither. One request at a time is
-//! enough for a scraper; a client that sends nothing or reads nothing is cut after
-//! [`IO_TIMEOUT`] and cannot hold the thread longer. Nothing here touches the connections
-//! that read the traced processes: they only publish snapshots.
+//! runtime or a dependency tree into a collector that has neither. Each client gets a short
+//! thread, at most [`MAX_CLIENTS`] at once (more are closed at once): a client that sends
+//! nothing or reads nothing is cut after [`IO_TIMEOUT`] and cannot delay a scraper's request
+//! behind it. Nothing here touches the connections that read the traced processes: they only
+//! publish snapshots.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,17 +23,38 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest request head read; a longer one is refused (431).
 const MAX_HEAD: usize = 8 << 10;
 
+/// Clients served at once; more are closed without an answer.
+pub const MAX_CLIENTS: usize = 8;
+
 /// Serves `/metrics` from `registry` on `listener`, on a thread of its own, until the process
 /// exits.
 pub fn spawn(listener: TcpListener, registry: Arc<Registry>) -> std::io::Result<()> {
+    let clients = Arc::new(AtomicUsize::new(0));
     std::thread::Builder::new()
         .name("oomtrace-metrics".into())
         .spawn(move || {
             for stream in listener.incoming() {
-                match stream {
-                    Ok(s) => handle(s, &registry),
+                let s = match stream {
+                    Ok(s) => s,
                     // Out of descriptors and the like: wait instead of spinning.
-                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    }
+                };
+                if clients.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
+                    clients.fetch_sub(1, Ordering::AcqRel);
+                    continue;
+                }
+                let (r, c) = (registry.clone(), clients.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("oomtrace-metrics-client".into())
+                    .spawn(move || {
+                        handle(s, &r);
+                        c.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if spawned.is_err() {
+                    clients.fetch_sub(1, Ordering::AcqRel);
                 }
             }
         })
@@ -148,10 +171,20 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         spawn(listener, Arc::new(Registry::new())).unwrap();
-        // A client that connects and says nothing does not block the next one for longer
-        // than the timeout.
-        let _silent = TcpStream::connect(addr).unwrap();
+        // Clients that connect and say nothing do not hold up the next one.
+        let silent: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
         let ok = ask(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        // Answered while they are still connected (served one after the other, each would
+        // have been cut first).
+        for mut c in silent {
+            c.set_nonblocking(true).unwrap();
+            let r = c.read(&mut [0u8; 16]);
+            assert!(
+                r.as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+                "a silent client was closed before the answer: {r:?}"
+            );
+        }
         assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
         assert!(
             ok.contains("Content-Type: text/plain; version=0.0.4"),
