@@ -58,7 +58,7 @@ mod output;
 
 /// Destroy nothing, lose nothing silently: socket and output rules, OOMTRACE_OUTPUT that is a
 /// device, a FIFO given to report, and a real full disk under LD_PRELOAD, run and the shim's
-/// own file.
+/// own file (also in the collector's health metrics).
 mod durability;
 
 /// Which frame names a call site: the extension's own code past a static CUDA runtime.
