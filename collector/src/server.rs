@@ -24,6 +24,7 @@ use oomtrace_proto::wire::{self, Frame, Next};
 
 use crate::analysis::Analysis;
 use crate::console::{Console, Silent};
+use crate::metrics::{Asked, ProcessSnapshot, Registry, PUBLISH_EVERY};
 use crate::model::trace::{Incomplete, Trace};
 use crate::model::{EndState, Error, Observer, Process};
 use crate::report::live;
@@ -53,6 +54,8 @@ pub struct Options {
     pub tell_processes: bool,
     /// Where the live lines and the collector's warnings go ([`Silent`] unless set).
     pub console: Arc<dyn Console>,
+    /// Where each connection publishes its process's metrics (`--metrics`), if anywhere.
+    pub metrics: Option<Arc<Registry>>,
 }
 
 impl std::fmt::Debug for dyn Console {
@@ -74,6 +77,7 @@ impl Options {
             live: false,
             tell_processes: false,
             console: Arc::new(Silent),
+            metrics: None,
         }
     }
 }
@@ -192,6 +196,9 @@ impl Collector {
                 path: opts.output.clone(),
                 source: e.to_string(),
             })?;
+        if let Some(r) = &opts.metrics {
+            r.set_failure(failure.clone());
+        }
         let shared = Arc::new(Shared {
             active: AtomicUsize::new(0),
             ever: AtomicBool::new(false),
@@ -204,6 +211,7 @@ impl Collector {
             tell_processes: opts.tell_processes,
             hold_until_written: opts.exit_when_idle,
             held: Mutex::new(Vec::new()),
+            metrics: opts.metrics.clone(),
         });
         let mut failure_said = false;
         let next_conn = AtomicU32::new(1);
@@ -342,6 +350,55 @@ struct Shared {
     /// finished only when it stops.)
     hold_until_written: bool,
     held: Mutex<Vec<UnixStream>>,
+    metrics: Option<Arc<Registry>>,
+}
+
+/// A connection's metrics: its snapshot published at most every [`PUBLISH_EVERY`] while
+/// events arrive, never per event.
+struct Publisher {
+    registry: Arc<Registry>,
+    asked: Asked,
+    last: Instant,
+    /// Events applied since the last publication.
+    dirty: bool,
+}
+
+impl Publisher {
+    fn new(registry: Arc<Registry>) -> Publisher {
+        registry.connected.fetch_add(1, Ordering::Relaxed);
+        Publisher {
+            registry,
+            asked: Asked::default(),
+            last: Instant::now(),
+            dirty: false,
+        }
+    }
+
+    /// Publishes if something changed and the last publication is old enough.
+    fn maybe(&mut self, process: Option<&(Process, Analysis)>) {
+        if self.dirty && self.last.elapsed() >= PUBLISH_EVERY {
+            if let Some((p, a)) = process {
+                let r = &self.registry;
+                let mut s = ProcessSnapshot::of(p, a, &r.names, &mut self.asked);
+                // Connected: a process that said goodbye ends with its connection.
+                s.running = true;
+                r.publish(s);
+            }
+            self.dirty = false;
+            self.last = Instant::now();
+        }
+    }
+
+    /// The final values, once the connection is closed.
+    fn end(mut self, process: Option<(&Process, &Analysis)>) {
+        if let Some((p, a)) = process {
+            let r = &self.registry;
+            let mut s = ProcessSnapshot::of(p, a, &r.names, &mut self.asked);
+            s.running = false;
+            self.registry.publish(s);
+        }
+        self.registry.connected.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// True while `pid` runs (a zombie has exited: its socket holds all it will ever send).
@@ -394,6 +451,7 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
     let mut chunk = vec![0u8; 256 << 10];
     let mut printed = 0usize;
     let mut sym: Option<StackSymbolizer> = None;
+    let mut metrics = shared.metrics.clone().map(Publisher::new);
     let close = |reason: CloseReason, msg: String| {
         let _ = wtx.send(WriterMsg::Close(conn, reason, msg));
     };
@@ -419,6 +477,9 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
             {
                 if shared.shutting_down.load(Ordering::Acquire) {
                     break Ok(());
+                }
+                if let Some(m) = metrics.as_mut() {
+                    m.maybe(process.as_ref());
                 }
                 continue;
             }
@@ -476,6 +537,11 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
                     break;
                 }
             }
+        }
+        if let Some(m) = metrics.as_mut() {
+            m.registry.events.fetch_add(events, Ordering::Relaxed);
+            m.dirty = true;
+            m.maybe(process.as_ref());
         }
         if let Some((p, a)) = process.as_ref().filter(|_| shared.live) {
             let alerts = &a.alerts.list;
@@ -550,8 +616,14 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
             CloseReason::Abrupt => EndState::Abrupt,
             CloseReason::CollectorShutdown => EndState::Running,
         };
+        if let Some(m) = metrics.take() {
+            m.end(Some((&p, &a)));
+        }
         if let Ok(mut f) = shared.finished.lock() {
             f.push((p, a));
         }
+    }
+    if let Some(m) = metrics {
+        m.end(None);
     }
 }

@@ -15,11 +15,19 @@ const RULES: &[(&str, &[&str])] = &[
             "server",
             "trace_writer",
             "console",
+            "metrics",
         ],
     ),
     (
         "console.rs",
-        &["model", "analysis", "report", "server", "trace_writer"],
+        &[
+            "model",
+            "analysis",
+            "report",
+            "server",
+            "trace_writer",
+            "metrics",
+        ],
     ),
     (
         "model",
@@ -30,10 +38,14 @@ const RULES: &[(&str, &[&str])] = &[
             "server",
             "trace_writer",
             "console",
+            "metrics",
         ],
     ),
-    ("analysis", &["report", "server", "trace_writer", "console"]),
-    ("report", &["server", "trace_writer", "console"]),
+    (
+        "analysis",
+        &["report", "server", "trace_writer", "console", "metrics"],
+    ),
+    ("report", &["server", "trace_writer", "console", "metrics"]),
 ];
 
 fn sources(path: &Path) -> Vec<PathBuf> {

@@ -6,7 +6,8 @@
 //! default 10^8, for the memory run (0: skip it); `PROCESSES` (64) and `LIVE` (10^6) for the
 //! collector's memory per traced process and per live allocation; `ONLY_PROCESSES=1` runs
 //! only that). Prints `metric<TAB>value<TAB>baseline<TAB>target` lines, read by
-//! `scripts/bench.sh`.
+//! `scripts/bench.sh`. The socket run is repeated with the metrics on (`--metrics`: snapshots
+//! published by the connection, rendered every 100 ms), beside the run without.
 //!
 //! The stream is synthetic but shaped like a training loop: 64 call sites, 256 live
 //! allocations recycled, a step marker every 1000 events, batches of 512 events, so the
@@ -18,6 +19,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use oomtrace_collector::analysis::Analysis;
+use oomtrace_collector::metrics::{ProcessSnapshot, Registry};
 use oomtrace_collector::model::trace::Trace;
 use oomtrace_collector::model::Process;
 use oomtrace_collector::report::{self, ReportOptions};
@@ -114,6 +116,122 @@ fn status_kib(pid: u32, field: &str) -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// Events per second through a collector thread's socket into `dir/ingest.oomt`; with
+/// `metrics`, the connection publishes its snapshots and a thread renders them every 100 ms.
+fn through_socket(dir: &std::path::Path, frames: &[u8], events: u64, metrics: bool) -> f64 {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    let socket = dir.join("c.sock");
+    let trace = dir.join("ingest.oomt");
+    let _ = std::fs::remove_file(&trace);
+    let mut opts = Options::new(socket.clone(), trace);
+    opts.exit_when_idle = true;
+    opts.idle_grace = Duration::from_millis(50);
+    let registry = Arc::new(Registry::new());
+    if metrics {
+        opts.metrics = Some(registry.clone());
+    }
+    let collector = Collector::bind(opts).expect("collector");
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = {
+        let stop = stop.clone();
+        std::thread::spawn(move || collector.serve(&stop))
+    };
+    let done = Arc::new(AtomicBool::new(false));
+    let scraper = metrics.then(|| {
+        let (done, registry) = (done.clone(), registry.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                let _ = registry.render();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    });
+    let t = Instant::now();
+    let mut c = UnixStream::connect(&socket).expect("connect");
+    c.write_all(&wire::stream_header()).unwrap();
+    c.write_all(frames).unwrap();
+    let mut bye = Vec::new();
+    encode::goodbye(&mut bye, GoodbyeReason::Exit, events);
+    c.write_all(&bye).unwrap();
+    let mut ack = [0u8; 1];
+    let _ = std::io::Read::read(&mut c, &mut ack);
+    let rate = events as f64 / t.elapsed().as_secs_f64();
+    server.join().expect("server").expect("serve");
+    done.store(true, Ordering::Relaxed);
+    if let Some(s) = scraper {
+        s.join().expect("scraper");
+    }
+    if metrics {
+        assert!(registry.render().contains("oomtrace_process_running{"));
+    }
+    rate
+}
+
+/// Seconds one render of the metrics takes for `n` processes (2 devices, 10 top sites and a
+/// leak each), and its size in bytes.
+fn render_cost(n: u32) -> (f64, usize) {
+    use oomtrace_collector::metrics::snapshot::{DeviceSnapshot, LeakRate, SiteLive};
+    use oomtrace_collector::model::SiteId;
+    let r = Registry::new();
+    for i in 0..n {
+        for k in 0..10 {
+            r.names.insert(
+                i + 1,
+                SiteId(k),
+                (
+                    format!("{:012x}", u64::from(i * 100 + k) * 7919),
+                    format!("/home/u/model/layer_{k}.py:{} forward", 100 + k),
+                ),
+            );
+        }
+        r.publish(ProcessSnapshot {
+            conn: i + 1,
+            pid: 10_000 + i,
+            rank: Some(i),
+            local_rank: Some(i % 8),
+            world_size: Some(n),
+            exe: "/usr/bin/python3.11".into(),
+            running: true,
+            events: 1 << 30,
+            lost_events: 0,
+            devices: ["0", "host"]
+                .iter()
+                .map(|d| DeviceSnapshot {
+                    device: d.to_string(),
+                    live_bytes: 1 << 33,
+                    peak_bytes: 1 << 34,
+                    reserved_bytes: 1 << 33,
+                    allocations: 123_456_789,
+                    frees: 123_456_700,
+                })
+                .collect(),
+            findings: vec![("leak", "confirmed", 1), ("device_growth", "likely", 1)],
+            leak_rates: vec![LeakRate {
+                device: "0".into(),
+                site: SiteId(0),
+                bytes_per_step: Some(4_194_304.0),
+                bytes_per_second: Some(1.5e7),
+            }],
+            top_sites: (0..10)
+                .map(|k| SiteLive {
+                    device: "0".into(),
+                    site: SiteId(k),
+                    live_bytes: 1 << 20,
+                })
+                .collect(),
+        });
+    }
+    let mut times = Vec::new();
+    let mut len = 0;
+    for _ in 0..11 {
+        let t = Instant::now();
+        len = r.render().len();
+        times.push(t.elapsed().as_secs_f64());
+    }
+    (median(times), len)
 }
 
 /// A real `oomtrace collect` on a socket in `dir`, once it listens.
@@ -228,12 +346,22 @@ fn main() {
         memory_per_process();
         return;
     }
+    for n in [64, 1000] {
+        let (secs, bytes) = render_cost(n);
+        line(
+            &format!("metrics_render_ms_for_{n}_processes"),
+            format!("{:.2}", secs * 1e3),
+            "-".into(),
+            &format!("({bytes} bytes of text; a scrape renders once)"),
+        );
+    }
     let events = env_u64("EVENTS", 10_000_000);
     let mut frames = Vec::with_capacity(events as usize * 66);
     stream(0, events, &mut frames);
 
     // 1. Ingest on one core: decode + per-process state + detectors; baseline: decode only.
     let (mut decode, mut ingest) = (Vec::new(), Vec::new());
+    let mut last = None;
     for _ in 0..3 {
         let t = Instant::now();
         let mut used = 0;
@@ -260,8 +388,27 @@ fn main() {
             used += len;
         }
         ingest.push(events as f64 / t.elapsed().as_secs_f64());
-        let (p, _) = p.expect("process");
+        let (p, a) = p.expect("process");
         assert_eq!(p.events, events);
+        last = Some((p, a));
+    }
+    // What a connection spends on the metrics every 500 ms: one snapshot of its process.
+    if let Some((p, a)) = &last {
+        let registry = Registry::new();
+        let mut asked = oomtrace_collector::metrics::Asked::default();
+        let mut times = Vec::new();
+        for _ in 0..11 {
+            let t = Instant::now();
+            let s = ProcessSnapshot::of(p, a, &registry.names, &mut asked);
+            times.push(t.elapsed().as_secs_f64());
+            assert!(!s.devices.is_empty());
+        }
+        line(
+            "metrics_snapshot_us_per_publication",
+            format!("{:.1}", median(times) * 1e6),
+            "-".into(),
+            "(at most every 500 ms per connection)",
+        );
     }
     line(
         "ingest_events_per_s",
@@ -270,34 +417,32 @@ fn main() {
         ">= 5000000",
     );
 
-    // 2. Through the socket into a trace file (a collector thread; this thread is the client).
+    // 2. Through the socket into a trace file (a collector thread; this thread is the client);
+    //    then again with the metrics on and a scraper rendering them every 100 ms (their
+    //    snapshots must not slow the connection down).
     let dir = scratch("ingest");
-    let socket = dir.join("c.sock");
     let trace = dir.join("ingest.oomt");
-    let mut opts = Options::new(socket.clone(), trace.clone());
-    opts.exit_when_idle = true;
-    opts.idle_grace = Duration::from_millis(50);
-    let collector = Collector::bind(opts).expect("collector");
-    static STOP: AtomicBool = AtomicBool::new(false);
-    let server = std::thread::spawn(move || collector.serve(&STOP));
-    let t = Instant::now();
-    let mut c = UnixStream::connect(&socket).expect("connect");
-    c.write_all(&wire::stream_header()).unwrap();
-    c.write_all(&frames).unwrap();
-    let mut bye = Vec::new();
-    encode::goodbye(&mut bye, GoodbyeReason::Exit, events);
-    c.write_all(&bye).unwrap();
-    let mut ack = [0u8; 1];
-    let _ = std::io::Read::read(&mut c, &mut ack);
-    let socket_rate = events as f64 / t.elapsed().as_secs_f64();
-    server.join().expect("server").expect("serve");
+    // Alternated, three of each, medians: the machine's noise falls on both.
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    let mut size = 0;
+    for _ in 0..3 {
+        without.push(through_socket(&dir, &frames, events, false));
+        size = std::fs::metadata(&trace).expect("trace").len();
+        with.push(through_socket(&dir, &frames, events, true));
+    }
+    let (socket_rate, with_metrics) = (median(without), median(with));
     line(
         "socket_ingest_events_per_s",
         format!("{socket_rate:.0}"),
         "-".into(),
         ">= 5000000",
     );
-    let size = std::fs::metadata(&trace).expect("trace").len();
+    line(
+        "socket_ingest_events_per_s_with_metrics",
+        format!("{with_metrics:.0}"),
+        format!("{socket_rate:.0}"),
+        "(baseline: the same without --metrics)",
+    );
     line(
         "trace_bytes_per_event",
         format!("{:.1}", size as f64 / events as f64),

@@ -412,6 +412,41 @@ fn a_full_disk_under_run_does_not_claim_the_trace_was_written() {
     );
 }
 
+/// The metrics say a full disk too: the writer's failure and the events it could not write,
+/// as many as the report counts.
+#[test]
+fn a_full_disk_shows_in_the_collectors_health_metrics() {
+    let dir = scratch("disk-full-metrics");
+    let disk = dir.join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let script = format!(
+        "{bin} run -o t.oomt --json {out}/r.json --metrics-textfile {out}/m.prom -- {prog} 1; \
+         echo rc=$?",
+        bin = shell_quote(&oomtrace_bin()),
+        prog = shell_quote(&scenario("slow_loop")),
+        out = shell_quote(&dir),
+    );
+    let out = on_a_tiny_disk(&disk, &script);
+    let err = stderr(&out);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("rc=7"),
+        "{err}"
+    );
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("r.json")).unwrap()).unwrap();
+    let unwritten = r["trace"]["incomplete"]["unwritten_events"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{:#}", r["trace"]));
+    assert!(unwritten > 0);
+    let text = std::fs::read_to_string(dir.join("m.prom")).unwrap();
+    for line in [
+        "oomtrace_collector_trace_write_failures_total 1".to_string(),
+        format!("oomtrace_collector_unwritten_events_total {unwritten}"),
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
+}
+
 #[test]
 fn a_full_disk_for_the_shims_own_file_is_said_and_recorded() {
     let dir = scratch("disk-full-direct");

@@ -58,7 +58,7 @@ mod output;
 
 /// Destroy nothing, lose nothing silently: socket and output rules, OOMTRACE_OUTPUT that is a
 /// device, a FIFO given to report, and a real full disk under LD_PRELOAD, run and the shim's
-/// own file.
+/// own file (also in the collector's health metrics).
 mod durability;
 
 /// Which frame names a call site: the extension's own code past a static CUDA runtime.
@@ -72,3 +72,9 @@ mod torch;
 /// `oomtrace report`'s sections (peak consumers, most allocations, temporaries, sizes,
 /// totals, `--sort`) and `oomtrace diff` of two runs of a corpus program, both ways.
 mod report_diff;
+
+/// Prometheus metrics (`collect --metrics`, `--metrics-textfile`): a real Prometheus server
+/// scrapes a running process and a two-rank job, and its values are the report's; real
+/// PyTorch's reserve and Python leak lines; bad addresses and textfile targets; the Grafana
+/// dashboard and the docs name exactly the exported metrics.
+mod metrics;

@@ -159,7 +159,7 @@ pub(crate) fn torch_env(cmd: &mut Command, dir: &Path) {
 
 /// Runs the command with address-space randomisation off (see the module doc); inherited by
 /// everything it starts.
-fn without_aslr(cmd: &mut Command) {
+pub(crate) fn without_aslr(cmd: &mut Command) {
     // SAFETY: personality(2) is async-signal-safe; it only sets a flag the exec keeps.
     unsafe {
         cmd.pre_exec(|| {
@@ -171,7 +171,7 @@ fn without_aslr(cmd: &mut Command) {
 
 /// PyTorch's autograd thread sometimes aborts the interpreter at exit ("terminate called
 /// without an active exception", pytorch#38228), with or without tracing: not ours.
-fn pytorch_exit_abort(status: &std::process::ExitStatus, stderr: &str) -> bool {
+pub(crate) fn pytorch_exit_abort(status: &std::process::ExitStatus, stderr: &str) -> bool {
     (status.signal() == Some(libc::SIGABRT) || status.code() == Some(134))
         && stderr.contains("terminate called without an active exception")
 }

@@ -1,6 +1,7 @@
 //! `oomtrace collect`: a standalone collector for any number of traced processes.
 
 use std::io::Write;
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
@@ -8,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oomtrace_collector::console::Console;
+use oomtrace_collector::metrics::{self, textfile, textfile::Textfile, Registry};
 use oomtrace_collector::server::{Collector, Options};
 
 use crate::{render, signals, Failure};
@@ -44,6 +46,14 @@ pub struct Args {
     /// passes its pid, so a SIGKILLed `run` never leaves its collector behind.
     #[arg(long, value_name = "PID", hide = true)]
     pub parent_pid: Option<u32>,
+    /// Serve Prometheus metrics on http://ADDR/metrics (ADDR is host:port; port 0 picks a free
+    /// port, printed on stderr). See docs/metrics.md.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
+    /// Write the same metrics to PATH in node-exporter's textfile format, every 2 s and at the
+    /// end, atomically (PATH must be a regular file or nothing).
+    #[arg(long, value_name = "PATH")]
+    pub metrics_textfile: Option<PathBuf>,
 }
 
 /// The collector's live lines and warnings, on our stderr.
@@ -74,10 +84,44 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     if !args.exit_when_idle {
         opts.idle_grace = Duration::from_secs(1);
     }
+    let registry = (args.metrics.is_some() || args.metrics_textfile.is_some())
+        .then(|| Arc::new(Registry::new()));
+    opts.metrics = registry.clone();
+    // Both checked before the socket exists: a refused address or path leaves nothing behind.
+    let http = match &args.metrics {
+        Some(addr) => Some(
+            TcpListener::bind(addr.as_str())
+                .map_err(|e| Failure::new(format!("cannot serve metrics on {addr}: {e}")))?,
+        ),
+        None => None,
+    };
+    if let (Some(path), Some(r)) = (&args.metrics_textfile, &registry) {
+        textfile::write(path, &r.render()).map_err(Failure::new)?;
+    }
+    let console = opts.console.clone();
     let collector = Collector::bind(opts)?;
     if args.detach {
         daemonize()?;
     }
+    // Threads only after the fork of --detach.
+    if let (Some(listener), Some(r)) = (http, &registry) {
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Failure::new(format!("cannot serve metrics: {e}")))?;
+        metrics::http::spawn(listener, r.clone())
+            .map_err(|e| Failure::new(format!("cannot serve metrics on {addr}: {e}")))?;
+        // With port 0 this line is the only way to learn the port: said even with --quiet.
+        let asked_any_port = args.metrics.as_deref().is_some_and(|a| a.ends_with(":0"));
+        if !args.detach && (!args.quiet || asked_any_port) {
+            eprintln!("oomtrace: metrics on http://{addr}/metrics");
+        }
+    }
+    let textfile = match (&args.metrics_textfile, &registry) {
+        (Some(path), Some(r)) => {
+            Some(Textfile::start(path.clone(), r.clone(), console.clone()).map_err(Failure::new)?)
+        }
+        _ => None,
+    };
     signals::install_stop_flag();
     if let Some(parent) = args.parent_pid {
         watch_parent(parent);
@@ -98,6 +142,12 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     }
     let socket = collector.options().socket.clone();
     let served = collector.serve_written(&signals::STOP)?;
+    if let Some(t) = textfile {
+        // The final values (every connection has published its end by now).
+        if let Err(e) = t.finish() {
+            console.warn(&format!("oomtrace: {e}"));
+        }
+    }
     let trace = served.trace;
     if args.detach || args.parent_pid.is_some() {
         // Started by the shim or by `run`, each of which made a private directory for the

@@ -150,6 +150,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
                 OsString::from(args.device_memory.bytes.to_string()),
             ),
         ],
+        collector_args: Vec::new(),
     };
     let outcome = trace_command(&[app.into_os_string()], &session)?;
     let report = outcome.report?;

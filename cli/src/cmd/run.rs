@@ -51,6 +51,14 @@ pub struct Args {
     /// Also write the HTML view (`oomtrace view`) of the trace to FILE.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
+    /// Serve Prometheus metrics on http://ADDR/metrics while CMD runs (as `collect
+    /// --metrics`).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
+    /// Write the metrics to PATH in node-exporter's textfile format (as `collect
+    /// --metrics-textfile`).
+    #[arg(long, value_name = "PATH")]
+    pub metrics_textfile: Option<PathBuf>,
     /// The command to trace, after `--`.
     #[arg(
         trailing_var_arg = true,
@@ -75,6 +83,8 @@ pub struct Session {
     pub output: PathBuf,
     /// Extra environment for the command (the demo's simulated device).
     pub env: Vec<(OsString, OsString)>,
+    /// Extra arguments for the collector (`--metrics ...`).
+    pub collector_args: Vec<OsString>,
 }
 
 pub struct Outcome {
@@ -94,7 +104,17 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             .output
             .unwrap_or_else(|| PathBuf::from(format!("oomtrace.{}.oomt", std::process::id()))),
         env: Vec::new(),
+        collector_args: Vec::new(),
     };
+    // The collector serves the metrics: the same code as `collect`.
+    if let Some(addr) = &args.metrics {
+        session.collector_args.push("--metrics".into());
+        session.collector_args.push(addr.into());
+    }
+    if let Some(path) = &args.metrics_textfile {
+        session.collector_args.push("--metrics-textfile".into());
+        session.collector_args.push(path.into());
+    }
     let hooks = PythonHooks {
         tracker: args.torch == Some(TorchMode::Tracker),
         allocator: args.torch == Some(TorchMode::Swap),
@@ -256,13 +276,14 @@ pub fn exit_code_of(status: ExitStatus) -> ExitCode {
     ExitCode::from(128u8.wrapping_add(status.signal().unwrap_or(0) as u8))
 }
 
-fn spawn_collector(socket: &Path, output: &Path) -> Result<Child, Failure> {
+fn spawn_collector(socket: &Path, output: &Path, extra: &[OsString]) -> Result<Child, Failure> {
     let exe =
         std::env::current_exe().map_err(|e| Failure::new(format!("cannot locate myself: {e}")))?;
     let mode = collector_spawn::Mode::Owned {
         parent_pid: std::process::id(),
     };
     let mut child = collector_spawn::command(&exe, socket, output, mode)
+        .args(extra)
         // Its own process group: a Ctrl-C meant for the program must not kill the collector
         // before it has written the trace.
         .process_group(0)
@@ -359,7 +380,7 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
     };
     let dir = SocketDir::new()?;
     let socket = dir.socket.clone();
-    let collector = spawn_collector(&socket, &session.output)?;
+    let collector = spawn_collector(&socket, &session.output, &session.collector_args)?;
     let mut preload: OsString = session.lib.clone().into_os_string();
     if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
         preload.push(":");
