@@ -68,3 +68,8 @@ mod torch;
 /// `oomtrace report`'s sections (peak consumers, most allocations, temporaries, sizes,
 /// totals, `--sort`) and `oomtrace diff` of two runs of a corpus program, both ways.
 mod report_diff;
+
+/// `pip install oomtrace`: the manylinux_2_28 wheel of `scripts/wheel.sh` (maturin + zig),
+/// its glibc bound, installed into a fresh venv: the demo, Python frames, `import oomtrace` and
+/// real PyTorch with `--torch`, all from the installed files.
+mod wheel;

@@ -32,7 +32,7 @@ use oomtrace_tests::*;
 use serde_json::Value;
 
 /// How long one PyTorch run may take (importing torch alone takes a few seconds).
-const TORCH_TIMEOUT: Duration = Duration::from_secs(240);
+pub(crate) const TORCH_TIMEOUT: Duration = Duration::from_secs(240);
 const STEPS: u64 = 40;
 
 fn repo() -> PathBuf {
@@ -159,7 +159,7 @@ pub(crate) fn torch_env(cmd: &mut Command, dir: &Path) {
 
 /// Runs the command with address-space randomisation off (see the module doc); inherited by
 /// everything it starts.
-fn without_aslr(cmd: &mut Command) {
+pub(crate) fn without_aslr(cmd: &mut Command) {
     // SAFETY: personality(2) is async-signal-safe; it only sets a flag the exec keeps.
     unsafe {
         cmd.pre_exec(|| {
@@ -171,7 +171,7 @@ fn without_aslr(cmd: &mut Command) {
 
 /// PyTorch's autograd thread sometimes aborts the interpreter at exit ("terminate called
 /// without an active exception", pytorch#38228), with or without tracing: not ours.
-fn pytorch_exit_abort(status: &std::process::ExitStatus, stderr: &str) -> bool {
+pub(crate) fn pytorch_exit_abort(status: &std::process::ExitStatus, stderr: &str) -> bool {
     (status.signal() == Some(libc::SIGABRT) || status.code() == Some(134))
         && stderr.contains("terminate called without an active exception")
 }
