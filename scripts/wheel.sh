@@ -8,7 +8,10 @@
 #   $WHEEL_TOOLS_DIR                  if set, or
 #   ${XDG_CACHE_HOME:-~/.cache}/oomtrace-wheel-tools/<pins>-py<major.minor>
 # Cargo builds into $WHEEL_TARGET_DIR (default: target/wheel in the clone), never the usual
-# target directory: the wheel's build is for another glibc, with another C compiler.
+# target directory: the wheel's build is for another glibc, with another C compiler. The shim
+# and the binary each have their own directory under it: cargo-zigbuild and maturin configure
+# cargo differently, and in one directory each would rebuild the dependencies they share every
+# time the other had built them.
 #
 # Usage: scripts/wheel.sh OUT_DIR            # build; print OUT_DIR/oomtrace-<version>-...whl
 #        scripts/wheel.sh --tools            # make the tools venv if missing; print its bin/
@@ -115,12 +118,12 @@ unset RUSTFLAGS CARGO_ENCODED_RUSTFLAGS CARGO_BUILD_RUSTFLAGS CC CFLAGS
 
 # 1. liboomtrace.so, against glibc 2.28 (cargo-zigbuild: zig cc links it).
 cargo-zigbuild zigbuild --release --locked --quiet -p oomtrace-shim \
-    --manifest-path "$repo/Cargo.toml" --target "$TARGET.$GLIBC" --target-dir "$target_dir" >&2
+    --manifest-path "$repo/Cargo.toml" --target "$TARGET.$GLIBC" --target-dir "$target_dir/shim" >&2
 # Staged where maturin takes the wheel's data from (python/oomtrace.data/, ignored by git):
 # .data/scripts/ is installed into the environment's bin/, beside the binary.
 stage="$repo/python/oomtrace.data/scripts"
 mkdir -p "$stage"
-cp "$target_dir/$TARGET/release/liboomtrace.so" "$stage/liboomtrace.so.tmp"
+cp "$target_dir/shim/$TARGET/release/liboomtrace.so" "$stage/liboomtrace.so.tmp"
 mv "$stage/liboomtrace.so.tmp" "$stage/liboomtrace.so"
 
 # 2. The binary and the wheel (maturin's zig mode compiles the binary's C parts, the demo and
@@ -128,7 +131,7 @@ mv "$stage/liboomtrace.so.tmp" "$stage/liboomtrace.so"
 #    if anything needs a newer glibc or a library outside manylinux's list.
 before=$(mktemp -d)
 trap 'rm -rf "$before"' EXIT
-(cd "$repo/python" && CARGO_TARGET_DIR="$target_dir" maturin build --release --locked --quiet \
+(cd "$repo/python" && CARGO_TARGET_DIR="$target_dir/cli" maturin build --release --locked --quiet \
     --zig --compatibility "manylinux_${GLIBC/./_}" --auditwheel check --out "$before") >&2
 wheel=$(ls "$before"/oomtrace-*.whl)
 mv -f "$wheel" "$out/"
