@@ -286,12 +286,7 @@ fn report(exe: &Path, dir: &Path, trace: &Path) -> Value {
 /// (ctypes on simcuda's libcudart), its allocation named at its file:line.
 fn python_frames(venv: &Path, dir: &Path) {
     let script = repo().join("tests/scenarios/python/gil.py");
-    let source = std::fs::read_to_string(&script).unwrap();
-    let released = source
-        .lines()
-        .position(|l| l.contains("# RELEASED"))
-        .expect("# RELEASED in gil.py") as u64
-        + 1;
+    let released = line_of(&script, "# RELEASED");
     let json = dir.join("gil.json");
     let mut cmd = clean_command(venv.join("bin/oomtrace"), dir);
     cmd.arg("run")
@@ -324,8 +319,21 @@ fn python_frames(venv: &Path, dir: &Path) {
     assert_eq!(first_python["line"], released, "{site:#}");
 }
 
+/// The 1-based line of `file` that contains `marker`.
+fn line_of(file: &Path, marker: &str) -> u64 {
+    let source = std::fs::read_to_string(file).unwrap();
+    let i = source
+        .lines()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("{marker} not in {}", file.display()));
+    i as u64 + 1
+}
+
 /// `import oomtrace` in the fresh venv (not activated: bin/ is not on PATH) is the installed
-/// package, and it finds the installed library.
+/// package, and it finds the installed library. A program that calls `oomtrace.install()`
+/// itself, with no `oomtrace run` and nothing set, is traced through them: the library
+/// starts the venv's `oomtrace` (beside it) as its collector, and its steps are the
+/// program's own.
 fn import_oomtrace(venv: &Path, dir: &Path) {
     let mut cmd = clean_command(venv.join("bin/python"), dir);
     cmd.args([
@@ -350,6 +358,37 @@ fn import_oomtrace(venv: &Path, dir: &Path) {
         "{stdout}"
     );
     assert_eq!(lines[2], "True", "{stdout}");
+
+    // tests/scenarios/python/train_leak.py on the stand-in torch, `oomtrace.install()` first.
+    let scenarios = repo().join("tests/scenarios/python");
+    let program = scenarios.join("train_leak.py");
+    let trace = dir.join("install.oomt");
+    let mut cmd = clean_command(venv.join("bin/python"), dir);
+    cmd.arg(&program)
+        .args(["40", "--install"])
+        .env("PYTHONPATH", scenarios.join("site-packages"))
+        .env("OOMTRACE_OUTPUT", &trace);
+    let out = output_within(cmd, TIMEOUT);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "trained 40\n");
+    let r = report(&venv.join("bin/oomtrace"), dir, &trace);
+    assert_eq!(processes(&r)[0]["steps"], 40, "{:#}", r["processes"]);
+    let alloc_line = line_of(&program, "# ALLOC HERE");
+    let named = findings(&r, "leak").iter().any(|f| {
+        f["stack"].as_array().unwrap().iter().any(|fr| {
+            fr["python"] == true
+                && fr["file"]
+                    .as_str()
+                    .unwrap_or("")
+                    .ends_with("/train_leak.py")
+                && fr["line"] == alloc_line
+        })
+    });
+    assert!(
+        named,
+        "no leak at train_leak.py:{alloc_line}: {:#}",
+        r["findings"]
+    );
 }
 
 /// `oomtrace run --torch` from the venv on real PyTorch (the pinned torch venv's python): the
