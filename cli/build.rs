@@ -63,8 +63,11 @@ fn main() {
         .arg(&target)
         .arg(&src)
         .arg(format!("-I{include_dir}"))
-        .arg(format!("-L{lib_dir}"))
-        .args(["-l:libcudart.so.12", "-ldl"])
+        // The library file itself rather than `-l:libcudart.so.12`, which zig's linker (the
+        // wheel's manylinux build, docs/PACKAGING.md) does not take; the program still
+        // needs it by its soname.
+        .arg(Path::new(&lib_dir).join("libcudart.so.12"))
+        .arg("-ldl")
         .status()
         .unwrap_or_else(|e| {
             panic!(

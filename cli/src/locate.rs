@@ -1,5 +1,7 @@
 //! Finding liboomtrace.so for `run` and `demo`: `OOMTRACE_LIB`, else next to this binary
-//! (a release directory or an install prefix), else cargo's `deps/` directory beside it.
+//! (a release directory, an install prefix, or a Python environment's `bin/`, where the wheel
+//! installs both: docs/PACKAGING.md), else cargo's `deps/` directory beside it, else `../lib/`,
+//! else the embedded copy (`embed-shim`).
 //! `OOMTRACE_LIB` is the CLI's only variable; the shim's are in `shim/src/config.rs`.
 
 use std::path::{Path, PathBuf};

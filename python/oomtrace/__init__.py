@@ -7,9 +7,9 @@
             train(batch)
 
 `install()` loads liboomtrace (already there under `oomtrace run` or LD_PRELOAD; otherwise
-found through OOMTRACE_LIB or next to the `oomtrace` binary on PATH), sees every tensor with
-its Python stack, and marks a step after every optimizer step (until the program marks its own
-steps with `mark_step()` / `step()`).
+found through OOMTRACE_LIB, next to the `oomtrace` binary on PATH, or where `pip install
+oomtrace` put it), sees every tensor with its Python stack, and marks a step after every
+optimizer step (until the program marks its own steps with `mark_step()` / `step()`).
 The trace goes where the library sends it: the collector of `oomtrace run`, or one the library
 starts itself (see OOMTRACE_SOCKET and OOMTRACE_OUTPUT in the README).
 
@@ -64,7 +64,9 @@ def _loaded_path():
 
 
 def library_path():
-    """Where liboomtrace is: loaded already, OOMTRACE_LIB, or beside `oomtrace` on PATH."""
+    """Where liboomtrace is: loaded already, OOMTRACE_LIB, beside `oomtrace` on PATH, or in
+    this interpreter's scripts directory (where `pip install oomtrace` puts it, beside the
+    binary: found also when the environment is not activated)."""
     found = _loaded_path() or os.environ.get("OOMTRACE_LIB")
     if not found:
         exe = shutil.which("oomtrace")
@@ -72,6 +74,12 @@ def library_path():
             candidate = os.path.join(os.path.dirname(os.path.realpath(exe)), _LIB_NAME)
             if os.path.exists(candidate):
                 found = candidate
+    if not found:
+        import sysconfig
+
+        candidate = os.path.join(sysconfig.get_path("scripts"), _LIB_NAME)
+        if os.path.exists(candidate):
+            found = candidate
     if not found:
         raise RuntimeError(
             "oomtrace: cannot find liboomtrace.so (run under `oomtrace run`, or set "

@@ -78,3 +78,8 @@ mod report_diff;
 /// PyTorch's reserve and Python leak lines; bad addresses and textfile targets; the Grafana
 /// dashboard and the docs name exactly the exported metrics.
 mod metrics;
+
+/// `pip install oomtrace`: the manylinux_2_28 wheel of `scripts/wheel.sh` (maturin + zig),
+/// its glibc bound, installed into a fresh venv: the demo, Python frames, `import oomtrace` and
+/// real PyTorch with `--torch`, all from the installed files.
+mod wheel;

@@ -32,7 +32,7 @@ use oomtrace_tests::*;
 use serde_json::Value;
 
 /// How long one PyTorch run may take (importing torch alone takes a few seconds).
-const TORCH_TIMEOUT: Duration = Duration::from_secs(240);
+pub(crate) const TORCH_TIMEOUT: Duration = Duration::from_secs(240);
 const STEPS: u64 = 40;
 
 fn repo() -> PathBuf {

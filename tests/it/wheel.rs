@@ -1,0 +1,446 @@
+//! `pip install oomtrace`: the wheel that `scripts/wheel.sh` builds (maturin, zig, manylinux
+//! 2.28) is checked as a user gets it. It names the workspace's version and the manylinux_2_28
+//! tag, auditwheel agrees with that tag, and no ELF in it, nor the demo program and simulated
+//! CUDA that the binary carries (compiled by the same zig cc), needs a glibc symbol newer than
+//! 2.28. Installed with `pip install --no-index` into a fresh venv, the installed `oomtrace`
+//! finds the installed liboomtrace.so with nothing set, runs the demo, traces a Python program
+//! down to its file:line, traces real PyTorch with `--torch` (the torch venv's python, the
+//! fresh venv's `oomtrace`), and `import oomtrace` in the fresh venv finds the library too.
+//!
+//! The wheel is built once, in release, into its own target directory beside this one
+//! (`<target>/wheel`: another glibc and C compiler, and no fight over the outer build's lock).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use oomtrace_tests::*;
+use serde_json::Value;
+
+use crate::torch;
+
+/// The first build compiles the workspace in release with zig (1.5 minutes on two cores);
+/// later ones reuse `<target>/wheel`.
+const BUILD_TIMEOUT: Duration = Duration::from_secs(1200);
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+const GLIBC_MAX: (u32, u32) = (2, 28);
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repo root")
+        .to_path_buf()
+}
+
+/// `<target>/wheel`: cargo's target directory of this test binary (`<target>/<profile>/deps/`).
+fn wheel_target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.ancestors()
+        .nth(3)
+        .expect("target directory")
+        .join("wheel")
+}
+
+fn text(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// A command with nothing of this build's oomtrace in its environment: what the wheel's
+/// binary uses must be what the wheel installed. The simulated CUDA is the machine's "GPU".
+fn clean_command(program: impl AsRef<std::ffi::OsStr>, dir: &Path) -> Command {
+    let mut c = Command::new(program);
+    c.current_dir(dir)
+        .env("LD_LIBRARY_PATH", SIM_LIB)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .stdin(std::process::Stdio::null());
+    for k in [
+        "LD_PRELOAD",
+        "OOMTRACE_LIB",
+        "OOMTRACE_SOCKET",
+        "OOMTRACE_OUTPUT",
+        "OOMTRACE_DISABLE",
+        "OOMTRACE_COLLECTOR",
+        "OOMTRACE_TORCH",
+        "PYTHONPATH",
+        "VIRTUAL_ENV",
+    ] {
+        c.env_remove(k);
+    }
+    c
+}
+
+/// One file's newest glibc symbol version: as printed (`GLIBC_2.2.5`, `none`) and as
+/// (major, minor).
+struct GlibcNeeded {
+    file: PathBuf,
+    shown: String,
+    newest: Option<(u32, u32)>,
+}
+
+/// The newest `GLIBC_x.y` each file needs, from `scripts/wheel.sh --glibc` (pyelftools).
+fn glibc_needed(files: &[PathBuf]) -> Vec<GlibcNeeded> {
+    let mut cmd = Command::new(repo().join("scripts/wheel.sh"));
+    cmd.arg("--glibc").args(files);
+    let out = output_within(cmd, TIMEOUT);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let found: Vec<_> = stdout
+        .lines()
+        .map(|l| {
+            let (path, version) = l.rsplit_once(' ').expect("FILE VERSION");
+            let parsed = version.strip_prefix("GLIBC_").map(|v| {
+                let mut parts = v.split('.').map(|p| p.parse::<u32>().expect("a number"));
+                (parts.next().unwrap(), parts.next().unwrap_or(0))
+            });
+            GlibcNeeded {
+                file: PathBuf::from(path),
+                shown: version.to_string(),
+                newest: parsed,
+            }
+        })
+        .collect();
+    assert_eq!(found.len(), files.len(), "{stdout}");
+    found
+}
+
+fn assert_glibc_at_most_2_28(files: &[PathBuf]) {
+    for GlibcNeeded {
+        file,
+        shown,
+        newest,
+    } in glibc_needed(files)
+    {
+        eprintln!("wheel: {} needs {shown}", file.display());
+        assert!(
+            newest.is_some_and(|v| v <= GLIBC_MAX),
+            "{} needs {shown}: newer than GLIBC_2.28 (or none: not a dynamic glibc program)",
+            file.display()
+        );
+    }
+}
+
+#[test]
+fn the_wheel_installs_into_a_fresh_venv_and_traces_from_there() {
+    let python_ok = Command::new("python3")
+        .args(["-c", "import venv, ensurepip"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !precondition(python_ok, "python3 with venv and ensurepip (python3-venv)") {
+        return;
+    }
+    let tools = Command::new(repo().join("scripts/wheel.sh"))
+        .arg("--tools")
+        .output();
+    let tools_ok = tools.as_ref().is_ok_and(|o| o.status.success());
+    if !precondition(
+        tools_ok,
+        "the wheel's build tools (scripts/wheel.sh --tools: maturin, ziglang, cargo-zigbuild and \
+         auditwheel from PyPI)",
+    ) {
+        return;
+    }
+    let tools_bin = PathBuf::from(String::from_utf8_lossy(&tools.unwrap().stdout).trim());
+    let dir = scratch("wheel");
+
+    // Build.
+    let mut build = Command::new(repo().join("scripts/wheel.sh"));
+    build
+        .arg(dir.join("dist"))
+        .env("WHEEL_TARGET_DIR", wheel_target_dir())
+        .env_remove("CARGO_TARGET_DIR");
+    let started = std::time::Instant::now();
+    let out = output_within(build, BUILD_TIMEOUT);
+    assert!(
+        out.status.success(),
+        "scripts/wheel.sh failed:\n{}",
+        text(&out)
+    );
+    eprintln!("wheel: built in {:.0} s", started.elapsed().as_secs_f64());
+    let wheel = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert_eq!(
+        wheel.file_name().unwrap().to_string_lossy(),
+        format!("oomtrace-{VERSION}-py3-none-manylinux_2_28_x86_64.whl")
+    );
+    eprintln!(
+        "wheel: {} ({} bytes)",
+        wheel.display(),
+        std::fs::metadata(&wheel).unwrap().len()
+    );
+
+    // What is in it, and auditwheel's view of it.
+    let list = Command::new(tools_bin.join("python"))
+        .args([
+            "-c",
+            "import sys, zipfile; print('\\n'.join(zipfile.ZipFile(sys.argv[1]).namelist()))",
+        ])
+        .arg(&wheel)
+        .output()
+        .expect("list the wheel");
+    let names = String::from_utf8_lossy(&list.stdout);
+    for expected in [
+        format!("oomtrace-{VERSION}.data/scripts/oomtrace"),
+        format!("oomtrace-{VERSION}.data/scripts/liboomtrace.so"),
+        "oomtrace/__init__.py".to_string(),
+    ] {
+        assert!(names.lines().any(|n| n == expected), "{expected}:\n{names}");
+    }
+    let mut show = Command::new(tools_bin.join("auditwheel"));
+    show.arg("show").arg(&wheel);
+    let out = output_within(show, TIMEOUT);
+    let shown = text(&out).split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(out.status.success(), "{shown}");
+    assert!(
+        shown.contains("is consistent with the following platform tag: \"manylinux_2_28_x86_64\""),
+        "{shown}"
+    );
+
+    // A fresh venv, the wheel installed with nothing from an index.
+    let venv = dir.join("venv");
+    let out = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .output()
+        .expect("python3 -m venv");
+    assert!(out.status.success(), "{}", text(&out));
+    let mut pip = Command::new(venv.join("bin/pip"));
+    pip.args([
+        "install",
+        "--quiet",
+        "--no-index",
+        "--disable-pip-version-check",
+    ])
+    .arg(&wheel);
+    let out = output_within(pip, BUILD_TIMEOUT);
+    assert!(out.status.success(), "{}", text(&out));
+    let exe = venv.join("bin/oomtrace");
+    let lib = venv.join("bin/liboomtrace.so");
+    assert_glibc_at_most_2_28(&[exe.clone(), lib.clone()]);
+
+    // The installed binary finds the installed library, with nothing set.
+    let mut cmd = clean_command(&exe, &dir);
+    cmd.arg("lib");
+    let out = output_within(cmd, TIMEOUT);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()),
+        std::fs::canonicalize(&lib).unwrap()
+    );
+
+    demo(&exe, &dir);
+    python_frames(&venv, &dir);
+    import_oomtrace(&venv, &dir);
+    torch_leak(&exe, &dir);
+}
+
+/// `oomtrace demo` from the venv finds its planted leak; the program and the simulated CUDA
+/// it wrote into the cache need no glibc newer than 2.28 either.
+fn demo(exe: &Path, dir: &Path) {
+    let trace = dir.join("demo.oomt");
+    let mut cmd = clean_command(exe, dir);
+    cmd.arg("demo").arg("--output").arg(&trace);
+    let out = output_within(cmd, TIMEOUT);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.lines()
+            .any(|l| l.contains("[confirmed leak]") && l.contains("keep_history")),
+        "{said}"
+    );
+    let r = report(exe, dir, &trace);
+    assert_eq!(r["findings"][0]["kind"], "oom", "{:#}", r["findings"]);
+    let leaks = findings(&r, "leak");
+    assert_eq!(leaks.len(), 1, "{leaks:?}");
+    assert_eq!(leaks[0]["level"], "confirmed");
+    assert_eq!(functions(leaks[0])[0], "keep_history");
+
+    let cache = dir.join("cache/oomtrace");
+    let demo_dir = std::fs::read_dir(&cache)
+        .expect("the demo's cache")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().contains("-demo-"))
+        .unwrap_or_else(|| panic!("no demo directory in {}", cache.display()));
+    let elfs: Vec<PathBuf> = [
+        "train_demo",
+        "libcuda.so.1",
+        "libcudart.so.12",
+        "libnvidia-ml.so.1",
+    ]
+    .iter()
+    .map(|n| demo_dir.join(n))
+    .collect();
+    assert_glibc_at_most_2_28(&elfs);
+}
+
+fn report(exe: &Path, dir: &Path, trace: &Path) -> Value {
+    let mut cmd = clean_command(exe, dir);
+    cmd.arg("report").arg("--json").arg(trace);
+    let out = output_within(cmd, TIMEOUT);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).expect("valid JSON")
+}
+
+/// Python frames through the venv's `oomtrace run` and the venv's own python: `gil.py`
+/// (ctypes on simcuda's libcudart), its allocation named at its file:line.
+fn python_frames(venv: &Path, dir: &Path) {
+    let script = repo().join("tests/scenarios/python/gil.py");
+    let released = line_of(&script, "# RELEASED");
+    let json = dir.join("gil.json");
+    let mut cmd = clean_command(venv.join("bin/oomtrace"), dir);
+    cmd.arg("run")
+        .arg("--json")
+        .arg(&json)
+        .arg("-o")
+        .arg(dir.join("gil.oomt"))
+        .arg("--")
+        .arg(venv.join("bin/python"))
+        .arg(&script);
+    let out = output_within(cmd, TIMEOUT);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "gil ok\n");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let site = findings(&r, "live_at_exit")
+        .into_iter()
+        .find(|f| f["bytes"] == 2 * MIB)
+        .unwrap_or_else(|| panic!("no 2 MiB site: {:#}", r["findings"]));
+    let first_python = site["stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|fr| fr["python"] == true)
+        .unwrap_or_else(|| panic!("no Python frame: {site:#}"));
+    assert_eq!(first_python["function"], "alloc_released", "{site:#}");
+    assert!(
+        first_python["file"].as_str().unwrap().ends_with("/gil.py"),
+        "{site:#}"
+    );
+    assert_eq!(first_python["line"], released, "{site:#}");
+}
+
+/// The 1-based line of `file` that contains `marker`.
+fn line_of(file: &Path, marker: &str) -> u64 {
+    let source = std::fs::read_to_string(file).unwrap();
+    let i = source
+        .lines()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("{marker} not in {}", file.display()));
+    i as u64 + 1
+}
+
+/// `import oomtrace` in the fresh venv (not activated: bin/ is not on PATH) is the installed
+/// package, and it finds the installed library. A program that calls `oomtrace.install()`
+/// itself, with no `oomtrace run` and nothing set, is traced through them: the library
+/// starts the venv's `oomtrace` (beside it) as its collector, and its steps are the
+/// program's own.
+fn import_oomtrace(venv: &Path, dir: &Path) {
+    let mut cmd = clean_command(venv.join("bin/python"), dir);
+    cmd.args([
+        "-c",
+        "import oomtrace; print(oomtrace.__file__); print(oomtrace.library_path()); \
+         print(callable(oomtrace.mark_step) and callable(oomtrace.install))",
+    ]);
+    let out = output_within(cmd, TIMEOUT);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    let venv = std::fs::canonicalize(venv).unwrap();
+    let package = std::fs::canonicalize(lines[0]).unwrap();
+    assert!(
+        package.starts_with(&venv) && package.ends_with("site-packages/oomtrace/__init__.py"),
+        "{stdout}"
+    );
+    assert_eq!(
+        std::fs::canonicalize(lines[1]).unwrap(),
+        venv.join("bin/liboomtrace.so"),
+        "{stdout}"
+    );
+    assert_eq!(lines[2], "True", "{stdout}");
+
+    // tests/scenarios/python/train_leak.py on the stand-in torch, `oomtrace.install()` first.
+    let scenarios = repo().join("tests/scenarios/python");
+    let program = scenarios.join("train_leak.py");
+    let trace = dir.join("install.oomt");
+    let mut cmd = clean_command(venv.join("bin/python"), dir);
+    cmd.arg(&program)
+        .args(["40", "--install"])
+        .env("PYTHONPATH", scenarios.join("site-packages"))
+        .env("OOMTRACE_OUTPUT", &trace);
+    let out = output_within(cmd, TIMEOUT);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "trained 40\n");
+    let r = report(&venv.join("bin/oomtrace"), dir, &trace);
+    assert_eq!(processes(&r)[0]["steps"], 40, "{:#}", r["processes"]);
+    let alloc_line = line_of(&program, "# ALLOC HERE");
+    let named = findings(&r, "leak").iter().any(|f| {
+        f["stack"].as_array().unwrap().iter().any(|fr| {
+            fr["python"] == true
+                && fr["file"]
+                    .as_str()
+                    .unwrap_or("")
+                    .ends_with("/train_leak.py")
+                && fr["line"] == alloc_line
+        })
+    });
+    assert!(
+        named,
+        "no leak at train_leak.py:{alloc_line}: {:#}",
+        r["findings"]
+    );
+}
+
+/// `oomtrace run --torch` from the venv on real PyTorch (the pinned torch venv's python): the
+/// activation leak of `leak_activations.py` named at its line, live and in the report.
+fn torch_leak(exe: &Path, dir: &Path) {
+    let script = repo().join("tests/scenarios/torch/leak_activations.py");
+    let (file, line) = ("leak_activations.py", 10);
+    for attempt in 0..2 {
+        let json = dir.join(format!("torch-{attempt}.json"));
+        let mut cmd = clean_command(exe, dir);
+        cmd.arg("run")
+            .arg("--torch")
+            .arg("--json")
+            .arg(&json)
+            .arg("-o")
+            .arg(dir.join(format!("torch-{attempt}.oomt")))
+            .arg("--")
+            .arg(torch::python())
+            .arg(&script)
+            .env("STEPS", "40");
+        torch::torch_env(&mut cmd, dir);
+        torch::without_aslr(&mut cmd);
+        let out = output_within(cmd, torch::TORCH_TIMEOUT);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        if attempt == 0 && torch::pytorch_exit_abort(&out.status, &stderr) {
+            eprintln!("{file}: PyTorch aborted at exit (pytorch#38228); once more");
+            continue;
+        }
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("done 40"),
+            "{}",
+            text(&out)
+        );
+        assert!(
+            stderr.contains(&format!("({file}:{line})")),
+            "no live line naming {file}:{line}:\n{stderr}"
+        );
+        let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let leak = findings(&r, "leak")
+            .into_iter()
+            .find(|f| {
+                f["stack"].as_array().unwrap().iter().any(|fr| {
+                    fr["python"] == true
+                        && fr["file"].as_str().unwrap_or("").ends_with(file)
+                        && fr["line"] == line
+                })
+            })
+            .unwrap_or_else(|| panic!("no leak at {file}:{line}: {:#}", r["findings"]));
+        assert_eq!(leak["level"], "confirmed", "{leak:#}");
+        assert_eq!(leak["api"], "oomtrace_torch_alloc", "{leak:#}");
+        return;
+    }
+    unreachable!()
+}
