@@ -374,18 +374,25 @@ fn a_full_disk_under_ld_preload_is_said_and_recorded_in_the_trace() {
     );
 }
 
-#[test]
-fn a_full_disk_under_run_does_not_claim_the_trace_was_written() {
-    let dir = scratch("disk-full-run");
+/// `oomtrace run [FLAGS] -o t.oomt --json DIR/r.json -- slow_loop 1` on a tiny full disk
+/// (the JSON report, and whatever `extra` writes to DIR, outside it: what is checked is the
+/// summary, not whether a second file fits). Returns the scratch dir, the run's stderr and
+/// its report; the program's own exit code (7) is checked.
+fn run_on_a_full_disk(
+    test: &str,
+    flags: &str,
+    after: &str,
+) -> (Scratch, String, serde_json::Value) {
+    let dir = scratch(test);
     let disk = dir.join("disk");
     std::fs::create_dir(&disk).unwrap();
     let script = format!(
-        // The JSON report goes outside the full disk: it is the summary being checked, not
-        // whether a second file fits.
-        "{bin} run -o t.oomt --json {out}/r.json -- {prog} 1; echo rc=$?; cp -p t.oomt {out}/",
+        "{bin} run -o t.oomt --json {out}/r.json {flags} -- {prog} 1; echo rc=$?; {after}",
         bin = shell_quote(&oomtrace_bin()),
         prog = shell_quote(&scenario("slow_loop")),
         out = shell_quote(&dir),
+        after = after.replace("{out}", &shell_quote(&dir)),
+        flags = flags.replace("{out}", &shell_quote(&dir)),
     );
     let out = on_a_tiny_disk(&disk, &script);
     let err = stderr(&out);
@@ -393,12 +400,17 @@ fn a_full_disk_under_run_does_not_claim_the_trace_was_written() {
         String::from_utf8_lossy(&out.stdout).contains("rc=7"),
         "{err}"
     );
+    let r = serde_json::from_slice(&std::fs::read(dir.join("r.json")).unwrap()).unwrap();
+    (dir, err, r)
+}
+
+#[test]
+fn a_full_disk_under_run_does_not_claim_the_trace_was_written() {
+    let (_dir, err, r) = run_on_a_full_disk("disk-full-run", "", "cp -p t.oomt {out}/");
     assert!(!err.contains("trace written to"), "{err}");
     assert!(err.contains("is incomplete"), "{err}");
     assert!(err.contains("disk full"), "{err}");
     assert!(err.contains("cut short"), "{err}");
-    let r: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("r.json")).unwrap()).unwrap();
     assert_eq!(
         r["trace"]["incomplete"]["cause"], "disk_full",
         "{:#}",
@@ -416,24 +428,8 @@ fn a_full_disk_under_run_does_not_claim_the_trace_was_written() {
 /// as many as the report counts.
 #[test]
 fn a_full_disk_shows_in_the_collectors_health_metrics() {
-    let dir = scratch("disk-full-metrics");
-    let disk = dir.join("disk");
-    std::fs::create_dir(&disk).unwrap();
-    let script = format!(
-        "{bin} run -o t.oomt --json {out}/r.json --metrics-textfile {out}/m.prom -- {prog} 1; \
-         echo rc=$?",
-        bin = shell_quote(&oomtrace_bin()),
-        prog = shell_quote(&scenario("slow_loop")),
-        out = shell_quote(&dir),
-    );
-    let out = on_a_tiny_disk(&disk, &script);
-    let err = stderr(&out);
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("rc=7"),
-        "{err}"
-    );
-    let r: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("r.json")).unwrap()).unwrap();
+    let (dir, _err, r) =
+        run_on_a_full_disk("disk-full-metrics", "--metrics-textfile {out}/m.prom", "");
     let unwritten = r["trace"]["incomplete"]["unwritten_events"]
         .as_u64()
         .unwrap_or_else(|| panic!("{:#}", r["trace"]));
