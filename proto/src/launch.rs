@@ -3,7 +3,9 @@
 //! The shim records the launcher's variables ([`LAUNCH_VARS`], read from the process's initial
 //! environment) and the host name in its `Hello`; the collector reads them back into a
 //! [`Launch`] with [`Launch::from_vars`]. The raw variables travel, not the interpretation, so
-//! that a later collector can read more of them without a new shim.
+//! that a later collector can read more of them without a new shim. A process whose launcher
+//! passed its rank another way (`torch.multiprocessing.spawn`: as an argument) says it later,
+//! through `oomtrace_set_rank`, as `RANK`/`LOCAL_RANK`/`WORLD_SIZE` in a `Launch` frame.
 //!
 //! Launchers, in the order their variables win (a `torchrun` inside a Slurm step sets both,
 //! and its workers' `RANK` is the one PyTorch uses):

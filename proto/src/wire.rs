@@ -26,6 +26,10 @@
 //! 8 Goodbye    reason u8 | last_seq u64
 //! 9 CodeDef    id u32 | format u8 | first_line u32 | filename str | name str
 //!              | table_len u32 | line_table (a Python code object, see `python.rs`)
+//! 10 Launch    nvars u16 | (name str, value str) * nvars
+//!              (launcher variables learnt after the Hello, e.g. the rank that
+//!              `torch.distributed.init_process_group` was given; each replaces the Hello's
+//!              variable of the same name)
 //! ```
 //!
 //! Readers skip frame types they do not know. Frames larger than [`MAX_FRAME`] are garbage.
@@ -50,6 +54,7 @@ pub mod frame_type {
     pub const LOST: u8 = 7;
     pub const GOODBYE: u8 = 8;
     pub const CODE_DEF: u8 = 9;
+    pub const LAUNCH: u8 = 10;
 }
 
 /// Hello flags.
@@ -201,6 +206,17 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// `nvars u16 | (name str, value str) * nvars`.
+fn read_vars(r: &mut Reader<'_>) -> Result<Vec<(String, String)>, Error> {
+    let n = r.u16()?;
+    let mut vars = Vec::with_capacity(usize::from(n).min(64));
+    for _ in 0..n {
+        let name = r.str()?;
+        vars.push((name, r.str()?));
+    }
+    Ok(vars)
+}
+
 /// The process that opened a connection.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Hello {
@@ -273,6 +289,8 @@ pub enum Frame<'a> {
         last_seq: u64,
     },
     CodeDef(CodeDef),
+    /// Launcher variables learnt after the Hello (see `launch.rs`).
+    Launch(Vec<(String, String)>),
     /// A frame type this reader does not know; skipped.
     Unknown {
         ty: u8,
@@ -351,11 +369,7 @@ fn decode_payload(ty: u8, payload: &[u8]) -> Result<Frame<'_>, Error> {
             if r.remaining() > 0 {
                 start_mono_ns = r.u64()?;
                 host = r.str()?;
-                let nvars = r.u16()?;
-                for _ in 0..nvars {
-                    let name = r.str()?;
-                    launch.push((name, r.str()?));
-                }
+                launch = read_vars(&mut r)?;
             }
             Frame::Hello(Hello {
                 pid,
@@ -465,6 +479,7 @@ fn decode_payload(ty: u8, payload: &[u8]) -> Result<Frame<'_>, Error> {
                 line_table,
             })
         }
+        LAUNCH => Frame::Launch(read_vars(&mut r)?),
         other => Frame::Unknown { ty: other },
     };
     Ok(frame)
@@ -490,12 +505,7 @@ pub mod encode {
         }
         w.u64(h.start_mono_ns);
         w.str(&h.host);
-        let nvars = h.launch.len().min(u16::MAX as usize);
-        w.u16(nvars as u16);
-        for (name, value) in &h.launch[..nvars] {
-            w.str(name);
-            w.str(value);
-        }
+        write_vars(&mut w, &h.launch);
         end_frame(buf, at);
     }
 
@@ -602,6 +612,23 @@ pub mod encode {
             w.u64(*c);
         }
         end_frame(buf, at);
+    }
+
+    /// Launcher variables learnt after the Hello.
+    pub fn launch(buf: &mut Vec<u8>, vars: &[(String, String)]) {
+        let at = begin_frame(buf, frame_type::LAUNCH);
+        write_vars(&mut Writer { buf }, vars);
+        end_frame(buf, at);
+    }
+
+    /// `nvars u16 | (name str, value str) * nvars` (at most 65535 of them).
+    fn write_vars(w: &mut Writer<'_>, vars: &[(String, String)]) {
+        let n = vars.len().min(u16::MAX as usize);
+        w.u16(n as u16);
+        for (name, value) in &vars[..n] {
+            w.str(name);
+            w.str(value);
+        }
     }
 
     pub fn goodbye(buf: &mut Vec<u8>, reason: GoodbyeReason, last_seq: u64) {
@@ -718,6 +745,29 @@ mod tests {
         match &all[5] {
             Frame::Lost(l) => assert_eq!(l.by_device, vec![(0, 4), (-1, 1)]),
             f => panic!("{f:?}"),
+        }
+    }
+
+    #[test]
+    fn a_launch_frame_roundtrips() {
+        let vars = vec![
+            ("RANK".to_string(), "1".to_string()),
+            ("WORLD_SIZE".to_string(), "2".to_string()),
+        ];
+        let mut b = Vec::new();
+        encode::launch(&mut b, &vars);
+        let all: Vec<_> = frames(&b).collect::<Result<_, _>>().unwrap();
+        assert_eq!(all.len(), 1);
+        assert!(
+            matches!(&all[0], Frame::Launch(v) if *v == vars),
+            "{:?}",
+            all[0]
+        );
+        // Cut anywhere inside, it is an error, never a panic or a shorter list.
+        for cut in 5..b.len() {
+            let mut short = b[..cut].to_vec();
+            end_frame(&mut short, 0);
+            assert!(frames(&short).any(|f| f.is_err()), "cut at {cut}");
         }
     }
 

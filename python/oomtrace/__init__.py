@@ -35,7 +35,7 @@ import shutil
 import sys
 import warnings
 
-__all__ = ["install", "mark_step", "step", "flush", "library", "library_path"]
+__all__ = ["install", "mark_step", "step", "flush", "set_rank", "library", "library_path"]
 
 _LIB_NAME = "liboomtrace.so"
 _lib = None
@@ -98,6 +98,9 @@ def library():
         lib.oomtrace_mark.restype = None
         lib.oomtrace_flush.argtypes = []
         lib.oomtrace_flush.restype = ctypes.c_int
+        if hasattr(lib, "oomtrace_set_rank"):  # absent from libraries older than ranks
+            lib.oomtrace_set_rank.argtypes = [ctypes.c_int] * 3
+            lib.oomtrace_set_rank.restype = ctypes.c_int
         _lib = lib
     return _lib
 
@@ -128,6 +131,52 @@ def step(label=None):
 def flush():
     """Waits (at most 2 s) until everything recorded so far has reached the collector."""
     return library().oomtrace_flush() == 0
+
+
+def set_rank(rank, world_size=None, local_rank=None):
+    """Says this process's rank in a distributed job, for reports and metrics.
+
+    Launchers that set RANK/WORLD_SIZE (torchrun, Slurm, mpirun) need nothing: the library
+    reads them when the process starts. For `torch.multiprocessing.spawn`, which passes the rank
+    as an argument, `torch.distributed.init_process_group` calls this by itself under
+    `oomtrace run`, LD_PRELOAD or `install()`. Returns True if the rank was sent.
+    """
+    lib = library()
+    if not hasattr(lib, "oomtrace_set_rank"):
+        return False
+    unknown = -1
+    return lib.oomtrace_set_rank(
+        int(rank),
+        unknown if local_rank is None else int(local_rank),
+        unknown if world_size is None else int(world_size),
+    ) == 0
+
+
+def _install_rank_hook(torch):
+    """Wraps torch.distributed.init_process_group so that the rank it was given reaches the
+    trace (see `set_rank`). None once wrapped, or when PyTorch has no torch.distributed."""
+    dist = getattr(torch, "distributed", None)
+    if dist is None or not dist.is_available():
+        return None
+    original = dist.init_process_group
+    if getattr(original, "_oomtrace_rank_hook", False):
+        return None
+
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        try:
+            local = os.environ.get("LOCAL_RANK", "")
+            set_rank(dist.get_rank(), dist.get_world_size(),
+                     int(local) if local.isdigit() else None)
+        except Exception:  # never break the user's init_process_group
+            pass
+        return result
+
+    init_process_group.__wrapped__ = original
+    init_process_group.__doc__ = original.__doc__
+    init_process_group._oomtrace_rank_hook = True
+    dist.init_process_group = init_process_group
+    return None
 
 
 def _install_allocator(torch):
@@ -282,6 +331,10 @@ def install(allocator="tracker", step_hook=True):
         import torch
     except ImportError:
         return False
+    try:
+        _install_rank_hook(torch)
+    except Exception:  # the rank is a label; tracing works without it
+        pass
     if mode == "tracker":
         why = _install_tracker(torch)
         if why:
@@ -323,6 +376,8 @@ def _on_torch_import(torch, allocator=False, steps=True, tracker=False):
         except Exception as e:
             return "%s: %s" % (type(e).__name__, e)
 
+    # Silent: a program without torch.distributed loses nothing.
+    attempt(_install_rank_hook)
     no_tracker = attempt(_install_tracker) if tracker else None
     no_allocator = attempt(_install_allocator) if allocator else None
     no_steps = attempt(_install_step_hook) if steps else None

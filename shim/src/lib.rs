@@ -70,6 +70,36 @@ pub unsafe extern "C" fn oomtrace_mark(label: *const c_char) {
     });
 }
 
+/// Says this process's rank in a distributed job, for a process whose launcher did not put
+/// it in the environment (`torch.multiprocessing.spawn` passes it as an argument; the
+/// `oomtrace` Python package calls this after `torch.distributed.init_process_group`).
+/// Negative values are unknown and left out. Returns 0 when sent, -1 when tracing is off.
+#[unsafe(no_mangle)]
+pub extern "C" fn oomtrace_set_rank(rank: c_int, local_rank: c_int, world_size: c_int) -> c_int {
+    let sent = guard::catch(|| {
+        if !guard::enter() {
+            return false;
+        }
+        let vars: Vec<(String, String)> = [
+            ("RANK", rank),
+            ("LOCAL_RANK", local_rank),
+            ("WORLD_SIZE", world_size),
+        ]
+        .into_iter()
+        .filter(|&(_, v)| v >= 0)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let sent = hooks::record::launch(vars);
+        guard::leave();
+        sent
+    });
+    if sent == Some(true) {
+        0
+    } else {
+        -1
+    }
+}
+
 /// Makes sure everything recorded so far has reached the collector (waits at most 2 s).
 /// Returns 0 on success, -1 if tracing is off or the flush timed out.
 #[unsafe(no_mangle)]

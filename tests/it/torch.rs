@@ -997,12 +997,11 @@ fn install_after_cuda_init_attaches_the_tracker() {
 
 // ---- Distributed: torchrun's workers, labelled by rank --------------------------------------
 
-/// `oomtrace run --torch -- python -m torch.distributed.run --standalone --nproc_per_node=2`:
-/// both workers are traced (the preload reaches them through torchrun), each labelled by the
-/// RANK torchrun gave it, and the report says that rank 1 alone leaks, at its line.
-#[test]
-fn torchrun_workers_are_labelled_and_the_leaking_rank_named() {
-    let dir = scratch("torch-torchrun");
+/// `oomtrace run --torch -- python LAUNCH... SCRIPT` for a two-rank job whose rank 1 alone
+/// keeps a tensor per step at `SCRIPT:line`: both workers are traced, each labelled by its
+/// rank, and the report (JSON, text) and the live line say that rank 1 alone leaks, there.
+fn check_rank_one_leaks(launch: &[&str], script_name: &str, line: u64) {
+    let dir = scratch(&format!("torch-{}", script_name.trim_end_matches(".py")));
     let (trace, json) = (dir.join("trace.oomt"), dir.join("report.json"));
     let mut cmd = base_command(oomtrace_bin());
     cmd.args(["run", "--torch", "--json"])
@@ -1011,13 +1010,8 @@ fn torchrun_workers_are_labelled_and_the_leaking_rank_named() {
         .arg(&trace)
         .arg("--")
         .arg(python())
-        .args([
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-        ])
-        .arg(script("torchrun_one_rank.py"))
+        .args(launch)
+        .arg(script(script_name))
         .current_dir(&dir)
         .env("STEPS", STEPS.to_string())
         .env_remove("PYTORCH_CUDA_ALLOC_CONF");
@@ -1031,7 +1025,11 @@ fn torchrun_workers_are_labelled_and_the_leaking_rank_named() {
         .iter()
         .filter_map(|p| Some((p["rank"].as_u64()?, p["world_size"].as_u64()?)))
         .collect();
-    assert_eq!(ranked.len(), 2, "two workers with ranks: {ranked:?}");
+    assert_eq!(
+        ranked.len(),
+        2,
+        "two workers with ranks: {ranked:?}\n{stderr}"
+    );
     assert!(
         ranked.contains(&(0, 2)) && ranked.contains(&(1, 2)),
         "{ranked:?}"
@@ -1041,8 +1039,8 @@ fn torchrun_workers_are_labelled_and_the_leaking_rank_named() {
     assert_eq!(verdicts[0]["ranks"][0], 1, "{verdicts:#}");
     let leak = findings(&report, "leak")
         .into_iter()
-        .find(|f| has_frame(f, "torchrun_one_rank.py", 16))
-        .unwrap_or_else(|| panic!("no leak at torchrun_one_rank.py:16\n{stderr}"));
+        .find(|f| has_frame(f, script_name, line))
+        .unwrap_or_else(|| panic!("no leak at {script_name}:{line}\n{stderr}"));
     assert_eq!(leak["rank"], 1);
     let text = report_text(&trace);
     assert!(text.contains("only rank 1 grows"), "{text}");
@@ -1050,4 +1048,26 @@ fn torchrun_workers_are_labelled_and_the_leaking_rank_named() {
         stderr.contains("(rank 1)"),
         "the live line names the rank: {stderr}"
     );
+}
+
+/// torchrun puts RANK and WORLD_SIZE in each worker's environment: the shim reads them there.
+#[test]
+fn torchrun_workers_are_labelled_and_the_leaking_rank_named() {
+    check_rank_one_leaks(
+        &[
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+        ],
+        "torchrun_one_rank.py",
+        16,
+    );
+}
+
+/// torch.multiprocessing.spawn passes the rank as an argument: the rank comes from
+/// init_process_group (wrapped by the `oomtrace` package), sent after the Hello.
+#[test]
+fn spawned_workers_are_labelled_by_init_process_group() {
+    check_rank_one_leaks(&[], "spawn_one_rank.py", 24);
 }

@@ -416,6 +416,20 @@ impl Process {
         }
     }
 
+    /// Launcher variables learnt after the Hello (the rank `init_process_group` was given):
+    /// each replaces the Hello's variable of the same name, and the rank is read again. Only
+    /// the names the shim records are kept: a stream cannot grow the list without bound.
+    fn learn_launch(&mut self, vars: &[(String, String)]) {
+        let known = |name: &String| oomtrace_proto::launch::LAUNCH_VARS.contains(&name.as_str());
+        for (name, value) in vars.iter().filter(|(name, _)| known(name)) {
+            match self.hello.launch.iter_mut().find(|(k, _)| k == name) {
+                Some(old) => old.1.clone_from(value),
+                None => self.hello.launch.push((name.clone(), value.clone())),
+            }
+        }
+        self.launch = Launch::from_vars(&self.hello.launch);
+    }
+
     /// Applies one frame of this process's stream, telling `obs` what happened.
     pub fn apply<O: Observer + ?Sized>(&mut self, frame: &Frame<'_>, obs: &mut O) {
         match frame {
@@ -447,6 +461,7 @@ impl Process {
                 self.end = EndState::Exited(GoodbyeReason::from_u8(*reason));
                 self.last_seq = self.last_seq.max(*last_seq);
             }
+            Frame::Launch(vars) => self.learn_launch(vars),
             Frame::Hello(_) | Frame::Unknown { .. } => {}
         }
     }
@@ -996,6 +1011,37 @@ mod tests {
 
     fn proc() -> Process {
         Process::new(1, Hello::default())
+    }
+
+    #[test]
+    fn a_rank_learnt_after_the_hello_replaces_the_launchers() {
+        let vars = |l: &[(&str, &str)]| -> Vec<(String, String)> {
+            l.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let mut p = Process::new(
+            1,
+            Hello {
+                launch: vars(&[("RANK", "0"), ("WORLD_SIZE", "4")]),
+                ..Hello::default()
+            },
+        );
+        assert_eq!(p.launch.rank, Some(0));
+        p.apply(
+            &Frame::Launch(vars(&[
+                ("RANK", "3"),
+                ("LOCAL_RANK", "1"),
+                ("NOT_A_LAUNCHER", "x"),
+            ])),
+            &mut (),
+        );
+        assert_eq!(
+            (p.launch.rank, p.launch.local_rank, p.launch.world_size),
+            (Some(3), Some(1), Some(4))
+        );
+        // Only names the shim records are kept: a stream cannot grow the list.
+        assert_eq!(p.hello.launch.len(), 3);
     }
 
     /// The tracker's tensors share addresses with the segment that holds them and are not

@@ -15,7 +15,7 @@ use crate::cuda::{CUmemAllocationProp, CU_MEM_LOCATION_TYPE_DEVICE};
 use crate::driver_query;
 use crate::guard::Recorder;
 use crate::stack;
-use crate::transport::outbox;
+use crate::transport::outbox::{self, Msg};
 
 /// An out-parameter holding a pointer-sized value (CUdeviceptr or void*).
 pub trait OutPtr: Copy {
@@ -470,6 +470,15 @@ pub fn marker(label: &str) {
     ev.ts_ns = crate::clock::ticks();
     ev.stack = stack::capture();
     ob.send_marker(ev, label);
+}
+
+/// Launcher variables learnt after the Hello (`oomtrace_set_rank`); false when tracing is
+/// off or the message could not be queued.
+pub fn launch(vars: Vec<(String, String)>) -> bool {
+    let Some(ob) = outbox::current() else {
+        return false;
+    };
+    ob.send_reliable(Msg::Launch(vars.into_boxed_slice()))
 }
 
 /// A tensor-level allocation through `oomtrace_malloc` (or its failure, `rc` != 0), on the

@@ -522,6 +522,10 @@ impl<S: Sink> Drainer<S> {
                 encode::marker(&mut self.out, self.seq, ts, ev.tid, ev.stack, &label);
                 self.out_events += 1;
             }
+            Msg::Launch(vars) => {
+                self.close_events();
+                encode::launch(&mut self.out, &vars);
+            }
             Msg::Flush(_) | Msg::Shutdown(..) => {}
         }
     }

@@ -110,6 +110,8 @@ pub enum Msg {
         ev: Event,
         label: Box<str>,
     },
+    /// Launcher variables learnt after the Hello (`oomtrace_set_rank`).
+    Launch(Box<[(String, String)]>),
     /// Write out everything queued before this, then signal.
     Flush(Arc<Done>),
     /// Write everything, say goodbye, close, signal; the drain thread then ends.
