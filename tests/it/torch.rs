@@ -1016,6 +1016,11 @@ fn check_rank_one_leaks(launch: &[&str], script_name: &str, line: u64) {
         .env("STEPS", STEPS.to_string())
         .env_remove("PYTORCH_CUDA_ALLOC_CONF");
     torch_env(&mut cmd, &dir);
+    // torchrun and torch.multiprocessing leave their own files (torchelastic_*,
+    // pytorch-errorfile-*) in the temporary directory: the scratch one, removed with the test.
+    let tmp = dir.join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    cmd.env("TMPDIR", &tmp);
     without_aslr(&mut cmd);
     let out = output_within(cmd, TORCH_TIMEOUT);
     let stderr = String::from_utf8_lossy(&out.stderr);
