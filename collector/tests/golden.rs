@@ -56,6 +56,7 @@ fn fixture() -> Vec<u8> {
             bias: 0,
             build_id: vec![0xab; 20],
             path: "/app/train".into(),
+            file: None,
         },
     );
     encode::stack_def(&mut w, StackId(1), &[0x40_1234, 0x40_2000]);

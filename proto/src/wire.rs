@@ -19,6 +19,11 @@
 //! 2 Events     count u32 | Event (64 bytes) * count
 //! 3 StackDef   id u32 | n u16 | reserved u16 | frame u64 * n   (return addresses, innermost first)
 //! 4 ModuleDef  id u32 | start u64 | end u64 | bias u64 | build_id_len u8 | build_id | path str
+//!              [ | file_size u64 | file_mtime_ns i64 ]
+//!              (the bracketed tail: the file's size and modification time when the shim
+//!              first saw the module, recorded for a module without a build id, so that a
+//!              reader can tell whether the file on disk is still the one that ran; size 0:
+//!              not recorded. Absent in traces written before it: read as not recorded)
 //! 5 ModuleGone id u32
 //! 6 Marker     seq u64 | ts_ns u64 | tid u32 | stack u32 | label str
 //! 7 Lost       events u64 | frees u64 | stacks u64 | n u8 | (device i16, count u64) * n
@@ -247,6 +252,34 @@ pub struct ModuleDef {
     pub bias: u64,
     pub build_id: Vec<u8>,
     pub path: String,
+    /// The file's size and modification time when the module was first seen; recorded only
+    /// for a module without a build id (and only when its file could be read then).
+    pub file: Option<FileStamp>,
+}
+
+/// What identifies a module's file when it has no build id: its size and modification time,
+/// as `stat` gave them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileStamp {
+    /// Bytes; never 0 (an empty file is no ELF object, and 0 means "not recorded" on the wire).
+    pub size: u64,
+    /// Modification time, nanoseconds since the Unix epoch (negative before it).
+    pub mtime_ns: i64,
+}
+
+impl FileStamp {
+    /// The stamp of `meta`, or None for an empty file (which the wire cannot tell from none).
+    pub fn of(meta: &std::fs::Metadata) -> Option<FileStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let mtime_ns = meta
+            .mtime()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(meta.mtime_nsec());
+        (meta.len() > 0).then_some(FileStamp {
+            size: meta.len(),
+            mtime_ns,
+        })
+    }
 }
 
 /// Cumulative loss counters of one process.
@@ -420,6 +453,13 @@ fn decode_payload(ty: u8, payload: &[u8]) -> Result<Frame<'_>, Error> {
             let n = r.u8()? as usize;
             let build_id = r.take(n)?.to_vec();
             let path = r.str()?;
+            // The tail came later: a ModuleDef that ends here recorded no file stamp.
+            let mut file = None;
+            if r.remaining() > 0 {
+                let size = r.u64()?;
+                let mtime_ns = r.u64()? as i64;
+                file = (size > 0).then_some(FileStamp { size, mtime_ns });
+            }
             Frame::ModuleDef(ModuleDef {
                 id,
                 start,
@@ -427,6 +467,7 @@ fn decode_payload(ty: u8, payload: &[u8]) -> Result<Frame<'_>, Error> {
                 bias,
                 build_id,
                 path,
+                file,
             })
         }
         MODULE_GONE => Frame::ModuleGone { id: r.u32()? },
@@ -579,6 +620,12 @@ pub mod encode {
         w.u8(n as u8);
         w.bytes(&m.build_id[..n]);
         w.str(&m.path);
+        let stamp = m.file.unwrap_or(FileStamp {
+            size: 0,
+            mtime_ns: 0,
+        });
+        w.u64(stamp.size);
+        w.u64(stamp.mtime_ns as u64);
         end_frame(buf, at);
     }
 
@@ -704,6 +751,7 @@ mod tests {
                 bias: 0,
                 build_id: vec![1, 2, 3, 4],
                 path: "/bin/app".into(),
+                file: None,
             },
         );
         encode::marker(&mut b, 9, 10, 11, StackId(3), "step");
@@ -794,6 +842,58 @@ mod tests {
                 assert!(h.launch.is_empty());
             }
             f => panic!("{f:?}"),
+        }
+    }
+
+    #[test]
+    fn a_module_def_keeps_its_file_stamp_and_reads_without_it() {
+        let stamped = ModuleDef {
+            id: 2,
+            start: 0x7f00_0000_0000,
+            end: 0x7f00_0001_0000,
+            bias: 0x7f00_0000_0000,
+            build_id: Vec::new(),
+            path: "/opt/app/libnoid.so".into(),
+            file: Some(FileStamp {
+                size: 16_384,
+                mtime_ns: -5, // before the epoch: the sign survives
+            }),
+        };
+        let mut b = Vec::new();
+        encode::module_def(&mut b, &stamped);
+        let all: Vec<_> = frames(&b).collect::<Result<_, _>>().unwrap();
+        assert!(
+            matches!(&all[0], Frame::ModuleDef(m) if *m == stamped),
+            "{:?}",
+            all[0]
+        );
+        // As written before the tail was added: ends after the path, and reads as no stamp.
+        let mut old = Vec::new();
+        let at = begin_frame(&mut old, frame_type::MODULE_DEF);
+        let mut w = Writer { buf: &mut old };
+        w.u32(3);
+        w.u64(0x40_0000);
+        w.u64(0x50_0000);
+        w.u64(0);
+        w.u8(2);
+        w.bytes(&[0xab, 0xcd]);
+        w.str("/bin/old");
+        end_frame(&mut old, at);
+        match frames(&old).next() {
+            Some(Ok(Frame::ModuleDef(m))) => {
+                assert_eq!(
+                    (m.path.as_str(), m.build_id.as_slice()),
+                    ("/bin/old", &[0xab, 0xcd][..])
+                );
+                assert_eq!(m.file, None);
+            }
+            f => panic!("{f:?}"),
+        }
+        // A tail cut short is an error, never a stamp made of what is there.
+        for cut in 1..16 {
+            let mut short = b[..b.len() - cut].to_vec();
+            end_frame(&mut short, 0);
+            assert!(frames(&short).any(|f| f.is_err()), "cut {cut}");
         }
     }
 

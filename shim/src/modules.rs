@@ -8,7 +8,7 @@
 
 use std::ffi::{c_int, c_void, CStr};
 
-use oomtrace_proto::wire::ModuleDef;
+use oomtrace_proto::wire::{FileStamp, ModuleDef};
 
 /// One loaded object.
 #[derive(Clone, Debug)]
@@ -26,6 +26,9 @@ pub struct LoadedModule {
     /// PT_LOAD ranges, to bound reads of unwind data.
     pub segments: Vec<(u64, u64)>,
     pub build_id: Vec<u8>,
+    /// Size and modification time of its file when it was first seen, for a module without a
+    /// build id: what a reader checks the file on its disk against before symbolizing.
+    pub file: Option<FileStamp>,
 }
 
 impl LoadedModule {
@@ -41,6 +44,7 @@ impl LoadedModule {
             bias: self.bias,
             build_id: self.build_id.clone(),
             path: self.path.clone(),
+            file: self.file,
         }
     }
 
@@ -99,6 +103,7 @@ unsafe extern "C" fn collect_cb(
         eh_frame_hdr: None,
         segments: Vec::new(),
         build_id: Vec::new(),
+        file: None,
     };
     // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
     let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
@@ -170,7 +175,26 @@ pub fn enumerate() -> (Vec<LoadedModule>, LoadCounts) {
     };
     // SAFETY: the callback only reads what the loader passes and writes to `c`.
     unsafe { libc::dl_iterate_phdr(Some(collect_cb), &mut c as *mut Collect as *mut c_void) };
+    // Outside the callback: the loader's lock is not held across file system calls.
+    for m in c.modules.iter_mut().filter(|m| m.build_id.is_empty()) {
+        m.file = file_stamp(&m.path);
+    }
     (c.modules, c.counts)
+}
+
+/// The size and modification time of the file at `path` (None if it cannot be read: the
+/// vdso, a deleted file). Leaves `errno` as it found it: this runs inside a hook, and the
+/// program may read `errno` after its CUDA call.
+fn file_stamp(path: &str) -> Option<FileStamp> {
+    // SAFETY: errno is thread-local; reading it has no preconditions.
+    let saved = unsafe { *libc::__errno_location() };
+    let stamp = std::fs::metadata(path)
+        .ok()
+        .filter(|m| m.is_file())
+        .and_then(|m| FileStamp::of(&m));
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = saved };
+    stamp
 }
 
 unsafe extern "C" fn counts_cb(
@@ -303,5 +327,20 @@ mod tests {
             .find(|m| m.path.contains("libc.so"))
             .expect("libc");
         assert!(unwind_tables(libc).is_some());
+    }
+
+    #[test]
+    fn a_file_stamp_is_the_files_size_and_mtime_and_leaves_errno_alone() {
+        let exe = exe_path();
+        let meta = std::fs::metadata(&exe).unwrap();
+        let stamp = file_stamp(&exe).expect("the test binary is a file");
+        assert_eq!(Some(stamp), FileStamp::of(&meta));
+        assert_eq!(stamp.size, meta.len());
+        // SAFETY: errno is thread-local.
+        unsafe { *libc::__errno_location() = 1234 };
+        assert_eq!(file_stamp("/nonexistent/oomtrace/libgone.so"), None);
+        assert_eq!(file_stamp("linux-vdso.so.1"), None);
+        // SAFETY: as above.
+        assert_eq!(unsafe { *libc::__errno_location() }, 1234);
     }
 }

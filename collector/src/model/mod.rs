@@ -1249,6 +1249,7 @@ mod tests {
             bias: start,
             build_id: Vec::new(),
             path: path.into(),
+            file: None,
         }
     }
 

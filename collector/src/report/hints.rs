@@ -303,6 +303,7 @@ mod tests {
             bias: 0x7000_0000,
             build_id: Vec::new(),
             path: "/venv/lib/python3.12/site-packages/torch/lib/libc10_cuda.so".into(),
+            file: None,
         });
         sim.p.apply(&module, &mut sim.a);
         let stack = Frame::StackDef {
