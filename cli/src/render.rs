@@ -658,5 +658,17 @@ pub fn summary(r: &Report) -> String {
         backward_text(&mut out, f, "      ");
         stack_text(&mut out, &f.stack, "      ", 3);
     }
+    // The summary is on stderr already: each changed module's line goes with it.
+    for m in &r.stale_modules {
+        let _ = writeln!(out, "  warning: {}", m.warning());
+    }
     out
+}
+
+/// One line per module whose file changed since the trace was taken (for stderr: the text
+/// report itself stays the report).
+pub fn stale_module_warnings(r: &Report) -> impl Iterator<Item = String> + '_ {
+    r.stale_modules
+        .iter()
+        .map(|m| format!("oomtrace: warning: {}", m.warning()))
 }

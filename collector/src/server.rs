@@ -451,6 +451,7 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
     let mut chunk = vec![0u8; 256 << 10];
     let mut printed = 0usize;
     let mut sym: Option<StackSymbolizer> = None;
+    let mut stale_said = 0usize;
     let mut metrics = shared.metrics.clone().map(Publisher::new);
     let close = |reason: CloseReason, msg: String| {
         let _ = wtx.send(WriterMsg::Close(conn, reason, msg));
@@ -551,6 +552,13 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
                     shared.console.line(&live::line(p, alert, sym));
                 }
                 printed = alerts.len();
+                // A module rebuilt while its process runs: its frames are unnamed, said once.
+                for m in &sym.stale_modules()[stale_said..] {
+                    shared
+                        .console
+                        .warn(&format!("oomtrace: warning: {}", m.warning()));
+                }
+                stale_said = sym.stale_modules().len();
             }
         }
         if used > 0 {

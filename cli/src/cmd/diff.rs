@@ -4,6 +4,13 @@
 //! Call sites are matched by their symbolized frames ([`site_key`]), never by addresses or
 //! site ids, which differ from run to run; the sites of all processes of a trace are added up
 //! per key and device. Findings (OOMs and detected ones) are matched by kind, device and site.
+//!
+//! A frame of a module whose file changed since its trace was taken has no name, only
+//! `module+offset` (`report::module_file`). Offsets match across the two traces only when both
+//! ran the same build of that module; otherwise ("unmatched modules") a call site with frames
+//! in it is `unmatched`, never `gone` or `new`, a finding there that the other trace lacks is
+//! `unmatched` rather than appeared or disappeared, and neither is a regression: a missing
+//! partner says nothing about the code.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -13,7 +20,9 @@ use std::str::FromStr;
 
 use oomtrace_collector::analysis::Analysis;
 use oomtrace_collector::model::trace::Trace;
+use oomtrace_collector::report::module_file::StaleModule;
 use oomtrace_collector::report::sections::{self, site_key, site_name, SectionOptions, SiteOrder};
+use oomtrace_collector::report::symbolize::FrameInfo;
 use oomtrace_collector::report::{self, Kind, ReportOptions};
 use oomtrace_collector::units::fmt_bytes;
 use serde::Serialize;
@@ -122,7 +131,8 @@ pub struct SiteDiff {
     /// Its culprit frame, for reading.
     pub name: String,
     pub device: i16,
-    /// new | gone | changed | same
+    /// new | gone | changed | same | unmatched (it has frames in a module whose builds the
+    /// two traces cannot compare: see `unmatched_modules`)
     pub status: &'static str,
     pub before: Option<SideSite>,
     pub after: Option<SideSite>,
@@ -155,6 +165,18 @@ pub struct FindingKey {
 pub struct FindingsDiff {
     pub appeared: Vec<FindingKey>,
     pub disappeared: Vec<FindingKey>,
+    /// In one trace only, with frames in an unmatched module: whether the other trace has it
+    /// cannot be told.
+    pub unmatched: Vec<FindingKey>,
+}
+
+/// A module whose file changed since one of the traces was taken.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DiffStaleModule {
+    /// The trace (BEFORE or AFTER, as given) it is a module of.
+    pub trace: String,
+    #[serde(flatten)]
+    pub module: StaleModule,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -172,13 +194,36 @@ pub struct Diff {
     /// Each reason AFTER counts as a regression, one sentence each.
     pub regressions: Vec<String>,
     pub regression: bool,
+    /// Modules whose files changed since a trace was taken (their frames are `module+offset`).
+    pub stale_modules: Vec<DiffStaleModule>,
+    /// File names of the modules whose call sites cannot be compared: changed since one trace
+    /// was taken, and not the same build in both.
+    pub unmatched_modules: Vec<String>,
+}
+
+/// One call site of one trace, keyed for matching.
+struct SiteEntry {
+    name: String,
+    stats: SideSite,
+    /// The modules its native frames are in (file names).
+    modules: BTreeSet<String>,
 }
 
 /// What one trace says, keyed for matching.
 struct Side {
-    sites: BTreeMap<(String, i16), (String, SideSite)>,
+    sites: BTreeMap<(String, i16), SiteEntry>,
     devices: BTreeMap<i16, (u64, u64)>,
-    findings: BTreeSet<FindingKey>,
+    /// Each finding, with the modules of its frames.
+    findings: BTreeMap<FindingKey, BTreeSet<String>>,
+    stale: Vec<StaleModule>,
+}
+
+/// The modules (file names) that `stack`'s native frames are in.
+fn modules_of(stack: &[FrameInfo]) -> impl Iterator<Item = String> + '_ {
+    stack
+        .iter()
+        .filter(|f| !f.python && !f.module.is_empty())
+        .map(|f| f.module.clone())
 }
 
 fn load(path: &Path) -> Result<Side, Failure> {
@@ -193,7 +238,8 @@ fn load(path: &Path) -> Result<Side, Failure> {
     let mut side = Side {
         sites: BTreeMap::new(),
         devices: BTreeMap::new(),
-        findings: BTreeSet::new(),
+        findings: BTreeMap::new(),
+        stale: Vec::new(),
     };
     for s in sections::build(
         &trace,
@@ -210,11 +256,17 @@ fn load(path: &Path) -> Result<Side, Failure> {
             let e = side
                 .sites
                 .entry((r.key, s.device))
-                .or_insert_with(|| (site_name(&r.stack), SideSite::default()));
-            e.1.peak_bytes = e.1.peak_bytes.saturating_add(r.peak_bytes);
-            e.1.live_at_exit_bytes = e.1.live_at_exit_bytes.saturating_add(r.live_at_exit_bytes);
-            e.1.growth_per_step += r.growth_per_step;
-            e.1.allocations = e.1.allocations.saturating_add(r.allocations);
+                .or_insert_with(|| SiteEntry {
+                    name: site_name(&r.stack),
+                    stats: SideSite::default(),
+                    modules: BTreeSet::new(),
+                });
+            e.modules.extend(modules_of(&r.stack));
+            let e = &mut e.stats;
+            e.peak_bytes = e.peak_bytes.saturating_add(r.peak_bytes);
+            e.live_at_exit_bytes = e.live_at_exit_bytes.saturating_add(r.live_at_exit_bytes);
+            e.growth_per_step += r.growth_per_step;
+            e.allocations = e.allocations.saturating_add(r.allocations);
         }
     }
     let report = report::build(
@@ -230,14 +282,40 @@ fn load(path: &Path) -> Result<Side, Failure> {
         .iter()
         .filter(|f| f.kind != Kind::LiveAtExit)
     {
-        side.findings.insert(FindingKey {
-            kind: f.kind.name(),
-            device: f.device,
-            key: site_key(&f.stack),
-            name: site_name(&f.stack),
-        });
+        side.findings
+            .entry(FindingKey {
+                kind: f.kind.name(),
+                device: f.device,
+                key: site_key(&f.stack),
+                name: site_name(&f.stack),
+            })
+            .or_default()
+            .extend(modules_of(&f.stack));
     }
+    side.stale = report.stale_modules;
     Ok(side)
+}
+
+/// The modules (file names) whose call sites the two traces cannot compare: changed since
+/// one trace was taken, used by the other, and not the same build in both (the same recorded
+/// build id or file stamp: then their offsets are the same code, and match).
+fn unmatched_modules(before: &Side, after: &Side) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (this, other) in [(before, after), (after, before)] {
+        for m in &this.stale {
+            let same_build_there = !m.traced.is_empty()
+                && other
+                    .stale
+                    .iter()
+                    .any(|o| o.path == m.path && o.traced == m.traced);
+            let used_there = other.sites.values().any(|s| s.modules.contains(m.name()))
+                || other.findings.values().any(|ms| ms.contains(m.name()));
+            if used_there && !same_build_there {
+                out.insert(m.name().to_string());
+            }
+        }
+    }
+    out
 }
 
 fn delta(before: u64, after: u64) -> i64 {
@@ -247,19 +325,25 @@ fn delta(before: u64, after: u64) -> i64 {
 fn compare(before: &Side, after: &Side, args: &Args) -> Diff {
     let mut regressions = Vec::new();
     let mut sites = Vec::new();
+    let unmatched = unmatched_modules(before, after);
     let keys: BTreeSet<&(String, i16)> = before.sites.keys().chain(after.sites.keys()).collect();
     for k in keys {
         let b = before.sites.get(k);
         let a = after.sites.get(k);
-        let name = a.or(b).map(|(n, _)| n.clone()).unwrap_or_default();
+        let name = a.or(b).map(|e| e.name.clone()).unwrap_or_default();
         let (bs, as_) = (
-            b.map(|(_, s)| s.clone()).unwrap_or_default(),
-            a.map(|(_, s)| s.clone()).unwrap_or_default(),
+            b.map(|e| e.stats.clone()).unwrap_or_default(),
+            a.map(|e| e.stats.clone()).unwrap_or_default(),
         );
-        let regression = args.threshold.exceeded(bs.peak_bytes, as_.peak_bytes)
-            || args
-                .threshold
-                .exceeded(bs.live_at_exit_bytes, as_.live_at_exit_bytes);
+        let in_unmatched = b
+            .into_iter()
+            .chain(a)
+            .any(|e| !e.modules.is_disjoint(&unmatched));
+        let regression = !in_unmatched
+            && (args.threshold.exceeded(bs.peak_bytes, as_.peak_bytes)
+                || args
+                    .threshold
+                    .exceeded(bs.live_at_exit_bytes, as_.live_at_exit_bytes));
         if regression {
             regressions.push(format!(
                 "{name} on {}: peak {} -> {}, live at exit {} -> {}",
@@ -271,6 +355,7 @@ fn compare(before: &Side, after: &Side, args: &Args) -> Diff {
             ));
         }
         let status = match (b, a) {
+            _ if in_unmatched => "unmatched",
             (None, _) => "new",
             (_, None) => "gone",
             _ if bs.peak_bytes == as_.peak_bytes
@@ -336,16 +421,25 @@ fn compare(before: &Side, after: &Side, args: &Args) -> Diff {
             regression,
         });
     }
-    let appeared: Vec<FindingKey> = after
-        .findings
-        .difference(&before.findings)
-        .cloned()
-        .collect();
-    let disappeared: Vec<FindingKey> = before
-        .findings
-        .difference(&after.findings)
-        .cloned()
-        .collect();
+    // In one trace only: appeared or disappeared, unless an unmatched module hides its partner.
+    let mut unmatched_findings = Vec::new();
+    let mut only_in = |this: &Side, other: &Side| -> Vec<FindingKey> {
+        let mut out = Vec::new();
+        for (f, modules) in this
+            .findings
+            .iter()
+            .filter(|(f, _)| !other.findings.contains_key(f))
+        {
+            if modules.is_disjoint(&unmatched) {
+                out.push(f.clone());
+            } else {
+                unmatched_findings.push(f.clone());
+            }
+        }
+        out
+    };
+    let appeared = only_in(after, before);
+    let disappeared = only_in(before, after);
     for f in appeared
         .iter()
         .filter(|f| f.kind == Kind::Leak.name() || f.kind == Kind::Oom.name())
@@ -368,10 +462,30 @@ fn compare(before: &Side, after: &Side, args: &Args) -> Diff {
         findings: FindingsDiff {
             appeared,
             disappeared,
+            unmatched: unmatched_findings,
         },
         regression: !regressions.is_empty(),
         regressions,
+        stale_modules: stale_modules(before, after, args),
+        unmatched_modules: unmatched.into_iter().collect(),
     }
+}
+
+/// The changed modules of both traces, each (trace, module) once.
+fn stale_modules(before: &Side, after: &Side, args: &Args) -> Vec<DiffStaleModule> {
+    let mut out: Vec<DiffStaleModule> = Vec::new();
+    for (side, path) in [(before, &args.before), (after, &args.after)] {
+        for m in &side.stale {
+            let s = DiffStaleModule {
+                trace: path.display().to_string(),
+                module: m.clone(),
+            };
+            if !out.contains(&s) {
+                out.push(s);
+            }
+        }
+    }
+    out
 }
 
 fn device_name(d: i16) -> String {
@@ -433,11 +547,27 @@ fn text(d: &Diff) -> String {
             device_name(f.device)
         );
     }
+    for f in &d.findings.unmatched {
+        let _ = writeln!(
+            out,
+            "  ? {} at {} ({}): in one trace only, in an unmatched module",
+            f.kind,
+            f.name,
+            device_name(f.device)
+        );
+    }
     let _ = writeln!(
         out,
         "\nCall sites ({} compared, most changed first)",
         d.sites_compared
     );
+    for m in &d.unmatched_modules {
+        let _ = writeln!(
+            out,
+            "  {m} is not the same build in both traces and could not be symbolized in one: \
+             its call sites are unmatched, neither gone nor new"
+        );
+    }
     for s in &d.sites {
         let side = |x: &Option<SideSite>| {
             x.as_ref().map_or("-".to_string(), |x| {
@@ -477,6 +607,11 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let before = load(&args.before)?;
     let after = load(&args.after)?;
     let diff = compare(&before, &after, &args);
+    if !args.json {
+        for m in &diff.stale_modules {
+            eprintln!("oomtrace: warning: {}: {}", m.trace, m.module.warning());
+        }
+    }
     let mut out = Output::stdout().named("the diff");
     if args.json {
         let _ = serde_json::to_writer_pretty(&mut out, &diff)
@@ -490,4 +625,68 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         return Ok(ExitCode::from(REGRESSION_EXIT));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oomtrace_collector::report::module_file::Change;
+
+    fn stale(path: &str, traced: &str) -> StaleModule {
+        StaleModule {
+            path: path.into(),
+            reason: Change::BuildIdChanged,
+            traced: traced.into(),
+            now: "build id 99".into(),
+        }
+    }
+
+    /// A side with one site in `modules` and the given stale modules.
+    fn side(modules: &[&str], stale: Vec<StaleModule>) -> Side {
+        let mut sites = BTreeMap::new();
+        sites.insert(
+            (format!("{}+0x10", modules[0]), 0),
+            SiteEntry {
+                name: String::new(),
+                stats: SideSite::default(),
+                modules: modules.iter().map(|m| m.to_string()).collect(),
+            },
+        );
+        Side {
+            sites,
+            devices: BTreeMap::new(),
+            findings: BTreeMap::new(),
+            stale,
+        }
+    }
+
+    /// Offsets compare only between traces of the same build of a module: another build (or
+    /// a build that could be named on one side only) makes the module unmatched, unless the
+    /// other trace never had a frame in it.
+    #[test]
+    fn a_changed_module_is_unmatched_unless_both_traces_ran_the_same_build() {
+        let a = |traced: &str| vec![stale("/src/app", traced)];
+        let same = unmatched_modules(
+            &side(&["app", "libc.so.6"], a("build id 01")),
+            &side(&["app"], a("build id 01")),
+        );
+        assert!(same.is_empty(), "{same:?}");
+        let other = unmatched_modules(
+            &side(&["app"], a("build id 01")),
+            &side(&["app"], a("build id 02")),
+        );
+        assert_eq!(other, BTreeSet::from(["app".to_string()]));
+        let named_after =
+            unmatched_modules(&side(&["app"], a("build id 01")), &side(&["app"], vec![]));
+        assert_eq!(named_after, BTreeSet::from(["app".to_string()]));
+        let named_before =
+            unmatched_modules(&side(&["app"], vec![]), &side(&["app"], a("build id 01")));
+        assert_eq!(named_before, BTreeSet::from(["app".to_string()]));
+        // Nothing recorded to tell the builds apart: not the same build.
+        let unknown = unmatched_modules(&side(&["app"], a("")), &side(&["app"], a("")));
+        assert_eq!(unknown, BTreeSet::from(["app".to_string()]));
+        let not_there =
+            unmatched_modules(&side(&["app"], a("build id 01")), &side(&["other"], vec![]));
+        assert!(not_there.is_empty(), "{not_there:?}");
+    }
 }

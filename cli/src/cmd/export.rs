@@ -74,6 +74,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     for w in scan.warnings() {
         eprintln!("oomtrace: warning: {w}");
     }
+    for w in scan.stale_module_warnings() {
+        eprintln!("oomtrace: warning: {w}");
+    }
     let conns: Vec<u32> = if args.format == Format::MemoryViz {
         vec![export::select_one(&scan, args.pid, &args.file)?]
     } else {

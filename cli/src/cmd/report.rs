@@ -117,6 +117,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         for w in &report.trace.warnings {
             eprintln!("oomtrace: warning: {w}");
         }
+        for w in render::stale_module_warnings(&report) {
+            eprintln!("{w}");
+        }
         let _ = out.write_all(render::full(&report).as_bytes());
     }
     // A write error was kept by `out`; `finish` says it in one line.

@@ -41,8 +41,12 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
 /// Nothing at `output` changes when the trace cannot be read.
 pub fn write_page(trace: &Path, output: &Path) -> Result<(), Failure> {
     let mut progress = Progress::new();
-    let data = model::build(trace, &mut progress)?;
+    let page = model::build(trace, &mut progress)?;
     drop(progress);
+    for w in &page.stale_module_warnings {
+        eprintln!("oomtrace: warning: {w}");
+    }
+    let data = page.data;
     let mut out = Output::create(output)?.named("the view");
     let result = html::write(&data, &mut out).and_then(|()| out.flush());
     if result.is_err() && out.reader_gone() {

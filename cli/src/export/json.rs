@@ -98,6 +98,9 @@ pub(super) fn frame_json(f: &Frame) -> Value {
     if f.python {
         m.insert("python".into(), true.into());
     }
+    if f.module_changed {
+        m.insert("module_changed".into(), true.into());
+    }
     Value::Object(m)
 }
 

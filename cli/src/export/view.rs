@@ -21,7 +21,8 @@
 use std::path::Path;
 
 use oomtrace_collector::model::history::{self, Seen as CollectorSeen};
-use oomtrace_collector::model::{self as state, EndState, Process, SiteId};
+use oomtrace_collector::model::{self as state, EndState, Process, SiteId, Stacks};
+use oomtrace_collector::report::module_file;
 use oomtrace_collector::report::symbolize::{FrameInfo, StackSymbolizer};
 use oomtrace_proto::wire::GoodbyeReason;
 use oomtrace_proto::{Event, MemoryClass};
@@ -317,6 +318,15 @@ impl Trace {
     pub fn warnings(&self) -> &[String] {
         &self.0.warnings
     }
+
+    /// One sentence per module whose file changed since the trace was taken: the
+    /// [`Symbolizer`] gives its frames module and offset, no names.
+    pub fn stale_module_warnings(&self) -> Vec<String> {
+        module_file::stale_modules(self.0.processes.iter().map(Stacks::from))
+            .iter()
+            .map(|m| m.warning())
+            .collect()
+    }
 }
 
 /// Replays the trace file at `path`, showing each event and marker to `visit` with its
@@ -347,6 +357,8 @@ pub struct Frame {
     pub offset: String,
     /// A Python frame (`function` is the code object's qualified name, `module` "python").
     pub python: bool,
+    /// Its module's file changed since the trace was taken: no name, only module and offset.
+    pub module_changed: bool,
 }
 
 impl From<FrameInfo> for Frame {
@@ -359,6 +371,7 @@ impl From<FrameInfo> for Frame {
             address: f.address,
             offset: f.offset,
             python: f.python,
+            module_changed: f.module_changed,
         }
     }
 }
@@ -394,10 +407,10 @@ mod tests {
 
     /// The json export writes a [`Frame`] as the collector's frame serializes into a JSON value
     /// (what the export wrote before this view): the same value, so the same bytes, with and
-    /// without the `python` flag.
+    /// without the `python` and `module_changed` flags.
     #[test]
     fn frames_are_written_as_the_collectors_serialize() {
-        for python in [false, true] {
+        for (python, module_changed) in [(false, false), (true, false), (false, true)] {
             let f = FrameInfo {
                 function: "train_step".into(),
                 file: "/src/train.py".into(),
@@ -406,6 +419,7 @@ mod tests {
                 address: "0x7f00".into(),
                 offset: "0x10".into(),
                 python,
+                module_changed,
             };
             let theirs = serde_json::to_value(&f).unwrap();
             let ours = super::super::json::frame_json(&Frame::from(f));

@@ -324,8 +324,17 @@ impl ProcState {
     }
 }
 
+/// A page's data, and what to say about it on stderr.
+pub struct Page {
+    /// What [`super::html::write`] renders.
+    pub data: Value,
+    /// One line per module whose file changed since the trace was taken (also among the
+    /// page's warnings): its frames show module and offset instead of names.
+    pub stale_module_warnings: Vec<String>,
+}
+
 /// Builds the page's data for the trace at `path`.
-pub fn build(path: &Path, progress: &mut Progress) -> Result<Value, Failure> {
+pub fn build(path: &Path, progress: &mut Progress) -> Result<Page, Failure> {
     let name = path.file_name().map_or_else(
         || path.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
@@ -358,6 +367,9 @@ pub fn build(path: &Path, progress: &mut Progress) -> Result<Value, Failure> {
         .collect();
     drop(analysed);
     warnings.extend(report.trace.warnings.iter().cloned());
+    let stale_module_warnings: Vec<String> =
+        report.stale_modules.iter().map(|m| m.warning()).collect();
+    warnings.extend(stale_module_warnings.iter().cloned());
     let report_json = serde_json::to_value(&report)?;
 
     progress.pass(format!("aggregating {name}"));
@@ -440,7 +452,7 @@ pub fn build(path: &Path, progress: &mut Progress) -> Result<Value, Failure> {
             "devices": devices,
         }));
     }
-    Ok(json!({
+    let data = json!({
         "version": 1,
         "producer": format!("oomtrace {}", env!("CARGO_PKG_VERSION")),
         "path": path.display().to_string(),
@@ -451,7 +463,11 @@ pub fn build(path: &Path, progress: &mut Progress) -> Result<Value, Failure> {
             "buckets": BUCKETS, "top_sites": TOP_SITES, "table_sites": TABLE_SITES,
             "flame_min_share": FLAME_MIN_SHARE, "max_markers": MAX_MARKERS,
         },
-    }))
+    });
+    Ok(Page {
+        data,
+        stale_module_warnings,
+    })
 }
 
 /// A stack for the page: frames outermost last (as the report), each `[name, where, python]`.

@@ -233,6 +233,10 @@ pub struct FrameInfo {
     /// line, `module` is "python", `offset` the bytecode offset).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub python: bool,
+    /// Its module's file changed since the trace was taken (`report::module_file`): no name,
+    /// `module` and `offset` say where it was.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub module_changed: bool,
 }
 
 /// Whether the module at `path` is the Python interpreter: `libpython3.11.so.1.0` (and any

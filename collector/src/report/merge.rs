@@ -17,7 +17,13 @@ pub fn merge(reports: Vec<Report>) -> Report {
     let mut processes = Vec::new();
     let mut findings = Vec::new();
     let mut sections = Vec::new();
+    let mut stale_modules = Vec::new();
     for r in reports {
+        for m in r.stale_modules {
+            if !stale_modules.contains(&m) {
+                stale_modules.push(m);
+            }
+        }
         for mut p in r.processes {
             p.trace = Some(r.trace.path.clone());
             processes.push(p);
@@ -62,5 +68,6 @@ pub fn merge(reports: Vec<Report>) -> Report {
         sections,
         ranks,
         traces,
+        stale_modules,
     }
 }

@@ -11,6 +11,7 @@
 pub mod hints;
 pub mod live;
 pub mod merge;
+pub mod module_file;
 pub mod ranks;
 pub mod roles;
 pub mod sections;
@@ -52,6 +53,10 @@ pub struct Report {
     /// Each trace file of a report merged from several ([`merge`]); `trace` then sums them up.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub traces: Vec<TraceInfo>,
+    /// Modules whose files changed since the trace was taken ([`module_file`]): their frames
+    /// have no names, only `module` and `offset`. Empty when every file matched (or the
+    /// report was built without symbols).
+    pub stale_modules: Vec<module_file::StaleModule>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -612,6 +617,11 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
         sections: Vec::new(),
         ranks,
         traces: Vec::new(),
+        stale_modules: if opts.symbolize {
+            module_file::stale_modules(trace.processes.iter().map(crate::model::Stacks::from))
+        } else {
+            Vec::new()
+        },
     }
 }
 

@@ -2,6 +2,10 @@
 //! ELF symbols otherwise). Runs only here, never in the traced process: the first symbolization
 //! in a process costs tens of milliseconds and megabytes.
 //!
+//! Only from a file that is still the one the process ran ([`super::module_file`]: the same
+//! build id, or size and modification time): a frame in a module whose file changed keeps its
+//! module and offset and no name, and the module is listed ([`StackSymbolizer::stale_modules`]).
+//!
 //! Python frames (see `oomtrace_proto::python`) become file, function and line from the code
 //! objects the shim sent, and are merged into the native stack: each native frame of the
 //! interpreter loop is replaced by the Python frames it was running.
@@ -17,6 +21,7 @@ use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer};
 
 use oomtrace_proto::python::PyFrame;
 
+use super::module_file::{ModuleFiles, StaleModule};
 use super::roles::{backward_node_frame, FrameRole};
 pub use crate::model::FrameInfo;
 use crate::model::{RawFrame, SiteId, Stacks};
@@ -68,18 +73,22 @@ fn is_oomtrace_package_file(file: &str) -> bool {
 
 /// The frame a one-line summary should name: the innermost Python frame in the user's own
 /// code, else the innermost Python frame, else (PyTorch's backward pass, which has no Python
-/// frames) the autograd node's `apply`, else the innermost named native frame that is not
-/// CUDA runtime, allocator or interpreter machinery ([`FrameRole`]), else the innermost named
-/// native frame. Every place that names a call site in one line goes through here.
+/// frames) the autograd node's `apply`, else the innermost named native frame (or frame of a
+/// module whose file changed, which has no name) that is not CUDA runtime, allocator or
+/// interpreter machinery ([`FrameRole`]), else the innermost named native frame. Every place
+/// that names a call site in one line goes through here.
 pub fn culprit(frames: &[FrameInfo]) -> Option<&FrameInfo> {
     python_culprit(frames)
         .filter(|_| runs_python(frames))
         .or_else(|| backward_node_frame(frames))
         .or_else(|| python_culprit(frames))
         .or_else(|| {
-            frames
-                .iter()
-                .find(|f| !f.function.is_empty() && !FrameRole::of(f).is_internal())
+            // A frame of a module that changed since the trace has no name but is still the
+            // code that ran there: naming the next named caller (`main`, libc's start) instead
+            // would blame the wrong code.
+            frames.iter().find(|f| {
+                (!f.function.is_empty() || f.module_changed) && !FrameRole::of(f).is_internal()
+            })
         })
         .or_else(|| frames.iter().find(|f| !f.function.is_empty()))
         .or(frames.first())
@@ -133,7 +142,10 @@ fn code_location(ci: Option<&CodeInfo<'_>>) -> (String, u32) {
 /// Symbolizes stacks of one or more processes, caching per module file.
 pub struct StackSymbolizer {
     symbolizer: Symbolizer,
+    /// By (path, address in the file), for files that matched their trace (so all of one
+    /// path's entries come from the same file).
     cache: HashMap<(String, u64), Vec<FrameInfo>>,
+    files: ModuleFiles,
 }
 
 impl Default for StackSymbolizer {
@@ -151,7 +163,14 @@ impl StackSymbolizer {
                 .enable_demangling(true)
                 .build(),
             cache: HashMap::new(),
+            files: ModuleFiles::default(),
         }
+    }
+
+    /// The modules met so far whose files no longer match their trace (their frames were
+    /// left unnamed), each once, in the order met.
+    pub fn stale_modules(&self) -> &[StaleModule] {
+        self.files.found()
     }
 
     /// Frames of `site` in `stacks` (a process's), innermost first; inlined calls become
@@ -214,6 +233,24 @@ impl StackSymbolizer {
             .unwrap_or_else(|| path.clone());
         // The call instruction precedes the return address.
         let virt = f.addr.wrapping_sub(m.def.bias).wrapping_sub(1);
+        let base = FrameInfo {
+            function: String::new(),
+            file: String::new(),
+            line: 0,
+            module,
+            address: address.clone(),
+            offset: format!("{virt:#x}"),
+            python: false,
+            module_changed: false,
+        };
+        // Checked before the cache: another process of the trace may have loaded another
+        // build from the same path.
+        if self.files.stale(&m.def).is_some() {
+            return vec![FrameInfo {
+                module_changed: true,
+                ..base
+            }];
+        }
         let key = (path.clone(), virt);
         if let Some(hit) = self.cache.get(&key) {
             return hit
@@ -224,15 +261,6 @@ impl StackSymbolizer {
                 })
                 .collect();
         }
-        let base = FrameInfo {
-            function: String::new(),
-            file: String::new(),
-            line: 0,
-            module,
-            address,
-            offset: format!("{virt:#x}"),
-            python: false,
-        };
         let mut result = vec![base.clone()];
         if Path::new(&path).is_file() {
             let src = Source::Elf(Elf::new(&path));
