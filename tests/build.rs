@@ -553,4 +553,6 @@ fn main() {
     }
     println!("cargo:rustc-env=OOMTRACE_SCENARIO_BIN={}", bin.display());
     println!("cargo:rustc-env=OOMTRACE_SIM_LIB={lib_dir}");
+    // For tests that compile a program themselves (to rebuild it between a run and a report).
+    println!("cargo:rustc-env=OOMTRACE_SIM_INCLUDE={include_dir}");
 }

@@ -64,6 +64,12 @@ mod durability;
 /// Which frame names a call site: the extension's own code past a static CUDA runtime.
 mod attribution;
 
+/// Symbols that match the trace, or a warning: a program rebuilt between its run and its
+/// report (with a build id, and without one: size and time) is never named from the new file
+/// by `report`, `diff`, `export` or `view`; they say which module changed and show its frames
+/// as module and offset.
+mod stale_symbols;
+
 /// Real PyTorch (the pinned CUDA wheel, from `scripts/torch-env.sh`) on simcuda: leaky and
 /// clean training loops, an OOM at a known line and expandable segments, each under `run`,
 /// plain `LD_PRELOAD`, `--torch` and the user's own pluggable allocator.

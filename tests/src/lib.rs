@@ -23,6 +23,8 @@ pub mod corpus;
 pub const SCENARIO_BIN: &str = env!("OOMTRACE_SCENARIO_BIN");
 /// The simulated libcuda.so.1 and libcudart.so.12.
 pub const SIM_LIB: &str = env!("OOMTRACE_SIM_LIB");
+/// The simulated CUDA's headers (`cuda.h`, `cuda_runtime.h`), for programs a test compiles.
+pub const SIM_INCLUDE: &str = env!("OOMTRACE_SIM_INCLUDE");
 
 /// How long any one traced program may take before the test calls it a hang.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
