@@ -61,7 +61,9 @@ pub const MID_FRAME_WAIT: Duration = Duration::from_secs(10);
 pub struct Options {
     pub socket: PathBuf,
     pub output: PathBuf,
-    /// Stop once every traced process has gone (after at least one came).
+    /// Stop once every traced process has gone (after at least one came): a connection counts
+    /// once its Hello arrived ([`HELLO_WAIT`] before that), and not while it is silent in the
+    /// middle of a frame ([`MID_FRAME_WAIT`]).
     pub exit_when_idle: bool,
     /// How long to wait for late processes (forked children) before stopping when idle.
     pub idle_grace: Duration,
