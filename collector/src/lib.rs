@@ -10,14 +10,15 @@
 //!   [`analysis::Analysis`] that observes the model.
 //! - [`report`]: findings completed from the stacks, symbolization, the `--json` contract,
 //!   the live line.
-//! - The top: [`server`] (the collector process, `oomtrace collect`), [`trace_writer`] (its
-//!   trace file), [`console`] (where its lines go: the library never prints), [`metrics`]
+//! - The top: [`server`] (the collector process, `oomtrace collect`), [`inbox`] (a
+//!   connection's undecoded bytes, bounded), [`trace_writer`] (its trace file), [`console`] (where its lines go: the library never prints), [`metrics`]
 //!   (its Prometheus metrics, from snapshots the connections publish).
 //!
 //! Never links CUDA. Symbolization happens here (or in the CLI), never in the traced process.
 
 pub mod analysis;
 pub mod console;
+pub mod inbox;
 pub mod metrics;
 pub mod model;
 pub mod report;

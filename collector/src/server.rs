@@ -9,8 +9,14 @@
 //! The top of the crate: owns each process's model and its analysis side by side, feeds
 //! both, and hands the live lines (`report::live`) and its warnings to the caller's
 //! [`Console`]; it never prints.
+//!
+//! Whatever its clients do, the collector stops within about 2 s of being asked
+//! ([`STOP_WAIT`], [`STOP_CUT`]), and a client's partial frame costs a bounded buffer
+//! (`inbox`). With `exit_when_idle`, only traced processes keep it running: a connection
+//! counts once its Hello arrived (before that, for [`HELLO_WAIT`] only), and stops counting
+//! while it has been silent in the middle of a frame for [`MID_FRAME_WAIT`].
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -24,6 +30,7 @@ use oomtrace_proto::wire::{self, Frame, Next};
 
 use crate::analysis::Analysis;
 use crate::console::{Console, Silent};
+use crate::inbox::{self, Inbox};
 use crate::metrics::{Asked, ProcessSnapshot, Registry, PUBLISH_EVERY};
 use crate::model::trace::{Incomplete, Trace};
 use crate::model::{EndState, Error, Observer, Process};
@@ -31,11 +38,32 @@ use crate::report::live;
 use crate::report::symbolize::StackSymbolizer;
 use crate::trace_writer::{self, SharedFailure, TraceFile, WriterMsg};
 
+/// After a stop was asked (not for an idle exit), how long connections are read as usual so
+/// that processes which are ending can finish their trace.
+pub const STOP_WAIT: Duration = Duration::from_millis(1000);
+
+/// After a stop was asked, when every connection is cut, whatever its client still sends:
+/// a process that is still running, one that exited, or one whose pid this collector cannot
+/// see (another pid namespace). Its trace ends there, marked running when the trace ended.
+pub const STOP_CUT: Duration = Duration::from_millis(1500);
+
+/// With `exit_when_idle`: how long a connection that has not sent its Hello yet keeps the
+/// collector running (a shim sends the Hello as soon as it connects).
+pub const HELLO_WAIT: Duration = Duration::from_secs(5);
+
+/// With `exit_when_idle`: a connection silent this long in the middle of a frame stops
+/// counting as a traced process (a shim writes whole frames, which a reading collector takes
+/// at once: a frame left half-sent is a stopped program or a client that is not a shim). It
+/// counts again when a byte arrives.
+pub const MID_FRAME_WAIT: Duration = Duration::from_secs(10);
+
 #[derive(Clone, Debug)]
 pub struct Options {
     pub socket: PathBuf,
     pub output: PathBuf,
-    /// Stop once every traced process has gone (after at least one came).
+    /// Stop once every traced process has gone (after at least one came): a connection counts
+    /// once its Hello arrived ([`HELLO_WAIT`] before that), and not while it is silent in the
+    /// middle of a frame ([`MID_FRAME_WAIT`]).
     pub exit_when_idle: bool,
     /// How long to wait for late processes (forked children) before stopping when idle.
     pub idle_grace: Duration,
@@ -205,6 +233,8 @@ impl Collector {
             last_close: Mutex::new(Instant::now()),
             finished: Mutex::new(Vec::new()),
             shutting_down: AtomicBool::new(false),
+            cut: AtomicBool::new(false),
+            inbox_budget: Arc::new(inbox::Budget::new(inbox::LARGE_FRAMES_BUDGET)),
             live: opts.live,
             console: opts.console.clone(),
             failure: failure.clone(),
@@ -224,19 +254,14 @@ impl Collector {
             match listener.accept() {
                 Ok((stream, _)) => {
                     let conn = next_conn.fetch_add(1, Ordering::Relaxed);
+                    // Counted from here (its Hello is on its way): the connection's `Holding`
+                    // takes it back.
                     shared.active.fetch_add(1, Ordering::AcqRel);
-                    shared.ever.store(true, Ordering::Release);
                     let wtx = wtx.clone();
                     let shared2 = shared.clone();
                     let spawned = std::thread::Builder::new()
                         .name(format!("oomtrace-conn-{conn}"))
-                        .spawn(move || {
-                            serve_connection(conn, stream, &wtx, &shared2);
-                            if let Ok(mut t) = shared2.last_close.lock() {
-                                *t = Instant::now();
-                            }
-                            shared2.active.fetch_sub(1, Ordering::AcqRel);
-                        });
+                        .spawn(move || serve_connection(conn, stream, &wtx, &shared2));
                     match spawned {
                         Ok(h) => workers.push(h),
                         Err(_) => {
@@ -272,14 +297,21 @@ impl Collector {
                 }
             }
         }
+        let stopping = Instant::now();
         drop(listener);
         let _ = std::fs::remove_file(&opts.socket);
-        // Give processes that are still connected a moment to finish, then stop reading.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while shared.active.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+        // Give processes that are still connected a moment to finish (those that are ending
+        // say goodbye or close), then stop reading: at once from a process that still runs,
+        // and from the others (exited: the end of their trace waits in the socket; or a pid
+        // we cannot see) once their socket is empty or at the cut, whatever comes first.
+        while shared.active.load(Ordering::Acquire) > 0 && stopping.elapsed() < STOP_WAIT {
             std::thread::sleep(Duration::from_millis(10));
         }
         shared.shutting_down.store(true, Ordering::Release);
+        while workers.iter().any(|h| !h.is_finished()) && stopping.elapsed() < STOP_CUT {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        shared.cut.store(true, Ordering::Release);
         for h in workers {
             let _ = h.join();
         }
@@ -308,6 +340,25 @@ impl Collector {
             Err(s) => std::mem::take(&mut *s.finished.lock().unwrap_or_else(|p| p.into_inner())),
         };
         procs.sort_by_key(|(p, _)| p.conn);
+        let cut: Vec<String> = procs
+            .iter()
+            .filter(|(p, _)| p.end == EndState::Running)
+            .map(|(p, _)| p.pid().to_string())
+            .collect();
+        if !cut.is_empty() {
+            opts.console.warn(&format!(
+                "oomtrace: stopped while {} traced process{} still connected (pid {}): {} \
+                 ends here, marked running",
+                cut.len(),
+                if cut.len() == 1 { " was" } else { "es were" },
+                cut.join(", "),
+                if cut.len() == 1 {
+                    "its trace"
+                } else {
+                    "their traces"
+                },
+            ));
+        }
         for (p, a) in procs {
             trace.push_process(p, a);
         }
@@ -335,10 +386,16 @@ impl Collector {
 struct Shared {
     active: AtomicUsize,
     ever: AtomicBool,
+    /// When a connection last stopped counting in `active`.
     last_close: Mutex<Instant>,
     /// Each process that has gone, beside its analysis.
     finished: Mutex<Vec<(Process, Analysis)>>,
+    /// Stop reading from processes that still run (and from silent connections).
     shutting_down: AtomicBool,
+    /// Stop reading, whoever the client is ([`STOP_CUT`]).
+    cut: AtomicBool,
+    /// The bytes of partial frames over `inbox::FREE_BYTES`, all connections together.
+    inbox_budget: Arc<inbox::Budget>,
     live: bool,
     console: Arc<dyn Console>,
     failure: SharedFailure,
@@ -413,8 +470,10 @@ fn still_running(pid: u32) -> bool {
     }
 }
 
-/// The peer's uid, from SO_PEERCRED.
-fn peer_uid(stream: &UnixStream) -> Option<u32> {
+/// The peer's uid, and its pid as this collector sees it (None when it cannot: the peer is
+/// in a pid namespace this one does not contain), from SO_PEERCRED. The Hello's pid is the
+/// process's own view, which may name another process here, or none.
+fn peer_cred(stream: &UnixStream) -> Option<(u32, Option<u32>)> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -431,24 +490,62 @@ fn peer_uid(stream: &UnixStream) -> Option<u32> {
             &mut len,
         )
     };
-    (rc == 0).then_some(cred.uid)
+    (rc == 0).then_some((cred.uid, u32::try_from(cred.pid).ok().filter(|&p| p > 0)))
+}
+
+/// Whether a connection keeps a collector that exits when idle running, kept in
+/// `Shared::active` (counted at accept; given back when it stops counting and at its end).
+struct Holding<'a> {
+    shared: &'a Shared,
+    counted: bool,
+}
+
+impl Holding<'_> {
+    fn set(&mut self, counts: bool) {
+        if counts == self.counted {
+            return;
+        }
+        self.counted = counts;
+        if counts {
+            self.shared.active.fetch_add(1, Ordering::AcqRel);
+        } else {
+            if let Ok(mut t) = self.shared.last_close.lock() {
+                *t = Instant::now();
+            }
+            self.shared.active.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        self.set(false);
+    }
 }
 
 fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, shared: &Shared) {
+    let accepted = Instant::now();
+    let mut holding = Holding {
+        shared,
+        counted: true,
+    };
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
     // Only processes of our own user may write into our trace.
+    let Some((uid, peer_pid)) = peer_cred(&stream) else {
+        return;
+    };
     // SAFETY: geteuid has no preconditions.
-    if peer_uid(&stream) != Some(unsafe { libc::geteuid() }) {
+    if uid != unsafe { libc::geteuid() } {
         return;
     }
-    let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
+    let mut inbox = Inbox::new(shared.inbox_budget.clone());
+    let mut last_byte = accepted;
     let mut header_ok = false;
     let mut process: Option<(Process, Analysis)> = None;
     let mut failure_said = false;
     let mut goodbye = false;
     let mut opened = false;
-    let mut chunk = vec![0u8; 256 << 10];
     let mut printed = 0usize;
     let mut sym: Option<StackSymbolizer> = None;
     let mut stale_said = 0usize;
@@ -458,18 +555,39 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
     };
     let outcome: Result<(), String> = loop {
         // A process that keeps sending never times out a read: check here too, or a stopping
-        // collector would wait for the program to end. A process that has exited is read to
-        // its end instead: what waits in the socket is the end of its trace.
-        if shared.shutting_down.load(Ordering::Acquire)
-            && process
-                .as_ref()
-                .is_some_and(|(p, _)| still_running(p.pid()))
+        // collector would wait for the program to end. A process that has exited (or one we
+        // cannot see) is read until its socket is empty, up to the cut: what waits in the
+        // socket is the end of its trace.
+        if shared.cut.load(Ordering::Acquire)
+            || (shared.shutting_down.load(Ordering::Acquire)
+                && process.is_some()
+                && peer_pid.is_some_and(still_running))
         {
             break Ok(());
         }
-        let n = match stream.read(&mut chunk) {
-            Ok(0) => break Ok(()),
-            Ok(n) => n,
+        // A traced process keeps an idle-exiting collector running; a client that never says
+        // Hello, or stops in the middle of a frame, does not for long.
+        holding.set(match process {
+            None => accepted.elapsed() < HELLO_WAIT,
+            Some(_) => inbox.is_empty() || last_byte.elapsed() < MID_FRAME_WAIT,
+        });
+        match inbox.read_from(&mut stream) {
+            Ok(Some(0)) => break Ok(()),
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                // Frames over what a shim sends, with the budget for them spent: read this
+                // one more slowly (its sender blocks; nothing is dropped).
+                if shared.inbox_budget.first_wait() {
+                    shared.console.warn(&format!(
+                        "oomtrace: clients hold partial frames over {} (a shim never sends \
+                         one): they are read more slowly, {} of them at most in memory",
+                        crate::units::fmt_bytes(inbox::FREE_BYTES as u64),
+                        crate::units::fmt_bytes(inbox::LARGE_FRAMES_BUDGET as u64),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
             Err(e)
                 if matches!(
                     e.kind(),
@@ -486,18 +604,20 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => break Err(format!("read failed: {e}")),
-        };
-        buf.extend_from_slice(&chunk[..n]);
+        }
+        last_byte = Instant::now();
+        let buf = inbox.bytes();
         if !header_ok {
             if buf.len() < wire::STREAM_HEADER_SIZE {
                 continue;
             }
-            if let Err(e) = wire::check_stream_header(&buf) {
+            if let Err(e) = wire::check_stream_header(buf) {
                 break Err(e.to_string());
             }
-            buf.drain(..wire::STREAM_HEADER_SIZE);
+            inbox.consume(wire::STREAM_HEADER_SIZE);
             header_ok = true;
         }
+        let buf = inbox.bytes();
         let mut used = 0;
         let mut events = 0u64;
         // Where the Hello frame ends, in the read that brought it: sent as a chunk of its own,
@@ -512,6 +632,8 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
                         (Frame::Hello(h), None) => {
                             process = Some((Process::new(conn, h.clone()), Analysis::default()));
                             hello_end = Some(used + len);
+                            shared.ever.store(true, Ordering::Release);
+                            holding.set(true);
                         }
                         (_, None) => {
                             failure = Some("the first frame is not a Hello".to_string());
@@ -572,7 +694,7 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
                 from = end;
             }
             let _ = wtx.send(WriterMsg::Chunk(conn, buf[from..used].to_vec(), events));
-            buf.drain(..used);
+            inbox.consume(used);
         }
         if let Some(f) = failure {
             break Err(f);

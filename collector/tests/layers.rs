@@ -13,6 +13,7 @@ const RULES: &[(&str, &[&str])] = &[
             "analysis",
             "report",
             "server",
+            "inbox",
             "trace_writer",
             "console",
             "metrics",
@@ -25,6 +26,7 @@ const RULES: &[(&str, &[&str])] = &[
             "analysis",
             "report",
             "server",
+            "inbox",
             "trace_writer",
             "metrics",
         ],
@@ -36,6 +38,7 @@ const RULES: &[(&str, &[&str])] = &[
             "analysis",
             "report",
             "server",
+            "inbox",
             "trace_writer",
             "console",
             "metrics",
@@ -43,9 +46,19 @@ const RULES: &[(&str, &[&str])] = &[
     ),
     (
         "analysis",
-        &["report", "server", "trace_writer", "console", "metrics"],
+        &[
+            "report",
+            "server",
+            "inbox",
+            "trace_writer",
+            "console",
+            "metrics",
+        ],
     ),
-    ("report", &["server", "trace_writer", "console", "metrics"]),
+    (
+        "report",
+        &["server", "inbox", "trace_writer", "console", "metrics"],
+    ),
 ];
 
 fn sources(path: &Path) -> Vec<PathBuf> {

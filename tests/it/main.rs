@@ -19,6 +19,12 @@ mod corpus;
 /// destructors, dlclose, RTLD_DEEPBIND, exec, a killed program, a stopped collector.
 mod faults;
 
+/// Never hang, never drown: `collect` stops within about 2 s of SIGTERM whatever its clients
+/// do, `--exit-when-idle` is not held by clients that never send a whole frame, partial 16 MiB
+/// frames cost a bounded buffer, and the metrics endpoint answers every scrape among silent,
+/// trickling and rapid clients.
+mod hangs;
+
 /// Lossless at default settings: 200 threads, cross-thread frees and 10^7 live allocations
 /// lose nothing while the collector reads; a stopped collector costs a bounded wait, and the
 /// losses are counted.

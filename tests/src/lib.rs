@@ -286,11 +286,17 @@ impl Drop for Collector {
 /// A standalone `oomtrace collect --quiet` on `socket`, writing `trace`; returns once it
 /// listens.
 pub fn start_collector(socket: &Path, trace: &Path) -> Collector {
+    start_collector_with(socket, trace, &[])
+}
+
+/// [`start_collector`] with more `collect` flags.
+pub fn start_collector_with(socket: &Path, trace: &Path, flags: &[&str]) -> Collector {
     let child = base_command(oomtrace_bin())
         .args(["collect", "--quiet", "--socket"])
         .arg(socket)
         .arg("--output")
         .arg(trace)
+        .args(flags)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

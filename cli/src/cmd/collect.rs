@@ -26,7 +26,9 @@ pub struct Args {
     /// Trace file to write [default: oomtrace.<pid>.oomt]
     #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Stop once every traced process has gone (after at least one came).
+    /// Stop once every traced process has gone (after at least one came). A connection that
+    /// sends no Hello within 5 s, or is silent for 10 s in the middle of a frame, does not
+    /// count.
     #[arg(long)]
     pub exit_when_idle: bool,
     /// Return once the socket is listening and keep collecting in the background.
