@@ -161,7 +161,7 @@ pub struct TraceFile {
 pub struct Vanished {
     /// The name it had.
     pub was: PathBuf,
-    /// Where a copy was saved, or why there is none.
+    /// Where a copy was saved, or why there is none (empty: none was asked for).
     pub saved: Result<PathBuf, String>,
 }
 
@@ -180,6 +180,9 @@ impl Vanished {
                 self.was.display(),
                 p.display()
             ),
+            Err(why) if why.is_empty() => {
+                format!("the trace {} is gone ({gone})", self.was.display())
+            }
             Err(why) => format!(
                 "the trace {} is gone ({gone}), and no copy could be saved: {why}",
                 self.was.display()
@@ -323,7 +326,8 @@ impl TraceFile {
         }
         let was = self.placed.clone()?;
         let saved = match &self.save_vanished_in {
-            None => Err("nowhere to save it was given".to_string()),
+            // A standalone or the shim's collector: nobody to report from a copy.
+            None => Err(String::new()),
             Some(dir) => self.copy_into(dir, &was),
         };
         if let Ok(p) = &saved {
@@ -781,6 +785,63 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, ["t.1.oomt", "t.oomt"]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_trace_whose_directory_vanishes_is_saved_whole_where_asked_and_never_over_a_file() {
+        let d = scratch("vanish");
+        let gone = d.join("gone");
+        let keep = d.join("keep");
+        std::fs::create_dir(&gone).unwrap();
+        std::fs::create_dir(&keep).unwrap();
+        // A file of that name is there already: the copy takes the next free name.
+        std::fs::write(keep.join("t.oomt"), b"someone's").unwrap();
+        let (tx, rx) = crossbeam_channel::bounded(8);
+        let mut tf = TraceFile::create(&gone.join("t.oomt"), false, "test").unwrap();
+        tf.save_vanished_in = Some(keep.clone());
+        let h = std::thread::spawn(move || write_loop(tf, rx, false, Default::default()));
+        tx.send(WriterMsg::Open(1)).unwrap();
+        let (ack, acked) = crossbeam_channel::bounded(1);
+        tx.send(WriterMsg::Sync(ack)).unwrap();
+        acked.recv().unwrap();
+        std::fs::remove_dir_all(&gone).unwrap();
+        drop(tx);
+        let written = h.join().unwrap();
+        let saved = keep.join("t.1.oomt");
+        assert_eq!(written.path, Some(saved.clone()));
+        let v = written.vanished.expect("vanished");
+        assert_eq!(
+            v.line(),
+            format!(
+                "the trace {} is gone (its directory {} was removed during the run); saved it \
+                 to {} instead",
+                gone.join("t.oomt").display(),
+                gone.display(),
+                saved.display()
+            )
+        );
+        assert_eq!(std::fs::read(keep.join("t.oomt")).unwrap(), b"someone's");
+        let t = crate::model::trace::Trace::<()>::load(&saved).unwrap();
+        assert!(t.complete, "the whole trace, its end included");
+        // Nowhere to save it (a standalone collector): said, and no path.
+        std::fs::create_dir(&gone).unwrap();
+        let (tx, rx) = crossbeam_channel::bounded(8);
+        let tf = TraceFile::create(&gone.join("u.oomt"), false, "test").unwrap();
+        let h = std::thread::spawn(move || write_loop(tf, rx, false, Default::default()));
+        tx.send(WriterMsg::Open(1)).unwrap();
+        let (ack, acked) = crossbeam_channel::bounded(1);
+        tx.send(WriterMsg::Sync(ack)).unwrap();
+        acked.recv().unwrap();
+        std::fs::remove_dir_all(&gone).unwrap();
+        drop(tx);
+        let written = h.join().unwrap();
+        assert_eq!(written.path, None);
+        assert!(written
+            .vanished
+            .unwrap()
+            .line()
+            .ends_with("was removed during the run)"));
         let _ = std::fs::remove_dir_all(&d);
     }
 

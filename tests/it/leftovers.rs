@@ -111,7 +111,11 @@ fn assert_traced_without_collector(
     // At least an allocation and its free (slow_loop's clock runs while its first call
     // waits for the collector: after a long wait it makes only one pair).
     assert!(p[0]["events"].as_u64().unwrap() >= 3, "{}", p[0]);
-    assert!(p[0]["devices"][0]["allocations"].as_u64().unwrap() >= 1, "{}", p[0]);
+    assert!(
+        p[0]["devices"][0]["allocations"].as_u64().unwrap() >= 1,
+        "{}",
+        p[0]
+    );
     assert_eq!(
         names_in(tmp),
         Vec::<String>::new(),

@@ -171,7 +171,8 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         socket_dir::remove(&socket);
     }
     let Some(output) = served.path else {
-        if !args.quiet && !args.detach {
+        // A trace that vanished was said above (`Vanished::line`); otherwise nobody came.
+        if !args.quiet && !args.detach && served.vanished.is_none() {
             eprintln!("oomtrace: no traced process connected; no trace written");
         }
         return Ok(ExitCode::SUCCESS);
