@@ -463,6 +463,17 @@ const TARGETS: &[Target] = &[
         sources: &["faults/exec_self.c"],
         flags: CUDART,
     },
+    // Nothing left behind, nothing misleading (tests/it/leftovers.rs).
+    Target {
+        out: "fault_fd_limit",
+        sources: &["faults/fd_limit.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "fault_cwd_gone",
+        sources: &["faults/cwd_gone.c"],
+        flags: CUDART,
+    },
     // Lossless delivery at default settings (tests/it/lossless.rs).
     Target {
         out: "lossless_threads200",

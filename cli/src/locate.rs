@@ -74,7 +74,10 @@ pub fn mark_used(current: &Path) {
     };
     for e in entries.flatten() {
         let other = e.file_name();
-        if other == name || cache_tag(&other.to_string_lossy()).as_deref() != Some(&tag) {
+        let other_text = other.to_string_lossy();
+        // A build's own directory, or the temporary one a killed install left beside it.
+        let of_build = temp_of(&other_text).unwrap_or(&other_text);
+        if other == name || cache_tag(of_build).as_deref() != Some(&tag) {
             continue;
         }
         let unused = e
@@ -85,6 +88,13 @@ pub fn mark_used(current: &Path) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
+}
+
+/// The cache directory name a temporary install directory was made for
+/// (`.<name>.tmp-XXXXXX`, see `cmd::demo`), or None when `name` is not one.
+fn temp_of(name: &str) -> Option<&str> {
+    let (of, random) = name.strip_prefix('.')?.rsplit_once(".tmp-")?;
+    (random.len() == 6 && random.bytes().all(|b| b.is_ascii_alphanumeric())).then_some(of)
 }
 
 /// The tag of a cache directory name (`""`, `"-python"`, `"-demo"`), or None when the name is
@@ -226,6 +236,20 @@ mod tests {
                 .unwrap();
         }
         mk("0.1.0-python-6666666666666666");
+        // Temporary install directories: an old one of the same kind is pruned, a fresh one
+        // (an install under way) and names of any other form are kept.
+        mk(".0.1.0-python-7777777777777777.tmp-aB3xYz");
+        mk(".0.1.0-python-8888888888888888.tmp-aB3xYz");
+        mk(".0.1.0-python-9999999999999999.tmp-toolong");
+        for n in [
+            ".0.1.0-python-7777777777777777.tmp-aB3xYz",
+            ".0.1.0-python-9999999999999999.tmp-toolong",
+        ] {
+            std::fs::File::open(base.join(n))
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        }
         mark_used(&base.join("0.1.0-python-ffffffffffffffff"));
         let mut left: Vec<String> = std::fs::read_dir(&base)
             .unwrap()
@@ -235,6 +259,8 @@ mod tests {
         assert_eq!(
             left,
             [
+                ".0.1.0-python-8888888888888888.tmp-aB3xYz",
+                ".0.1.0-python-9999999999999999.tmp-toolong",
                 "0.1.0-demo-3333333333333333",
                 "0.1.0-python-4444444444444444",
                 "0.1.0-python-5555555555555555",

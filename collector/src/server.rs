@@ -84,6 +84,9 @@ pub struct Options {
     pub console: Arc<dyn Console>,
     /// Where each connection publishes its process's metrics (`--metrics`), if anywhere.
     pub metrics: Option<Arc<Registry>>,
+    /// Where to save the finished trace if its name vanished during the run (its directory
+    /// was removed), if anywhere (see `trace_writer`).
+    pub save_vanished_in: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for dyn Console {
@@ -106,6 +109,7 @@ impl Options {
             tell_processes: false,
             console: Arc::new(Silent),
             metrics: None,
+            save_vanished_in: None,
         }
     }
 }
@@ -121,8 +125,11 @@ pub struct Collector {
 /// What `serve` leaves besides the processes.
 pub struct Served {
     pub trace: Trace<Analysis>,
-    /// Where the trace was written; None when no process ever connected (no file was left).
+    /// Where the trace was written; None when no process ever connected (no file was left),
+    /// or when it vanished and could not be saved (`vanished`).
     pub path: Option<PathBuf>,
+    /// The trace's name was gone when it was finished (see `trace_writer`).
+    pub vanished: Option<trace_writer::Vanished>,
 }
 
 /// Makes room for our socket at `path`: nothing there, or a socket nobody listens on (a
@@ -167,7 +174,7 @@ impl Collector {
             source: e.to_string(),
         };
         // The output first: a refused output leaves no socket behind.
-        let trace = TraceFile::create(
+        let mut trace = TraceFile::create(
             &opts.output,
             opts.no_clobber,
             concat!("oomtrace-collect ", env!("CARGO_PKG_VERSION")),
@@ -176,6 +183,7 @@ impl Collector {
             path: opts.output.clone(),
             source: e.to_string(),
         })?;
+        trace.save_vanished_in = opts.save_vanished_in.clone();
         clear_stale_socket(&opts.socket).map_err(|source| Error::Socket {
             path: opts.socket.clone(),
             source,
@@ -330,6 +338,9 @@ impl Collector {
                 opts.console.warn(&format!("oomtrace: {}", f.line()));
             }
         }
+        if let Some(v) = &written.vanished {
+            opts.console.warn(&format!("oomtrace: {}", v.line()));
+        }
         let mut trace = Trace::new(trace_file::FileHeader {
             version: trace_file::FILE_VERSION,
             created_unix_ns: now_ns(),
@@ -379,6 +390,7 @@ impl Collector {
         Ok(Served {
             trace,
             path: written.path,
+            vanished: written.vanished,
         })
     }
 }

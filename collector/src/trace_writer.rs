@@ -20,6 +20,11 @@
 //!   cause, the bytes and events not written) and the `End`. From then on records are counted per connection, not written, so the
 //!   connections are never held back. On a filesystem without `fallocate` the same happens on
 //!   the failed write itself (the file is cut back to the last whole record), as room allows.
+//! - **A trace whose directory vanished is kept.** If the trace's name is gone when it is
+//!   finished (its directory was removed during the run: the file was unlinked while open),
+//!   and the collector was given a place for that (`oomtrace run`'s: the temp dir), the whole
+//!   file is copied there under the first free name (exclusive, 0600) from the descriptor the
+//!   collector still holds, and the collector says where; otherwise it says why it is lost.
 
 use std::fs::File;
 use std::io;
@@ -146,6 +151,44 @@ pub struct TraceFile {
     placed: Option<PathBuf>,
     /// Bytes written at creation (the header).
     header_len: u64,
+    /// Where a finished trace whose name vanished is saved, if anywhere ([`Vanished`]).
+    pub save_vanished_in: Option<PathBuf>,
+}
+
+/// The trace's name was gone when it was finished (its directory was removed while the
+/// collector wrote it).
+#[derive(Clone, Debug)]
+pub struct Vanished {
+    /// The name it had.
+    pub was: PathBuf,
+    /// Where a copy was saved, or why there is none (empty: none was asked for).
+    pub saved: Result<PathBuf, String>,
+}
+
+impl Vanished {
+    /// One line for the collector's user.
+    pub fn line(&self) -> String {
+        let gone = match self.was.parent() {
+            Some(d) if !d.as_os_str().is_empty() && !d.exists() => {
+                format!("its directory {} was removed during the run", d.display())
+            }
+            _ => "it was removed during the run".to_string(),
+        };
+        match &self.saved {
+            Ok(p) => format!(
+                "the trace {} is gone ({gone}); saved it to {} instead",
+                self.was.display(),
+                p.display()
+            ),
+            Err(why) if why.is_empty() => {
+                format!("the trace {} is gone ({gone})", self.was.display())
+            }
+            Err(why) => format!(
+                "the trace {} is gone ({gone}), and no copy could be saved: {why}",
+                self.was.display()
+            ),
+        }
+    }
 }
 
 impl TraceFile {
@@ -169,7 +212,9 @@ impl TraceFile {
                     format!("-{n}")
                 }
             ));
+            // Readable too: a trace whose name vanishes is copied out through it.
             match std::fs::OpenOptions::new()
+                .read(true)
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
@@ -184,6 +229,7 @@ impl TraceFile {
                         no_clobber,
                         placed: None,
                         header_len: 0,
+                        save_vanished_in: None,
                     };
                     // On error, dropping `tf` removes the temporary file.
                     let mut header = Vec::new();
@@ -258,6 +304,78 @@ impl TraceFile {
     /// The path the trace has now (the temporary one until placed).
     pub fn path(&self) -> &Path {
         self.placed.as_deref().unwrap_or(&self.tmp)
+    }
+
+    /// Whether the placed file is still the one under its name: false once it was unlinked
+    /// (its directory removed) or replaced by another file.
+    fn still_named(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let (Ok(open), Some(path)) = (self.file.metadata(), &self.placed) else {
+            return true;
+        };
+        open.nlink() > 0
+            && std::fs::metadata(path).is_ok_and(|m| m.dev() == open.dev() && m.ino() == open.ino())
+    }
+
+    /// A finished trace whose name vanished: copied whole into `save_vanished_in` (the first
+    /// free name there, never replacing anything), from the descriptor still open. None while
+    /// the file still has its name.
+    fn keep_if_vanished(&mut self) -> Option<Vanished> {
+        if self.still_named() {
+            return None;
+        }
+        let was = self.placed.clone()?;
+        let saved = match &self.save_vanished_in {
+            // A standalone or the shim's collector: nobody to report from a copy.
+            None => Err(String::new()),
+            Some(dir) => self.copy_into(dir, &was),
+        };
+        if let Ok(p) = &saved {
+            self.placed = Some(p.clone());
+        }
+        Some(Vanished { was, saved })
+    }
+
+    fn copy_into(&self, dir: &Path, was: &Path) -> Result<PathBuf, String> {
+        let name = was
+            .file_name()
+            .ok_or_else(|| "the trace names no file".to_string())?;
+        let dest = dir.join(name);
+        let mut last = String::new();
+        for n in 0..1000 {
+            let candidate = if n == 0 {
+                dest.clone()
+            } else {
+                trace_file::numbered_path(&dest, n)
+            };
+            let mut out = match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&candidate)
+            {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    last = format!("{}: {e}", candidate.display());
+                    continue;
+                }
+                Err(e) => return Err(format!("cannot create {}: {e}", candidate.display())),
+            };
+            let mut from = &self.file;
+            let copied = io::Seek::seek(&mut from, io::SeekFrom::Start(0))
+                .and_then(|_| io::copy(&mut from, &mut out))
+                .and_then(|_| out.sync_all());
+            return match copied {
+                Ok(()) => Ok(candidate),
+                Err(e) => {
+                    // Half a copy is ours to remove.
+                    let _ = std::fs::remove_file(&candidate);
+                    Err(format!("cannot write {}: {e}", candidate.display()))
+                }
+            };
+        }
+        Err(format!("no free name: {last}"))
     }
 }
 
@@ -513,11 +631,14 @@ fn now_ns() -> u64 {
 
 /// What the writer thread leaves: where the trace is, if anywhere, and what went wrong.
 pub struct Written {
-    /// None when no process ever connected (the temporary file was removed).
+    /// None when no process ever connected (the temporary file was removed), or when the
+    /// trace vanished and no copy could be saved (`vanished`).
     pub path: Option<PathBuf>,
     pub failure: Option<Failure>,
     /// All connections together: what could not be written.
     pub unwritten: Unwritten,
+    /// The trace's name was gone at the end; `path` is the saved copy, if any.
+    pub vanished: Option<Vanished>,
 }
 
 /// The writer thread: records from the connections into the file, flushed at least every
@@ -581,6 +702,7 @@ pub fn write_loop(
             path: None,
             failure: w.failed,
             unwritten: w.unwritten,
+            vanished: None,
         };
     }
     if w.failed.is_none() {
@@ -591,10 +713,15 @@ pub fn write_loop(
         w.drop_pending();
         w.write_incomplete(Some(conns));
     }
+    let vanished = w.trace.keep_if_vanished();
     Written {
-        path: w.trace.placed.clone(),
+        path: match &vanished {
+            Some(Vanished { saved: Err(_), .. }) => None,
+            _ => w.trace.placed.clone(),
+        },
         failure: w.failed,
         unwritten: w.unwritten,
+        vanished,
     }
 }
 
@@ -658,6 +785,63 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, ["t.1.oomt", "t.oomt"]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_trace_whose_directory_vanishes_is_saved_whole_where_asked_and_never_over_a_file() {
+        let d = scratch("vanish");
+        let gone = d.join("gone");
+        let keep = d.join("keep");
+        std::fs::create_dir(&gone).unwrap();
+        std::fs::create_dir(&keep).unwrap();
+        // A file of that name is there already: the copy takes the next free name.
+        std::fs::write(keep.join("t.oomt"), b"someone's").unwrap();
+        let (tx, rx) = crossbeam_channel::bounded(8);
+        let mut tf = TraceFile::create(&gone.join("t.oomt"), false, "test").unwrap();
+        tf.save_vanished_in = Some(keep.clone());
+        let h = std::thread::spawn(move || write_loop(tf, rx, false, Default::default()));
+        tx.send(WriterMsg::Open(1)).unwrap();
+        let (ack, acked) = crossbeam_channel::bounded(1);
+        tx.send(WriterMsg::Sync(ack)).unwrap();
+        acked.recv().unwrap();
+        std::fs::remove_dir_all(&gone).unwrap();
+        drop(tx);
+        let written = h.join().unwrap();
+        let saved = keep.join("t.1.oomt");
+        assert_eq!(written.path, Some(saved.clone()));
+        let v = written.vanished.expect("vanished");
+        assert_eq!(
+            v.line(),
+            format!(
+                "the trace {} is gone (its directory {} was removed during the run); saved it \
+                 to {} instead",
+                gone.join("t.oomt").display(),
+                gone.display(),
+                saved.display()
+            )
+        );
+        assert_eq!(std::fs::read(keep.join("t.oomt")).unwrap(), b"someone's");
+        let t = crate::model::trace::Trace::<()>::load(&saved).unwrap();
+        assert!(t.complete, "the whole trace, its end included");
+        // Nowhere to save it (a standalone collector): said, and no path.
+        std::fs::create_dir(&gone).unwrap();
+        let (tx, rx) = crossbeam_channel::bounded(8);
+        let tf = TraceFile::create(&gone.join("u.oomt"), false, "test").unwrap();
+        let h = std::thread::spawn(move || write_loop(tf, rx, false, Default::default()));
+        tx.send(WriterMsg::Open(1)).unwrap();
+        let (ack, acked) = crossbeam_channel::bounded(1);
+        tx.send(WriterMsg::Sync(ack)).unwrap();
+        acked.recv().unwrap();
+        std::fs::remove_dir_all(&gone).unwrap();
+        drop(tx);
+        let written = h.join().unwrap();
+        assert_eq!(written.path, None);
+        assert!(written
+            .vanished
+            .unwrap()
+            .line()
+            .ends_with("was removed during the run)"));
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -51,24 +51,141 @@ pub fn command(exe: &Path, socket: &Path, output: &Path, mode: Mode) -> Command 
     cmd
 }
 
-/// Runs a [`Mode::Detached`] collector and waits for it to daemonize (it is then listening
-/// and no longer a child of the caller). Err: one line saying why it did not start.
-pub fn run_detached(exe: &Path, socket: &Path, output: &Path) -> Result<(), String> {
-    let started = command(exe, socket, output, Mode::Detached)
+/// How long the shim waits for its own collector to listen. A collector is listening 10 to
+/// 30 ms after it is started; 3 s leaves a loaded machine (a cold disk cache, two cores shared
+/// with a build) a hundred times that before the shim gives up, while a program whose
+/// collector never comes up (a wrong `OOMTRACE_COLLECTOR`, a hung binary) waits at most that,
+/// once, and is then traced into its own file. Giving up too early only costs the process
+/// tree a shared trace (each process writes its own), never an event.
+pub const DETACHED_START_WAIT: Duration = Duration::from_secs(3);
+
+/// Runs a [`Mode::Detached`] collector and waits, at most `wait`, for it to daemonize (it is
+/// then listening and no longer a child of the caller). Err: one line saying why it did not
+/// start. A collector that has not daemonized by then is killed, with everything it started
+/// (it runs in its own process group), so it neither holds the caller nor stays behind.
+pub fn run_detached(
+    exe: &Path,
+    socket: &Path,
+    output: &Path,
+    wait: Duration,
+) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    let mut child = command(exe, socket, output, Mode::Detached)
         .stderr(Stdio::piped())
-        .output();
-    match started {
-        Err(e) => Err(format!("cannot run {}: {e}", exe.display())),
-        Ok(r) if !r.status.success() => {
-            let msg = String::from_utf8_lossy(&r.stderr);
-            let line = msg.lines().next().unwrap_or("").trim().to_string();
-            Err(format!(
-                "{} exited with {}: {line}",
-                exe.display(),
-                r.status
-            ))
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    let deadline = Instant::now() + wait;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            // The program ignores SIGCHLD (children are reaped by the kernel, waitpid says
+            // ECHILD): whether it listens is all we can tell.
+            Err(_) => break None,
+            Ok(None) if Instant::now() >= deadline => {
+                stop_group(&mut child, socket);
+                return Err(format!(
+                    "{} did not start listening within {} s and was stopped",
+                    exe.display(),
+                    wait.as_secs_f64()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(2)),
         }
-        Ok(_) => Ok(()),
+    };
+    let said = child
+        .stderr
+        .take()
+        .map(first_line_ready)
+        .unwrap_or_default();
+    match status {
+        Some(status) if !status.success() => {
+            Err(format!("{} exited with {status}: {said}", exe.display()))
+        }
+        // It binds its socket before it daemonizes: no socket, no collector.
+        _ if !is_socket(socket) => Err(format!(
+            "{} exited without listening on {}{}",
+            exe.display(),
+            socket.display(),
+            if said.is_empty() {
+                String::new()
+            } else {
+                format!(": {said}")
+            }
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn is_socket(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
+}
+
+/// Kills a collector that did not come up, and its process group, and reaps it. Should it
+/// have daemonized in the very last moment (its daemon is in a session of its own), one
+/// connection that ends at once makes it leave when idle (`--exit-when-idle`).
+fn stop_group(child: &mut Child, socket: &Path) {
+    if let Ok(pgid) = i32::try_from(child.id()) {
+        // SAFETY: the group of our own unreaped child (its pid cannot have been reused).
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(std::os::unix::net::UnixStream::connect(socket));
+}
+
+/// The first line the collector wrote on its stderr before it exited, without waiting for
+/// the pipe to close (a process it left behind may hold it open).
+fn first_line_ready(stderr: std::process::ChildStderr) -> String {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let fd = stderr.as_raw_fd();
+    // SAFETY: fcntl on a pipe we own; only its status flags change.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+    let mut buf = Vec::new();
+    let _ = stderr.take(4096).read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
+/// What a [`Mode::Owned`] collector tells `oomtrace run` on its stdout (a pipe of `run`'s)
+/// when it is done: where the trace is, or why there is none although processes were traced.
+/// Nothing at all when no process connected.
+#[derive(Debug, PartialEq, Eq)]
+pub enum TraceSaid {
+    Written(std::path::PathBuf),
+    Lost(String),
+}
+
+impl TraceSaid {
+    /// The bytes the collector writes (a path may hold any byte but NUL: it ends the stream).
+    pub fn encode(&self) -> Vec<u8> {
+        use std::os::unix::ffi::OsStrExt;
+        let (tag, body) = match self {
+            TraceSaid::Written(p) => ("written", p.as_os_str().as_bytes()),
+            TraceSaid::Lost(why) => ("lost", why.as_bytes()),
+        };
+        [tag.as_bytes(), b"\t", body].concat()
+    }
+
+    /// What `run` read; None for nothing (no process connected) or bytes it cannot read.
+    pub fn decode(bytes: &[u8]) -> Option<TraceSaid> {
+        use std::os::unix::ffi::OsStrExt;
+        let tab = bytes.iter().position(|&b| b == b'\t')?;
+        let (tag, body) = (&bytes[..tab], &bytes[tab + 1..]);
+        match tag {
+            b"written" => Some(TraceSaid::Written(std::ffi::OsStr::from_bytes(body).into())),
+            b"lost" => Some(TraceSaid::Lost(String::from_utf8_lossy(body).into_owned())),
+            _ => None,
+        }
     }
 }
 
@@ -160,13 +277,99 @@ mod tests {
     }
 
     #[test]
+    fn what_the_collector_tells_run_reads_back() {
+        for said in [
+            TraceSaid::Written("/a b/t\nx.oomt".into()),
+            TraceSaid::Lost("its directory was removed".into()),
+        ] {
+            assert_eq!(TraceSaid::decode(&said.encode()), Some(said));
+        }
+        assert_eq!(TraceSaid::decode(b""), None);
+        assert_eq!(TraceSaid::decode(b"other\tx"), None);
+    }
+
+    #[test]
     fn a_missing_binary_says_which() {
         let e = run_detached(
             Path::new("/nonexistent/oomtrace"),
             Path::new("/d/s"),
             Path::new("/o"),
+            DETACHED_START_WAIT,
         )
         .unwrap_err();
         assert!(e.starts_with("cannot run /nonexistent/oomtrace: "), "{e}");
+    }
+
+    /// A directory of its own with an executable script in it.
+    fn script(test: &str, body: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir =
+            std::env::temp_dir().join(format!("oomtrace-spawn-test-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let exe = dir.join("collector.sh");
+        std::fs::write(&exe, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (dir, exe)
+    }
+
+    #[test]
+    fn a_collector_that_never_comes_up_is_stopped_with_what_it_started() {
+        // It starts a child of its own and never listens: both must be gone afterwards.
+        let (dir, exe) = script("hang", "echo $$ > \"$(dirname \"$0\")/pid\"; sleep 1000 & echo $! > \"$(dirname \"$0\")/child\"; wait");
+        let started = Instant::now();
+        let e = run_detached(
+            &exe,
+            &dir.join("s"),
+            &dir.join("o"),
+            Duration::from_millis(500),
+        )
+        .unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(e.contains("did not start listening within 0.5 s"), "{e}");
+        for f in ["pid", "child"] {
+            let pid: i32 = std::fs::read_to_string(dir.join(f))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            // Killed: gone, or a zombie until init reaps it.
+            let gone = |pid: i32| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+                    s.rsplit(')')
+                        .next()
+                        .unwrap_or("")
+                        .trim_start()
+                        .starts_with('Z')
+                })
+            };
+            let t = Instant::now();
+            while !gone(pid) && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert!(gone(pid), "{f} {pid} still runs");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_collector_that_exits_without_listening_is_not_taken_for_one() {
+        let (dir, exe) = script("exit0", "echo 'some words' >&2; exit 0");
+        let e =
+            run_detached(&exe, &dir.join("s"), &dir.join("o"), DETACHED_START_WAIT).unwrap_err();
+        assert!(
+            e.contains("exited without listening") && e.ends_with(": some words"),
+            "{e}"
+        );
+        let (dir2, exe2) = script("exit3", "echo 'bad output' >&2; exit 3");
+        let e =
+            run_detached(&exe2, &dir2.join("s"), &dir2.join("o"), DETACHED_START_WAIT).unwrap_err();
+        assert!(e.contains("exited with exit status: 3: bad output"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&dir2).unwrap();
     }
 }

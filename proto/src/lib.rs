@@ -8,6 +8,8 @@
 //! - [`launch`]: a process's rank in a distributed job, from its launcher's variables.
 //! - [`wire`]: length-framed records on the socket (`Hello`, `Events`, `StackDef`, ...).
 //! - [`private_dir`]: the one way to make a private (0700 from creation) directory.
+//! - [`socket_dir`]: the collector socket's private directory, its owners, and removing what
+//!   a killed chain left.
 //! - [`python`]: Python frames inside stacks and the code objects they name.
 //! - [`trace_file`]: the `.oomt` file, which stores each connection's frames in checked,
 //!   optionally compressed chunks and tolerates a truncated tail.
@@ -22,6 +24,7 @@ pub mod file_kind;
 pub mod launch;
 pub mod private_dir;
 pub mod python;
+pub mod socket_dir;
 pub mod trace_file;
 pub mod wire;
 

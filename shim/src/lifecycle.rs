@@ -184,6 +184,8 @@ pub fn finish(reason: GoodbyeReason, timeout: Duration) {
             st.outbox.total_lost()
         ));
     }
+    // A collector of ours that was killed leaves its socket directory: gone with us.
+    let _ = guard::catch(transport::release_own_collector_dir);
 }
 
 /// `oomtrace_flush`: everything recorded so far reaches the collector (bounded wait).

@@ -57,6 +57,12 @@ mod device_growth;
 /// scratch directories) and every mistake named (missing arguments, sizes, CUDA errors).
 mod hygiene;
 
+/// Nothing left behind, nothing misleading: a collector that never comes up or exits at
+/// once (a bounded wait, the shim writes the trace), a killed collector or chain (the next
+/// start cleans up), a descriptor limit of 3, the demo with TMPDIR on another filesystem, a run
+/// whose working directory is removed.
+mod leftovers;
+
 /// Output that misbehaves: device nodes, symlinks, FIFOs, a full or closed standard output,
 /// a failed export that keeps the old file; incomplete traces that say why; progress on a
 /// terminal only.

@@ -2,7 +2,7 @@
 
 use std::io::Write;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use std::time::Duration;
 use oomtrace_collector::console::Console;
 use oomtrace_collector::metrics::{self, textfile, textfile::Textfile, Registry};
 use oomtrace_collector::server::{Collector, Options};
+use oomtrace_proto::socket_dir;
 
 use crate::{render, signals, Failure};
 
@@ -86,6 +87,11 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     if !args.exit_when_idle {
         opts.idle_grace = Duration::from_secs(1);
     }
+    if args.parent_pid.is_some() {
+        // `run` reports from the trace: if its directory is removed during the run, a copy in
+        // the temp dir is what there is to report from (and `run` says where it is).
+        opts.save_vanished_in = Some(std::env::temp_dir());
+    }
     let registry = (args.metrics.is_some() || args.metrics_textfile.is_some())
         .then(|| Arc::new(Registry::new()));
     opts.metrics = registry.clone();
@@ -102,8 +108,13 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     }
     let console = opts.console.clone();
     let collector = Collector::bind(opts)?;
+    // In a socket directory oomtrace made (the shim's or `run`'s), the owner file names this
+    // collector too, so that the next start can tell when the directory was abandoned.
+    let socket_dir = collector.options().socket.parent().map(Path::to_path_buf);
     if args.detach {
-        daemonize()?;
+        daemonize(socket_dir.as_deref())?;
+    } else if let Some(dir) = &socket_dir {
+        let _ = socket_dir::add_owner(dir, std::process::id());
     }
     // Threads only after the fork of --detach.
     if let (Some(listener), Some(r)) = (http, &registry) {
@@ -143,6 +154,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         );
     }
     let socket = collector.options().socket.clone();
+    let output_asked = collector.options().output.clone();
     let served = collector.serve_written(&signals::STOP)?;
     if let Some(t) = textfile {
         // The final values (every connection has published its end by now).
@@ -150,22 +162,19 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             console.warn(&format!("oomtrace: {e}"));
         }
     }
+    if args.parent_pid.is_some() {
+        tell_run(&served, &output_asked);
+    }
     let trace = served.trace;
     if args.detach || args.parent_pid.is_some() {
         // Started by the shim or by `run`, each of which made a private directory for the
-        // socket (oomtrace-XXXXXX, oomtrace-<pid>-N): remove it once empty (remove_dir never
-        // removes a directory that is not, so nothing else is ever deleted).
-        if let Some(dir) = socket.parent() {
-            if dir
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("oomtrace-"))
-            {
-                let _ = std::fs::remove_dir(dir);
-            }
-        }
+        // socket (oomtrace-XXXXXX, oomtrace-<pid>-XXXXXX, with an owner file): its owner file
+        // and the directory go once the socket has (only those: anything else keeps it).
+        socket_dir::remove(&socket);
     }
     let Some(output) = served.path else {
-        if !args.quiet && !args.detach {
+        // A trace that vanished was said above (`Vanished::line`); otherwise nobody came.
+        if !args.quiet && !args.detach && served.vanished.is_none() {
             eprintln!("oomtrace: no traced process connected; no trace written");
         }
         return Ok(ExitCode::SUCCESS);
@@ -193,6 +202,29 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Under `run` (`--parent-pid`): where the trace went, on stdout, which is `run`'s pipe
+/// (`collector_spawn::TraceSaid`); nothing if no process connected.
+fn tell_run(served: &oomtrace_collector::server::Served, output: &Path) {
+    use oomtrace_proto::collector_spawn::TraceSaid;
+    let said = match (&served.path, &served.vanished) {
+        (Some(p), _) => TraceSaid::Written(p.clone()),
+        (None, Some(v)) => TraceSaid::Lost(v.line()),
+        (None, None) => match &served.trace.incomplete {
+            // Processes came, but the file could not be put in place.
+            Some(i) => TraceSaid::Lost(format!(
+                "the trace {} could not be written: {} ({})",
+                output.display(),
+                i.cause.words(),
+                i.message
+            )),
+            None => return,
+        },
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(&said.encode());
+    let _ = out.flush();
+}
+
 /// Sets the stop flag once `parent` is no longer this process's parent (it died: we were
 /// re-parented). Polled, because a SIGKILLed parent sends nothing; 50 ms is far below the
 /// time anyone looks for the trace.
@@ -213,8 +245,10 @@ fn watch_parent(parent: u32) {
 }
 
 /// Forks: the parent exits at once (its caller learns the socket is ready), the child
-/// carries on in a new session with stdio on /dev/null. Called while single-threaded.
-fn daemonize() -> Result<(), Failure> {
+/// carries on in a new session with stdio on /dev/null. Called while single-threaded. The
+/// parent first adds the child to `socket_dir`'s owner file: the directory is never without a
+/// live owner while the collector runs.
+fn daemonize(socket_dir: Option<&Path>) -> Result<(), Failure> {
     // SAFETY: no other threads exist yet; the child only continues Rust code.
     match unsafe { libc::fork() } {
         -1 => Err(Failure::new(format!(
@@ -237,6 +271,11 @@ fn daemonize() -> Result<(), Failure> {
             }
             Ok(())
         }
-        _ => std::process::exit(0),
+        child => {
+            if let Some(dir) = socket_dir {
+                let _ = socket_dir::add_owner(dir, child as u32);
+            }
+            std::process::exit(0)
+        }
     }
 }

@@ -84,9 +84,11 @@ fn install(dir: &Path) -> Result<PathBuf, Failure> {
 
 /// The demo program and its simulated GPU, installed once into the cache directory and kept:
 /// `oomtrace report` on the demo's trace later needs the program's symbols. Installed into a
-/// private directory first, then renamed into place, so a concurrent demo never sees (or
-/// runs) half-written files.
-fn installed() -> Result<(PathBuf, PathBuf), Failure> {
+/// private directory inside the cache first (`.<name>.tmp-XXXXXX`, on the cache's own
+/// filesystem whatever `$TMPDIR` is), then renamed into place, so a concurrent demo never sees
+/// (or runs) half-written files. The temporary directory is removed on every way out; one a
+/// killed demo left is pruned with old builds (`locate::mark_used`).
+fn installed() -> Result<Installed, Failure> {
     let dir = locate::cache_dir(
         "-demo",
         &[
@@ -99,33 +101,93 @@ fn installed() -> Result<(PathBuf, PathBuf), Failure> {
     let app = dir.join("train_demo");
     if app.is_file() {
         locate::mark_used(&dir);
-        return Ok((dir, app));
+        return Ok(Installed::cached(dir, app));
     }
-    let fresh = locate::private_dir()?;
-    if let Err(e) = install(&fresh) {
-        // Our own private directory, half filled (a full disk): never left in the temp dir.
-        let _ = std::fs::remove_dir_all(&fresh);
-        return Err(e);
-    }
-    if let Some(parent) = dir.parent() {
-        // A failure shows in the rename below, which falls back to the private copy.
-        let _ = std::fs::create_dir_all(parent);
-    }
-    if std::fs::rename(&fresh, &dir).is_err() {
-        // Another demo won the race (or the cache is not writable): use theirs, or ours.
-        if app.is_file() {
-            let _ = std::fs::remove_dir_all(&fresh);
-        } else {
-            let app = fresh.join("train_demo");
-            return Ok((fresh, app));
+    match install_into_cache(&dir) {
+        Ok(()) => {
+            locate::mark_used(&dir);
+            Ok(Installed::cached(dir, app))
+        }
+        // A cache that cannot be written (a read-only home): this run uses a copy of its own,
+        // removed when it is done.
+        Err(why) => {
+            let scratch = Scratch(locate::private_dir()?);
+            let app = install(&scratch.0)?;
+            eprintln!(
+                "oomtrace demo: cannot cache the demo program in {} ({why}); running a \
+                 temporary copy, removed afterwards",
+                dir.display()
+            );
+            Ok(Installed {
+                dir: scratch.0.clone(),
+                app,
+                _scratch: Some(scratch),
+            })
         }
     }
-    locate::mark_used(&dir);
-    Ok((dir, app))
+}
+
+/// Installs into a temporary directory beside `dir` in the cache, then renames it to `dir`.
+/// Err: why the cache cannot be used (nothing of ours is left in it).
+fn install_into_cache(dir: &Path) -> Result<(), String> {
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
+        return Err("no cache directory".into());
+    };
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
+    let prefix = format!(".{}.tmp-", name.to_string_lossy());
+    let fresh = Scratch(
+        oomtrace_proto::private_dir::create(parent, &prefix)
+            .map_err(|e| format!("{}: {e}", parent.display()))?,
+    );
+    install(&fresh.0).map_err(|f| f.message)?;
+    match std::fs::rename(&fresh.0, dir) {
+        Ok(()) => {
+            std::mem::forget(fresh); // it is the cache directory now
+            Ok(())
+        }
+        // Another demo won the race: theirs is as good as ours (ours goes with `fresh`).
+        Err(_) if dir.join("train_demo").is_file() => Ok(()),
+        Err(e) => Err(format!("{}: {e}", dir.display())),
+    }
+}
+
+/// A directory of ours, removed when dropped (an install that failed half-way, a copy used
+/// for one run).
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Where the demo program is, and the temporary copy to remove after the run, if it is one.
+struct Installed {
+    dir: PathBuf,
+    app: PathBuf,
+    _scratch: Option<Scratch>,
+}
+
+impl Installed {
+    fn cached(dir: PathBuf, app: PathBuf) -> Installed {
+        Installed {
+            dir,
+            app,
+            _scratch: None,
+        }
+    }
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
-    let (dir, app) = installed()?;
+    let installed = installed()?;
+    let (dir, app) = (installed.dir.clone(), installed.app.clone());
     println!(
         "oomtrace demo: a training loop on a simulated {} GPU (no GPU needed)",
         args.device_memory.text
@@ -158,8 +220,8 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     print!("{}", render::full(&report));
     println!(
         "\nThe trace is in {}: `oomtrace report {}` prints this again, `--json` as JSON.",
-        args.output.display(),
-        args.output.display()
+        outcome.trace_path.display(),
+        outcome.trace_path.display()
     );
     if outcome.status.success() {
         Ok(ExitCode::SUCCESS)

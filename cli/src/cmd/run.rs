@@ -4,13 +4,14 @@
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, ExitStatus};
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use oomtrace_collector::analysis::{Analysis, Confidence};
 use oomtrace_collector::model::trace::Trace;
 use oomtrace_collector::report::{self, Kind, Level, Report, ReportOptions};
-use oomtrace_proto::collector_spawn::{self, NotListening};
+use oomtrace_proto::collector_spawn::{self, NotListening, TraceSaid};
+use oomtrace_proto::socket_dir;
 
 use crate::{locate, render, signals, Failure};
 
@@ -92,6 +93,11 @@ pub struct Outcome {
     /// False when no traced process ever connected (the program never touched CUDA): the
     /// collector then leaves no trace file, and there is no report.
     pub trace_written: bool,
+    /// Where the trace is: the output, made absolute when the run started (or, if its
+    /// directory was removed during the run, the copy the collector saved).
+    pub trace_path: PathBuf,
+    /// Processes were traced but no trace could be kept: why (the collector said it too).
+    pub trace_lost: Option<String>,
     /// Set if the collector died before it was told to stop.
     pub collector_died: Option<String>,
     pub report: Result<Report, Failure>,
@@ -135,6 +141,14 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     if let Some(why) = &outcome.collector_died {
         eprintln!("oomtrace: the collector died ({why}); the trace stops where it did");
     }
+    let trace_path = &outcome.trace_path;
+    if let Some(why) = &outcome.trace_lost {
+        // The collector said why on stderr; a script asking for JSON gets the same.
+        if let Some(path) = &args.json {
+            write_json(path, &empty_report(why.clone()));
+        }
+        return Ok(exit_code_of(outcome.status));
+    }
     if !outcome.trace_written {
         let said = format!(
             "no CUDA activity seen in `{}`: no trace written",
@@ -143,22 +157,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         eprintln!("oomtrace: {said}");
         if let Some(path) = &args.json {
             // Asked for a report: an empty one says the same to a script.
-            let mut empty = Trace::new(oomtrace_proto::trace_file::FileHeader {
-                version: oomtrace_proto::trace_file::FILE_VERSION,
-                created_unix_ns: 0,
-                producer: "oomtrace run".into(),
-            });
-            empty.complete = true;
-            empty.warnings.push(said);
-            let r = report::build(
-                &empty,
-                &ReportOptions {
-                    top: 10,
-                    path: String::new(),
-                    symbolize: false,
-                },
-            );
-            write_json(path, &r);
+            write_json(path, &empty_report(said));
         }
         return Ok(exit_code_of(outcome.status));
     }
@@ -168,8 +167,8 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             if r.trace.complete {
                 eprintln!(
                     "oomtrace: trace written to {}; details: oomtrace report {}",
-                    session.output.display(),
-                    session.output.display()
+                    trace_path.display(),
+                    trace_path.display()
                 );
             } else {
                 for w in &r.trace.warnings {
@@ -178,8 +177,8 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
                 eprintln!(
                     "oomtrace: the trace in {} is incomplete (see above); what it holds: \
                      oomtrace report {}",
-                    session.output.display(),
-                    session.output.display()
+                    trace_path.display(),
+                    trace_path.display()
                 );
             }
             if let Some(path) = &args.json {
@@ -190,7 +189,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     }
     if let Some(path) = &args.html {
         // Like --json: a view that cannot be written is said, and the program's code stays.
-        match crate::cmd::view::write_page(&session.output, path) {
+        match crate::cmd::view::write_page(trace_path, path) {
             Ok(()) => eprintln!("oomtrace: view written to {}", path.display()),
             Err(f) => eprintln!("oomtrace: no view: {}", f.message),
         }
@@ -214,6 +213,25 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         }
     }
     Ok(exit_code_of(outcome.status))
+}
+
+/// A report of no process, saying `why` (for `--json` when there is no trace to report from).
+fn empty_report(why: String) -> Report {
+    let mut empty = Trace::new(oomtrace_proto::trace_file::FileHeader {
+        version: oomtrace_proto::trace_file::FILE_VERSION,
+        created_unix_ns: 0,
+        producer: "oomtrace run".into(),
+    });
+    empty.complete = true;
+    empty.warnings.push(why);
+    report::build(
+        &empty,
+        &ReportOptions {
+            top: 10,
+            path: String::new(),
+            symbolize: false,
+        },
+    )
 }
 
 /// `--json FILE`: the report as the JSON contract. A report that cannot be written is said in
@@ -284,6 +302,8 @@ fn spawn_collector(socket: &Path, output: &Path, extra: &[OsString]) -> Result<C
     };
     let mut child = collector_spawn::command(&exe, socket, output, mode)
         .args(extra)
+        // Where the trace went, said when it is done (`TraceSaid`).
+        .stdout(Stdio::piped())
         // Its own process group: a Ctrl-C meant for the program must not kill the collector
         // before it has written the trace.
         .process_group(0)
@@ -308,10 +328,32 @@ fn spawn_collector(socket: &Path, output: &Path, extra: &[OsString]) -> Result<C
     }
 }
 
+/// Stops the collector (see `stop_collector_only`) and reads what it said of the trace.
+fn stop_collector(mut child: Child, output: &Path) -> (Option<String>, Option<TraceSaid>) {
+    let stdout = child.stdout.take();
+    let died = stop_collector_only(child, output);
+    (died, stdout.and_then(|s| TraceSaid::decode(&read_ready(s))))
+}
+
+/// What an exited process left in its stdout pipe, without waiting for the pipe to close.
+fn read_ready(stdout: std::process::ChildStdout) -> Vec<u8> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl on a pipe we own; only its status flags change.
+    unsafe {
+        let fd = stdout.as_raw_fd();
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+    let mut buf = Vec::new();
+    let _ = stdout.take(1 << 16).read_to_end(&mut buf);
+    buf
+}
+
 /// Stops the collector (SIGTERM: it reads what the exited program left in its socket, then
 /// finishes the trace) and waits for it. A collector still working through a big backlog is
 /// given as long as the trace keeps growing; one that makes no progress for 15 s is killed.
-fn stop_collector(mut child: Child, output: &Path) -> Option<String> {
+fn stop_collector_only(mut child: Child, output: &Path) -> Option<String> {
     if let Ok(Some(status)) = child.try_wait() {
         return Some(describe(status));
     }
@@ -349,25 +391,27 @@ fn describe(status: ExitStatus) -> String {
 /// `trace_command`, success or failure. Only what `run` and its collector put there is
 /// removed (the socket, then the directory if it is empty).
 struct SocketDir {
-    dir: PathBuf,
     socket: PathBuf,
 }
 
 impl SocketDir {
     fn new() -> Result<SocketDir, Failure> {
-        let dir = locate::private_dir()?;
-        let socket = dir.join("collector.sock");
-        Ok(SocketDir { dir, socket })
+        let base = std::env::temp_dir();
+        // What killed chains left (every process that used it is gone).
+        socket_dir::clean_abandoned(&base);
+        let prefix = format!("oomtrace-{}-", std::process::id());
+        let dir = socket_dir::create(&base, &prefix).map_err(|e| {
+            let at = base.join(format!("{prefix}XXXXXX"));
+            Failure::new(format!("cannot create {}: {e}", at.display()))
+        })?;
+        let socket = dir.join(socket_dir::SOCKET);
+        Ok(SocketDir { socket })
     }
 }
 
 impl Drop for SocketDir {
     fn drop(&mut self) {
-        use std::os::unix::fs::FileTypeExt;
-        if std::fs::symlink_metadata(&self.socket).is_ok_and(|m| m.file_type().is_socket()) {
-            let _ = std::fs::remove_file(&self.socket);
-        }
-        let _ = std::fs::remove_dir(&self.dir);
+        socket_dir::remove(&self.socket);
     }
 }
 
@@ -378,9 +422,14 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
             "no command to trace (usage: oomtrace run [OPTIONS] -- CMD [ARGS]...)",
         ));
     };
+    // Absolute from the start: the program may change or remove its working directory, and
+    // the collector (started here, in ours) and this process must name one file whatever
+    // happens to it; the name printed at the end then leads to the file from anywhere. The
+    // directory meant is the one the run was started in.
+    let output = std::path::absolute(&session.output).unwrap_or_else(|_| session.output.clone());
     let dir = SocketDir::new()?;
     let socket = dir.socket.clone();
-    let collector = spawn_collector(&socket, &session.output, &session.collector_args)?;
+    let collector = spawn_collector(&socket, &output, &session.collector_args)?;
     let mut preload: OsString = session.lib.clone().into_os_string();
     if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
         preload.push(":");
@@ -397,7 +446,7 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
         Ok(c) => c,
         Err(e) => {
             // Nothing ran, so nothing connected: the collector leaves no trace file.
-            let _ = stop_collector(collector, &session.output);
+            let _ = stop_collector(collector, &output);
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
@@ -417,15 +466,21 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
             Err(e) => return Err(Failure::new(format!("cannot wait for the command: {e}"))),
         }
     };
-    let collector_died = stop_collector(collector, &session.output);
+    let (collector_died, said) = stop_collector(collector, &output);
     drop(dir);
+    let (output, trace_lost) = match said {
+        // Its directory was removed during the run: the collector saved a copy elsewhere.
+        Some(TraceSaid::Written(p)) => (p, None),
+        Some(TraceSaid::Lost(why)) => (output, Some(why)),
+        None => (output, None),
+    };
     // The collector creates the trace only once a traced process connects (on its first
     // CUDA call): no file means the program never used CUDA.
-    let trace_written = std::fs::symlink_metadata(&session.output).is_ok_and(|m| m.is_file());
+    let trace_written = std::fs::symlink_metadata(&output).is_ok_and(|m| m.is_file());
     // Reading a long run's trace takes a while: a progress bar on a terminal after 1 s.
     let mut progress = crate::progress::Progress::new();
     progress.pass("reading the trace");
-    let loaded = Trace::<Analysis>::load_with_progress(&session.output, &mut |done, total| {
+    let loaded = Trace::<Analysis>::load_with_progress(&output, &mut |done, total| {
         progress.update(done, total)
     });
     drop(progress);
@@ -438,7 +493,7 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
                 &trace,
                 &ReportOptions {
                     top: 10,
-                    path: session.output.display().to_string(),
+                    path: output.display().to_string(),
                     symbolize: true,
                 },
             )
@@ -451,6 +506,8 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
     Ok(Outcome {
         status,
         trace_written,
+        trace_path: output,
+        trace_lost,
         collector_died,
         report,
     })

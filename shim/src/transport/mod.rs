@@ -56,4 +56,4 @@ mod spawn;
 
 pub use drain::{close_inherited_sink, spawn_drainer, DrainSetup};
 pub use outbox::{Msg, Outbox};
-pub use spawn::{inherited_socket, start_own_collector};
+pub use spawn::{inherited_socket, release_own_collector_dir, start_own_collector};

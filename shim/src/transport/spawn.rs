@@ -5,7 +5,7 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use oomtrace_proto::{collector_spawn, private_dir};
+use oomtrace_proto::{collector_spawn, private_dir, socket_dir};
 
 use crate::config::Config;
 use crate::{log, symbols};
@@ -25,6 +25,16 @@ pub fn start_own_collector(config: &Config) -> Result<PathBuf, String> {
     let path = spawn_collector(config)?;
     let _ = AUTO_SOCKET.set(path.clone());
     Ok(path)
+}
+
+/// At this process's exit: if the collector it (or its fork parent) started is gone (killed),
+/// remove the socket's directory now rather than leave it to the next start. A collector that
+/// still runs removes it itself when it is done; the owner file says who still uses it, and
+/// this process, about to exit, no longer does.
+pub fn release_own_collector_dir() {
+    if let Some(dir) = AUTO_SOCKET.get().and_then(|s| s.parent()) {
+        socket_dir::remove_if_abandoned(dir, Some(std::process::id()));
+    }
 }
 
 /// The `oomtrace` binary: `OOMTRACE_COLLECTOR`, else next to liboomtrace.so, else on PATH.
@@ -51,7 +61,9 @@ fn find_collector() -> Option<PathBuf> {
 
 /// Starts `oomtrace collect --detach` for this process and returns its socket. The collector
 /// daemonizes once its socket is listening, so the command returning means it is ready, and it
-/// is never left as a child of the program (whose own `wait` calls must not see it).
+/// is never left as a child of the program (whose own `wait` calls must not see it). One that
+/// is not listening within `DETACHED_START_WAIT` is stopped, and the caller writes the trace
+/// itself.
 fn spawn_collector(config: &Config) -> Result<PathBuf, String> {
     let exe = config
         .collector
@@ -59,16 +71,24 @@ fn spawn_collector(config: &Config) -> Result<PathBuf, String> {
         .map(PathBuf::from)
         .or_else(find_collector)
         .ok_or("no `oomtrace` binary next to liboomtrace.so or on PATH (set OOMTRACE_COLLECTOR)")?;
-    let dir = private_dir::create(&private_dir::default_base(), "oomtrace-")
+    let base = private_dir::default_base();
+    // What killed chains left (their collector and every process that used it are gone).
+    socket_dir::clean_abandoned(&base);
+    let dir = socket_dir::create(&base, "oomtrace-")
         .map_err(|e| format!("cannot create a private directory: {e}"))?;
-    let socket = dir.join("collector.sock");
+    let socket = dir.join(socket_dir::SOCKET);
     // SAFETY: getpid has no preconditions.
     let output = config.output_for(unsafe { libc::getpid() } as u32);
     let output = std::env::current_dir()
         .map(|d| d.join(&output))
         .unwrap_or_else(|_| PathBuf::from(&output));
-    if let Err(why) = collector_spawn::run_detached(&exe, &socket, &output) {
-        let _ = std::fs::remove_dir_all(&dir);
+    if let Err(why) =
+        collector_spawn::run_detached(&exe, &socket, &output, collector_spawn::DETACHED_START_WAIT)
+    {
+        // The collector never ran, or was stopped: the directory is ours alone. Removed
+        // without a descriptor (`remove_dir_all` needs one: at the program's descriptor limit
+        // it would leave the directory behind).
+        socket_dir::remove(&socket);
         return Err(why);
     }
     // The collector picks the name when the first process connects (no-clobber: a numbered
