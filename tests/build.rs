@@ -463,6 +463,11 @@ const TARGETS: &[Target] = &[
         sources: &["faults/exec_self.c"],
         flags: CUDART,
     },
+    Target {
+        out: "fault_close_all",
+        sources: &["faults/close_all.c"],
+        flags: CUDART,
+    },
     // Lossless delivery at default settings (tests/it/lossless.rs).
     Target {
         out: "lossless_threads200",
