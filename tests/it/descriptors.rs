@@ -25,11 +25,50 @@ const FIRST_PAIRS: u64 = 100;
 /// Programs running at once.
 const AT_ONCE: usize = 4;
 
+/// How the program closes every descriptor above 2.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CloseAll {
+    /// `close` on every number below the soft RLIMIT_NOFILE.
+    Loop,
+    /// `close_range(3, ~0U, 0)`.
+    Range,
+    /// `closefrom(3)`.
+    From,
+}
+
+/// What the program opens afterwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Own {
+    File,
+    Socketpair,
+    Pipe,
+}
+
+impl CloseAll {
+    fn arg(self) -> &'static str {
+        match self {
+            CloseAll::Loop => "loop",
+            CloseAll::Range => "range",
+            CloseAll::From => "from",
+        }
+    }
+}
+
+impl Own {
+    fn arg(self) -> &'static str {
+        match self {
+            Own::File => "file",
+            Own::Socketpair => "socketpair",
+            Own::Pipe => "pipe",
+        }
+    }
+}
+
 /// One way the program closes everything and what it opens afterwards.
 #[derive(Clone, Copy, Debug)]
 struct Variant {
-    how: &'static str,
-    what: &'static str,
+    how: CloseAll,
+    what: Own,
     /// Close everything only once the first calls were delivered (the connection exists);
     /// otherwise right away, while it may still be in the making.
     wait: bool,
@@ -37,8 +76,8 @@ struct Variant {
 
 /// Every variant, in turn: run `i` is `variant(i)`.
 fn variant(i: usize) -> Variant {
-    const HOW: [&str; 3] = ["loop", "range", "from"];
-    const WHAT: [&str; 3] = ["file", "socketpair", "pipe"];
+    const HOW: [CloseAll; 3] = [CloseAll::Loop, CloseAll::Range, CloseAll::From];
+    const WHAT: [Own; 3] = [Own::File, Own::Socketpair, Own::Pipe];
     Variant {
         how: HOW[i % 3],
         what: WHAT[(i / 3) % 3],
@@ -48,7 +87,11 @@ fn variant(i: usize) -> Variant {
 }
 
 fn args(v: Variant) -> Vec<String> {
-    let mut a = vec![v.how.to_string(), v.what.to_string(), PAIRS.to_string()];
+    let mut a = vec![
+        v.how.arg().to_string(),
+        v.what.arg().to_string(),
+        PAIRS.to_string(),
+    ];
     if !v.wait {
         a.push("nowait".into());
     }
@@ -83,7 +126,7 @@ impl RunResult {
         if self.out.stdout != b"close_all: ok\n" {
             return Err(format!("{:?}: stdout {:?}", self.variant, self.out.stdout));
         }
-        if self.variant.what == "file" {
+        if self.variant.what == Own::File {
             let data = std::fs::read(self.dir.join("close_all.data")).expect("the program's file");
             let text = String::from_utf8_lossy(&data);
             let pid = self.pid.map(|p| p.to_string());
@@ -373,15 +416,22 @@ fn without_a_collector_the_shims_own_trace_file_survives_the_program_closing_it(
     let runs = run_all(30, |i| {
         let dir = run_dir(&base, i);
         let mut cmd = preloaded("fault_close_all", &dir);
-        cmd.env("OOMTRACE_COLLECTOR", "/nonexistent/oomtrace");
+        cmd.env("OOMTRACE_COLLECTOR", "/nonexistent/oomtrace")
+            .env("OOMTRACE_LOG", "1");
         spawn_program(cmd, dir, variant(i))
     });
     assert_all_unharmed("direct file", &runs);
+    let mut reopened = 0;
     for r in &runs {
         let err = r.stderr();
         assert!(err.contains("writing the trace directly"), "{err}");
         assert!(r.taken_and_lost("direct file").is_none(), "{err}");
+        reopened += usize::from(err.contains("opened it again"));
     }
+    assert!(
+        reopened > 0,
+        "no run closed the shim's trace file: the test tests nothing"
+    );
     let traces: Vec<PathBuf> = runs.iter().flat_map(|r| traces_in(&r.dir)).collect();
     assert_eq!(traces.len(), runs.len(), "one trace per run");
     let paths: Vec<&Path> = traces.iter().map(PathBuf::as_path).collect();

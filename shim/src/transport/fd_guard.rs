@@ -328,17 +328,30 @@ impl Identity {
     }
 }
 
+/// Why an operation on the shim's descriptor was not made: the program closed or replaced it.
+#[derive(Debug)]
+pub(super) struct Taken(RawFd);
+
+impl std::fmt::Display for Taken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the program closed or replaced the shim's own descriptor {}",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for Taken {}
+
 /// The error of an operation on a descriptor the program took.
 pub(super) fn taken_error(fd: RawFd) -> std::io::Error {
-    std::io::Error::other(format!(
-        "the program closed or replaced the shim's own descriptor {fd}"
-    ))
+    std::io::Error::other(Taken(fd))
 }
 
 /// Whether `e` says the program took the descriptor.
 pub(super) fn is_taken(e: &std::io::Error) -> bool {
-    e.kind() == std::io::ErrorKind::Other
-        && e.to_string().starts_with("the program closed or replaced")
+    e.get_ref().is_some_and(|inner| inner.is::<Taken>())
 }
 
 /// An open window: the lock held, every close-family call on the slow path. Closed (and the
