@@ -474,6 +474,12 @@ const TARGETS: &[Target] = &[
         sources: &["faults/cwd_gone.c"],
         flags: CUDART,
     },
+    // The shim's own descriptor (tests/it/descriptors.rs).
+    Target {
+        out: "fault_close_all",
+        sources: &["faults/close_all.c"],
+        flags: CUDART,
+    },
     // Lossless delivery at default settings (tests/it/lossless.rs).
     Target {
         out: "lossless_threads200",

@@ -3,7 +3,10 @@
 //!
 //! Ways in: `LD_PRELOAD=liboomtrace.so` (or `oomtrace run`), which interposes the driver and
 //! runtime exports, `dlsym`, and the `cuGetProcAddress` / `cudaGetDriverEntryPoint` resolvers
-//! (`hooks/resolve.rs`); and the `oomtrace_*` C entry points below.
+//! (`hooks/resolve.rs`); and the `oomtrace_*` C entry points below. Of libc it also interposes
+//! `_exit`, `_Exit` and `exec*` (`lifecycle.rs`) and the close family
+//! (`transport/fd_guard.rs`: the shim's own descriptor is never written to or closed once the
+//! program closed or replaced it).
 //!
 //! Promises to the host process: a CUDA call's result is never changed; no panic crosses
 //! `extern "C"` (`guard.rs`); one constructor, which only sets three environment variables in

@@ -25,6 +25,11 @@ mod faults;
 /// trickling and rapid clients.
 mod hangs;
 
+/// The shim writes to and closes only its own descriptors: a program that closes every
+/// descriptor above 2 and opens its own file, socketpair or pipe keeps its data and exit code,
+/// under `LD_PRELOAD`, `run`, `collect` and with the shim's own trace file.
+mod descriptors;
+
 /// Lossless at default settings: 200 threads, cross-thread frees and 10^7 live allocations
 /// lose nothing while the collector reads; a stopped collector costs a bounded wait, and the
 /// losses are counted.

@@ -2,9 +2,8 @@
 //! delivers them to the collector's socket, or to the shim's own trace file when no collector
 //! can run. It alone decides when the collector is stalled (see the transport module doc).
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +12,7 @@ use oomtrace_proto::trace_file;
 use oomtrace_proto::wire::{self, encode, GoodbyeReason, Hello, Lost};
 use oomtrace_proto::{Event, EventKind, StackId};
 
+use super::fd_guard;
 use super::file::{finish_failed_direct, keep_failed_direct, not_a_regular_file, DirectFile};
 use super::outbox::{Done, Msg, Outbox, ON_DRAIN_THREAD};
 use super::sink::Sink;
@@ -42,10 +42,6 @@ const STALL_WAIT: Duration = Duration::from_millis(250);
 const HUNG_WAIT: Duration = Duration::from_secs(10);
 /// The drain thread tells waiting hooks about room every this many messages taken.
 const ROOM_EVERY: usize = 1024;
-
-/// The fd of the collector socket or fallback file, closed by the fork child (the parent
-/// keeps using its own copy; a child holding it open would hide the parent's EOF).
-pub static SINK_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// Starts the drain thread with all signals blocked, so signals meant for the program are
 /// never delivered to it.
@@ -191,7 +187,8 @@ static FALLBACK_SAID: OneShot = OneShot::new();
 static OUTPUT_REFUSED: AtomicBool = AtomicBool::new(false);
 
 fn read_cmdline() -> Vec<String> {
-    std::fs::read("/proc/self/cmdline")
+    fd_guard::transient(|| std::fs::read("/proc/self/cmdline"))
+        .and_then(Result::ok)
         .map(|b| {
             b.split(|&c| c == 0)
                 .filter(|s| !s.is_empty())
@@ -206,7 +203,7 @@ fn read_cmdline() -> Vec<String> {
 /// may be calling `setenv`, and launchers set these before `exec`.
 fn read_launch_vars() -> Vec<(String, String)> {
     use oomtrace_proto::launch::{LAUNCH_VARS, MAX_VALUE};
-    let Ok(environ) = std::fs::read("/proc/self/environ") else {
+    let Some(Ok(environ)) = fd_guard::transient(|| std::fs::read("/proc/self/environ")) else {
         return Vec::new();
     };
     environ
@@ -226,7 +223,8 @@ fn read_launch_vars() -> Vec<(String, String)> {
 
 /// The host's name, "" when unreadable (a trace from many nodes tells them apart by it).
 fn read_host() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
+    fd_guard::transient(|| std::fs::read_to_string("/proc/sys/kernel/hostname"))
+        .and_then(Result::ok)
         .map(|h| h.trim().to_string())
         .unwrap_or_default()
 }
@@ -708,7 +706,6 @@ impl<S: Sink> Drainer<S> {
 
     fn detach(&mut self, why: &str) {
         self.sink = Conn::Detached;
-        SINK_FD.store(-1, Ordering::Relaxed);
         // Nothing will be delivered any more: hooks stop waiting for room.
         self.stalled = true;
         self.ob.shared.set_stalled(true);
@@ -777,7 +774,6 @@ impl<S: Sink> Drainer<S> {
             self.detach(&format!("{e}"));
             return;
         }
-        SINK_FD.store(stream.fd(), Ordering::Relaxed);
         log::info(&format!("connected to the collector (pid {})", self.ob.pid));
         self.sink = Conn::Stream(stream);
     }
@@ -810,7 +806,6 @@ impl<S: Sink> Drainer<S> {
                     &FALLBACK_SAID,
                     &format!("{why}; writing the trace directly to {}", d.path),
                 );
-                SINK_FD.store(d.file.as_raw_fd(), Ordering::Relaxed);
                 self.sink = Conn::File(d);
             }
             Err((path, e)) => {
@@ -857,7 +852,6 @@ impl<S: Sink> Drainer<S> {
                 self.ob.shared.total_lost()
             ));
             self.sink = Conn::Detached;
-            SINK_FD.store(-1, Ordering::Relaxed);
             return;
         }
         match std::mem::replace(&mut self.sink, Conn::Detached) {
@@ -888,22 +882,11 @@ impl<S: Sink> Drainer<S> {
             }
             _ => {}
         }
-        SINK_FD.store(-1, Ordering::Relaxed);
         let lost = self.ob.shared.total_lost();
         finish_failed_direct(self.ob.pid, lost);
         if lost > 0 && DETACH_SAID.taken() && !OUTPUT_REFUSED.load(Ordering::Relaxed) {
             log::warn(&format!("{lost} events were not recorded (see above)"));
         }
-    }
-}
-
-/// Used by the fork child: forget the parent's sink without touching its state.
-pub fn close_inherited_sink() {
-    let fd = SINK_FD.swap(-1, Ordering::Relaxed);
-    if fd >= 0 {
-        // SAFETY: closes the child's copy of the parent's socket or file; the parent's copy
-        // stays open.
-        drop(unsafe { OwnedFd::from_raw_fd(fd) });
     }
 }
 
@@ -964,9 +947,6 @@ mod tests {
         }
         fn reader_stopped(&mut self, _now: Instant) -> bool {
             self.stopped
-        }
-        fn fd(&self) -> i32 {
-            -1
         }
         fn close(self) -> String {
             String::new()

@@ -1,19 +1,23 @@
 //! The shim's own trace file, written when no collector can run: the same format a
 //! collector writes, whole records only, cut back to the last whole record on a full disk.
+//! Its descriptor is the shim's own (`fd_guard.rs`); if the program closes or replaces it, the
+//! file is opened again by its name, provided the name still leads to the very file the shim
+//! created (device and inode), and nothing is lost.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use oomtrace_proto::trace_file;
 
-use crate::clock;
+use super::fd_guard::{is_taken, taken_error, Owned};
+use crate::{clock, log};
 
 /// The trace file the shim writes itself when no collector can run: whole records at known
 /// offsets, and room reserved past the end (as the collector does, see
 /// collector/src/trace_writer.rs), so that when the disk fills up the file still ends on a
 /// whole record followed by an `Incomplete` record that says why.
 pub(super) struct DirectFile {
-    pub(super) file: std::fs::File,
+    file: Owned,
     pub(super) path: String,
     /// Bytes of the file that are whole records.
     written: u64,
@@ -69,9 +73,10 @@ impl DirectFile {
         wanted: &Path,
         first: &[u8],
     ) -> Result<DirectFile, (String, std::io::Error)> {
-        use std::os::unix::fs::FileExt;
-        let (file, path) =
-            trace_file::create_new(wanted).map_err(|e| (wanted.display().to_string(), e))?;
+        let (file, path) = Owned::create(|| {
+            trace_file::create_new(wanted).map(|(f, path)| (OwnedFd::from(f), path))
+        })
+        .map_err(|e| (wanted.display().to_string(), e))?;
         let mut d = DirectFile {
             file,
             path: path.display().to_string(),
@@ -81,7 +86,7 @@ impl DirectFile {
         };
         let result = d
             .reserve(first.len() as u64)
-            .and_then(|_| d.file.write_all_at(first, 0));
+            .and_then(|_| d.write_all_at(first, 0));
         if let Err(e) = result {
             let _ = std::fs::remove_file(&path);
             return Err((d.path, e));
@@ -96,26 +101,30 @@ impl DirectFile {
         if !self.can_reserve {
             return Ok(());
         }
+        let (at, len) = (self.written, bytes + DIRECT_RESERVE);
         let e = loop {
             // SAFETY: fallocate on our own open file; KEEP_SIZE leaves its size unchanged, so
             // a reader never sees the reserved bytes.
-            let rc = unsafe {
+            let rc = self.on_file(|fd| unsafe {
                 libc::fallocate(
-                    self.file.as_raw_fd(),
+                    fd,
                     libc::FALLOC_FL_KEEP_SIZE,
-                    self.written as libc::off_t,
-                    (bytes + DIRECT_RESERVE) as libc::off_t,
-                )
+                    at as libc::off_t,
+                    len as libc::off_t,
+                ) as isize
+            });
+            let e = match rc {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
             };
-            if rc == 0 {
-                return Ok(());
-            }
-            let e = std::io::Error::last_os_error();
             // Interrupted by one of the program's signals: not a failed trace.
             if e.kind() != std::io::ErrorKind::Interrupted {
                 break e;
             }
         };
+        if is_taken(&e) {
+            return Err(e);
+        }
         // Only a full disk (or file size limit) is a failure; EOPNOTSUPP, ENOSYS and the like
         // mean no reservations on this filesystem, and a real problem shows in the write.
         if trace_file::WriteFailure::of(&e) == trace_file::WriteFailure::Other {
@@ -126,16 +135,81 @@ impl DirectFile {
     }
 
     pub(super) fn write_record(&mut self, record: &[u8]) -> std::io::Result<()> {
-        use std::os::unix::fs::FileExt;
         // A failed reservation writes nothing: the file still ends on a whole record.
         self.reserve(record.len() as u64)?;
-        if let Err(e) = self.file.write_all_at(record, self.written) {
+        if let Err(e) = self.write_all_at(record, self.written) {
             // Part of the record may be there: cut back to the last whole one.
-            let _ = self.file.set_len(self.written);
+            self.set_len(self.written);
             return Err(e);
         }
         self.written += record.len() as u64;
         Ok(())
+    }
+
+    /// `op` on the file's descriptor (see `Owned::sys`). If the program took the descriptor,
+    /// the file is opened again (once) and `op` retried.
+    fn on_file(&mut self, op: impl Fn(i32) -> isize) -> std::io::Result<usize> {
+        match self.file.sys(&op) {
+            Err(e) if is_taken(&e) => {
+                self.reopen(e)?;
+                self.file.sys(&op)
+            }
+            r => r,
+        }
+    }
+
+    /// The program closed or replaced the file's descriptor (`taken`): open the file again by
+    /// its name, if the name still leads to the very file this shim created (same device and
+    /// inode; never through a link, never a FIFO's wait), and carry on where it was. Err: the
+    /// file is gone or another; the trace stops (the caller says so).
+    fn reopen(&mut self, taken: std::io::Error) -> std::io::Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let was = self.file.identity();
+        let path = self.path.clone();
+        let (file, ()) = Owned::create(|| {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(&path)?;
+            Ok((OwnedFd::from(f), ()))
+        })
+        .map_err(|_| taken)?;
+        if file.identity() != was {
+            // Ours to close: we just opened it. The trace stops.
+            return Err(taken_error(self.file.fd()));
+        }
+        log::info(&format!(
+            "the program closed the shim's descriptor of {}; opened it again",
+            self.path
+        ));
+        self.file = file;
+        Ok(())
+    }
+
+    /// `pwrite` of all of `buf` at `at`.
+    fn write_all_at(&mut self, mut buf: &[u8], mut at: u64) -> std::io::Result<()> {
+        while !buf.is_empty() {
+            // SAFETY: pwrite of a valid buffer to our own file.
+            let r = self.on_file(|fd| unsafe {
+                libc::pwrite(fd, buf.as_ptr().cast(), buf.len(), at as libc::off_t)
+            });
+            match r {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    buf = &buf[n..];
+                    at += n as u64;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Cuts the file back to `len` bytes (after a failed write), if it is still ours.
+    fn set_len(&mut self, len: u64) {
+        // SAFETY: ftruncate of our own file.
+        let _ = self.on_file(|fd| unsafe { libc::ftruncate(fd, len as libc::off_t) as isize });
     }
 
     /// After a failed write: an `Incomplete` record (in the reserved room) says why the trace
@@ -176,7 +250,6 @@ impl DirectFile {
     /// The `Incomplete` and `End` records after the last whole record. Always the same length
     /// (the counts are fixed-size), so a rewrite fits where the first one did.
     fn write_last_records(&mut self) {
-        use std::os::unix::fs::FileExt;
         let Some(f) = &self.failure else { return };
         let mut rec = Vec::new();
         let _ = trace_file::write_incomplete(
@@ -188,9 +261,9 @@ impl DirectFile {
             &f.message,
         );
         let _ = trace_file::write_end(&mut rec, clock::unix_ns(), 1);
-        if self.file.write_all_at(&rec, self.written).is_err() {
+        if self.write_all_at(&rec, self.written).is_err() {
             // No room even for that: the file ends on its last whole record.
-            let _ = self.file.set_len(self.written);
+            self.set_len(self.written);
         }
     }
 }

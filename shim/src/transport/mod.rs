@@ -5,7 +5,10 @@
 //! queue and the counters); the drain thread (`drain.rs`) empties it into a `Sink` (the
 //! collector's socket, `socket.rs`) or the shim's own trace file (`file.rs`); `spawn.rs`
 //! starts a collector when none was configured. Nothing here knows the process lifecycle:
-//! `lifecycle.rs` creates the outbox and starts the drain thread.
+//! `lifecycle.rs` creates the outbox and starts the drain thread. `fd_guard.rs` keeps the
+//! socket or file on a descriptor of the shim's own and interposes `close`, `close_range`,
+//! `closefrom`, `dup2` and `dup3`, so that a program that closes it and opens its own file
+//! never gets trace frames written into it, nor closed.
 //!
 //! - Lossless while the collector reads. A hook whose event finds the queue full (allocations,
 //!   frees, stack and module definitions alike) wakes the drain thread and waits for room on a
@@ -43,17 +46,21 @@
 //!   until the end of the stream has; both give up after their timeout passes with no
 //!   progress (a collector still reading is waited for).
 //! - If the collector goes away, the process keeps running at full speed; the drain thread
-//!   discards and counts. At exit, if the end of the stream cannot get out (2 s without the
+//!   discards and counts. So it does when the program closes or replaces the shim's socket
+//!   (one line says so): it is never written to or closed again (`fd_guard.rs`); the trace
+//!   file the shim writes itself is reopened instead (the same file: device and inode). At exit, if the end of the stream cannot get out (2 s without the
 //!   socket taking a byte), the shim says so on stderr: those counts cannot reach the
 //!   collector any more.
 
 mod drain;
+mod fd_guard;
 mod file;
 pub mod outbox;
 mod sink;
 mod socket;
 mod spawn;
 
-pub use drain::{close_inherited_sink, spawn_drainer, DrainSetup};
+pub use drain::{spawn_drainer, DrainSetup};
+pub use fd_guard::close_inherited_sink;
 pub use outbox::{Msg, Outbox};
 pub use spawn::{inherited_socket, release_own_collector_dir, start_own_collector};

@@ -23,8 +23,6 @@ pub(super) trait Sink: Sized {
     ) -> std::io::Result<usize>;
     /// Whether the reader's process is known to be stopped (SIGSTOP, a debugger) at `now`.
     fn reader_stopped(&mut self, now: Instant) -> bool;
-    /// The descriptor a fork child must close (-1: none).
-    fn fd(&self) -> i32;
     /// Ends the stream and returns what the reader said before it closed its end.
     fn close(self) -> String;
 }
