@@ -255,16 +255,31 @@ impl TraceFile {
             return Ok(p.clone());
         }
         let path = if self.no_clobber {
-            self.link_to_free_name()?
+            self.link_to_free_name()
         } else {
             // Checked again: something that is not a regular file may have appeared there
             // since the collector started (rename would replace it). Never written beside it.
-            check_output(&self.dest).map_err(io::Error::other)?;
-            std::fs::rename(&self.tmp, &self.dest)?;
-            self.dest.clone()
+            check_output(&self.dest)
+                .map_err(io::Error::other)
+                .and_then(|()| std::fs::rename(&self.tmp, &self.dest))
+                .map(|()| self.dest.clone())
+        };
+        let path = match path {
+            Ok(path) => path,
+            // The directory was removed before the first process connected: the open file
+            // still takes every record, and is saved at the end like a trace whose name
+            // vanished later (`keep_if_vanished`), never lost as "could not be written".
+            Err(e) if e.kind() == io::ErrorKind::NotFound && self.unlinked() => self.dest.clone(),
+            Err(e) => return Err(e),
         };
         self.placed = Some(path.clone());
         Ok(path)
+    }
+
+    /// Whether the open file has no name left (its directory was removed).
+    fn unlinked(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        self.file.metadata().is_ok_and(|m| m.nlink() == 0)
     }
 
     /// `link` never replaces an existing name: the first of `dest`, `dest.1`, ... that is free.
@@ -843,6 +858,33 @@ mod tests {
             .line()
             .ends_with("was removed during the run)"));
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_directory_removed_before_the_first_process_connects_still_keeps_its_trace() {
+        for no_clobber in [false, true] {
+            let d = scratch(if no_clobber { "early-nc" } else { "early" });
+            let gone = d.join("gone");
+            let keep = d.join("keep");
+            std::fs::create_dir(&gone).unwrap();
+            std::fs::create_dir(&keep).unwrap();
+            let mut tf = TraceFile::create(&gone.join("t.oomt"), no_clobber, "test").unwrap();
+            tf.save_vanished_in = Some(keep.clone());
+            // Gone before anything was placed (the program ran ahead of its first Hello).
+            std::fs::remove_dir_all(&gone).unwrap();
+            let (tx, rx) = crossbeam_channel::bounded(8);
+            let h = std::thread::spawn(move || write_loop(tf, rx, false, Default::default()));
+            tx.send(WriterMsg::Open(1)).unwrap();
+            drop(tx);
+            let written = h.join().unwrap();
+            assert!(written.failure.is_none(), "{:?}", written.failure);
+            let saved = keep.join("t.oomt");
+            assert_eq!(written.path, Some(saved.clone()));
+            assert!(written.vanished.is_some());
+            let t = crate::model::trace::Trace::<()>::load(&saved).unwrap();
+            assert!(t.complete, "the whole trace, its end included");
+            let _ = std::fs::remove_dir_all(&d);
+        }
     }
 
     #[test]
