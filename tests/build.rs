@@ -463,6 +463,12 @@ const TARGETS: &[Target] = &[
         sources: &["faults/exec_self.c"],
         flags: CUDART,
     },
+    // Every lost event counted (tests/it/loss_accounting.rs).
+    Target {
+        out: "fault_loss_burst",
+        sources: &["faults/loss_burst.c"],
+        flags: CUDART,
+    },
     // Lossless delivery at default settings (tests/it/lossless.rs).
     Target {
         out: "lossless_threads200",

@@ -10,7 +10,7 @@
 //! both, and hands the live lines (`report::live`) and its warnings to the caller's
 //! [`Console`]; it never prints.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Sender};
+use oomtrace_proto::counter_page::{self, CounterPage};
 use oomtrace_proto::trace_file::{self, CloseReason};
 use oomtrace_proto::wire::{self, Frame, Next};
 
@@ -434,6 +435,43 @@ fn peer_uid(stream: &UnixStream) -> Option<u32> {
     (rc == 0).then_some(cred.uid)
 }
 
+/// As a stream ends: what its process made, from its counter page when that says more than
+/// the stream did (the stream was cut, or events were made after its `Made` frame), goes
+/// into the model and, as a `Made` frame of its own chunk, into the trace; the writer keeps
+/// the final count for its `Incomplete` record. Missing events are then counted, whatever
+/// became of them.
+fn account_made(
+    conn: u32,
+    p: &mut Process,
+    a: &mut Analysis,
+    page: Option<&CounterPage>,
+    opened: bool,
+    wtx: &Sender<WriterMsg>,
+) {
+    if let Some(page) = page {
+        let made = page.made().load(Ordering::Acquire);
+        // A value that is no `GoodbyeReason` is "still running".
+        let ending = u8::try_from(page.ending().load(Ordering::Acquire)).unwrap_or(0);
+        let ending_news = wire::GoodbyeReason::from_u8(ending).is_some() && p.ending.is_none();
+        if p.made.is_none_or(|m| made > m) || ending_news {
+            a.apply_frame(p, &Frame::Made { events: made, ending });
+            if opened {
+                let mut frame = Vec::new();
+                wire::encode::made(&mut frame, made, ending);
+                let _ = wtx.send(WriterMsg::Chunk(conn, frame, 0));
+            }
+        }
+    }
+    if let (Some(events), true) = (p.made, opened) {
+        let ending = p.ending.map_or(0, |r| r as u8);
+        let _ = wtx.send(WriterMsg::Made(trace_file::ConnMade {
+            conn,
+            events,
+            ending,
+        }));
+    }
+}
+
 fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, shared: &Shared) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
@@ -447,11 +485,16 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
     let mut process: Option<(Process, Analysis)> = None;
     let mut failure_said = false;
     let mut goodbye = false;
+    // The peer closed its end: a stream that ended, not one the collector's stop cut.
+    let mut eof = false;
     let mut opened = false;
     let mut chunk = vec![0u8; 256 << 10];
     let mut printed = 0usize;
     let mut sym: Option<StackSymbolizer> = None;
     let mut metrics = shared.metrics.clone().map(Publisher::new);
+    // The process's counter page, if its shim sent one with its first bytes: what it made,
+    // readable whatever becomes of the stream.
+    let mut page: Option<CounterPage> = None;
     let close = |reason: CloseReason, msg: String| {
         let _ = wtx.send(WriterMsg::Close(conn, reason, msg));
     };
@@ -466,8 +509,11 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
         {
             break Ok(());
         }
-        let n = match stream.read(&mut chunk) {
-            Ok(0) => break Ok(()),
+        let n = match counter_page::recv_with_page(stream.as_raw_fd(), &mut chunk, &mut page) {
+            Ok(0) => {
+                eof = true;
+                break Ok(());
+            }
             Ok(n) => n,
             Err(e)
                 if matches!(
@@ -573,10 +619,13 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
             break Ok(());
         }
     };
+    if let Some((p, a)) = process.as_mut() {
+        account_made(conn, p, a, page.as_ref(), opened, wtx);
+    }
     let reason = match (&outcome, goodbye) {
         (Err(_), _) => CloseReason::ProtocolError,
         (Ok(()), true) => CloseReason::Clean,
-        (Ok(()), false) if shared.shutting_down.load(Ordering::Acquire) => {
+        (Ok(()), false) if !eof && shared.shutting_down.load(Ordering::Acquire) => {
             CloseReason::CollectorShutdown
         }
         (Ok(()), false) => CloseReason::Abrupt,
@@ -593,8 +642,12 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
         // The shim reads one line after its goodbye: what its user must hear about its trace.
         // (After the Sync above, what this connection lost is counted.)
         // A process whose records were all written before the failure hears nothing.
+        // One number: every event of this process that is not in the file, those the
+        // writer could not write and those that never reached it (counted in the model).
+        let missing = process.as_ref().map_or(0, |(p, _)| p.lost_events());
         let told = shared.failure.lock().ok().and_then(|s| {
-            let lost = s.unwritten.get(&conn).copied()?;
+            let mut lost = s.unwritten.get(&conn).copied()?;
+            lost.events += missing;
             s.failure.as_ref().map(|f| f.line_for(lost))
         });
         if let Some(line) = told {
@@ -613,7 +666,7 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
         p.end = match reason {
             CloseReason::Clean => p.end,
             CloseReason::ProtocolError => EndState::ProtocolError,
-            CloseReason::Abrupt => EndState::Abrupt,
+            CloseReason::Abrupt => p.end_without_goodbye(),
             CloseReason::CollectorShutdown => EndState::Running,
         };
         if let Some(m) = metrics.take() {

@@ -14,7 +14,7 @@ use oomtrace_proto::wire::{self, encode, GoodbyeReason, Hello, Lost};
 use oomtrace_proto::{Event, EventKind, StackId};
 
 use super::file::{finish_failed_direct, keep_failed_direct, not_a_regular_file, DirectFile};
-use super::outbox::{Done, Msg, Outbox, ON_DRAIN_THREAD};
+use super::outbox::{take_page_fd, Done, Msg, Outbox, ON_DRAIN_THREAD};
 use super::sink::Sink;
 use super::socket::UnixSink;
 use super::spawn::{inherited_socket, start_own_collector};
@@ -600,12 +600,12 @@ impl<S: Sink> Drainer<S> {
                         return;
                     };
                     // The file ends on its last whole record, then says why it stops there.
-                    let line = d.failed(&e, lost_bytes, lost_events);
-                    // What is lost from here on is this file's loss too: counted at exit.
+                    d.failed(&e, lost_bytes, lost_events);
+                    // What is lost from here on is this file's loss too: counted, and said in
+                    // one line, at exit.
                     let before = self.ob.shared.total_lost().saturating_sub(lost_events);
                     keep_failed_direct(self.ob.pid, d, before);
                     self.detach_quietly();
-                    log::warn(&line);
                 } else {
                     self.detach(&format!("{e}"));
                 }
@@ -772,7 +772,14 @@ impl<S: Sink> Drainer<S> {
     fn connected(&mut self, mut stream: S) {
         let mut head = wire::stream_header().to_vec();
         encode::hello(&mut head, &self.hello);
-        if let Err(e) = stream.start(&head) {
+        // The counter page goes with the first bytes, then its descriptor is closed (the
+        // mapping stays); one the program closed and reused is neither sent nor closed.
+        let page = take_page_fd().filter(|p| p.still_ours());
+        let started = stream.start(&head, page.map(|p| p.fd));
+        if let Some(p) = page {
+            p.close();
+        }
+        if let Err(e) = started {
             self.drop_out();
             self.detach(&format!("{e}"));
             return;
@@ -832,6 +839,9 @@ impl<S: Sink> Drainer<S> {
         self.progress_connection(true);
         self.push_lost_if_changed();
         self.close_events();
+        // What this process made, delivered or not: the reader counts as lost what it did
+        // not receive of it, whatever happened on the way.
+        encode::made(&mut self.out, self.ob.made(), reason as u8);
         encode::goodbye(&mut self.out, reason, self.seq);
         self.write_out();
         // As long as the collector takes bytes, the end of the stream is worth waiting for.
@@ -847,14 +857,13 @@ impl<S: Sink> Drainer<S> {
             }
         }
         if matches!(self.sink, Conn::Stream(_)) && !self.drained() {
-            // The collector is stopped or far behind: say so, since the counts of what is
-            // missing cannot reach it any more.
+            // The collector is stopped or far behind: say so. It counts what is missing from
+            // the counter page (an older collector cannot).
             log::warn(&format!(
                 "the collector did not take the end of this process's stream within {} ms \
-                 (it took nothing for that long: stopped or overloaded): its trace ends early; \
-                 {} events were already counted lost",
+                 (it took nothing for that long: stopped or overloaded): its trace ends early, \
+                 and the events missing from it are counted there as lost",
                 FINISH_WRITE_WAIT.as_millis(),
-                self.ob.shared.total_lost()
             ));
             self.sink = Conn::Detached;
             SINK_FD.store(-1, Ordering::Relaxed);
@@ -883,22 +892,34 @@ impl<S: Sink> Drainer<S> {
                 );
                 let _ = trace_file::write_end(&mut tail, clock::unix_ns(), 1);
                 if let Err(e) = d.write_record(&tail) {
-                    log::warn(&d.failed(&e, 0, 0));
+                    // Said below, with the count.
+                    d.failed(&e, 0, 0);
+                    keep_failed_direct(self.ob.pid, d, self.ob.shared.total_lost());
                 }
             }
             _ => {}
         }
         SINK_FD.store(-1, Ordering::Relaxed);
         let lost = self.ob.shared.total_lost();
-        finish_failed_direct(self.ob.pid, lost);
-        if lost > 0 && DETACH_SAID.taken() && !OUTPUT_REFUSED.load(Ordering::Relaxed) {
+        let made = trace_file::ConnMade {
+            conn: 0,
+            events: self.ob.made(),
+            ending: reason as u8,
+        };
+        if let Some(line) = finish_failed_direct(self.ob.pid, lost, made) {
+            log::warn(&line);
+        } else if lost > 0 && DETACH_SAID.taken() && !OUTPUT_REFUSED.load(Ordering::Relaxed) {
             log::warn(&format!("{lost} events were not recorded (see above)"));
         }
     }
 }
 
-/// Used by the fork child: forget the parent's sink without touching its state.
+/// Used by the fork child: forget the parent's sink (and its counter page's descriptor, if
+/// not handed over yet) without touching its state.
 pub fn close_inherited_sink() {
+    if let Some(page) = take_page_fd() {
+        page.close();
+    }
     let fd = SINK_FD.swap(-1, Ordering::Relaxed);
     if fd >= 0 {
         // SAFETY: closes the child's copy of the parent's socket or file; the parent's copy
@@ -944,7 +965,7 @@ mod tests {
         fn connect(_: &Path) -> std::io::Result<MemSink> {
             Err(std::io::ErrorKind::NotFound.into())
         }
-        fn start(&mut self, head: &[u8]) -> std::io::Result<()> {
+        fn start(&mut self, head: &[u8], _page: Option<i32>) -> std::io::Result<()> {
             self.got.borrow_mut().extend_from_slice(head);
             Ok(())
         }
@@ -1136,5 +1157,15 @@ mod tests {
         assert!(done.wait(Duration::ZERO));
         assert!(r.got.borrow().len() >= 5 * oomtrace_proto::EVENT_SIZE);
         assert_eq!(r.ob.total_lost(), 0);
+        // Just before the goodbye: what the process made, and that it is exiting.
+        let got = r.got.borrow();
+        let frames: Vec<_> = wire::frames(&got).collect::<Result<_, _>>().unwrap();
+        assert!(
+            matches!(
+                frames[frames.len() - 2..],
+                [wire::Frame::Made { events: 5, ending: 1 }, wire::Frame::Goodbye { .. }]
+            ),
+            "{frames:?}"
+        );
     }
 }

@@ -34,8 +34,17 @@ impl Sink for UnixSink {
         })
     }
 
-    fn start(&mut self, head: &[u8]) -> std::io::Result<()> {
-        send_all(&self.stream, head)?;
+    fn start(&mut self, head: &[u8], page: Option<i32>) -> std::io::Result<()> {
+        let mut rest = head;
+        if let Some(page) = page {
+            // A socket that refuses the descriptor still takes the stream without it.
+            if let Ok(n) =
+                oomtrace_proto::counter_page::send_with_page(self.stream.as_raw_fd(), head, page)
+            {
+                rest = &head[n..];
+            }
+        }
+        send_all(&self.stream, rest)?;
         let _ = self.stream.set_write_timeout(Some(SOCKET_WRITE_WAIT));
         self.peer_pid = peer_pid(&self.stream);
         Ok(())
