@@ -454,7 +454,13 @@ fn account_made(
         let ending = u8::try_from(page.ending().load(Ordering::Acquire)).unwrap_or(0);
         let ending_news = wire::GoodbyeReason::from_u8(ending).is_some() && p.ending.is_none();
         if p.made.is_none_or(|m| made > m) || ending_news {
-            a.apply_frame(p, &Frame::Made { events: made, ending });
+            a.apply_frame(
+                p,
+                &Frame::Made {
+                    events: made,
+                    ending,
+                },
+            );
             if opened {
                 let mut frame = Vec::new();
                 wire::encode::made(&mut frame, made, ending);

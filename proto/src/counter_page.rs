@@ -266,8 +266,7 @@ pub fn recv_with_page(
                 let data = libc::CMSG_DATA(c);
                 let payload = (*c).cmsg_len as usize - (data as usize - c as usize);
                 for i in 0..(payload / std::mem::size_of::<RawFd>()).min(MAX_FDS) {
-                    let fd =
-                        std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
+                    let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
                     fds.push(OwnedFd::from_raw_fd(fd));
                 }
             }
@@ -315,7 +314,10 @@ mod tests {
         send_with_page(a.as_raw_fd(), b"x", file.as_raw_fd()).unwrap();
         let mut got = None;
         let mut buf = [0u8; 4];
-        assert_eq!(recv_with_page(b.as_raw_fd(), &mut buf, &mut got).unwrap(), 1);
+        assert_eq!(
+            recv_with_page(b.as_raw_fd(), &mut buf, &mut got).unwrap(),
+            1
+        );
         assert!(got.is_none());
     }
 }

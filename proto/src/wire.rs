@@ -775,7 +775,13 @@ mod tests {
             f => panic!("{f:?}"),
         }
         assert!(
-            matches!(all[6], Frame::Made { events: 77, ending: 1 }),
+            matches!(
+                all[6],
+                Frame::Made {
+                    events: 77,
+                    ending: 1
+                }
+            ),
             "{:?}",
             all[6]
         );

@@ -157,7 +157,10 @@ fn a_killed_collector_leaves_a_readable_trace_that_calls_no_process_killed() {
         let _ = std::io::Read::read_to_string(app.stderr.as_mut().unwrap(), &mut err);
         assert_eq!(status.code(), Some(EXIT_CODE), "{status:?}: {err}");
         // One number for what was lost: the line at exit.
-        let numbers = err.lines().filter(|l| l.contains("were not recorded")).count();
+        let numbers = err
+            .lines()
+            .filter(|l| l.contains("were not recorded"))
+            .count();
         assert!(numbers <= 1, "{err}");
     }
     let r = report_json(&trace);
@@ -165,7 +168,10 @@ fn a_killed_collector_leaves_a_readable_trace_that_calls_no_process_killed() {
     assert!(!processes(&r).is_empty(), "{r:#}");
     for p in processes(&r) {
         assert_eq!(p["status"], "running when the trace ended", "{p}");
-        assert!(u(&p["events"]) + u(&p["lost_events"]) <= made_by(pairs), "{p}");
+        assert!(
+            u(&p["events"]) + u(&p["lost_events"]) <= made_by(pairs),
+            "{p}"
+        );
         assert!(
             warnings.contains(&format!("process {} was still connected", p["pid"])),
             "{warnings}"
@@ -214,7 +220,11 @@ fn full_disk_said_once_with_the_count(test: &str, script: &str, said_as: &str, t
         dir.join(trace)
     });
     let p = processes(&r)[0];
-    assert_eq!(u(&p["lost_events"]), n, "the number said is the one reported: {err}\n{p}");
+    assert_eq!(
+        u(&p["lost_events"]),
+        n,
+        "the number said is the one reported: {err}\n{p}"
+    );
     assert_eq!(u(&p["events"]) + n, made_by(pairs), "{p}");
     assert!(n > 0, "{p}");
 }

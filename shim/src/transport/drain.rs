@@ -1163,7 +1163,13 @@ mod tests {
         assert!(
             matches!(
                 frames[frames.len() - 2..],
-                [wire::Frame::Made { events: 5, ending: 1 }, wire::Frame::Goodbye { .. }]
+                [
+                    wire::Frame::Made {
+                        events: 5,
+                        ending: 1
+                    },
+                    wire::Frame::Goodbye { .. }
+                ]
             ),
             "{frames:?}"
         );

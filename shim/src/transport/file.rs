@@ -59,7 +59,7 @@ pub(super) fn finish_failed_direct(
     made: trace_file::ConnMade,
 ) -> Option<String> {
     let mut kept = FAILED_DIRECT.try_lock().ok()?;
-    if !kept.as_ref().is_some_and(|(p, _, _)| *p == pid) {
+    if kept.as_ref().is_none_or(|(p, _, _)| *p != pid) {
         return None;
     }
     let (_, mut file, before) = kept.take()?;

@@ -44,8 +44,13 @@
 //!   progress (a collector still reading is waited for).
 //! - If the collector goes away, the process keeps running at full speed; the drain thread
 //!   discards and counts. At exit, if the end of the stream cannot get out (2 s without the
-//!   socket taking a byte), the shim says so on stderr: those counts cannot reach the
-//!   collector any more.
+//!   socket taking a byte), the shim says so on stderr.
+//! - Every event and marker a hook makes is counted (one relaxed add, before it is queued) in
+//!   the counter page (`oomtrace_proto::counter_page`), whose descriptor goes to the
+//!   collector with the stream's first bytes: the collector reads it when the stream ends,
+//!   so what never reached it (a cut end of stream, a killed process) is counted lost there.
+//!   The count also goes out in a `Made` frame just before the goodbye (for the shim's own
+//!   trace file, and collectors that got no page).
 
 mod drain;
 mod file;

@@ -68,7 +68,8 @@ impl Outbox {
             // No memfd (an old kernel, a sandbox): the count still goes out in the `Made`
             // frame before the goodbye, only not when the stream is cut.
             Err(_) => {
-                let words: &'static [AtomicU64; 2] = Box::leak(Box::new([const { AtomicU64::new(0) }; 2]));
+                let words: &'static [AtomicU64; 2] =
+                    Box::leak(Box::new([const { AtomicU64::new(0) }; 2]));
                 (&words[0], &words[1])
             }
         };
