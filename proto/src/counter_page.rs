@@ -97,7 +97,15 @@ impl CounterPage {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: a descriptor memfd_create just returned, owned here until handed over.
+        // Its identity at once, and a fresh memfd's seals (none) before it is sized: a
+        // descriptor the program closed and reused in between is never truncated or closed.
+        let (dev, ino) = identity(fd).ok_or_else(io::Error::last_os_error)?;
+        // SAFETY: F_GET_SEALS only reads the descriptor's seals.
+        if unsafe { libc::fcntl(fd, libc::F_GET_SEALS) } != 0 {
+            return Err(io::Error::other("the memfd was replaced"));
+        }
+        // SAFETY: a descriptor memfd_create just returned (checked above), owned here until
+        // handed over.
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: plain calls on the memfd we own.
         let sized = unsafe {
@@ -113,7 +121,6 @@ impl CounterPage {
         }
         let page = map(fd, libc::PROT_READ | libc::PROT_WRITE)?;
         page.word(0).store(PAGE_MAGIC, Ordering::Release);
-        let (dev, ino) = identity(fd).ok_or_else(io::Error::last_os_error)?;
         // From here the descriptor is kept by number (see `PageFd`).
         let fd = owned.as_raw_fd();
         std::mem::forget(owned);

@@ -129,12 +129,12 @@ fn many_processes_into_a_starved_collector(procs: usize, pairs: u64) {
 
 #[test]
 fn sixty_four_processes_into_a_starved_collector_count_every_lost_event() {
-    many_processes_into_a_starved_collector(64, 12_000);
+    many_processes_into_a_starved_collector(64, 10_000);
 }
 
 #[test]
 fn a_hundred_and_twenty_eight_processes_into_a_starved_collector_count_every_lost_event() {
-    many_processes_into_a_starved_collector(128, 5_000);
+    many_processes_into_a_starved_collector(128, 3_000);
 }
 
 /// A collector killed mid-run takes the counts it had not written with it: its trace is
