@@ -218,12 +218,19 @@ impl Collector {
         let next_conn = AtomicU32::new(1);
         let started = Instant::now();
         let mut workers = Vec::new();
+        // Connections taken after the stop was asked for (bounded: a stop is never held off).
+        let mut taken_stopping = 0u32;
         loop {
-            if stop.load(Ordering::Relaxed) {
+            // Stopping: the connections already waiting are still taken, then no more. Their
+            // processes may have ended, their whole streams waiting in the socket; dropped
+            // unaccepted, they would be missing from the trace without a word.
+            let stopping = stop.load(Ordering::Relaxed);
+            if stopping && taken_stopping >= MAX_TAKEN_STOPPING {
                 break;
             }
             match listener.accept() {
                 Ok((stream, _)) => {
+                    taken_stopping += u32::from(stopping);
                     let conn = next_conn.fetch_add(1, Ordering::Relaxed);
                     shared.active.fetch_add(1, Ordering::AcqRel);
                     shared.ever.store(true, Ordering::Release);
@@ -245,6 +252,7 @@ impl Collector {
                         }
                     }
                 }
+                Err(_) if stopping => break,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(10));
                 }
@@ -332,6 +340,10 @@ impl Collector {
         })
     }
 }
+
+/// At most this many connections waiting in the listen backlog are still taken once the
+/// collector is asked to stop (the kernel's backlog holds at most `somaxconn` anyway).
+const MAX_TAKEN_STOPPING: u32 = 4096;
 
 struct Shared {
     active: AtomicUsize,

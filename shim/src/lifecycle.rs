@@ -174,7 +174,11 @@ pub fn finish(reason: GoodbyeReason, timeout: Duration) {
         return;
     }
     MODE.store(MODE_FORWARD, Ordering::Release);
-    if guard::catch(|| st.outbox.shutdown(reason, timeout)) == Some(false) {
+    // A stream whose end left the process lost nothing: the wait that timed out was for the
+    // collector's acknowledgement.
+    if guard::catch(|| st.outbox.shutdown(reason, timeout)) == Some(false)
+        && !st.outbox.end_delivered()
+    {
         // The drain thread did not finish in time (starved, or a collector far behind):
         // whatever it still held leaves with the process, and the user should know. How
         // many events that is only the collector can tell (from the counter page): no

@@ -6,7 +6,7 @@
 
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use oomtrace_tests::*;
@@ -22,12 +22,19 @@ fn made_by(pairs: u64) -> u64 {
 
 const EXIT_CODE: i32 = 42;
 
+/// The tests here starve the machine on purpose (or need it not starved): one at a time.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static HEAVY: Mutex<()> = Mutex::new(());
+    HEAVY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
 
 fn burst(socket: &std::path::Path, pairs: u64) -> Child {
     base_command(scenario("fault_loss_burst"))
+        .current_dir(socket.parent().expect("the scratch dir"))
         .args([pairs.to_string(), EXIT_CODE.to_string()])
         .env("LD_PRELOAD", shim())
         .env("OOMTRACE_SOCKET", socket)
@@ -65,6 +72,7 @@ fn starve(pid: u32, done: Arc<AtomicBool>) -> std::thread::JoinHandle<u32> {
 /// `procs` processes of `pairs` pairs each, all at once, into one `oomtrace collect` that is
 /// stopped and continued while they run and end: each one's events are received or counted.
 fn many_processes_into_a_starved_collector(procs: usize, pairs: u64) {
+    let _alone = one_at_a_time();
     let start = Instant::now();
     let dir = scratch(&format!("loss-{procs}"));
     let socket = dir.join("c.sock");
@@ -142,6 +150,7 @@ fn a_hundred_and_twenty_eight_processes_into_a_starved_collector_count_every_los
 /// missing instead of claiming a count it cannot know.
 #[test]
 fn a_killed_collector_leaves_a_readable_trace_that_calls_no_process_killed() {
+    let _alone = one_at_a_time();
     let dir = scratch("loss-killed");
     let socket = dir.join("c.sock");
     let trace = dir.join("c.oomt");
@@ -195,6 +204,7 @@ fn number_before(line: &str, word: &str) -> u64 {
 /// with one number, and that number is what the report of the trace counts lost, which
 /// with what it received is what the process made.
 fn full_disk_said_once_with_the_count(test: &str, script: &str, said_as: &str, trace: &str) {
+    let _alone = one_at_a_time();
     let dir = scratch(test);
     let disk = dir.join("disk");
     std::fs::create_dir(&disk).unwrap();

@@ -871,6 +871,7 @@ impl<S: Sink> Drainer<S> {
         }
         match std::mem::replace(&mut self.sink, Conn::Detached) {
             Conn::Stream(s) => {
+                self.ob.shared.end_delivered.store(true, Ordering::Release);
                 // The collector closes its end once this process's data is in the trace
                 // file; before that it may send one line this process's user must hear.
                 let said = s.close();

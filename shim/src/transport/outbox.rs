@@ -120,6 +120,12 @@ impl Outbox {
         self.shared.total_lost()
     }
 
+    /// Whether the end of the stream (goodbye included) has left the process: a shutdown
+    /// that timed out after that lost nothing.
+    pub fn end_delivered(&self) -> bool {
+        self.shared.end_delivered.load(Ordering::Acquire)
+    }
+
     /// Events and markers made so far, delivered or not.
     pub fn made(&self) -> u64 {
         self.made.load(Ordering::Acquire)
@@ -233,6 +239,9 @@ pub(super) struct Shared {
     pub(super) draining: AtomicBool,
     /// `shutdown` has begun: the process is finishing; hooks do not wait any more.
     pub(super) closing: AtomicBool,
+    /// The whole stream, goodbye included, has left the process (only the collector's
+    /// acknowledgement may still be awaited).
+    pub(super) end_delivered: AtomicBool,
     pub(super) drainer: OnceLock<std::thread::Thread>,
     pub(super) drainer_idle: AtomicBool,
     pub(super) capacity: usize,
@@ -251,6 +260,7 @@ impl Shared {
             stalled: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             closing: AtomicBool::new(false),
+            end_delivered: AtomicBool::new(false),
             drainer: OnceLock::new(),
             drainer_idle: AtomicBool::new(false),
             capacity,
