@@ -480,6 +480,12 @@ const TARGETS: &[Target] = &[
         sources: &["faults/close_all.c"],
         flags: CUDART,
     },
+    // Every lost event counted (tests/it/loss_accounting.rs).
+    Target {
+        out: "fault_loss_burst",
+        sources: &["faults/loss_burst.c"],
+        flags: CUDART,
+    },
     // Lossless delivery at default settings (tests/it/lossless.rs).
     Target {
         out: "lossless_threads200",

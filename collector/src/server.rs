@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Sender};
+use oomtrace_proto::counter_page::{self, CounterPage};
 use oomtrace_proto::trace_file::{self, CloseReason};
 use oomtrace_proto::wire::{self, Frame, Next};
 
@@ -255,12 +256,19 @@ impl Collector {
         let next_conn = AtomicU32::new(1);
         let started = Instant::now();
         let mut workers = Vec::new();
+        // Connections taken after the stop was asked for (bounded: a stop is never held off).
+        let mut taken_stopping = 0u32;
         loop {
-            if stop.load(Ordering::Relaxed) {
+            // Stopping: the connections already waiting are still taken, then no more. Their
+            // processes may have ended, their whole streams waiting in the socket; dropped
+            // unaccepted, they would be missing from the trace without a word.
+            let stopping = stop.load(Ordering::Relaxed);
+            if stopping && taken_stopping >= MAX_TAKEN_STOPPING {
                 break;
             }
             match listener.accept() {
                 Ok((stream, _)) => {
+                    taken_stopping += u32::from(stopping);
                     let conn = next_conn.fetch_add(1, Ordering::Relaxed);
                     // Counted from here (its Hello is on its way): the connection's `Holding`
                     // takes it back.
@@ -277,6 +285,7 @@ impl Collector {
                         }
                     }
                 }
+                Err(_) if stopping => break,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(10));
                 }
@@ -394,6 +403,10 @@ impl Collector {
         })
     }
 }
+
+/// At most this many connections waiting in the listen backlog are still taken once the
+/// collector is asked to stop (the kernel's backlog holds at most `somaxconn` anyway).
+const MAX_TAKEN_STOPPING: u32 = 4096;
 
 struct Shared {
     active: AtomicUsize,
@@ -535,6 +548,62 @@ impl Drop for Holding<'_> {
     }
 }
 
+/// As a stream ends: what its process made, from its counter page when that says more than
+/// the stream did (the stream was cut, or events were made after its `Made` frame), goes
+/// into the model and, as a `Made` frame of its own chunk, into the trace; the writer keeps
+/// the final count for its `Incomplete` record. Missing events are then counted, whatever
+/// became of them.
+fn account_made(
+    conn: u32,
+    p: &mut Process,
+    a: &mut Analysis,
+    page: Option<&CounterPage>,
+    opened: bool,
+    wtx: &Sender<WriterMsg>,
+) {
+    if let Some(page) = page {
+        let made = page.made().load(Ordering::Acquire);
+        // A value that is no `GoodbyeReason` is "still running".
+        let ending = u8::try_from(page.ending().load(Ordering::Acquire)).unwrap_or(0);
+        let ending_news = wire::GoodbyeReason::from_u8(ending).is_some() && p.ending.is_none();
+        if p.made.is_none_or(|m| made > m) || ending_news {
+            a.apply_frame(
+                p,
+                &Frame::Made {
+                    events: made,
+                    ending,
+                },
+            );
+            if opened {
+                let mut frame = Vec::new();
+                wire::encode::made(&mut frame, made, ending);
+                let _ = wtx.send(WriterMsg::Chunk(conn, frame, 0));
+            }
+        }
+    }
+    if let (Some(events), true) = (p.made, opened) {
+        let ending = p.ending.map_or(0, |r| r as u8);
+        let _ = wtx.send(WriterMsg::Made(trace_file::ConnMade {
+            conn,
+            events,
+            ending,
+        }));
+    }
+}
+
+/// A connection's socket read with `recvmsg`, which also takes the counter page its shim
+/// attaches to the first bytes (any other descriptor is closed at once).
+struct PagedReader<'a> {
+    fd: std::os::fd::RawFd,
+    page: &'a mut Option<CounterPage>,
+}
+
+impl std::io::Read for PagedReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        counter_page::recv_with_page(self.fd, buf, self.page)
+    }
+}
+
 fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, shared: &Shared) {
     let accepted = Instant::now();
     let mut holding = Holding {
@@ -557,11 +626,16 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
     let mut process: Option<(Process, Analysis)> = None;
     let mut failure_said = false;
     let mut goodbye = false;
+    // The peer closed its end: a stream that ended, not one the collector's stop cut.
+    let mut eof = false;
     let mut opened = false;
     let mut printed = 0usize;
     let mut sym: Option<StackSymbolizer> = None;
     let mut stale_said = 0usize;
     let mut metrics = shared.metrics.clone().map(Publisher::new);
+    // The process's counter page, if its shim sent one with its first bytes: what it made,
+    // readable whatever becomes of the stream.
+    let mut page: Option<CounterPage> = None;
     let close = |reason: CloseReason, msg: String| {
         let _ = wtx.send(WriterMsg::Close(conn, reason, msg));
     };
@@ -583,8 +657,16 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
             None => accepted.elapsed() < HELLO_WAIT,
             Some(_) => inbox.is_empty() || last_byte.elapsed() < MID_FRAME_WAIT,
         });
-        match inbox.read_from(&mut stream) {
-            Ok(Some(0)) => break Ok(()),
+        // The counter page comes with the first bytes (SCM_RIGHTS): read with `recvmsg`.
+        let mut reader = PagedReader {
+            fd: stream.as_raw_fd(),
+            page: &mut page,
+        };
+        match inbox.read_from(&mut reader) {
+            Ok(Some(0)) => {
+                eof = true;
+                break Ok(());
+            }
             Ok(Some(_)) => {}
             Ok(None) => {
                 // Frames over what a shim sends, with the budget for them spent: read this
@@ -715,10 +797,13 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
             break Ok(());
         }
     };
+    if let Some((p, a)) = process.as_mut() {
+        account_made(conn, p, a, page.as_ref(), opened, wtx);
+    }
     let reason = match (&outcome, goodbye) {
         (Err(_), _) => CloseReason::ProtocolError,
         (Ok(()), true) => CloseReason::Clean,
-        (Ok(()), false) if shared.shutting_down.load(Ordering::Acquire) => {
+        (Ok(()), false) if !eof && shared.shutting_down.load(Ordering::Acquire) => {
             CloseReason::CollectorShutdown
         }
         (Ok(()), false) => CloseReason::Abrupt,
@@ -735,8 +820,12 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
         // The shim reads one line after its goodbye: what its user must hear about its trace.
         // (After the Sync above, what this connection lost is counted.)
         // A process whose records were all written before the failure hears nothing.
+        // One number: every event of this process that is not in the file, those the
+        // writer could not write and those that never reached it (counted in the model).
+        let missing = process.as_ref().map_or(0, |(p, _)| p.lost_events());
         let told = shared.failure.lock().ok().and_then(|s| {
-            let lost = s.unwritten.get(&conn).copied()?;
+            let mut lost = s.unwritten.get(&conn).copied()?;
+            lost.events += missing;
             s.failure.as_ref().map(|f| f.line_for(lost))
         });
         if let Some(line) = told {
@@ -755,7 +844,7 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
         p.end = match reason {
             CloseReason::Clean => p.end,
             CloseReason::ProtocolError => EndState::ProtocolError,
-            CloseReason::Abrupt => EndState::Abrupt,
+            CloseReason::Abrupt => p.end_without_goodbye(),
             CloseReason::CollectorShutdown => EndState::Running,
         };
         if let Some(m) = metrics.take() {

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use oomtrace_proto::trace_file::{self, CloseReason, WriteFailure};
+use oomtrace_proto::trace_file::{self, CloseReason, ConnMade, WriteFailure};
 use oomtrace_proto::wire;
 use rustc_hash::FxHashMap;
 
@@ -48,6 +48,10 @@ pub enum WriterMsg {
     /// Whole wire frames of a connection, and how many events they hold.
     Chunk(u32, Vec<u8>, u64),
     Close(u32, CloseReason, String),
+    /// What a connection's process made, as its stream ended (its last `Made` frame, as
+    /// already sent in its chunks): kept for the `Incomplete` record, should the end of that
+    /// stream not be written.
+    Made(ConnMade),
     /// Flush to the OS, then acknowledge.
     Sync(Sender<()>),
 }
@@ -476,6 +480,8 @@ struct Writer {
     /// All connections together: what could not be written.
     unwritten: Unwritten,
     shared: SharedFailure,
+    /// What each ended connection's process made (see `WriterMsg::Made`).
+    made: FxHashMap<u32, ConnMade>,
 }
 
 impl Writer {
@@ -618,6 +624,17 @@ impl Writer {
     /// length: the counts are fixed-size), so it never needs room the reserve lacks.
     fn write_incomplete(&mut self, end_conns: Option<u32>) {
         let Some(failure) = &self.failed else { return };
+        // What made each process some of whose records are not in the file: a reader then
+        // counts its missing events exactly.
+        let mut made: Vec<ConnMade> = match self.shared.lock() {
+            Ok(s) => s
+                .unwritten
+                .keys()
+                .filter_map(|conn| self.made.get(conn).copied())
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        made.sort_unstable_by_key(|m| m.conn);
         let mut tail = Vec::new();
         let _ = trace_file::write_incomplete(
             &mut tail,
@@ -626,6 +643,7 @@ impl Writer {
             self.unwritten.bytes,
             self.unwritten.events,
             &failure.error,
+            &made,
         );
         if let Some(conns) = end_conns {
             let _ = trace_file::write_end(&mut tail, now_ns(), conns);
@@ -674,6 +692,7 @@ pub fn write_loop(
         failed: None,
         unwritten: Unwritten::default(),
         shared,
+        made: FxHashMap::default(),
     };
     let mut conns = 0u32;
     let mut last_flush = Instant::now();
@@ -698,6 +717,9 @@ pub fn write_loop(
             }
             Some(WriterMsg::Chunk(conn, bytes, events)) => w.chunk(conn, &bytes, events, compress),
             Some(WriterMsg::Close(conn, reason, msg)) => w.close(conn, reason, &msg),
+            Some(WriterMsg::Made(m)) => {
+                w.made.insert(m.conn, m);
+            }
             Some(WriterMsg::Sync(ack)) => {
                 w.write_pending();
                 last_flush = Instant::now();

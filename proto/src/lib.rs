@@ -3,6 +3,8 @@
 //! - [`event`]: the fixed 64-byte [`Event`] and its pinned enums.
 //! - [`cache`]: where the files oomtrace carries are kept, and its Python files.
 //! - [`collector_spawn`]: the one way to start an `oomtrace collect` (shim and `run`).
+//! - [`counter_page`]: the page of shared memory in which the shim counts the events it made,
+//!   handed to the collector so that what a cut stream lost is still counted.
 //! - [`cuda_error`]: names of the CUDA error codes an allocation fails with.
 //! - [`file_kind`]: what a refused path is, in the words every part uses.
 //! - [`launch`]: a process's rank in a distributed job, from its launcher's variables.
@@ -18,6 +20,7 @@
 
 pub mod cache;
 pub mod collector_spawn;
+pub mod counter_page;
 pub mod cuda_error;
 pub mod event;
 pub mod file_kind;

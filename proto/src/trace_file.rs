@@ -12,6 +12,7 @@
 //!   5 Incomplete t_unix_ns u64 | cause u8 (WriteFailure: 1 disk full, 2 file too large,
 //!                3 other I/O error; unknown values read as 3) | unwritten_bytes u64 |
 //!                unwritten_events u64 | message str
+//!                [ | n u32 | (conn u32, made u64, ending u8) * n ]
 //!                the writer could not write everything it received (a full disk) from
 //!                `t_unix_ns` on: the records before this one are whole; `unwritten_bytes` of
 //!                wire frames holding `unwritten_events` events came after them and were not
@@ -20,6 +21,10 @@
 //!                full disk; rewritten in place with the final counts, then an End. (The
 //!                shim's own writer encodes nothing after a failure: its unwritten_bytes
 //!                covers only the write that failed; its unwritten_events covers all.)
+//!                The bracketed tail (absent in older files: read as empty) gives, for each
+//!                connection some of whose records were not written, what its `Made` frame
+//!                said (see wire.rs), so that a reader still knows how many events each
+//!                process made: at most [`MAX_MADE_ENTRIES`], to fit the reserved room.
 //! ```
 //!
 //! The file is readable while it is written, and a writer that dies leaves a valid prefix
@@ -45,6 +50,21 @@ pub mod record_type {
     pub const CONN_CLOSE: u8 = 3;
     pub const END: u8 = 4;
     pub const INCOMPLETE: u8 = 5;
+}
+
+/// Entries of an `Incomplete` record's table of what each connection made (13 bytes each:
+/// it must fit the room reserved for the record on a full disk).
+pub const MAX_MADE_ENTRIES: usize = 2048;
+
+/// What one connection's process made (its last `Made` frame), kept in an `Incomplete`
+/// record for a connection whose last records could not be written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnMade {
+    pub conn: u32,
+    /// Events and markers made, delivered or not.
+    pub events: u64,
+    /// 0, or the `GoodbyeReason` its process began its end of stream with.
+    pub ending: u8,
 }
 
 /// Why a writer could not write everything (record `Incomplete`). Pinned values.
@@ -179,6 +199,8 @@ pub enum Record {
         unwritten_bytes: u64,
         unwritten_events: u64,
         message: String,
+        /// What each connection cut short made (see the format above).
+        made: Vec<ConnMade>,
     },
     Unknown {
         ty: u8,
@@ -337,6 +359,7 @@ pub fn write_incomplete<W: Write>(
     unwritten_bytes: u64,
     unwritten_events: u64,
     message: &str,
+    made: &[ConnMade],
 ) -> io::Result<()> {
     let mut p = Vec::new();
     let mut wr = Writer { buf: &mut p };
@@ -345,6 +368,13 @@ pub fn write_incomplete<W: Write>(
     wr.u64(unwritten_bytes);
     wr.u64(unwritten_events);
     wr.str(message);
+    let made = &made[..made.len().min(MAX_MADE_ENTRIES)];
+    wr.u32(made.len() as u32);
+    for m in made {
+        wr.u32(m.conn);
+        wr.u64(m.events);
+        wr.u8(m.ending);
+    }
     write_record(w, record_type::INCOMPLETE, &p)
 }
 
@@ -504,6 +534,20 @@ impl<R: Read> TraceReader<R> {
                     unwritten_bytes: r.u64()?,
                     unwritten_events: r.u64()?,
                     message: r.str()?,
+                    made: {
+                        let mut made = Vec::new();
+                        if r.remaining() > 0 {
+                            let n = r.u32()? as usize;
+                            for _ in 0..n.min(MAX_MADE_ENTRIES) {
+                                made.push(ConnMade {
+                                    conn: r.u32()?,
+                                    events: r.u64()?,
+                                    ending: r.u8()?,
+                                });
+                            }
+                        }
+                        made
+                    },
                 },
                 other => Record::Unknown { ty: other },
             })
@@ -603,6 +647,11 @@ mod tests {
             4096,
             17,
             "No space left on device",
+            &[ConnMade {
+                conn: 3,
+                events: 99,
+                ending: 1,
+            }],
         )
         .unwrap();
         write_end(&mut f, 10, 0).unwrap();
@@ -615,8 +664,29 @@ mod tests {
                 cause: WriteFailure::DiskFull,
                 unwritten_bytes: 4096,
                 unwritten_events: 17,
-                message: "No space left on device".into()
+                message: "No space left on device".into(),
+                made: vec![ConnMade {
+                    conn: 3,
+                    events: 99,
+                    ending: 1
+                }],
             }
+        );
+        // As written before the table: read with none.
+        let mut old = Vec::new();
+        write_header(&mut old, 1, "test").unwrap();
+        let mut p = Vec::new();
+        let mut wr = Writer { buf: &mut p };
+        wr.u64(9);
+        wr.u8(1);
+        wr.u64(0);
+        wr.u64(17);
+        wr.str("");
+        write_record(&mut old, record_type::INCOMPLETE, &p).unwrap();
+        let (recs, _) = read_all(&old).unwrap();
+        assert!(
+            matches!(&recs[0], Record::Incomplete { made, unwritten_events: 17, .. } if made.is_empty()),
+            "{recs:?}"
         );
         for v in 0..=255u8 {
             let c = WriteFailure::from_u8(v);

@@ -35,6 +35,13 @@
 //!              (launcher variables learnt after the Hello, e.g. the rank that
 //!              `torch.distributed.init_process_group` was given; each replaces the Hello's
 //!              variable of the same name)
+//! 11 Made      events u64 | ending u8
+//!              (every event and step marker the process made, delivered or not: what the
+//!              Events and Marker frames hold plus what was lost, counted at the hook; the
+//!              last one counts. The shim sends it just before its Goodbye; the collector
+//!              writes one itself from the counter page (`counter_page.rs`) when a stream
+//!              ends with a larger count, e.g. without its Goodbye. `ending`: 0, or the
+//!              `GoodbyeReason` the process began its end of stream with)
 //! ```
 //!
 //! Readers skip frame types they do not know. Frames larger than [`MAX_FRAME`] are garbage.
@@ -60,6 +67,7 @@ pub mod frame_type {
     pub const GOODBYE: u8 = 8;
     pub const CODE_DEF: u8 = 9;
     pub const LAUNCH: u8 = 10;
+    pub const MADE: u8 = 11;
 }
 
 /// Hello flags.
@@ -324,6 +332,12 @@ pub enum Frame<'a> {
     CodeDef(CodeDef),
     /// Launcher variables learnt after the Hello (see `launch.rs`).
     Launch(Vec<(String, String)>),
+    /// Events (and step markers) the process made, delivered or not; `ending`: 0, or the
+    /// `GoodbyeReason` value it began its end of stream with.
+    Made {
+        events: u64,
+        ending: u8,
+    },
     /// A frame type this reader does not know; skipped.
     Unknown {
         ty: u8,
@@ -521,6 +535,10 @@ fn decode_payload(ty: u8, payload: &[u8]) -> Result<Frame<'_>, Error> {
             })
         }
         LAUNCH => Frame::Launch(read_vars(&mut r)?),
+        MADE => Frame::Made {
+            events: r.u64()?,
+            ending: r.u8()?,
+        },
         other => Frame::Unknown { ty: other },
     };
     Ok(frame)
@@ -678,6 +696,15 @@ pub mod encode {
         }
     }
 
+    /// What the process made (see the `Made` frame); `ending`: 0 or a `GoodbyeReason`.
+    pub fn made(buf: &mut Vec<u8>, events: u64, ending: u8) {
+        let at = begin_frame(buf, frame_type::MADE);
+        let mut w = Writer { buf };
+        w.u64(events);
+        w.u8(ending);
+        end_frame(buf, at);
+    }
+
     pub fn goodbye(buf: &mut Vec<u8>, reason: GoodbyeReason, last_seq: u64) {
         let at = begin_frame(buf, frame_type::GOODBYE);
         let mut w = Writer { buf };
@@ -764,6 +791,7 @@ mod tests {
                 by_device: vec![(0, 4), (-1, 1)],
             },
         );
+        encode::made(&mut b, 77, GoodbyeReason::Exit as u8);
         encode::goodbye(&mut b, GoodbyeReason::Exit, 99);
         b
     }
@@ -772,7 +800,7 @@ mod tests {
     fn frames_roundtrip() {
         let b = sample();
         let all: Vec<_> = frames(&b).collect::<Result<_, _>>().unwrap();
-        assert_eq!(all.len(), 7);
+        assert_eq!(all.len(), 8);
         match &all[0] {
             Frame::Hello(h) => {
                 assert_eq!(h.pid, 42);
@@ -794,6 +822,17 @@ mod tests {
             Frame::Lost(l) => assert_eq!(l.by_device, vec![(0, 4), (-1, 1)]),
             f => panic!("{f:?}"),
         }
+        assert!(
+            matches!(
+                all[6],
+                Frame::Made {
+                    events: 77,
+                    ending: 1
+                }
+            ),
+            "{:?}",
+            all[6]
+        );
     }
 
     #[test]

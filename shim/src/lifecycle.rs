@@ -174,14 +174,19 @@ pub fn finish(reason: GoodbyeReason, timeout: Duration) {
         return;
     }
     MODE.store(MODE_FORWARD, Ordering::Release);
-    if guard::catch(|| st.outbox.shutdown(reason, timeout)) == Some(false) {
+    // A stream whose end left the process lost nothing: the wait that timed out was for the
+    // collector's acknowledgement.
+    if guard::catch(|| st.outbox.shutdown(reason, timeout)) == Some(false)
+        && !st.outbox.end_delivered()
+    {
         // The drain thread did not finish in time (starved, or a collector far behind):
-        // whatever it still held leaves with the process, and the user should know.
+        // whatever it still held leaves with the process, and the user should know. How
+        // many events that is only the collector can tell (from the counter page): no
+        // number here that the report would contradict.
         crate::log::warn(&format!(
             "the end of this process's trace could not be delivered within {} ms; the trace \
-             ends early ({} events were already counted lost)",
+             ends early, and the events missing from it are counted there as lost",
             timeout.as_millis(),
-            st.outbox.total_lost()
         ));
     }
     // A collector of ours that was killed leaves its socket directory: gone with us.

@@ -258,7 +258,7 @@ fn report_and_export_refuse_a_fifo_instead_of_blocking() {
 
 /// Runs `sh -c script` in a private mount namespace with a 256 KiB tmpfs mounted on `dir`
 /// (`unshare` as root, or with a user namespace otherwise). The script runs in `dir`.
-fn on_a_tiny_disk(dir: &Path, script: &str) -> Output {
+pub(super) fn on_a_tiny_disk(dir: &Path, script: &str) -> Output {
     let mount = format!(
         "mount -t tmpfs -o size=256k oomtrace-test {d} && cd {d}",
         d = shell_quote(dir)
@@ -297,18 +297,18 @@ fn on_a_tiny_disk(dir: &Path, script: &str) -> Output {
 /// Shell: waits until no process in the working directory runs `oomtrace collect
 /// --exit-when-idle` (the shim's detached collector finishing the trace). Reads /proc, so it
 /// needs no procps; the pattern's brackets keep it from matching this script's own shell.
-const WAIT_FOR_COLLECTORS_HERE: &str = r#"here=$(pwd -P); n=0; while [ $n -lt 300 ]; do
+pub(super) const WAIT_FOR_COLLECTORS_HERE: &str = r#"here=$(pwd -P); n=0; while [ $n -lt 300 ]; do
     busy=; for p in /proc/[0-9]*; do
       [ "$(readlink $p/cwd 2>/dev/null)" = "$here" ] || continue;
       tr '\0' ' ' < $p/cmdline 2>/dev/null | grep -q '[-]-exit-when-idle' && busy=1;
     done; [ -z "$busy" ] && break; n=$((n+1)); sleep 0.1; done;"#;
 
-fn shell_quote(p: &Path) -> String {
+pub(super) fn shell_quote(p: &Path) -> String {
     format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
 }
 
 /// The one trace file left in `dir` after the tmpfs is gone (copied out by the script).
-fn the_trace(dir: &Path) -> PathBuf {
+pub(super) fn the_trace(dir: &Path) -> PathBuf {
     let traces = traces_in(dir);
     assert_eq!(traces.len(), 1, "{:?}", names_in(dir));
     traces[0].clone()

@@ -35,6 +35,11 @@ mod descriptors;
 /// losses are counted.
 mod lossless;
 
+/// Every lost event counted, whatever the path: 64 and 128 processes into one starved
+/// collector (received + lost = made, exactly; nobody that exited called killed), a killed
+/// collector, a full disk said in one line with one number.
+mod loss_accounting;
+
 /// `oomtrace export`: memory-viz pickles the viewer accepts, Chrome traces, folded stacks,
 /// JSON lines; bad input.
 mod export;

@@ -23,6 +23,7 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::path::Path;
 
+use oomtrace_proto::wire::GoodbyeReason;
 use oomtrace_proto::{Event, EventKind};
 use serde_json::{json, Map, Value};
 
@@ -81,6 +82,9 @@ fn status(p: ProcessView<'_>) -> &'static str {
         End::Detached => "detached",
         End::Exited => "exited",
         End::Abrupt => "ended without goodbye (killed or crashed)",
+        End::Unheard(GoodbyeReason::Exit) => "exited (end of stream lost)",
+        End::Unheard(GoodbyeReason::UnderscoreExit) => "exited (_exit, end of stream lost)",
+        End::Unheard(GoodbyeReason::Detach) => "detached (end of stream lost)",
         End::Running => "running when the trace ended",
         End::ProtocolError => "dropped (protocol error)",
     }

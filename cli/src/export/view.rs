@@ -105,6 +105,8 @@ pub enum End {
     Detached,
     /// Closed without a goodbye: killed or crashed.
     Abrupt,
+    /// Began its end of stream (exit, `_exit`, detach), whose rest was lost.
+    Unheard(GoodbyeReason),
     /// Still connected when the trace ended.
     Running,
     /// Dropped for sending garbage.
@@ -195,6 +197,7 @@ impl<'a> ProcessView<'a> {
             EndState::Exited(Some(GoodbyeReason::Detach)) => End::Detached,
             EndState::Exited(_) => End::Exited,
             EndState::Abrupt => End::Abrupt,
+            EndState::Unheard(r) => End::Unheard(r),
             EndState::Running => End::Running,
             EndState::ProtocolError => End::ProtocolError,
         }
@@ -205,9 +208,9 @@ impl<'a> ProcessView<'a> {
         self.0.events
     }
 
-    /// Events the shim could not send.
+    /// Events missing from the trace (see `Process::lost_events`).
     pub fn lost_events(self) -> u64 {
-        self.0.lost.events
+        self.0.lost_events()
     }
 
     /// Every device it used (-1: pinned host memory), in ascending order.

@@ -145,7 +145,7 @@ impl ProcessSnapshot {
             exe: p.hello.exe.clone(),
             running: p.end == EndState::Running,
             events: p.events,
-            lost_events: p.lost.events,
+            lost_events: p.lost_events(),
             devices,
             findings: counted,
             leak_rates,

@@ -309,6 +309,11 @@ pub enum EndState {
     Exited(Option<GoodbyeReason>),
     /// Connection closed without a goodbye: killed, crashed, or its collector link broke.
     Abrupt,
+    /// Began its end of stream (its counter page, or its `Made` frame, says so: it exited,
+    /// or detached), but the rest of its stream, goodbye included, never arrived: its shim
+    /// gave up on a starved or stopped collector, or the connection was cut. What is
+    /// missing is counted in [`Process::lost_events`].
+    Unheard(GoodbyeReason),
     /// Dropped for sending garbage.
     ProtocolError,
 }
@@ -362,6 +367,13 @@ pub struct Process {
     pub last_ts_ns: u64,
     pub last_seq: u64,
     pub cuda_initialized: bool,
+    /// Step markers received as Marker frames (those inside Events frames count in `events`).
+    pub marker_frames: u64,
+    /// Events and markers the process made, delivered or not (its last `Made` frame); None
+    /// from shims (or traces) that do not say.
+    pub made: Option<u64>,
+    /// How it began its end of stream, if its last `Made` frame says.
+    pub ending: Option<GoodbyeReason>,
 }
 
 impl Process {
@@ -399,6 +411,9 @@ impl Process {
             last_ts_ns: 0,
             last_seq: 0,
             cuda_initialized: false,
+            marker_frames: 0,
+            made: None,
+            ending: None,
         }
     }
 
@@ -434,6 +449,42 @@ impl Process {
         self.launch = Launch::from_vars(&self.hello.launch);
     }
 
+    /// What the process made (a `Made` frame, or an `Incomplete` record's table). The
+    /// largest count wins: the collector's reading of the counter page comes after the
+    /// shim's own frame and may count events made since.
+    pub fn learn_made(&mut self, events: u64, ending: u8) {
+        self.made = Some(self.made.map_or(events, |m| m.max(events)));
+        if let Some(r) = GoodbyeReason::from_u8(ending) {
+            self.ending = Some(r);
+        }
+    }
+
+    /// Events (and Marker frames) received.
+    pub fn received(&self) -> u64 {
+        self.events + self.marker_frames
+    }
+
+    /// Events that are missing: what the process made less what was received, whatever
+    /// the path (counted lost by the shim, left behind when its end of stream gave up, cut
+    /// with a connection, not written to a full disk); what the shim counted when the trace
+    /// does not say what it made (older shims).
+    pub fn lost_events(&self) -> u64 {
+        let counted = self.lost.events;
+        match self.made {
+            Some(made) => made.saturating_sub(self.received()).max(counted),
+            None => counted,
+        }
+    }
+
+    /// How a stream that closed without its goodbye ended: [`EndState::Unheard`] if the
+    /// process had begun its end of stream, else [`EndState::Abrupt`].
+    pub fn end_without_goodbye(&self) -> EndState {
+        match self.ending {
+            Some(r) => EndState::Unheard(r),
+            None => EndState::Abrupt,
+        }
+    }
+
     /// Applies one frame of this process's stream, telling `obs` what happened.
     pub fn apply<O: Observer + ?Sized>(&mut self, frame: &Frame<'_>, obs: &mut O) {
         match frame {
@@ -457,6 +508,7 @@ impl Process {
                 seq, ts_ns, label, ..
             } => {
                 self.last_marker = Some(label.clone());
+                self.marker_frames += 1;
                 self.touch(*seq, *ts_ns);
                 self.on_marker(*ts_ns, obs);
             }
@@ -466,6 +518,7 @@ impl Process {
                 self.last_seq = self.last_seq.max(*last_seq);
             }
             Frame::Launch(vars) => self.learn_launch(vars),
+            Frame::Made { events, ending } => self.learn_made(*events, *ending),
             Frame::Hello(_) | Frame::Unknown { .. } => {}
         }
     }

@@ -222,7 +222,7 @@ impl<O: Observer + Default> Trace<O> {
                     match reason {
                         CloseReason::Clean | CloseReason::Abrupt => {
                             if p.end == EndState::Running {
-                                p.end = EndState::Abrupt;
+                                p.end = p.end_without_goodbye();
                             }
                         }
                         CloseReason::ProtocolError => {
@@ -243,7 +243,14 @@ impl<O: Observer + Default> Trace<O> {
                 unwritten_bytes,
                 unwritten_events,
                 message,
+                made,
             } => {
+                // What each process cut short made: its missing events are then counted.
+                for m in &made {
+                    if let Some(&i) = self.by_conn.get(&m.conn) {
+                        self.processes[i].learn_made(m.events, m.ending);
+                    }
+                }
                 self.incomplete = Some(Incomplete {
                     t_unix_ns,
                     cause,
@@ -341,6 +348,48 @@ mod tests {
         assert_eq!(p.end, EndState::Exited(Some(GoodbyeReason::Exit)));
         let t: Trace = Trace::read(&file(false)[..]).unwrap();
         assert_eq!(t.processes[0].end, EndState::Abrupt);
+    }
+
+    /// A stream cut before its goodbye, whose process said (Made) it made 5 events and had
+    /// begun its exit: 4 are missing, and it is not called killed.
+    #[test]
+    fn a_cut_stream_counts_what_its_process_made_and_did_not_deliver() {
+        let mut f = Vec::new();
+        tf::write_header(&mut f, 1, "test").unwrap();
+        let mut frames = Vec::new();
+        encode::hello(&mut frames, &Hello::default());
+        let mut e = Event::new(EventKind::Alloc, Api::cudaMalloc);
+        e.size = 1;
+        encode::events(&mut frames, &[e]);
+        encode::made(&mut frames, 5, GoodbyeReason::Exit as u8);
+        tf::write_chunk(&mut f, 3, &frames, false).unwrap();
+        tf::write_conn_close(&mut f, 3, 2, tf::CloseReason::Abrupt, "").unwrap();
+        // Another process, cut by a full disk: its count is in the Incomplete record.
+        let mut frames = Vec::new();
+        encode::hello(&mut frames, &Hello::default());
+        encode::events(&mut frames, &[e, e]);
+        tf::write_chunk(&mut f, 4, &frames, false).unwrap();
+        tf::write_incomplete(
+            &mut f,
+            3,
+            tf::WriteFailure::DiskFull,
+            0,
+            0,
+            "",
+            &[tf::ConnMade {
+                conn: 4,
+                events: 9,
+                ending: 0,
+            }],
+        )
+        .unwrap();
+        let t: Trace = Trace::read(&f[..]).unwrap();
+        let p = &t.processes[0];
+        assert_eq!((p.received(), p.lost_events()), (1, 4));
+        assert_eq!(p.end, EndState::Unheard(GoodbyeReason::Exit));
+        let q = &t.processes[1];
+        assert_eq!((q.received(), q.lost_events()), (2, 7));
+        assert_eq!(q.end, EndState::Running);
     }
 
     #[test]

@@ -108,10 +108,13 @@ pub struct ProcessReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace: Option<String>,
     /// exited | exited (_exit) | detached | replaced by exec | ended without goodbye |
-    /// running | protocol error
+    /// exited (end of stream lost) | running | protocol error
     pub status: String,
     pub events: u64,
-    /// Events the shim could not deliver, all devices (see each device for its share).
+    /// Events missing from the trace, all devices: what the process made less what was
+    /// received (counted lost by the shim, left behind at the end of its stream, cut with
+    /// its connection, not written on a full disk). Each device shows the share the shim
+    /// could attribute.
     pub lost_events: u64,
     pub lost_frees: u64,
     pub lost_stacks: u64,
@@ -225,6 +228,12 @@ fn status(p: &Process, trace: &Trace<Analysis>) -> String {
         EndState::Exited(Some(GoodbyeReason::UnderscoreExit)) => "exited (_exit)".into(),
         EndState::Exited(Some(GoodbyeReason::Detach)) => "detached".into(),
         EndState::Abrupt => "ended without goodbye (killed or crashed)".into(),
+        // It said goodbye (through its counter page), but the end of its stream was lost.
+        EndState::Unheard(GoodbyeReason::Exit) => "exited (end of stream lost)".into(),
+        EndState::Unheard(GoodbyeReason::UnderscoreExit) => {
+            "exited (_exit, end of stream lost)".into()
+        }
+        EndState::Unheard(GoodbyeReason::Detach) => "detached (end of stream lost)".into(),
         EndState::Running => "running when the trace ended".into(),
         EndState::ProtocolError => "dropped (protocol error)".into(),
     }
@@ -449,7 +458,7 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
                 status(p, trace)
             },
             events: p.events,
-            lost_events: p.lost.events,
+            lost_events: p.lost_events(),
             lost_frees: p.lost.frees,
             lost_stacks: p.lost.stacks,
             unmatched_frees: p.unmatched_frees,

@@ -14,7 +14,7 @@ use oomtrace_proto::{Event, EventKind, StackId};
 
 use super::fd_guard;
 use super::file::{finish_failed_direct, keep_failed_direct, not_a_regular_file, DirectFile};
-use super::outbox::{Done, Msg, Outbox, ON_DRAIN_THREAD};
+use super::outbox::{take_page_fd, Done, Msg, Outbox, ON_DRAIN_THREAD};
 use super::sink::Sink;
 use super::socket::UnixSink;
 use super::spawn::{inherited_socket, start_own_collector};
@@ -598,12 +598,12 @@ impl<S: Sink> Drainer<S> {
                         return;
                     };
                     // The file ends on its last whole record, then says why it stops there.
-                    let line = d.failed(&e, lost_bytes, lost_events);
-                    // What is lost from here on is this file's loss too: counted at exit.
+                    d.failed(&e, lost_bytes, lost_events);
+                    // What is lost from here on is this file's loss too: counted, and said in
+                    // one line, at exit.
                     let before = self.ob.shared.total_lost().saturating_sub(lost_events);
                     keep_failed_direct(self.ob.pid, d, before);
                     self.detach_quietly();
-                    log::warn(&line);
                 } else {
                     self.detach(&format!("{e}"));
                 }
@@ -769,7 +769,21 @@ impl<S: Sink> Drainer<S> {
     fn connected(&mut self, mut stream: S) {
         let mut head = wire::stream_header().to_vec();
         encode::hello(&mut head, &self.hello);
-        if let Err(e) = stream.start(&head) {
+        // The counter page goes with the first bytes, then its descriptor is closed (the
+        // mapping stays); one the program closed and reused is neither sent nor closed. All
+        // of it in a window of the descriptor guard, so the program cannot close and reuse the
+        // number between the identity check and the send or the close.
+        let page = take_page_fd();
+        let started = fd_guard::transient(|| {
+            let page = page.filter(|p| p.still_ours());
+            let started = stream.start(&head, page.map(|p| p.fd));
+            if let Some(p) = page {
+                p.close();
+            }
+            started
+        })
+        .unwrap_or_else(|| stream.start(&head, None));
+        if let Err(e) = started {
             self.drop_out();
             self.detach(&format!("{e}"));
             return;
@@ -827,6 +841,9 @@ impl<S: Sink> Drainer<S> {
         self.progress_connection(true);
         self.push_lost_if_changed();
         self.close_events();
+        // What this process made, delivered or not: the reader counts as lost what it did
+        // not receive of it, whatever happened on the way.
+        encode::made(&mut self.out, self.ob.made(), reason as u8);
         encode::goodbye(&mut self.out, reason, self.seq);
         self.write_out();
         // As long as the collector takes bytes, the end of the stream is worth waiting for.
@@ -842,20 +859,20 @@ impl<S: Sink> Drainer<S> {
             }
         }
         if matches!(self.sink, Conn::Stream(_)) && !self.drained() {
-            // The collector is stopped or far behind: say so, since the counts of what is
-            // missing cannot reach it any more.
+            // The collector is stopped or far behind: say so. It counts what is missing from
+            // the counter page (an older collector cannot).
             log::warn(&format!(
                 "the collector did not take the end of this process's stream within {} ms \
-                 (it took nothing for that long: stopped or overloaded): its trace ends early; \
-                 {} events were already counted lost",
+                 (it took nothing for that long: stopped or overloaded): its trace ends early, \
+                 and the events missing from it are counted there as lost",
                 FINISH_WRITE_WAIT.as_millis(),
-                self.ob.shared.total_lost()
             ));
             self.sink = Conn::Detached;
             return;
         }
         match std::mem::replace(&mut self.sink, Conn::Detached) {
             Conn::Stream(s) => {
+                self.ob.shared.end_delivered.store(true, Ordering::Release);
                 // The collector closes its end once this process's data is in the trace
                 // file; before that it may send one line this process's user must hear.
                 let said = s.close();
@@ -877,14 +894,22 @@ impl<S: Sink> Drainer<S> {
                 );
                 let _ = trace_file::write_end(&mut tail, clock::unix_ns(), 1);
                 if let Err(e) = d.write_record(&tail) {
-                    log::warn(&d.failed(&e, 0, 0));
+                    // Said below, with the count.
+                    d.failed(&e, 0, 0);
+                    keep_failed_direct(self.ob.pid, d, self.ob.shared.total_lost());
                 }
             }
             _ => {}
         }
         let lost = self.ob.shared.total_lost();
-        finish_failed_direct(self.ob.pid, lost);
-        if lost > 0 && DETACH_SAID.taken() && !OUTPUT_REFUSED.load(Ordering::Relaxed) {
+        let made = trace_file::ConnMade {
+            conn: 0,
+            events: self.ob.made(),
+            ending: reason as u8,
+        };
+        if let Some(line) = finish_failed_direct(self.ob.pid, lost, made) {
+            log::warn(&line);
+        } else if lost > 0 && DETACH_SAID.taken() && !OUTPUT_REFUSED.load(Ordering::Relaxed) {
             log::warn(&format!("{lost} events were not recorded (see above)"));
         }
     }
@@ -927,7 +952,7 @@ mod tests {
         fn connect(_: &Path) -> std::io::Result<MemSink> {
             Err(std::io::ErrorKind::NotFound.into())
         }
-        fn start(&mut self, head: &[u8]) -> std::io::Result<()> {
+        fn start(&mut self, head: &[u8], _page: Option<i32>) -> std::io::Result<()> {
             self.got.borrow_mut().extend_from_slice(head);
             Ok(())
         }
@@ -1116,5 +1141,21 @@ mod tests {
         assert!(done.wait(Duration::ZERO));
         assert!(r.got.borrow().len() >= 5 * oomtrace_proto::EVENT_SIZE);
         assert_eq!(r.ob.total_lost(), 0);
+        // Just before the goodbye: what the process made, and that it is exiting.
+        let got = r.got.borrow();
+        let frames: Vec<_> = wire::frames(&got).collect::<Result<_, _>>().unwrap();
+        assert!(
+            matches!(
+                frames[frames.len() - 2..],
+                [
+                    wire::Frame::Made {
+                        events: 5,
+                        ending: 1
+                    },
+                    wire::Frame::Goodbye { .. }
+                ]
+            ),
+            "{frames:?}"
+        );
     }
 }

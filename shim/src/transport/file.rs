@@ -34,6 +34,8 @@ struct DirectFailure {
     message: String,
     lost_bytes: u64,
     lost_events: u64,
+    /// What the process made, once known (at exit).
+    made: Option<trace_file::ConnMade>,
 }
 
 /// A direct file whose write failed, kept open until exit so that its `Incomplete` record can
@@ -50,16 +52,30 @@ pub(super) fn keep_failed_direct(pid: u32, file: DirectFile, lost_before: u64) {
     }
 }
 
-/// At exit: the failed direct file's last record counts all that was lost since its failure.
-pub(super) fn finish_failed_direct(pid: u32, lost_now: u64) {
-    let Ok(mut kept) = FAILED_DIRECT.try_lock() else {
-        return;
-    };
-    if kept.as_ref().is_some_and(|(p, _, _)| *p == pid) {
-        if let Some((_, mut file, before)) = kept.take() {
-            file.recount(lost_now.saturating_sub(before));
-        }
+/// At exit: the failed direct file's last record counts all that was lost since its failure
+/// and what the process made (so a reader counts exactly what is missing). Returns the one
+/// line to print, with the one number that is final only now: the events of this process
+/// that are not in the file (`lost_now`). Said once, at exit, rather than at the failure with
+/// a count that would keep growing.
+pub(super) fn finish_failed_direct(
+    pid: u32,
+    lost_now: u64,
+    made: trace_file::ConnMade,
+) -> Option<String> {
+    let mut kept = FAILED_DIRECT.try_lock().ok()?;
+    if kept.as_ref().is_none_or(|(p, _, _)| *p != pid) {
+        return None;
     }
+    let (_, mut file, before) = kept.take()?;
+    file.recount(lost_now.saturating_sub(before), made);
+    let f = file.failure.as_ref()?;
+    Some(format!(
+        "the trace {} is incomplete: {} ({}); {lost_now} events not written (the program went \
+         on untraced)",
+        file.path,
+        f.cause.words(),
+        f.message
+    ))
 }
 
 /// Room kept allocated past the end of the direct file for the `Incomplete` and `End` records.
@@ -213,36 +229,25 @@ impl DirectFile {
     }
 
     /// After a failed write: an `Incomplete` record (in the reserved room) says why the trace
-    /// stops, then the `End`. Returns the one line to print: the file, the cause, what was lost.
-    pub(super) fn failed(
-        &mut self,
-        e: &std::io::Error,
-        lost_bytes: u64,
-        lost_events: u64,
-    ) -> String {
-        let failure = DirectFailure {
+    /// stops, then the `End`. What the user hears is said at exit ([`finish_failed_direct`]).
+    pub(super) fn failed(&mut self, e: &std::io::Error, lost_bytes: u64, lost_events: u64) {
+        self.failure = Some(DirectFailure {
             t_unix_ns: clock::unix_ns(),
             cause: trace_file::WriteFailure::of(e),
             message: trace_file::WriteFailure::message(e),
             lost_bytes,
             lost_events,
-        };
-        let line = format!(
-            "the trace {} is incomplete: {} ({}); {lost_events} events not written, and the \
-             program continues untraced",
-            self.path,
-            failure.cause.words(),
-            failure.message
-        );
-        self.failure = Some(failure);
+            made: None,
+        });
         self.write_last_records();
-        line
     }
 
-    /// At exit, after a failure: `lost_events` in all were not written.
-    fn recount(&mut self, lost_events: u64) {
+    /// At exit, after a failure: `lost_events` in all were not written; `made`: what the
+    /// process made.
+    fn recount(&mut self, lost_events: u64, made: trace_file::ConnMade) {
         if let Some(f) = &mut self.failure {
             f.lost_events = f.lost_events.max(lost_events);
+            f.made = Some(made);
             self.write_last_records();
         }
     }
@@ -259,6 +264,7 @@ impl DirectFile {
             f.lost_bytes,
             f.lost_events,
             &f.message,
+            f.made.as_slice(),
         );
         let _ = trace_file::write_end(&mut rec, clock::unix_ns(), 1);
         if self.write_all_at(&rec, self.written).is_err() {

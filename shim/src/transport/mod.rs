@@ -48,9 +48,15 @@
 //! - If the collector goes away, the process keeps running at full speed; the drain thread
 //!   discards and counts. So it does when the program closes or replaces the shim's socket
 //!   (one line says so): it is never written to or closed again (`fd_guard.rs`); the trace
-//!   file the shim writes itself is reopened instead (the same file: device and inode). At exit, if the end of the stream cannot get out (2 s without the
-//!   socket taking a byte), the shim says so on stderr: those counts cannot reach the
-//!   collector any more.
+//!   file the shim writes itself is reopened instead (the same file: device and inode). At
+//!   exit, if the end of the stream cannot get out (2 s without the socket taking a byte),
+//!   the shim says so on stderr.
+//! - Every event and marker a hook makes is counted (one relaxed add, before it is queued) in
+//!   the counter page (`oomtrace_proto::counter_page`), whose descriptor goes to the
+//!   collector with the stream's first bytes: the collector reads it when the stream ends,
+//!   so what never reached it (a cut end of stream, a killed process) is counted lost there.
+//!   The count also goes out in a `Made` frame just before the goodbye (for the shim's own
+//!   trace file, and collectors that got no page).
 
 mod drain;
 mod fd_guard;
@@ -61,6 +67,14 @@ mod socket;
 mod spawn;
 
 pub use drain::{spawn_drainer, DrainSetup};
-pub use fd_guard::close_inherited_sink;
 pub use outbox::{Msg, Outbox};
 pub use spawn::{inherited_socket, release_own_collector_dir, start_own_collector};
+
+/// Used by the fork child: forget the parent's sink and its counter page's descriptor (if not
+/// handed over yet), closing the child's copies only where they still are ours.
+pub fn close_inherited_sink() {
+    if let Some(page) = outbox::take_page_fd() {
+        page.close();
+    }
+    fd_guard::close_inherited_sink();
+}

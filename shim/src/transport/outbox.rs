@@ -12,6 +12,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
+use oomtrace_proto::counter_page::{CounterPage, PageFd};
 use oomtrace_proto::wire::{GoodbyeReason, Lost, ModuleDef};
 use oomtrace_proto::{Event, EventKind};
 
@@ -21,6 +22,22 @@ pub struct Outbox {
     /// The process this outbox belongs to: a (v)fork child that still sees it never waits.
     pub(super) pid: u32,
     pub(super) shared: Shared,
+    /// Every event and step marker this process made, delivered or not (one relaxed add per
+    /// event): the counter page's word, which the collector reads when the stream ends (see
+    /// `oomtrace_proto::counter_page`), or a word of our own when no page could be made.
+    made: &'static AtomicU64,
+    /// The page's `ending` word: the `GoodbyeReason` once the end of stream has begun.
+    ending: &'static AtomicU64,
+}
+
+/// The counter page's descriptor until the drain thread hands it to the collector (then it
+/// is closed). A fork child closes its copy (`take_page_fd`); `try_lock` never waits on a
+/// lock a fork copied while held.
+static PAGE_FD: Mutex<Option<PageFd>> = Mutex::new(None);
+
+/// The counter page's descriptor, if it was not handed over yet (and is still ours).
+pub(super) fn take_page_fd() -> Option<PageFd> {
+    PAGE_FD.try_lock().ok()?.take()
 }
 
 static CURRENT: AtomicPtr<Outbox> = AtomicPtr::new(std::ptr::null_mut());
@@ -40,10 +57,28 @@ impl Outbox {
     /// thread. The outbox is leaked: hooks on any thread may hold it until the process ends.
     pub fn create(capacity: usize, pid: u32) -> (&'static Outbox, Receiver<Msg>) {
         let (tx, rx) = crossbeam_channel::bounded(capacity);
+        let (made, ending) = match CounterPage::create() {
+            Ok((page, fd)) => {
+                if let Some(old) = PAGE_FD.try_lock().ok().and_then(|mut g| g.replace(fd)) {
+                    old.close();
+                }
+                let page: &'static CounterPage = Box::leak(Box::new(page));
+                (page.made(), page.ending())
+            }
+            // No memfd (an old kernel, a sandbox): the count still goes out in the `Made`
+            // frame before the goodbye, only not when the stream is cut.
+            Err(_) => {
+                let words: &'static [AtomicU64; 2] =
+                    Box::leak(Box::new([const { AtomicU64::new(0) }; 2]));
+                (&words[0], &words[1])
+            }
+        };
         let ob = Box::leak(Box::new(Outbox {
             tx,
             pid,
             shared: Shared::new(capacity),
+            made,
+            ending,
         }));
         (ob, rx)
     }
@@ -83,6 +118,17 @@ impl Outbox {
     /// Events counted lost so far.
     pub fn total_lost(&self) -> u64 {
         self.shared.total_lost()
+    }
+
+    /// Whether the end of the stream (goodbye included) has left the process: a shutdown
+    /// that timed out after that lost nothing.
+    pub fn end_delivered(&self) -> bool {
+        self.shared.end_delivered.load(Ordering::Acquire)
+    }
+
+    /// Events and markers made so far, delivered or not.
+    pub fn made(&self) -> u64 {
+        self.made.load(Ordering::Acquire)
     }
 
     /// Everything queued so far leaves the process (bounded wait; see `flush`).
@@ -193,6 +239,9 @@ pub(super) struct Shared {
     pub(super) draining: AtomicBool,
     /// `shutdown` has begun: the process is finishing; hooks do not wait any more.
     pub(super) closing: AtomicBool,
+    /// The whole stream, goodbye included, has left the process (only the collector's
+    /// acknowledgement may still be awaited).
+    pub(super) end_delivered: AtomicBool,
     pub(super) drainer: OnceLock<std::thread::Thread>,
     pub(super) drainer_idle: AtomicBool,
     pub(super) capacity: usize,
@@ -211,6 +260,7 @@ impl Shared {
             stalled: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             closing: AtomicBool::new(false),
+            end_delivered: AtomicBool::new(false),
             drainer: OnceLock::new(),
             drainer_idle: AtomicBool::new(false),
             capacity,
@@ -405,6 +455,7 @@ fn wait_for_room(ob: &Outbox, mut msg: Msg, control: Option<Duration>) -> Result
 /// the module doc); counted lost if it cannot go.
 #[inline]
 fn send_event(ob: &Outbox, ev: Event) {
+    ob.made.fetch_add(1, Ordering::Relaxed);
     match ob.tx.try_send(Msg::Event(ev)) {
         Ok(()) => ob.shared.nudge(&ob.tx),
         Err(TrySendError::Full(msg)) => {
@@ -429,6 +480,7 @@ fn send_reliable(ob: &Outbox, msg: Msg) -> bool {
 }
 
 fn send_marker(ob: &Outbox, ev: Event, label: &str) {
+    ob.made.fetch_add(1, Ordering::Relaxed);
     let msg = Msg::Marker {
         ev,
         label: label.into(),
@@ -491,6 +543,9 @@ fn shutdown(ob: &Outbox, reason: GoodbyeReason, timeout: Duration) -> bool {
         return false;
     }
     ob.shared.closing.store(true, Ordering::SeqCst);
+    // The collector learns from the page that this process is ending, even if the end of
+    // its stream never reaches it.
+    ob.ending.store(reason as u64, Ordering::Release);
     // Hooks already waiting re-check and stop.
     ob.shared.progressed();
     let done = Done::new();

@@ -10,8 +10,9 @@ pub(super) trait Sink: Sized {
     /// Connects to the collector listening at `path`.
     fn connect(path: &Path) -> std::io::Result<Self>;
     /// Sends the stream's first bytes (header and hello), waiting as long as that takes,
-    /// then switches to bounded writes.
-    fn start(&mut self, head: &[u8]) -> std::io::Result<()>;
+    /// with the counter page's descriptor attached if there is one (see
+    /// `oomtrace_proto::counter_page`), then switches to bounded writes.
+    fn start(&mut self, head: &[u8], page: Option<i32>) -> std::io::Result<()>;
     /// Sends what the reader takes of `buf` within a short bounded wait (none at all with
     /// `now_only`), telling `taken` of every write that took bytes. Ok(bytes taken); a full
     /// sink is not an error, a reader that has gone is.

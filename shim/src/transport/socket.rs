@@ -77,8 +77,20 @@ impl Sink for UnixSink {
         })
     }
 
-    fn start(&mut self, head: &[u8]) -> std::io::Result<()> {
-        send_all(&self.sock, head)?;
+    fn start(&mut self, head: &[u8], page: Option<i32>) -> std::io::Result<()> {
+        let mut rest = head;
+        if let Some(page) = page {
+            // A socket that refuses the descriptor (or has no room yet) still takes the
+            // stream without it: the count then goes in the `Made` frame.
+            let sent = self.sock.sys(|fd| {
+                oomtrace_proto::counter_page::send_with_page(fd, head, page, libc::MSG_DONTWAIT)
+                    .map_or(-1, |n| n as isize)
+            });
+            if let Ok(n) = sent {
+                rest = &head[n..];
+            }
+        }
+        send_all(&self.sock, rest)?;
         self.peer_pid = peer_pid(&self.sock);
         Ok(())
     }
