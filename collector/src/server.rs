@@ -797,6 +797,20 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
             break Ok(());
         }
     };
+    // A stream that ended while its process runs on (the program closed or replaced the
+    // shim's socket; the shim gave up on a stalled collector): what the process still makes is
+    // only in its counter page. Its final count is read once the process has ended, so that
+    // `lost_events` is everything it made and we never saw; a stopping collector waits no more.
+    if let (true, false, Ok(()), Some(_), Some(pid)) =
+        (eof, goodbye, &outcome, page.as_ref(), peer_pid)
+    {
+        while still_running(pid)
+            && !shared.shutting_down.load(Ordering::Acquire)
+            && !shared.cut.load(Ordering::Acquire)
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
     if let Some((p, a)) = process.as_mut() {
         account_made(conn, p, a, page.as_ref(), opened, wtx);
     }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
+use oomtrace_proto::counter_page::CounterPage;
 use oomtrace_proto::trace_file;
 use oomtrace_proto::wire::{self, encode, GoodbyeReason, Hello, Lost};
 use oomtrace_proto::{Event, EventKind, StackId};
@@ -161,6 +162,10 @@ struct Drainer<S: Sink> {
     idle_rounds: u32,
     /// Flush requests, each with the stream position it waits for.
     flushes: Vec<(u64, Arc<Done>)>,
+    /// A second counter page, made at connect when the first one's descriptor was gone (the
+    /// program closed every descriptor before the shim first reached its collector): the
+    /// drain thread copies the counts into it every round and at the end.
+    mirror: Option<CounterPage>,
 }
 
 /// What one round of the drain loop did.
@@ -298,6 +303,7 @@ impl<S: Sink> Drainer<S> {
             lost_checked: now,
             idle_rounds: 0,
             flushes: Vec::new(),
+            mirror: None,
         }
     }
 
@@ -327,6 +333,7 @@ impl<S: Sink> Drainer<S> {
         let mut flushes = std::mem::take(&mut self.flushes);
         self.ob.shared.heartbeat.fetch_add(1, Ordering::Relaxed);
         self.cal.refresh();
+        self.mirror_counts();
         let mut got = 0usize;
         let mut shutdown = None;
         let mut held_back = false;
@@ -774,8 +781,15 @@ impl<S: Sink> Drainer<S> {
         // of it in a window of the descriptor guard, so the program cannot close and reuse the
         // number between the identity check and the send or the close.
         let page = take_page_fd();
+        let mut mirror = None;
         let started = fd_guard::transient(|| {
-            let page = page.filter(|p| p.still_ours());
+            let page = page.filter(|p| p.still_ours()).or_else(|| {
+                // The first page's descriptor is gone (closed with every other): a fresh page
+                // carries copies of the counts (`mirror_counts`).
+                let (fresh, fd) = CounterPage::create().ok()?;
+                mirror = Some(fresh);
+                Some(fd)
+            });
             let started = stream.start(&head, page.map(|p| p.fd));
             if let Some(p) = page {
                 p.close();
@@ -783,6 +797,8 @@ impl<S: Sink> Drainer<S> {
             started
         })
         .unwrap_or_else(|| stream.start(&head, None));
+        self.mirror = mirror;
+        self.mirror_counts();
         if let Err(e) = started {
             self.drop_out();
             self.detach(&format!("{e}"));
@@ -835,6 +851,14 @@ impl<S: Sink> Drainer<S> {
         }
     }
 
+    /// Copies the counts into the second counter page, if there is one.
+    fn mirror_counts(&self) {
+        if let Some(m) = &self.mirror {
+            m.made().store(self.ob.made(), Ordering::Release);
+            m.ending().store(self.ob.ending(), Ordering::Release);
+        }
+    }
+
     fn finish(&mut self, reason: GoodbyeReason) {
         // Twice: an inherited socket that fails turns into starting our own collector.
         self.progress_connection(true);
@@ -845,6 +869,7 @@ impl<S: Sink> Drainer<S> {
         // not receive of it, whatever happened on the way.
         encode::made(&mut self.out, self.ob.made(), reason as u8);
         encode::goodbye(&mut self.out, reason, self.seq);
+        self.mirror_counts();
         self.write_out();
         // As long as the collector takes bytes, the end of the stream is worth waiting for.
         let mut sent = self.sent_total;

@@ -131,6 +131,11 @@ impl Outbox {
         self.made.load(Ordering::Acquire)
     }
 
+    /// The `ending` word: the `GoodbyeReason` once the end of stream has begun, else 0.
+    pub(super) fn ending(&self) -> u64 {
+        self.ending.load(Ordering::Acquire)
+    }
+
     /// Everything queued so far leaves the process (bounded wait; see `flush`).
     pub fn flush(&self, timeout: Duration) -> bool {
         flush(self, timeout)
