@@ -62,5 +62,6 @@ pub fn merge(reports: Vec<Report>) -> Report {
         sections,
         ranks,
         traces,
+        skipped: Vec::new(),
     }
 }
