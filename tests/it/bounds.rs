@@ -35,6 +35,7 @@ struct Measured {
 
 /// Runs `cmd` to its end, killed (and the test failed) past [`LIMIT`] x 3; its time and its
 /// maximum resident set (wait4's rusage: the child's own).
+#[allow(clippy::zombie_processes)] // reaped by wait4, which also gives its rusage
 fn measured(mut cmd: Command) -> Measured {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let start = Instant::now();
