@@ -21,7 +21,8 @@
 //! Bounded by default, whatever the trace's length: each device's counters are coalesced as
 //! `oomtrace view` coalesces its chart, into [`COUNTER_BUCKETS`] time buckets over the
 //! process's run, each written as at most two samples (the moment the device held the most in
-//! it, with its sites' values then, and its last value); step markers are thinned evenly to
+//! it, with its sites' values then, and its last value) (a device with fewer events than two
+//! per bucket is written whole); step markers are thinned evenly to
 //! [`MAX_MARKERS`] per process and OOM instants kept for the first [`MAX_OOMS`] failures of
 //! each process. The peak, every bucket's maximum and the final values are exact. With
 //! `--all-samples` ([`Options::all_samples`]) every change is a sample, every marker and OOM
@@ -105,10 +106,13 @@ struct DeviceTrack {
     last: Vec<u64>,
     /// Samples taken into the current bucket.
     in_bucket: u64,
+    /// Whether its samples are coalesced: not when it has so few events that every sample
+    /// fits the bound anyway (a small trace is written exactly).
+    coalesce: bool,
 }
 
 impl DeviceTrack {
-    fn new(device: i16, sites: Option<&DeviceSites>) -> DeviceTrack {
+    fn new(device: i16, sites: Option<&DeviceSites>, coalesce: bool) -> DeviceTrack {
         let label = device_label(device);
         let mut names = vec![label.clone()];
         let mut top = Vec::new();
@@ -137,6 +141,7 @@ impl DeviceTrack {
             last_t: 0,
             last: vec![0; n],
             in_bucket: 0,
+            coalesce,
         }
     }
 
@@ -166,6 +171,8 @@ struct Track {
     pending: Option<(u64, i16)>,
     devices: BTreeMap<i16, DeviceTrack>,
     sites: BTreeMap<i16, DeviceSites>,
+    /// Each device's events in the whole trace (from the first replay).
+    device_events: BTreeMap<i16, u64>,
     /// The process's run (first and last timestamp), which the buckets divide.
     span: (u64, u64),
     /// Every `marker_stride`-th marker is written.
@@ -257,10 +264,12 @@ impl Writer<'_> {
     fn counters(&mut self, p: ProcessView<'_>, ts_ns: u64, hint: i16, track: &mut Track) {
         let i = track.bucket(ts_ns);
         for (device, s) in p.devices() {
-            let d = track
-                .devices
-                .entry(device)
-                .or_insert_with(|| DeviceTrack::new(device, track.sites.get(&device)));
+            let d = track.devices.entry(device).or_insert_with(|| {
+                let events = track.device_events.get(&device).copied().unwrap_or(u64::MAX);
+                let coalesce =
+                    !self.options.all_samples && events > 2 * COUNTER_BUCKETS as u64;
+                DeviceTrack::new(device, track.sites.get(&device), coalesce)
+            });
             // A device whose total did not move kept its sites too (an event changes one
             // device's total by its size), unless the event named it: cheap to skip.
             if d.seen && d.now[0] == s.live_bytes && device != hint {
@@ -269,7 +278,7 @@ impl Writer<'_> {
             if !d.read(p, device, s.live_bytes) {
                 continue;
             }
-            if self.options.all_samples {
+            if !d.coalesce {
                 let now = std::mem::take(&mut d.now);
                 self.write_values(p.pid(), d, ts_ns, &now);
                 d.now = now;
@@ -394,6 +403,7 @@ pub fn write(
         let track = tracks.entry(conn).or_default();
         track.sites = top_sites(p, &mut sym);
         track.span = (p.first_ts_ns(), p.last_ts_ns());
+        track.device_events = p.devices().map(|(d, s)| (d, s.events)).collect();
         track.marker_stride = if options.all_samples {
             1
         } else {
