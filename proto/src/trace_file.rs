@@ -650,6 +650,28 @@ mod tests {
         );
     }
 
+    /// Sizes a record or a chunk claims are never allocated for before the bytes are there:
+    /// a cut record claiming 64 MiB is a truncated tail, a chunk claiming more than LZ4 can
+    /// make of its bytes is refused.
+    #[test]
+    fn claimed_sizes_are_not_believed() {
+        let mut f = Vec::new();
+        write_header(&mut f, 1, "test").unwrap();
+        f.extend_from_slice(&MAX_RECORD.to_le_bytes());
+        f.extend_from_slice(&[record_type::CHUNK, 0, 0]);
+        let (recs, tail) = read_all(&f).unwrap();
+        assert!(recs.is_empty());
+        assert!(matches!(tail, Tail::Truncated { bytes: 7, .. }), "{tail:?}");
+        assert_eq!(
+            decompress_block(CODEC_LZ4, &[0; 16], 64 << 20),
+            Err(if cfg!(feature = "compress") {
+                Error::Malformed("lz4 chunk claims more than its bytes can hold")
+            } else {
+                Error::Malformed("lz4 chunk, but this reader was built without compression")
+            })
+        );
+    }
+
     #[test]
     fn every_truncation_is_tolerated() {
         let full = sample(true);
