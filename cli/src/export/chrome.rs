@@ -265,9 +265,12 @@ impl Writer<'_> {
         let i = track.bucket(ts_ns);
         for (device, s) in p.devices() {
             let d = track.devices.entry(device).or_insert_with(|| {
-                let events = track.device_events.get(&device).copied().unwrap_or(u64::MAX);
-                let coalesce =
-                    !self.options.all_samples && events > 2 * COUNTER_BUCKETS as u64;
+                let events = track
+                    .device_events
+                    .get(&device)
+                    .copied()
+                    .unwrap_or(u64::MAX);
+                let coalesce = !self.options.all_samples && events > 2 * COUNTER_BUCKETS as u64;
                 DeviceTrack::new(device, track.sites.get(&device), coalesce)
             });
             // A device whose total did not move kept its sites too (an event changes one
