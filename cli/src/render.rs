@@ -195,9 +195,10 @@ fn process_text(out: &mut String, p: &ProcessReport) {
     } else {
         String::new()
     };
-    let rank = match (p.rank, p.world_size) {
-        (Some(r), Some(w)) => format!(" (rank {r}/{w})"),
-        (Some(r), None) => format!(" (rank {r})"),
+    let rank = match (p.rank, p.world_size, p.implausible_world_size) {
+        (Some(r), Some(w), _) => format!(" (rank {r}/{w})"),
+        (Some(r), None, Some(_)) => format!(" (rank {r}, world size implausible)"),
+        (Some(r), None, None) => format!(" (rank {r})"),
         _ => String::new(),
     };
     let _ = writeln!(
@@ -433,6 +434,9 @@ pub fn full(r: &Report) -> String {
     for w in warnings {
         let _ = writeln!(out, "  (warning: {w})");
     }
+    for s in &r.skipped {
+        let _ = writeln!(out, "  (skipped {}: {})", s.path, s.reason);
+    }
     if let Some(ranks) = &r.ranks {
         ranks_text(&mut out, ranks);
     }
@@ -580,16 +584,41 @@ fn sections_text(out: &mut String, s: &DeviceSections) {
 /// A few lines for the end of `oomtrace run`.
 /// The rank table and what it says (`report::ranks`).
 fn ranks_text(out: &mut String, ranks: &Ranks) {
-    let of = ranks
-        .world_size
-        .map_or_else(String::new, |w| format!(" of {w}"));
+    let of = match (ranks.world_size, ranks.implausible_world_size) {
+        (Some(w), _) => format!(" of {w}"),
+        (None, Some(said)) => format!(
+            "; world size unknown: {} is implausible (above {})",
+            if said == u64::MAX {
+                "a number beyond 2^64".to_string()
+            } else {
+                said.to_string()
+            },
+            oomtrace_proto::launch::MAX_WORLD_SIZE
+        ),
+        (None, None) => String::new(),
+    };
     let _ = writeln!(out, "\nRanks ({}{of})", ranks.rows.len());
     for v in &ranks.verdicts {
         let _ = writeln!(out, "  {}", v.message);
     }
     if !ranks.missing.is_empty() {
         let missing: Vec<String> = ranks.missing.iter().map(u32::to_string).collect();
-        let _ = writeln!(out, "  no trace holds rank {}", missing.join(", "));
+        let more = ranks
+            .missing_count
+            .saturating_sub(ranks.missing.len() as u64);
+        let (s, more) = if more > 0 {
+            ("s", format!(" and {more} more"))
+        } else if ranks.missing_count > 1 {
+            ("s", String::new())
+        } else {
+            ("", String::new())
+        };
+        let _ = writeln!(
+            out,
+            "  no trace holds {} rank{s}: {}{more}",
+            ranks.missing_count,
+            missing.join(", ")
+        );
     }
     let _ = writeln!(
         out,

@@ -43,6 +43,19 @@ pub struct ModuleId(pub u32);
 /// Device ordinal used for events whose device is unknown or that concern host memory.
 pub const DEVICE_UNKNOWN: i16 = -1;
 
+/// Device ordinals a process can plausibly have: 0 to `MAX_DEVICES - 1`. CUDA numbers the
+/// devices a process sees from 0, and the largest machines show one process 16 GPUs (HGX-2,
+/// DGX-2) or some 20 behind PCIe switches; 64 is three times that. An event naming another
+/// device (a trace claiming 32,767 of them) is garbage: readers leave it out of the accounting
+/// and count it, so that no per-device table or loop grows with what a process claims.
+pub const MAX_DEVICES: i16 = 64;
+
+/// Whether `device` is a device ordinal a process can have ([`MAX_DEVICES`]), or
+/// [`DEVICE_UNKNOWN`].
+pub fn plausible_device(device: i16) -> bool {
+    (DEVICE_UNKNOWN..MAX_DEVICES).contains(&device)
+}
+
 /// What happened. Field meanings per kind are listed on each variant; unlisted fields are 0.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -45,6 +45,13 @@ pub const LAUNCH_VARS: &[&str] = &[
 /// Longest value the shim records for one variable (bytes); longer ones are cut.
 pub const MAX_VALUE: usize = 256;
 
+/// The largest world size believed: 2^20 ranks. The largest jobs run today have some 10^5
+/// GPUs (one rank each), so a world eight times that is still plausible; anything above is a
+/// garbled or hostile variable (`WORLD_SIZE=4000000000`, `oomtrace_set_rank(r, 0, INT_MAX)`).
+/// Readers size what they build by it (the missing ranks of a job are counted, not listed),
+/// so it is never a number a process can make expensive.
+pub const MAX_WORLD_SIZE: u32 = 1 << 20;
+
 /// One launcher's variable names, each list best first.
 struct Source {
     launcher: Launcher,
@@ -119,17 +126,39 @@ pub struct Launch {
     pub launcher: Option<Launcher>,
     /// The job, when the launcher names it (Slurm's job id, torchrun's run id).
     pub job: Option<String>,
+    /// A world size the launcher said that is above [`MAX_WORLD_SIZE`] (or not a number a
+    /// `u32` holds: `u64::MAX`): not believed, so `world_size` is unknown (`None`). Kept so
+    /// that a report can say why.
+    pub implausible_world_size: Option<u64>,
 }
 
 impl Launch {
     /// Reads the launcher variables (name, value) a shim recorded. Unknown names and values
     /// that are not numbers are ignored: a process with a garbled `RANK` has no rank, never
-    /// a wrong one.
+    /// a wrong one. A world size above [`MAX_WORLD_SIZE`] is unknown (and kept in
+    /// `implausible_world_size`); so is a rank at or above it, whatever the world size.
     pub fn from_vars(vars: &[(String, String)]) -> Launch {
+        let raw = |name: &str| -> Option<&str> {
+            vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.trim())
+        };
         let get = |name: &str| -> Option<u32> {
-            vars.iter()
-                .find(|(k, _)| k == name)
-                .and_then(|(_, v)| v.trim().parse().ok())
+            raw(name)
+                .and_then(|v| v.parse().ok())
+                .filter(|&n| n < MAX_WORLD_SIZE)
+        };
+        // A world size: a number up to the bound, or one said that is beyond it (all digits,
+        // too large even for a u64 included).
+        let size = |name: &str| -> Option<Result<u32, u64>> {
+            let v = raw(name)?;
+            if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let n = v.parse::<u64>().unwrap_or(u64::MAX);
+            Some(if n <= u64::from(MAX_WORLD_SIZE) {
+                Ok(n as u32)
+            } else {
+                Err(n)
+            })
         };
         let text = |name: &str| -> Option<String> {
             vars.iter()
@@ -139,7 +168,12 @@ impl Launch {
         let first = |names: &[&str]| names.iter().find_map(|n| get(n));
         for src in SOURCES {
             let Some(r) = first(src.rank) else { continue };
-            let world_size = first(src.world_size);
+            let said = src.world_size.iter().find_map(|n| size(n));
+            let (world_size, implausible_world_size) = match said {
+                Some(Ok(w)) => (Some(w), None),
+                Some(Err(n)) => (None, Some(n)),
+                None => (None, None),
+            };
             // A rank outside its world is a garbled environment: believe neither.
             if world_size.is_some_and(|w| r >= w) {
                 continue;
@@ -151,6 +185,7 @@ impl Launch {
                 node_rank: first(src.node),
                 launcher: Some(src.launcher),
                 job: text("SLURM_JOB_ID").or_else(|| text("TORCHELASTIC_RUN_ID")),
+                implausible_world_size,
             };
         }
         Launch::default()
@@ -252,5 +287,30 @@ mod tests {
             assert_eq!(Launch::from_vars(&bad), Launch::default(), "{bad:?}");
         }
         assert_eq!(Launch::default().label(), "");
+    }
+
+    #[test]
+    fn implausible_numbers_are_unknown() {
+        // A world of four billion: the rank stands, the world size is unknown and kept.
+        let l = Launch::from_vars(&vars(&[("RANK", "1"), ("WORLD_SIZE", "4000000000")]));
+        assert_eq!((l.rank, l.world_size), (Some(1), None));
+        assert_eq!(l.implausible_world_size, Some(4_000_000_000));
+        assert_eq!(l.label(), "rank 1");
+        // INT_MAX from oomtrace_set_rank, and a number no u64 holds.
+        let l = Launch::from_vars(&vars(&[("RANK", "0"), ("WORLD_SIZE", "2147483647")]));
+        assert_eq!(l.implausible_world_size, Some(2_147_483_647));
+        let l = Launch::from_vars(&vars(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "99999999999999999999999"),
+        ]));
+        assert_eq!(
+            (l.world_size, l.implausible_world_size),
+            (None, Some(u64::MAX))
+        );
+        // The bound itself is believed; a rank at or above it is not.
+        let l = Launch::from_vars(&vars(&[("RANK", "5"), ("WORLD_SIZE", "1048576")]));
+        assert_eq!(l.world_size, Some(MAX_WORLD_SIZE));
+        let l = Launch::from_vars(&vars(&[("RANK", "1048576")]));
+        assert_eq!(l, Launch::default());
     }
 }

@@ -32,7 +32,8 @@ pub mod trace_file;
 pub mod wire;
 
 pub use event::{
-    Api, Event, EventKind, MemoryClass, ModuleId, StackId, DEVICE_UNKNOWN, EVENT_SIZE,
+    plausible_device, Api, Event, EventKind, MemoryClass, ModuleId, StackId, DEVICE_UNKNOWN,
+    EVENT_SIZE, MAX_DEVICES,
 };
 
 /// What can be wrong with bytes that claim to be oomtrace data. One sentence per variant.

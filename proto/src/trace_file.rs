@@ -483,9 +483,14 @@ impl<R: Read> TraceReader<R> {
                 what: format!("record length {len} is out of range"),
             });
         }
-        let mut body = vec![0u8; len as usize];
-        let got = read_full(&mut self.inner, &mut body)?;
-        if got < body.len() {
+        // Grown as the bytes arrive, never sized by the claim: a cut file claiming a 64 MiB
+        // record costs what it holds.
+        let mut body = Vec::with_capacity((len as usize).min(1 << 20));
+        let got = (&mut self.inner)
+            .take(u64::from(len))
+            .read_to_end(&mut body)
+            .map_err(|e| Error::Io(e.to_string()))?;
+        if got < len as usize {
             self.tail = Tail::Truncated {
                 offset: start,
                 bytes: 4 + got as u64,
@@ -571,6 +576,12 @@ fn decompress_block(codec: u8, data: &[u8], raw_len: u32) -> Result<Vec<u8>, Err
             }
             Ok(data.to_vec())
         }
+        // LZ4 expands a byte to at most 255: a chunk claiming more than its bytes can hold
+        // is garbage, refused before anything is allocated for the claim.
+        #[cfg(feature = "compress")]
+        CODEC_LZ4 if u64::from(raw_len) > data.len() as u64 * 255 + 16 => Err(Error::Malformed(
+            "lz4 chunk claims more than its bytes can hold",
+        )),
         #[cfg(feature = "compress")]
         CODEC_LZ4 => lz4_flex::block::decompress(data, raw_len as usize)
             .map_err(|_| Error::Malformed("lz4 chunk does not decompress")),
@@ -706,6 +717,28 @@ mod tests {
         assert_eq!(
             WriteFailure::of(&io::Error::from_raw_os_error(5)),
             WriteFailure::Other
+        );
+    }
+
+    /// Sizes a record or a chunk claims are never allocated for before the bytes are there:
+    /// a cut record claiming 64 MiB is a truncated tail, a chunk claiming more than LZ4 can
+    /// make of its bytes is refused.
+    #[test]
+    fn claimed_sizes_are_not_believed() {
+        let mut f = Vec::new();
+        write_header(&mut f, 1, "test").unwrap();
+        f.extend_from_slice(&MAX_RECORD.to_le_bytes());
+        f.extend_from_slice(&[record_type::CHUNK, 0, 0]);
+        let (recs, tail) = read_all(&f).unwrap();
+        assert!(recs.is_empty());
+        assert!(matches!(tail, Tail::Truncated { bytes: 7, .. }), "{tail:?}");
+        assert_eq!(
+            decompress_block(CODEC_LZ4, &[0; 16], 64 << 20),
+            Err(if cfg!(feature = "compress") {
+                Error::Malformed("lz4 chunk claims more than its bytes can hold")
+            } else {
+                Error::Malformed("lz4 chunk, but this reader was built without compression")
+            })
         );
     }
 

@@ -111,3 +111,8 @@ mod metrics;
 /// its glibc bound, installed into a fresh venv: the demo, Python frames, `import oomtrace` and
 /// real PyTorch with `--torch`, all from the installed files.
 mod wheel;
+
+/// Bounded work on any input: implausible world sizes, ranks and device counts; crafted
+/// traces cost what they hold in `report`, `view`, `export` and `diff`; the Chrome export
+/// coalesced; `report DIR` in parallel, naming each member it cannot read.
+mod bounds;

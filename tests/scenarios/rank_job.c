@@ -6,6 +6,8 @@
 //   heavy=R  rank R's activations are 4x larger (128 MiB): imbalance, no growth
 //   oom=R    rank R asks for 1 TiB after its last step (out of memory)
 //   oom_late=R  the same, 300 ms later
+//   say_world=N  every rank says its rank with oomtrace_set_rank(rank, rank % 2, N) (N may be
+//                any int, INT_MAX included: a hostile or garbled world size)
 // Exits 0 whatever happens (a rank that ran out of memory carries on, as the test wants).
 #include <string.h>
 #include <time.h>
@@ -57,13 +59,27 @@ __attribute__((noinline)) cudaError_t grow_past_the_device(void** p) {
     return cudaMalloc(p, 1ull << 40);
 }
 
+// The value of argument `key=N`, or `otherwise`.
+static long long arg_value(int argc, char** argv, const char* key, long long otherwise) {
+    size_t n = strlen(key);
+    for (int i = 1; i < argc; i++)
+        if (strncmp(argv[i], key, n) == 0 && argv[i][n] == '=') return atoll(argv[i] + n + 1);
+    return otherwise;
+}
+
 int main(int argc, char** argv) {
     int rank = my_rank();
+    long long world = arg_value(argc, argv, "say_world", -1);
     int leaks = picks(argc, argv, "leak", rank);
     int heavy = picks(argc, argv, "heavy", rank);
     int oom = picks(argc, argv, "oom", rank);
     int oom_late = picks(argc, argv, "oom_late", rank);
     void* weights = load_weights();
+    if (world >= 0) {  // after the first CUDA call, as init_process_group comes after it
+        int (*set_rank)(int, int, int) =
+            (int (*)(int, int, int))dlsym(RTLD_DEFAULT, "oomtrace_set_rank");
+        if (set_rank) set_rank(rank, rank % 2, (int)world);
+    }
     void* kept[20];
     for (int step = 0; step < 20; step++) {
         step_mark("step");

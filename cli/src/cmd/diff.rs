@@ -227,10 +227,13 @@ fn modules_of(stack: &[FrameInfo]) -> impl Iterator<Item = String> + '_ {
 }
 
 fn load(path: &Path) -> Result<Side, Failure> {
-    // Each error names the file: with two inputs, which one is wrong matters.
+    // Each error names the file, once: with two inputs, which one is wrong matters. The
+    // reader's own errors name it already; only a bare format error does not.
     let trace = Trace::<Analysis>::load(path).map_err(|e| match e {
-        oomtrace_collector::model::Error::Open { .. } => Failure::new(e.to_string()),
-        e => Failure::new(format!("{}: {e}", path.display())),
+        oomtrace_collector::model::Error::Format(_) => {
+            Failure::new(format!("{}: {e}", path.display()))
+        }
+        e => Failure::new(e.to_string()),
     })?;
     for w in report::analysis_failures(&trace) {
         eprintln!("{w}");

@@ -38,6 +38,11 @@ pub struct Args {
     /// or the peak for a device where nothing is live at the end).
     #[arg(long, value_enum, value_name = "MOMENT")]
     pub at: Option<folded::Moment>,
+    /// chrome: write every change of every counter, every step marker and every OOM (by
+    /// default counters are coalesced to 2000 time buckets per device, each its maximum and
+    /// last value, markers thinned to 10000 and OOMs kept for the first 1000 per process).
+    #[arg(long)]
+    pub all_samples: bool,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
@@ -54,6 +59,11 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     if args.at.is_some() && args.format != Format::Folded {
         return Err(Failure::new(
             "--at is for --format folded (the other formats show the whole history)",
+        ));
+    }
+    if args.all_samples && args.format != Format::Chrome {
+        return Err(Failure::new(
+            "--all-samples is for --format chrome (the other formats do not coalesce samples)",
         ));
     }
     let to_stdout = output.as_os_str() == "-";
@@ -94,6 +104,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     progress.pass(format!("exporting {}", file_name(&args.file)));
     let path: &Path = &args.file;
     let mut dropped = 0;
+    let mut coalesced = export::chrome::Summary::default();
     let result = match (args.format, &scan) {
         (Format::MemoryViz, _) => {
             let max = args.max_entries.unwrap_or(memory_viz::DEFAULT_MAX_ENTRIES);
@@ -101,7 +112,11 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
                 .map(|w| dropped = w.dropped_entries)
         }
         (Format::Chrome, Some(scan)) => {
-            export::chrome::write(path, scan, &conns, &mut progress, &mut out)
+            let options = export::chrome::Options {
+                all_samples: args.all_samples,
+            };
+            export::chrome::write(path, scan, &conns, options, &mut progress, &mut out)
+                .map(|s| coalesced = s)
         }
         (Format::Folded, Some(scan)) => {
             folded::write(path, scan, &conns, args.at, &mut progress, &mut out)
@@ -127,6 +142,16 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         eprintln!(
             "oomtrace: memory-viz keeps the most recent {max} entries per device: {dropped} \
              older ones left out (the final segments are complete; --max-entries 0 keeps all)"
+        );
+    }
+    if !coalesced.is_empty() {
+        eprintln!(
+            "oomtrace: chrome export coalesced to {} time buckets per device: {} counter \
+             samples, {} step markers and {} OOM instants left out (--all-samples keeps all)",
+            export::chrome::COUNTER_BUCKETS,
+            coalesced.samples,
+            coalesced.markers,
+            coalesced.ooms
         );
     }
     if !to_stdout && !reader_gone {

@@ -3,15 +3,21 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use oomtrace_collector::analysis::Analysis;
 use oomtrace_collector::model::trace::Trace;
 use oomtrace_collector::report::sections::{self, SectionOptions, SiteOrder};
-use oomtrace_collector::report::{self, merge, Report, ReportOptions};
+use oomtrace_collector::report::symbolize::StackSymbolizer;
+use oomtrace_collector::report::{self, merge, Report, ReportOptions, Skipped};
 
 use crate::output::Output;
 use crate::progress::Progress;
 use crate::{render, Failure};
+
+/// The exit code when the report was written but files of a directory could not be read.
+pub const SKIPPED_EXIT: u8 = 1;
 
 /// Report peak, live-at-exit memory and the call sites that hold it, from a trace file (or
 /// several: the traces of one job's nodes, merged into one report with a table of ranks).
@@ -34,20 +40,32 @@ pub struct Args {
     pub sort: SiteOrder,
 }
 
-/// The trace files `paths` name: files as given, directories replaced by the `*.oomt` files
-/// directly inside them (sorted). A directory without any is an error, not an empty report.
-pub fn trace_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Failure> {
+/// A trace file to read, and whether it was found in a directory (an unreadable one is then
+/// skipped and named; a file named on the command line must be read).
+pub struct TraceFile {
+    pub path: PathBuf,
+    pub in_dir: bool,
+}
+
+/// The trace files `paths` name: files as given, directories replaced by the `*.oomt` entries
+/// directly inside them (sorted), whatever they are: one that is not a regular file (a FIFO,
+/// a device, a link to one) is refused when read, in one line, like a corrupt one. A directory
+/// without any is an error, not an empty report.
+pub fn trace_files(paths: &[PathBuf]) -> Result<Vec<TraceFile>, Failure> {
     let mut files = Vec::new();
     for path in paths {
         if !path.is_dir() {
-            files.push(path.clone());
+            files.push(TraceFile {
+                path: path.clone(),
+                in_dir: false,
+            });
             continue;
         }
         let entries = std::fs::read_dir(path)
             .map_err(|e| Failure::new(format!("cannot read directory {}: {e}", path.display())))?;
         let mut found: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "oomt") && p.is_file())
+            .filter(|p| p.extension().is_some_and(|x| x == "oomt"))
             .collect();
         if found.is_empty() {
             return Err(Failure::new(format!(
@@ -56,56 +74,202 @@ pub fn trace_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Failure> {
             )));
         }
         found.sort();
-        files.extend(found);
+        files.extend(
+            found
+                .into_iter()
+                .map(|path| TraceFile { path, in_dir: true }),
+        );
     }
     Ok(files)
 }
 
-/// One trace's report, sections included.
-fn report_of(file: &Path, args: &Args) -> Result<Report, Failure> {
-    let mut progress = Progress::new();
-    let name = file.file_name().map_or_else(
-        || file.display().to_string(),
-        |n| n.to_string_lossy().into_owned(),
-    );
-    progress.pass(format!("reading {name}"));
-    let trace = Trace::<Analysis>::load_with_progress(file, &mut |done, total| {
-        progress.update(done, total)
-    })?;
-    drop(progress);
+/// Why `path`, a member of a directory, is not even opened: anything but a regular file (a
+/// link is followed: a link to a trace is a trace). Opening a FIFO would wait for a writer,
+/// and opening a device can do things (a tape rewinds); a regular file is opened without
+/// blocking and checked again by the reader.
+fn not_a_file(path: &Path) -> Option<String> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => None,
+        Ok(m) => Some(format!(
+            "it is {}, not a trace file",
+            oomtrace_proto::file_kind::describe(&m.file_type())
+        )),
+        Err(e) => Some(format!("cannot open it: {e}")),
+    }
+}
+
+/// Why a trace could not be read: `reason` without the file's name (a skipped member is
+/// named once, by the caller), `message` with it (an error of its own).
+struct Unreadable {
+    reason: String,
+    message: String,
+}
+
+impl From<oomtrace_collector::model::Error> for Unreadable {
+    fn from(e: oomtrace_collector::model::Error) -> Unreadable {
+        use oomtrace_collector::model::Error;
+        let reason = match &e {
+            Error::Open { source, .. } => format!("cannot open it: {source}"),
+            Error::BadTrace { source, .. } => source.to_string(),
+            other => other.to_string(),
+        };
+        Unreadable {
+            reason,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// One trace's report, sections included, symbolized with `sym` (kept across traces).
+fn report_of(
+    file: &Path,
+    args: &Args,
+    progress: Option<&mut Progress>,
+    sym: &mut StackSymbolizer,
+) -> Result<Report, oomtrace_collector::model::Error> {
+    let trace = match progress {
+        Some(progress) => {
+            let name = file.file_name().map_or_else(
+                || file.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            progress.pass(format!("reading {name}"));
+            let trace = Trace::<Analysis>::load_with_progress(file, &mut |done, total| {
+                progress.update(done, total)
+            });
+            progress.end_pass();
+            trace?
+        }
+        None => Trace::<Analysis>::load(file)?,
+    };
     for w in report::analysis_failures(&trace) {
         eprintln!("{w}");
     }
-    let mut report = report::build(
+    let mut report = report::build_with(
         &trace,
         &ReportOptions {
             top: args.top,
             path: file.display().to_string(),
             symbolize: true,
         },
+        sym,
     );
-    report.sections = sections::build(
+    report.sections = sections::build_with(
         &trace,
         &SectionOptions {
             top: args.top,
             order: args.sort,
             symbolize: true,
         },
+        sym,
     );
     Ok(report)
 }
 
+/// Reads `files` on up to `available_parallelism` threads (each keeps its symbolizer, so a
+/// module's debug information is read once per thread, not once per trace), showing how many
+/// are done on a terminal. Results come back in the order of `files`.
+fn read_all(files: &[TraceFile], args: &Args) -> Vec<Result<Report, Unreadable>> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(files.len())
+        .max(1);
+    let next = AtomicUsize::new(0);
+    let done = AtomicUsize::new(0);
+    let bytes_done = AtomicU64::new(0);
+    let total: u64 = files
+        .iter()
+        .map(|f| std::fs::metadata(&f.path).map_or(0, |m| m.len()))
+        .sum();
+    let results: Vec<Mutex<Option<Result<Report, _>>>> =
+        files.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                let mut sym = StackSymbolizer::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(f) = files.get(i) else { break };
+                    let r = match not_a_file(&f.path).filter(|_| f.in_dir) {
+                        Some(why) => Err(Unreadable {
+                            message: format!("{}: {why}", f.path.display()),
+                            reason: why,
+                        }),
+                        None => report_of(&f.path, args, None, &mut sym).map_err(Unreadable::from),
+                    };
+                    let size = std::fs::metadata(&f.path)
+                        .ok()
+                        .filter(|m| m.is_file())
+                        .map_or(0, |m| m.len());
+                    *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                    bytes_done.fetch_add(size, Ordering::Relaxed);
+                    done.fetch_add(1, Ordering::Release);
+                }
+            });
+        }
+        let mut progress = Progress::new();
+        progress.pass(format!("reading {} traces", files.len()));
+        while done.load(Ordering::Acquire) < files.len() {
+            progress.update(bytes_done.load(Ordering::Relaxed), total);
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    });
+    results
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every file was read")
+        })
+        .collect()
+}
+
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let files = trace_files(&args.files)?;
+    let mut skipped = Vec::new();
     let report = if let [one] = files.as_slice() {
-        report_of(one, &args)?
+        if let Some(why) = not_a_file(&one.path).filter(|_| one.in_dir) {
+            return Err(Failure::new(format!("{}: {why}", one.path.display())));
+        }
+        let mut progress = Progress::new();
+        report_of(
+            &one.path,
+            &args,
+            Some(&mut progress),
+            &mut StackSymbolizer::new(),
+        )
+        .map_err(|e| Failure::new(e.to_string()))?
     } else {
-        let reports = files
-            .iter()
-            .map(|f| report_of(f, &args))
-            .collect::<Result<Vec<_>, _>>()?;
-        merge::merge(reports)
+        let mut reports = Vec::new();
+        for (f, r) in files.iter().zip(read_all(&files, &args)) {
+            match r {
+                Ok(r) => reports.push(r),
+                // A member of a directory that is not a trace: named, and the others
+                // reported (a job's report without one node is still worth reading).
+                Err(e) if f.in_dir => {
+                    eprintln!("oomtrace: skipped {}: {}", f.path.display(), e.reason);
+                    skipped.push(Skipped {
+                        path: f.path.display().to_string(),
+                        reason: e.reason,
+                    });
+                }
+                // A file named on the command line: the user asked for it.
+                Err(e) => return Err(Failure::new(e.message)),
+            }
+        }
+        match reports.len() {
+            0 => {
+                return Err(Failure::new(format!(
+                    "none of the {} trace files could be read (each named above)",
+                    files.len()
+                )))
+            }
+            1 => reports.pop().expect("one report"),
+            _ => merge::merge(reports),
+        }
     };
+    let mut report = report;
+    report.skipped = skipped;
     // Not println!: it panics when standard output fails (`> /dev/full`). A full or broken
     // output is one line and exit 2; a reader that went away (`| head`) ends it quietly.
     let mut out = Output::stdout().named("the report");
@@ -124,5 +288,10 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     }
     // A write error was kept by `out`; `finish` says it in one line.
     out.finish()?;
-    Ok(ExitCode::SUCCESS)
+    // The report is written, but it lacks what the skipped files held: a script must notice.
+    Ok(if report.skipped.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(SKIPPED_EXIT)
+    })
 }

@@ -17,6 +17,17 @@
 //!   reading the shim takes right after the failure (`device_free_when`: `after the failure`);
 //!   without one, the last reading before it (`last reading before the failure`), or null.
 //! - `ts` in microseconds since the first event of the exported processes.
+//!
+//! Bounded by default, whatever the trace's length: each device's counters are coalesced as
+//! `oomtrace view` coalesces its chart, into [`COUNTER_BUCKETS`] time buckets over the
+//! process's run, each written as at most two samples (the moment the device held the most in
+//! it, with its sites' values then, and its last value) (a device with fewer events than two
+//! per bucket is written whole); step markers are thinned evenly to
+//! [`MAX_MARKERS`] per process and OOM instants kept for the first [`MAX_OOMS`] failures of
+//! each process. The peak, every bucket's maximum and the final values are exact. With
+//! `--all-samples` ([`Options::all_samples`]) every change is a sample, every marker and OOM
+//! an instant (a 5x10^7-event trace then makes gigabytes). What was left out is counted in
+//! `otherData.left_out` and in [`Summary`].
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
@@ -33,17 +44,39 @@ use crate::Failure;
 /// Call sites with a counter of their own, per device; the rest are summed as "other sites".
 pub const TOP_SITES: usize = 8;
 
+/// Time buckets per device over its process's run, each at most two samples (unless
+/// `--all-samples`): a Perfetto track is a few thousand pixels wide.
+pub const COUNTER_BUCKETS: usize = 2000;
+/// Step-marker instants kept per process, evenly thinned (unless `--all-samples`).
+pub const MAX_MARKERS: u64 = 10_000;
+/// Out-of-memory instants kept per process: its first failures (unless `--all-samples`).
+pub const MAX_OOMS: u64 = 1_000;
+
 /// `device_free_when` of an OOM instant: the reading the shim takes right after the failure.
 const AFTER: &str = "after the failure";
 /// ... or, without one, the driver's last reading before it.
 const BEFORE: &str = "last reading before the failure";
 
-/// The counter series of one device, in the order they are written.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Series {
-    Device,
-    Site(usize),
-    Other,
+/// How much to write.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options {
+    /// Every counter change, marker and OOM (no coalescing).
+    pub all_samples: bool,
+}
+
+/// What the default, coalesced export left out (all 0 with `--all-samples`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Counter samples (one per change of a device's values) merged into their bucket's.
+    pub samples: u64,
+    pub markers: u64,
+    pub ooms: u64,
+}
+
+impl Summary {
+    pub fn is_empty(&self) -> bool {
+        *self == Summary::default()
+    }
 }
 
 /// One device's top call sites: (site, counter name), most bytes first.
@@ -53,15 +86,110 @@ struct DeviceSites {
     others: bool,
 }
 
+/// The counters of one device: names, what was written, and the coalescing state.
+struct DeviceTrack {
+    /// Counter names, in series order: the device, its top sites, "other sites" (if any).
+    names: Vec<String>,
+    top: Vec<Site>,
+    others: bool,
+    /// The last value written of each series.
+    written: Vec<Option<u64>>,
+    /// The values after the last event (scratch, and what the next event is compared with).
+    now: Vec<u64>,
+    seen: bool,
+    /// The bucket being filled: its index, the values when the device held the most in it
+    /// (and when), and its last values (and when).
+    bucket: Option<usize>,
+    max_t: u64,
+    max: Vec<u64>,
+    last_t: u64,
+    last: Vec<u64>,
+    /// Samples taken into the current bucket.
+    in_bucket: u64,
+    /// Whether its samples are coalesced: not when it has so few events that every sample
+    /// fits the bound anyway (a small trace is written exactly).
+    coalesce: bool,
+}
+
+impl DeviceTrack {
+    fn new(device: i16, sites: Option<&DeviceSites>, coalesce: bool) -> DeviceTrack {
+        let label = device_label(device);
+        let mut names = vec![label.clone()];
+        let mut top = Vec::new();
+        let mut others = false;
+        if let Some(s) = sites {
+            for (site, name) in &s.top {
+                top.push(*site);
+                names.push(name.clone());
+            }
+            if s.others {
+                others = true;
+                names.push(format!("{label} other sites"));
+            }
+        }
+        let n = names.len();
+        DeviceTrack {
+            names,
+            top,
+            others,
+            written: vec![None; n],
+            now: vec![0; n],
+            seen: false,
+            bucket: None,
+            max_t: 0,
+            max: vec![0; n],
+            last_t: 0,
+            last: vec![0; n],
+            in_bucket: 0,
+            coalesce,
+        }
+    }
+
+    /// Reads the device's values now into `now`; whether they changed since the last read.
+    fn read(&mut self, p: ProcessView<'_>, device: i16, live_bytes: u64) -> bool {
+        let before = self.now.clone();
+        self.now[0] = live_bytes;
+        let mut held = 0u64;
+        for (i, &site) in self.top.iter().enumerate() {
+            let bytes = p.site_live(site, device);
+            held = held.saturating_add(bytes);
+            self.now[i + 1] = bytes;
+        }
+        if self.others {
+            let last = self.now.len() - 1;
+            self.now[last] = live_bytes.saturating_sub(held);
+        }
+        let changed = !self.seen || before != self.now;
+        self.seen = true;
+        changed
+    }
+}
+
 #[derive(Default)]
 struct Track {
-    /// Timestamp of the last event seen: its effect shows at the next visit.
-    pending_ts: Option<u64>,
-    last: BTreeMap<(i16, Series), u64>,
+    /// Timestamp and device of the last event seen: its effect shows at the next visit.
+    pending: Option<(u64, i16)>,
+    devices: BTreeMap<i16, DeviceTrack>,
     sites: BTreeMap<i16, DeviceSites>,
+    /// Each device's events in the whole trace (from the first replay).
+    device_events: BTreeMap<i16, u64>,
+    /// The process's run (first and last timestamp), which the buckets divide.
+    span: (u64, u64),
+    /// Every `marker_stride`-th marker is written.
+    marker_stride: u64,
+    markers: u64,
+    ooms: u64,
     /// OOM instants waiting for the driver's reading the shim takes right after the failure,
     /// by thread: (device, the instant).
     pending_oom: BTreeMap<u32, (i16, Value)>,
+}
+
+impl Track {
+    fn bucket(&self, t: u64) -> usize {
+        let span = self.span.1.saturating_sub(self.span.0) as u128 + 1;
+        let i = t.saturating_sub(self.span.0) as u128 * COUNTER_BUCKETS as u128 / span;
+        (i as usize).min(COUNTER_BUCKETS - 1)
+    }
 }
 
 struct Writer<'a> {
@@ -69,6 +197,8 @@ struct Writer<'a> {
     origin_ns: u64,
     first: bool,
     error: Option<std::io::Error>,
+    options: Options,
+    left_out: Summary,
 }
 
 impl Writer<'_> {
@@ -91,39 +221,84 @@ impl Writer<'_> {
         }
     }
 
-    fn counter(&mut self, p: ProcessView<'_>, ts_ns: u64, name: &str, bytes: u64) {
+    fn counter(&mut self, pid: u32, ts_ns: u64, name: &str, bytes: u64) {
         let v = json!({
             "name": name,
             "ph": "C",
             "ts": self.ts(ts_ns),
-            "pid": p.pid(),
+            "pid": pid,
             "args": {"live_bytes": bytes},
         });
         self.event(&v);
     }
 
-    fn counters(&mut self, p: ProcessView<'_>, ts_ns: u64, track: &mut Track) {
-        for (d, s) in p.devices() {
-            let label = device_label(d);
-            let mut values = vec![(Series::Device, label.clone(), s.live_bytes)];
-            if let Some(sites) = track.sites.get(&d) {
-                let mut held = 0u64;
-                for (i, (site, name)) in sites.top.iter().enumerate() {
-                    let bytes = p.site_live(*site, d);
-                    held = held.saturating_add(bytes);
-                    values.push((Series::Site(i), name.clone(), bytes));
-                }
-                if sites.others {
-                    let rest = s.live_bytes.saturating_sub(held);
-                    values.push((Series::Other, format!("{label} other sites"), rest));
-                }
+    /// Writes the series of `d` whose values differ from what was written last.
+    fn write_values(&mut self, pid: u32, d: &mut DeviceTrack, t: u64, values: &[u64]) {
+        for (i, &v) in values.iter().enumerate() {
+            if d.written[i] != Some(v) {
+                d.written[i] = Some(v);
+                self.counter(pid, t, &d.names[i], v);
             }
-            for (series, name, bytes) in values {
-                if track.last.get(&(d, series)) != Some(&bytes) {
-                    track.last.insert((d, series), bytes);
-                    self.counter(p, ts_ns, &name, bytes);
-                }
+        }
+    }
+
+    /// Writes the current bucket of `d`: its maximum, then its last values.
+    fn close_bucket(&mut self, pid: u32, d: &mut DeviceTrack) {
+        if d.bucket.take().is_none() {
+            return;
+        }
+        let (max, last) = (std::mem::take(&mut d.max), std::mem::take(&mut d.last));
+        self.write_values(pid, d, d.max_t, &max);
+        let mut points = 1;
+        if d.last_t != d.max_t || last != max {
+            self.write_values(pid, d, d.last_t, &last);
+            points += 1;
+        }
+        self.left_out.samples += d.in_bucket.saturating_sub(points);
+        d.in_bucket = 0;
+        (d.max, d.last) = (max, last);
+    }
+
+    /// The values of the events of `p` up to the one at `ts_ns` (on `hint`, the device it
+    /// names) have applied: a sample for each device whose values changed.
+    fn counters(&mut self, p: ProcessView<'_>, ts_ns: u64, hint: i16, track: &mut Track) {
+        let i = track.bucket(ts_ns);
+        for (device, s) in p.devices() {
+            let d = track.devices.entry(device).or_insert_with(|| {
+                let events = track
+                    .device_events
+                    .get(&device)
+                    .copied()
+                    .unwrap_or(u64::MAX);
+                let coalesce = !self.options.all_samples && events > 2 * COUNTER_BUCKETS as u64;
+                DeviceTrack::new(device, track.sites.get(&device), coalesce)
+            });
+            // A device whose total did not move kept its sites too (an event changes one
+            // device's total by its size), unless the event named it: cheap to skip.
+            if d.seen && d.now[0] == s.live_bytes && device != hint {
+                continue;
             }
+            if !d.read(p, device, s.live_bytes) {
+                continue;
+            }
+            if !d.coalesce {
+                let now = std::mem::take(&mut d.now);
+                self.write_values(p.pid(), d, ts_ns, &now);
+                d.now = now;
+                continue;
+            }
+            if d.bucket != Some(i) {
+                self.close_bucket(p.pid(), d);
+                d.bucket = Some(i);
+                d.max.clone_from(&d.now);
+                d.max_t = ts_ns;
+            } else if d.now[0] > d.max[0] {
+                d.max.clone_from(&d.now);
+                d.max_t = ts_ns;
+            }
+            d.last.clone_from(&d.now);
+            d.last_t = ts_ns;
+            d.in_bucket += 1;
         }
     }
 }
@@ -179,14 +354,16 @@ fn site_text(p: ProcessView<'_>, site: Site, sym: &mut Symbolizer, short: bool) 
     format!("{} ({file}:{})", frame_name(&f), f.line)
 }
 
-/// Writes the processes on connections `conns` (of `scan`, the replayed trace at `path`).
+/// Writes the processes on connections `conns` (of `scan`, the replayed trace at `path`);
+/// returns what the coalescing left out.
 pub fn write(
     path: &Path,
     scan: &Trace,
     conns: &[u32],
+    options: Options,
     progress: &mut Progress,
     out: &mut dyn Write,
-) -> Result<(), Failure> {
+) -> Result<Summary, Failure> {
     let wanted: HashSet<u32> = conns.iter().copied().collect();
     let origin_ns = scan
         .processes()
@@ -201,6 +378,8 @@ pub fn write(
         origin_ns,
         first: true,
         error: None,
+        options,
+        left_out: Summary::default(),
     };
     let mut named = HashSet::new();
     for &conn in conns {
@@ -226,6 +405,13 @@ pub fn write(
         let p = scan.by_conn(conn)?;
         let track = tracks.entry(conn).or_default();
         track.sites = top_sites(p, &mut sym);
+        track.span = (p.first_ts_ns(), p.last_ts_ns());
+        track.device_events = p.devices().map(|(d, s)| (d, s.events)).collect();
+        track.marker_stride = if options.all_samples {
+            1
+        } else {
+            p.markers().div_ceil(MAX_MARKERS).max(1)
+        };
     }
     let trace = view::replay(
         path,
@@ -235,12 +421,12 @@ pub fn write(
                 return;
             }
             let track = tracks.entry(p.conn()).or_default();
-            if let Some(ts) = track.pending_ts.take() {
-                w.counters(p, ts, track);
+            if let Some((ts, device)) = track.pending.take() {
+                w.counters(p, ts, device, track);
             }
             match seen {
                 Seen::Event { event: ev, site } => {
-                    track.pending_ts = Some(ev.ts_ns);
+                    track.pending = Some((ev.ts_ns, ev.device));
                     if let Some((device, mut oom)) = track.pending_oom.remove(&ev.tid) {
                         // The thread's next event: the reading taken right after the failure,
                         // or something else (the instant keeps the reading before it).
@@ -253,6 +439,11 @@ pub fn write(
                     let oom =
                         ev.kind() == Some(EventKind::AllocFailed) && ev.result == OUT_OF_MEMORY;
                     if !oom {
+                        return;
+                    }
+                    track.ooms += 1;
+                    if !options.all_samples && track.ooms > MAX_OOMS {
+                        w.left_out.ooms += 1;
                         return;
                     }
                     let dev = p.device(ev.device);
@@ -281,6 +472,11 @@ pub fn write(
                 Seen::Marker {
                     ts_ns, tid, label, ..
                 } => {
+                    track.markers += 1;
+                    if !(track.markers - 1).is_multiple_of(track.marker_stride) {
+                        w.left_out.markers += 1;
+                        return;
+                    }
                     let v = json!({
                         "name": label,
                         "ph": "i",
@@ -296,11 +492,14 @@ pub fn write(
         },
     )?;
     progress.end_pass();
-    // The effect of each process's last event.
+    // The effect of each process's last event, and the buckets still open.
     for (conn, track) in &mut tracks {
-        if let Some(ts) = track.pending_ts.take() {
-            let p = trace.by_conn(*conn)?;
-            w.counters(p, ts, track);
+        let p = trace.by_conn(*conn)?;
+        if let Some((ts, device)) = track.pending.take() {
+            w.counters(p, ts, device, track);
+        }
+        for d in track.devices.values_mut() {
+            w.close_bucket(p.pid(), d);
         }
         // Failures the trace ended after, with no reading behind them.
         for (_, (_, oom)) in std::mem::take(&mut track.pending_oom) {
@@ -310,11 +509,22 @@ pub fn write(
     if let Some(e) = w.error.take() {
         return Err(write_failed(e));
     }
-    let tail = json!({"exporter": "oomtrace", "version": env!("CARGO_PKG_VERSION")});
+    let left_out = w.left_out;
+    let tail = json!({
+        "exporter": "oomtrace",
+        "version": env!("CARGO_PKG_VERSION"),
+        "all_samples": options.all_samples,
+        "left_out": {
+            "counter_samples": left_out.samples,
+            "markers": left_out.markers,
+            "oom_instants": left_out.ooms,
+        },
+    });
     write!(
         w.out,
         "\n], \"displayTimeUnit\": \"ms\", \"otherData\": {tail}}}\n"
     )
     .map_err(write_failed)?;
-    w.out.flush().map_err(write_failed)
+    w.out.flush().map_err(write_failed)?;
+    Ok(left_out)
 }

@@ -191,6 +191,16 @@ impl<'a> ProcessView<'a> {
         self.0.first_ts_ns
     }
 
+    /// The monotonic timestamp of its last event or marker (0: none yet).
+    pub fn last_ts_ns(self) -> u64 {
+        self.0.last_ts_ns
+    }
+
+    /// Step markers received.
+    pub fn markers(self) -> u64 {
+        self.0.markers
+    }
+
     pub fn end(self) -> End {
         match self.0.end {
             EndState::Exited(Some(GoodbyeReason::UnderscoreExit)) => End::UnderscoreExit,
@@ -252,10 +262,8 @@ impl<'a> ProcessView<'a> {
     /// (sites that hold nothing now included, as 0).
     pub fn live_by_site(self, device: i16) -> impl Iterator<Item = (Site, u64)> + 'a {
         self.0
-            .site_stats
-            .iter()
-            .filter(move |((_, d), _)| *d == device)
-            .map(|((site, _), s)| (Site(*site), s.live_bytes))
+            .sites_on(device)
+            .map(|(site, s)| (Site(site), s.live_bytes))
     }
 
     /// The most bytes each call site held at once on `device`, counting only memory that
@@ -263,14 +271,12 @@ impl<'a> ProcessView<'a> {
     /// lie inside its segments), in no particular order.
     pub fn site_peaks(self, device: i16) -> impl Iterator<Item = (Site, u64)> + 'a {
         self.0
-            .site_stats
-            .iter()
-            .filter(move |((_, d), s)| {
-                *d == device
-                    && s.api
-                        .is_none_or(|a| a.memory_class() != MemoryClass::Tensor)
+            .sites_on(device)
+            .filter(|(_, s)| {
+                s.api
+                    .is_none_or(|a| a.memory_class() != MemoryClass::Tensor)
             })
-            .map(|((site, _), s)| (Site(*site), s.peak_bytes))
+            .map(|(site, s)| (Site(site), s.peak_bytes))
     }
 
     /// Allocations of call site `site` on `device` freed in the step that made them (the

@@ -650,7 +650,11 @@ impl Observer for Analysis {
             free_bytes: None,
             total_bytes: None,
             live_bytes: o.live_bytes,
-            top_sites: p.top_sites(o.device, oom::TOP_SITES),
+            top_sites: if self.oom.keeps_next() {
+                p.top_sites(o.device, oom::TOP_SITES)
+            } else {
+                Vec::new()
+            },
             recovered: None,
         };
         self.oom.on_failure(record, &mut self.alerts);

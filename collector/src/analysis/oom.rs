@@ -68,6 +68,12 @@ pub struct OomDetector {
 }
 
 impl OomDetector {
+    /// Whether the next failure is kept in full (its top call sites are worth reading: only
+    /// the first [`MAX_RECORDS`] are, so a storm of failures does not scan the sites each).
+    pub fn keeps_next(&self) -> bool {
+        self.records.len() < MAX_RECORDS
+    }
+
     pub fn on_failure(&mut self, r: OomRecord, out: &mut Alerts) {
         self.count += 1;
         let record = (self.records.len() < MAX_RECORDS).then_some(self.records.len());

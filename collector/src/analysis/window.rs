@@ -9,6 +9,8 @@
 //! (new surviving generations, or replaced allocations). The passing window with the smallest
 //! p-value is the trend.
 
+use std::collections::VecDeque;
+
 use serde::Serialize;
 
 use super::growth::{Trend, ALPHA_LIKELY, MIN_GROWTH, WINDOWS};
@@ -37,13 +39,15 @@ pub struct Window {
     pub to_bytes: u64,
 }
 
-/// The samples taken at or after epoch `since`, oldest first.
-pub fn since<'a>(series: impl IntoIterator<Item = &'a Sample>, since: u32) -> Vec<Sample> {
-    series
-        .into_iter()
-        .copied()
-        .filter(|x| x.epoch >= since)
-        .collect()
+/// The samples taken at or after epoch `since`, oldest first (a series is in epoch order:
+/// found by bisection, as this runs for every series at every step).
+pub fn since(series: &VecDeque<Sample>, since: u32) -> Vec<Sample> {
+    let start = series.partition_point(|x| x.epoch < since);
+    let (a, b) = series.as_slices();
+    match a.get(start..) {
+        Some(rest) => [rest, b].concat(),
+        None => b[start - a.len()..].to_vec(),
+    }
 }
 
 /// The passing window with the smallest p-value over `post`, the samples that count (oldest
@@ -64,6 +68,12 @@ pub fn best_trend(
         seen = n;
         let start = k - n;
         let win = &post[start..];
+        // A window that did not grow by MIN_GROWTH cannot pass (`growth_bytes` below): the
+        // statistics, quadratic in the window, are skipped. Most windows of most series are
+        // flat, and a series per device and per site is tested at every step.
+        if (win[n - 1].live as f64 - win[0].live as f64) < MIN_GROWTH {
+            continue;
+        }
         let x: Vec<f64> = win.iter().map(|s| s.live as f64).collect();
         let mk = mann_kendall(&x);
         let Some(ts) = theil_sen(&x, mk.var, 0.95) else {
@@ -104,7 +114,14 @@ pub fn halves(post: &[Sample]) -> Option<(f64, f64)> {
         return None;
     }
     let x: Vec<f64> = post[k - HALVES..].iter().map(|s| s.live as f64).collect();
-    let slope = |h: &[f64]| theil_sen(h, mann_kendall(h).var, 0.95).map(|t| t.slope);
+    let slope = |h: &[f64]| {
+        // Flat: every pairwise slope is 0, so the median is (what theil_sen would return,
+        // without its quadratic work; most series are flat most of the time).
+        if h.iter().all(|&v| v == h[0]) {
+            return Some(0.0);
+        }
+        theil_sen(h, mann_kendall(h).var, 0.95).map(|t| t.slope)
+    };
     Some((slope(&x[..HALVES / 2])?, slope(&x[HALVES / 2..])?))
 }
 

@@ -4,7 +4,9 @@
 //! the allocation it frees in `Process::live`, an unmap its mapping) and the call site of the
 //! event's stack (symbolize it with `StackSymbolizer::site`).
 //!
-//! Memory stays that of the replay (O(live + sites)); what the visitor keeps is its business.
+//! Events the model leaves out as naming an implausible device (`Process::implausible_device`)
+//! are not shown. Memory stays that of the replay (O(live + sites)); what the visitor keeps is
+//! its business.
 //! Only the model runs (no observer): exporters need the accounting, not the findings, and
 //! replaying is then several times faster.
 
@@ -46,6 +48,12 @@ pub fn replay_with_progress(
     let mut apply = |p: &mut Process, _: &mut (), frame: &Frame<'_>| match frame {
         Frame::Events(batch) => {
             for ev in batch.iter() {
+                // An event the model leaves out (a device no process has) is not shown
+                // either: exporters key tables by device too.
+                if Process::implausible_device(&ev).is_some() {
+                    p.apply_event(&ev, &mut ());
+                    continue;
+                }
                 let site = p.stack_site(ev.stack);
                 visit(
                     p,

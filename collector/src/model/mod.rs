@@ -30,7 +30,9 @@ use std::collections::BTreeMap;
 use oomtrace_proto::launch::Launch;
 use oomtrace_proto::python::{CodeDef, PyFrame};
 use oomtrace_proto::wire::{Frame, GoodbyeReason, Hello, Lost, ModuleDef};
-use oomtrace_proto::{Api, Event, EventKind, MemoryClass, StackId, DEVICE_UNKNOWN};
+use oomtrace_proto::{
+    plausible_device, Api, Event, EventKind, MemoryClass, StackId, DEVICE_UNKNOWN,
+};
 use rustc_hash::FxHashMap;
 
 mod error;
@@ -351,6 +353,10 @@ pub struct Process {
     /// from splitting.
     pub merged_stacks: u64,
     pub site_stats: FxHashMap<(SiteId, i16), SiteStats>,
+    /// The sites of `site_stats` by device, in the order they first allocated there: what a
+    /// per-device question reads, so that it costs that device's sites, not every site of
+    /// every device.
+    device_sites: FxHashMap<i16, Vec<SiteId>>,
     pub lost: Lost,
     pub events: u64,
     pub unmatched_frees: u64,
@@ -359,6 +365,11 @@ pub struct Process {
     /// driver" from "out of memory", so each kind is counted apart.
     pub alloc_failures: BTreeMap<(Api, i32, i16), AllocFailures>,
     pub unknown_stacks: u64,
+    /// Events left out of the accounting because they name a device no process can have
+    /// (`oomtrace_proto::MAX_DEVICES`), and the first such device: garbage, never a table
+    /// entry or a loop.
+    pub implausible_device_events: u64,
+    pub implausible_device_first: i16,
     pub markers: u64,
     pub last_marker: Option<String>,
     /// When the current step began (the last marker; 0 before the first).
@@ -398,12 +409,15 @@ impl Process {
             interpreter_modules: Vec::new(),
             merged_stacks: 0,
             site_stats: FxHashMap::default(),
+            device_sites: FxHashMap::default(),
             lost: Lost::default(),
             events: 0,
             unmatched_frees: 0,
             failed_frees: 0,
             alloc_failures: BTreeMap::new(),
             unknown_stacks: 0,
+            implausible_device_events: 0,
+            implausible_device_first: 0,
             markers: 0,
             last_marker: None,
             step_start_ts_ns: 0,
@@ -668,7 +682,13 @@ impl Process {
                 }
             }
         }
-        let s = self.site_stats.entry((site, device)).or_default();
+        let s = match self.site_stats.entry((site, device)) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                self.device_sites.entry(device).or_default().push(site);
+                v.insert(SiteStats::default())
+            }
+        };
         s.enter_step(self.markers);
         s.live_bytes = s.live_bytes.saturating_add(size);
         s.live_count += 1;
@@ -794,11 +814,50 @@ impl Process {
         }
     }
 
+    /// The device `ev` names when that device is implausible (see
+    /// `oomtrace_proto::MAX_DEVICES`): such an event is counted, never accounted. Only the
+    /// kinds whose device the model reads are checked (a free finds its allocation's).
+    pub fn implausible_device(ev: &Event) -> Option<i16> {
+        let device = match ev.kind()? {
+            EventKind::Alloc | EventKind::AllocFailed => {
+                Self::device_for_class(ev.api(), ev.device)
+            }
+            EventKind::PhysCreate
+            | EventKind::Segment
+            | EventKind::SegmentFree
+            | EventKind::VaReserve
+            | EventKind::MemInfo => ev.device,
+            _ => return None,
+        };
+        (!plausible_device(device)).then_some(device)
+    }
+
+    /// The warning for a process whose events named devices it cannot have, if any did.
+    pub fn implausible_device_warning(&self) -> Option<String> {
+        (self.implausible_device_events > 0).then(|| {
+            format!(
+                "process {}: {} events name a device no process has (the first: device {}; \
+                 ordinals run from 0 to {}): left out of the accounting",
+                self.pid(),
+                self.implausible_device_events,
+                self.implausible_device_first,
+                oomtrace_proto::MAX_DEVICES - 1
+            )
+        })
+    }
+
     /// Applies one event, telling `obs` what happened.
     pub fn apply_event<O: Observer + ?Sized>(&mut self, ev: &Event, obs: &mut O) {
         self.events += 1;
         self.touch(ev.seq, ev.ts_ns);
         let Some(kind) = ev.kind() else { return };
+        if let Some(device) = Self::implausible_device(ev) {
+            if self.implausible_device_events == 0 {
+                self.implausible_device_first = device;
+            }
+            self.implausible_device_events += 1;
+            return;
+        }
         let api = ev.api();
         match kind {
             EventKind::Alloc => {
@@ -995,21 +1054,18 @@ impl Process {
         }
     }
 
-    /// The `n` sites holding the most live bytes on `device`: (site, bytes, count).
     /// The `n` sites of `device` holding most memory now, as (site, live bytes, live
     /// allocations), largest first; tensors inside PyTorch's segments are left out (the
     /// segments hold their bytes).
     fn largest_sites(&self, device: i16, n: usize) -> Vec<(SiteId, u64, u64)> {
         let mut v: Vec<(SiteId, u64, u64)> = self
-            .site_stats
-            .iter()
-            .filter(|((_, d), s)| {
-                *d == device
-                    && s.live_bytes > 0
+            .sites_on(device)
+            .filter(|(_, s)| {
+                s.live_bytes > 0
                     && s.api
                         .is_none_or(|a| a.memory_class() != MemoryClass::Tensor)
             })
-            .map(|((site, _), s)| (*site, s.live_bytes, s.live_count))
+            .map(|(site, s)| (site, s.live_bytes, s.live_count))
             .collect();
         v.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         v.truncate(n);
@@ -1026,12 +1082,21 @@ impl Process {
         }
     }
 
+    /// The call sites that allocated on `device`, with their aggregates there, in the order
+    /// they first did: O(those sites), whatever the other devices hold.
+    pub fn sites_on(&self, device: i16) -> impl Iterator<Item = (SiteId, &SiteStats)> + '_ {
+        self.device_sites
+            .get(&device)
+            .into_iter()
+            .flatten()
+            .filter_map(move |&site| Some((site, self.site_stats.get(&(site, device))?)))
+    }
+
     pub fn top_sites(&self, device: i16, n: usize) -> Vec<(SiteId, u64, u64)> {
         let mut v: Vec<(SiteId, u64, u64)> = self
-            .site_stats
-            .iter()
-            .filter(|((_, d), s)| *d == device && s.live_bytes > 0)
-            .map(|((site, _), s)| (*site, s.live_bytes, s.live_count))
+            .sites_on(device)
+            .filter(|(_, s)| s.live_bytes > 0)
+            .map(|(site, s)| (site, s.live_bytes, s.live_count))
             .collect();
         v.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         v.truncate(n);

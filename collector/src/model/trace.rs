@@ -174,6 +174,12 @@ impl<O: Observer + Default> Trace<O> {
                  its writer was killed or is still writing; everything before it is reported"
             ));
         }
+        let implausible: Vec<String> = trace
+            .processes
+            .iter()
+            .filter_map(Process::implausible_device_warning)
+            .collect();
+        trace.warnings.extend(implausible);
         if let Some(inc) = &trace.incomplete {
             let warning = inc.sentence(trace.header.created_unix_ns);
             trace.warnings.push(warning);

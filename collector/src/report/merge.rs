@@ -69,5 +69,6 @@ pub fn merge(reports: Vec<Report>) -> Report {
         ranks,
         traces,
         stale_modules,
+        skipped: Vec::new(),
     }
 }

@@ -57,6 +57,18 @@ pub struct Report {
     /// have no names, only `module` and `offset`. Empty when every file matched (or the
     /// report was built without symbols).
     pub stale_modules: Vec<module_file::StaleModule>,
+    /// Files of a directory given to `oomtrace report` that could not be read as traces, and
+    /// why; the report covers the others. Absent when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<Skipped>,
+}
+
+/// A member of a directory that is not a readable trace (corrupt, a FIFO, a device, ...).
+#[derive(Clone, Debug, Serialize)]
+pub struct Skipped {
+    pub path: String,
+    /// Why, in one sentence (`it is a FIFO, not a trace file`).
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -100,6 +112,10 @@ pub struct ProcessReport {
     pub rank: Option<u32>,
     pub local_rank: Option<u32>,
     pub world_size: Option<u32>,
+    /// A world size its launcher said that is not believed (above
+    /// `oomtrace_proto::launch::MAX_WORLD_SIZE`): `world_size` is then null. Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub implausible_world_size: Option<u64>,
     /// The host it ran on ("" in traces from before it was recorded).
     pub host: String,
     /// When it started (Unix time, ns).
@@ -341,11 +357,12 @@ fn forward_lines(
         let Some(line) = symbolize::python_culprit(&frames) else {
             continue;
         };
+        // By device (a few), not by scanning every site of every device for this one.
         let (bytes, count) = p
-            .site_stats
-            .iter()
-            .filter(|((s, _), _)| *s == site)
-            .fold((0u64, 0u64), |(b, c), (_, st)| {
+            .devices
+            .keys()
+            .filter_map(|&d| p.site_stats.get(&(site, d)))
+            .fold((0u64, 0u64), |(b, c), st| {
                 (b.saturating_add(st.total_bytes), c + st.allocations)
             });
         let e = by_line
@@ -390,7 +407,17 @@ pub(crate) fn raw_stack(p: &Process, site: SiteId) -> Vec<FrameInfo> {
 }
 
 pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
-    let mut sym = StackSymbolizer::new();
+    build_with(trace, opts, &mut StackSymbolizer::new())
+}
+
+/// [`build`] with a symbolizer the caller keeps: reading a module's debug information is
+/// most of a small trace's report, and the traces of one job share their modules (`report
+/// DIR` keeps one per thread).
+pub fn build_with(
+    trace: &Trace<Analysis>,
+    opts: &ReportOptions,
+    sym: &mut StackSymbolizer,
+) -> Report {
     let mut stack_of = |p: &Process, site| {
         if opts.symbolize {
             sym.site(p, site)
@@ -443,6 +470,7 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
             rank: p.launch.rank,
             local_rank: p.launch.local_rank,
             world_size: p.launch.world_size,
+            implausible_world_size: p.launch.implausible_world_size,
             host: p.hello.host.clone(),
             start_unix_ns: p.hello.start_unix_ns,
             trace: None,
@@ -631,6 +659,7 @@ pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
         } else {
             Vec::new()
         },
+        skipped: Vec::new(),
     }
 }
 

@@ -17,6 +17,10 @@ use super::{Finding, Kind, Level, ProcessReport};
 use crate::analysis::Confidence;
 use crate::units::fmt_bytes;
 
+/// Missing ranks listed by number (the lowest); beyond them they are only counted
+/// (`missing_count`), so that a world of a million ranks with two present costs nothing.
+pub const MISSING_LISTED: usize = 64;
+
 /// A rank peaks this much above the median rank's peak (and by at least
 /// [`IMBALANCE_MIN_BYTES`]) before the report calls it imbalance: ranks of one data-parallel
 /// job differ by a few percent (last batch, rank-0 extras), and a quarter is past that.
@@ -26,12 +30,20 @@ pub const IMBALANCE_MIN_BYTES: u64 = 64 << 20;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Ranks {
-    /// The job's size as its launcher said (the largest any rank said); null when none said.
+    /// The job's size as its launcher said (the largest any rank said); null when none said,
+    /// or when what was said is implausible (see `implausible_world_size`).
     pub world_size: Option<u32>,
+    /// The largest world size a rank said that is not believed (above
+    /// `oomtrace_proto::launch::MAX_WORLD_SIZE`); absent when none did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub implausible_world_size: Option<u64>,
     /// One row per rank seen, by rank.
     pub rows: Vec<RankRow>,
-    /// Ranks below `world_size` that no trace holds (their node's trace is missing).
+    /// Ranks below `world_size` that no trace holds (their node's trace is missing): the
+    /// lowest [`MISSING_LISTED`] of them; `missing_count` counts them all.
     pub missing: Vec<u32>,
+    /// How many ranks below `world_size` no trace holds (0 when the world size is unknown).
+    pub missing_count: u64,
     /// What the rows say together, most important first; never empty.
     pub verdicts: Vec<RankVerdict>,
 }
@@ -163,16 +175,44 @@ pub fn build(processes: &[ProcessReport], findings: &[Finding]) -> Option<Ranks>
             status: main.status.clone(),
         });
     }
-    let missing = world_size.map_or_else(Vec::new, |w| {
-        (0..w).filter(|r| !by_rank.contains_key(r)).collect()
-    });
+    let (missing, missing_count) =
+        world_size.map_or((Vec::new(), 0), |w| missing_ranks(w, &by_rank));
     let verdicts = verdicts(&rows);
     Some(Ranks {
         world_size,
+        implausible_world_size: processes
+            .iter()
+            .filter_map(|p| p.implausible_world_size)
+            .max(),
         rows,
         missing,
+        missing_count,
         verdicts,
     })
+}
+
+/// The lowest [`MISSING_LISTED`] ranks below `world` that `present` lacks, and how many it
+/// lacks in all: O(present + listed), never O(world).
+fn missing_ranks<V>(world: u32, present: &BTreeMap<u32, V>) -> (Vec<u32>, u64) {
+    let below = present.range(..world).count() as u64;
+    let count = u64::from(world) - below;
+    let mut listed = Vec::new();
+    let mut next = 0u32;
+    for &r in present
+        .range(..world)
+        .map(|(r, _)| r)
+        .chain(std::iter::once(&world))
+    {
+        while next < r && listed.len() < MISSING_LISTED {
+            listed.push(next);
+            next += 1;
+        }
+        if listed.len() == MISSING_LISTED {
+            break;
+        }
+        next = r.saturating_add(1);
+    }
+    (listed, count)
 }
 
 /// "the other rank stays" / "the other 3 ranks stay".
@@ -358,6 +398,19 @@ mod tests {
             .into_iter()
             .map(|v| (v.pattern, v.ranks))
             .collect()
+    }
+
+    #[test]
+    fn missing_ranks_are_counted_and_the_first_listed() {
+        let present: BTreeMap<u32, ()> = [(0, ()), (2, ()), (5, ())].into_iter().collect();
+        assert_eq!(missing_ranks(6, &present), (vec![1, 3, 4], 3));
+        assert_eq!(missing_ranks(3, &present), (vec![1], 1));
+        let (listed, count) = missing_ranks(1 << 20, &present);
+        assert_eq!(count, (1 << 20) - 3);
+        assert_eq!(listed.len(), MISSING_LISTED);
+        assert_eq!(&listed[..4], &[1, 3, 4, 6]);
+        let two: BTreeMap<u32, ()> = [(0, ()), (1, ())].into_iter().collect();
+        assert_eq!(missing_ranks(2, &two), (vec![], 0));
     }
 
     #[test]

@@ -183,7 +183,15 @@ fn growth_per_step(p: &Process, s: &SiteStats) -> f64 {
 
 /// Sections of every process and device of `trace` that allocated, in the report's order.
 pub fn build(trace: &Trace<Analysis>, opts: &SectionOptions) -> Vec<DeviceSections> {
-    let mut sym = StackSymbolizer::new();
+    build_with(trace, opts, &mut StackSymbolizer::new())
+}
+
+/// [`build`] with a symbolizer the caller keeps (see `report::build_with`).
+pub fn build_with(
+    trace: &Trace<Analysis>,
+    opts: &SectionOptions,
+    sym: &mut StackSymbolizer,
+) -> Vec<DeviceSections> {
     // A site shows in several lists: symbolized once per process.
     let mut seen: HashMap<(u32, u32, SiteId), Vec<FrameInfo>> = HashMap::new();
     let mut stack_of = |p: &Process, site: SiteId| {
@@ -199,10 +207,8 @@ pub fn build(trace: &Trace<Analysis>, opts: &SectionOptions) -> Vec<DeviceSectio
     for p in &trace.processes {
         for (&device, d) in p.devices.iter().filter(|(_, d)| d.allocations > 0) {
             let mut stats: Vec<(SiteId, &SiteStats)> = p
-                .site_stats
-                .iter()
-                .filter(|((_, dev), s)| *dev == device && s.allocations > 0)
-                .map(|((site, _), s)| (*site, s))
+                .sites_on(device)
+                .filter(|(_, s)| s.allocations > 0)
                 .collect();
             // A fixed order first, so that ties come out the same on every run.
             stats.sort_unstable_by_key(|(site, _)| *site);
