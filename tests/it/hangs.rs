@@ -12,7 +12,7 @@ use std::net::TcpStream;
 use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,18 +21,6 @@ use oomtrace_proto::event::{Api, Event, EventKind};
 use oomtrace_proto::wire::{self, encode, Hello};
 use oomtrace_tests::*;
 use serde_json::Value;
-
-/// A child killed (and reaped) when the test ends, also when it fails.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
 
 /// Stop every client thread of a test when it ends, also when it fails.
 struct StopOnDrop(Arc<AtomicBool>);

@@ -20,32 +20,6 @@ fn oomtrace_lines(text: &str) -> Vec<&str> {
     text.lines().filter(|l| l.starts_with("oomtrace")).collect()
 }
 
-/// Pids of processes whose command line contains every one of `needles`.
-fn processes_with(needles: &[&str]) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if needles.iter().all(|n| cmdline.contains(n)) {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
-fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < timeout, "{what} (waited {timeout:?})");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A test's own `TMPDIR` (inside its scratch directory) and working directory.
 fn dirs(test: &str) -> (Scratch, PathBuf, PathBuf) {
     let dir = scratch(test);

@@ -587,3 +587,42 @@ pub fn report_text_of(traces: &[&Path]) -> String {
 }
 
 pub const MIB: u64 = 1 << 20;
+
+/// Pids of processes whose command line contains every one of `needles`.
+pub fn processes_with(needles: &[&str]) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if needles.iter().all(|n| cmdline.contains(n)) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Waits until `done`, failing the test with `what` after `timeout`.
+pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < timeout, "{what} (waited {timeout:?})");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A child killed (and reaped) when the test ends, also when it fails.
+pub struct Guard(pub std::process::Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
