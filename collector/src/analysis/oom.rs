@@ -69,7 +69,7 @@ pub struct OomDetector {
 
 impl OomDetector {
     /// Whether the next failure is kept in full (its top call sites are worth reading: only
-    /// the first [`MAX_RECORDS`] are, so a storm of failures does not scan the sites each).
+    /// the first `MAX_RECORDS` are, so a storm of failures does not scan the sites each).
     pub fn keeps_next(&self) -> bool {
         self.records.len() < MAX_RECORDS
     }
