@@ -146,8 +146,8 @@ pub fn check(def: &ModuleDef) -> Option<StaleModule> {
         Err(e) => return Some(stale(Change::Unreadable, e.to_string())),
     };
     match &recorded {
-        Recorded::BuildId(id) => match blazesym::helper::read_elf_build_id(path) {
-            Ok(Some(now)) if now.as_ref() == id.as_slice() => None,
+        Recorded::BuildId(id) => match read_build_id(path) {
+            Ok(Some(now)) if now == *id => None,
             Ok(Some(now)) => Some(stale(
                 Change::BuildIdChanged,
                 format!("build id {}", hex(&now)),
@@ -164,6 +164,124 @@ pub fn check(def: &ModuleDef) -> Option<StaleModule> {
         },
         Recorded::Nothing => None,
     }
+}
+
+/// The GNU build id of the ELF file at `path`, read as the loader and the shim see it: the
+/// `NT_GNU_BUILD_ID` note with the name "GNU" in a `PT_NOTE` segment. Only the headers and
+/// the notes are read (a library of 1 GB costs a few reads). Ok(None): an ELF file without
+/// one; an error: not an ELF file, or cut short.
+///
+/// Why not a generic helper: real PyTorch's `libc10_cuda.so` carries SystemTap probe notes
+/// (owner "stapsdt", also of type 3) before its build id; taking the first note of type 3
+/// read a probe's bytes as the build id, so every unchanged library looked rebuilt (found on
+/// a real GPU: a leak's frames in libc10_cuda.so went unnamed).
+fn read_build_id(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    use std::os::unix::fs::FileExt;
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    let file = std::fs::File::open(path)?;
+    let mut ident = [0u8; 64];
+    file.read_exact_at(&mut ident, 0)
+        .map_err(|_| bad("not an ELF file (too short)"))?;
+    if ident[..4] != *b"\x7fELF" {
+        return Err(bad("not an ELF file"));
+    }
+    let wide = match ident[4] {
+        1 => false,
+        2 => true,
+        _ => return Err(bad("an ELF file of unknown class")),
+    };
+    let little = match ident[5] {
+        1 => true,
+        2 => false,
+        _ => return Err(bad("an ELF file of unknown byte order")),
+    };
+    let u16_at = |b: &[u8], at: usize| {
+        let v = [b[at], b[at + 1]];
+        u64::from(if little {
+            u16::from_le_bytes(v)
+        } else {
+            u16::from_be_bytes(v)
+        })
+    };
+    let u32_at = |b: &[u8], at: usize| {
+        let v = [b[at], b[at + 1], b[at + 2], b[at + 3]];
+        u64::from(if little {
+            u32::from_le_bytes(v)
+        } else {
+            u32::from_be_bytes(v)
+        })
+    };
+    let u64_at = |b: &[u8], at: usize| {
+        let mut v = [0u8; 8];
+        v.copy_from_slice(&b[at..at + 8]);
+        if little {
+            u64::from_le_bytes(v)
+        } else {
+            u64::from_be_bytes(v)
+        }
+    };
+    let (phoff, phentsize, phnum) = if wide {
+        (
+            u64_at(&ident, 0x20),
+            u16_at(&ident, 0x36),
+            u16_at(&ident, 0x38),
+        )
+    } else {
+        (
+            u32_at(&ident, 0x1c),
+            u16_at(&ident, 0x2a),
+            u16_at(&ident, 0x2c),
+        )
+    };
+    let min_entry = if wide { 56 } else { 32 };
+    if phentsize < min_entry || phnum > 4096 {
+        return Err(bad("an ELF file with implausible program headers"));
+    }
+    let mut headers = vec![0u8; (phentsize * phnum) as usize];
+    file.read_exact_at(&mut headers, phoff)
+        .map_err(|_| bad("an ELF file cut short in its program headers"))?;
+    for h in headers.chunks_exact(phentsize as usize) {
+        const PT_NOTE: u64 = 4;
+        if u32_at(h, 0) != PT_NOTE {
+            continue;
+        }
+        let (offset, size, align) = if wide {
+            (u64_at(h, 8), u64_at(h, 32), u64_at(h, 48))
+        } else {
+            (u32_at(h, 4), u32_at(h, 16), u32_at(h, 28))
+        };
+        // Notes are small; a segment claiming more is not read whole.
+        let mut notes = vec![0u8; size.min(1 << 20) as usize];
+        if file.read_exact_at(&mut notes, offset).is_err() {
+            continue;
+        }
+        let align = if align == 8 { 8 } else { 4 };
+        let pad = |n: u64| n.div_ceil(align) * align;
+        let mut at = 0u64;
+        while at + 12 <= notes.len() as u64 {
+            let i = at as usize;
+            let (namesz, descsz, kind) = (
+                u32_at(&notes, i),
+                u32_at(&notes, i + 4),
+                u32_at(&notes, i + 8),
+            );
+            let name_at = at + 12;
+            let desc_at = name_at + pad(namesz);
+            let end = desc_at + pad(descsz);
+            if desc_at + descsz > notes.len() as u64 {
+                break;
+            }
+            const NT_GNU_BUILD_ID: u64 = 3;
+            let name = &notes[name_at as usize..(name_at + namesz) as usize];
+            if kind == NT_GNU_BUILD_ID && name == b"GNU\0" && descsz > 0 {
+                return Ok(Some(
+                    notes[desc_at as usize..(desc_at + descsz) as usize].to_vec(),
+                ));
+            }
+            at = end;
+        }
+    }
+    Ok(None)
 }
 
 /// The checks made so far, once per module file (a trace of many processes loads the same
@@ -255,10 +373,17 @@ mod tests {
     fn a_build_id_matches_only_itself() {
         let exe = std::env::current_exe().unwrap();
         let exe = exe.to_str().unwrap();
-        let id = blazesym::helper::read_elf_build_id(exe)
+        let id = read_build_id(Path::new(exe))
             .unwrap()
-            .expect("rustc links with a build id")
-            .into_owned();
+            .expect("rustc links with a build id");
+        // The same id the loader sees (blazesym reads it from the section).
+        assert_eq!(
+            blazesym::helper::read_elf_build_id(exe)
+                .unwrap()
+                .unwrap()
+                .as_ref(),
+            id.as_slice()
+        );
         assert_eq!(check(&def(exe, id.clone(), None)), None);
         let mut other = id.clone();
         other[0] ^= 0xff;
@@ -269,6 +394,51 @@ mod tests {
         let line = stale.warning();
         assert!(line.contains(exe) && line.contains(&hex(&id)), "{line}");
         assert!(!line.contains('\n'));
+    }
+
+    /// A probe note of the same type before the build id (as real PyTorch's libc10_cuda.so
+    /// has) is not taken for it.
+    #[test]
+    fn the_build_id_is_the_gnu_note_not_the_first_note_of_its_type() {
+        fn note(out: &mut Vec<u8>, name: &[u8], kind: u32, desc: &[u8]) {
+            out.extend((name.len() as u32).to_le_bytes());
+            out.extend((desc.len() as u32).to_le_bytes());
+            out.extend(kind.to_le_bytes());
+            out.extend(name);
+            out.resize(out.len().div_ceil(4) * 4, 0);
+            out.extend(desc);
+            out.resize(out.len().div_ceil(4) * 4, 0);
+        }
+        let mut notes = Vec::new();
+        note(&mut notes, b"stapsdt\0", 3, b"pytorch\0free\0-8@%rdi\0");
+        let id: Vec<u8> = (1..=20).collect();
+        note(&mut notes, b"GNU\0", 3, &id);
+        let mut elf = vec![0u8; 64];
+        elf[..4].copy_from_slice(b"\x7fELF");
+        elf[4] = 2; // 64-bit
+        elf[5] = 1; // little-endian
+        elf[0x20..0x28].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
+        elf[0x36..0x38].copy_from_slice(&56u16.to_le_bytes()); // e_phentsize
+        elf[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes()); // e_phnum
+        let mut ph = vec![0u8; 56];
+        ph[0..4].copy_from_slice(&4u32.to_le_bytes()); // PT_NOTE
+        ph[8..16].copy_from_slice(&120u64.to_le_bytes()); // p_offset
+        ph[32..40].copy_from_slice(&(notes.len() as u64).to_le_bytes()); // p_filesz
+        ph[48..56].copy_from_slice(&4u64.to_le_bytes()); // p_align
+        elf.extend(ph);
+        elf.extend(&notes);
+        let dir = scratch("notes");
+        let lib = dir.join("libprobes.so");
+        std::fs::write(&lib, &elf).unwrap();
+        assert_eq!(read_build_id(&lib).unwrap(), Some(id.clone()));
+        let path = lib.to_str().unwrap();
+        assert_eq!(check(&def(path, id, None)), None);
+        // Cut short, or not an ELF file at all: an error, never a build id.
+        std::fs::write(&lib, &elf[..100]).unwrap();
+        assert!(read_build_id(&lib).is_err());
+        std::fs::write(&lib, b"#!/bin/sh").unwrap();
+        assert!(read_build_id(&lib).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Without a build id, the size and modification time decide; a file that is gone or is
