@@ -181,6 +181,23 @@ fn sigkill(pid: u32) {
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
 }
 
+/// Kills `pid` and waits until it is gone (or a zombie): SIGKILL takes effect when the
+/// process is next scheduled, and a start that looks before then rightly sees it running.
+fn sigkill_and_wait(pid: u32) {
+    sigkill(pid);
+    wait_until(
+        "the killed process is gone",
+        TIMEOUT,
+        || match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next())
+                .is_some_and(|state| matches!(state, 'Z' | 'X' | 'x')),
+            Err(_) => true,
+        },
+    );
+}
+
 #[test]
 fn the_shims_collector_killed_leaves_no_directory() {
     let (_dir, tmp, work) = dirs("collector-killed");
@@ -209,7 +226,7 @@ fn the_next_start_removes_what_a_killed_chain_left_and_nothing_else() {
     for next in ["LD_PRELOAD", "run"] {
         let (mut program, collector) = slow_loop_and_its_collector(&work, &tmp, "30");
         // Both killed: neither has a chance to clean up.
-        sigkill(collector);
+        sigkill_and_wait(collector);
         sigkill(program.id());
         let _ = program.wait();
         let left: Vec<String> = names_in(&tmp)
