@@ -825,6 +825,23 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
+    /// A writer thread for `tf` with one process connected, its Open already written (the
+    /// trace placed under its name).
+    fn writing_one_process(
+        tf: TraceFile,
+    ) -> (
+        crossbeam_channel::Sender<WriterMsg>,
+        std::thread::JoinHandle<Written>,
+    ) {
+        let (tx, rx) = crossbeam_channel::bounded(8);
+        let h = std::thread::spawn(move || write_loop(tf, rx, false, Default::default()));
+        tx.send(WriterMsg::Open(1)).unwrap();
+        let (ack, acked) = crossbeam_channel::bounded(1);
+        tx.send(WriterMsg::Sync(ack)).unwrap();
+        acked.recv().unwrap();
+        (tx, h)
+    }
+
     #[test]
     fn a_trace_whose_directory_vanishes_is_saved_whole_where_asked_and_never_over_a_file() {
         let d = scratch("vanish");
@@ -834,14 +851,9 @@ mod tests {
         std::fs::create_dir(&keep).unwrap();
         // A file of that name is there already: the copy takes the next free name.
         std::fs::write(keep.join("t.oomt"), b"someone's").unwrap();
-        let (tx, rx) = crossbeam_channel::bounded(8);
         let mut tf = TraceFile::create(&gone.join("t.oomt"), false, "test").unwrap();
         tf.save_vanished_in = Some(keep.clone());
-        let h = std::thread::spawn(move || write_loop(tf, rx, false, Default::default()));
-        tx.send(WriterMsg::Open(1)).unwrap();
-        let (ack, acked) = crossbeam_channel::bounded(1);
-        tx.send(WriterMsg::Sync(ack)).unwrap();
-        acked.recv().unwrap();
+        let (tx, h) = writing_one_process(tf);
         std::fs::remove_dir_all(&gone).unwrap();
         drop(tx);
         let written = h.join().unwrap();
@@ -863,13 +875,8 @@ mod tests {
         assert!(t.complete, "the whole trace, its end included");
         // Nowhere to save it (a standalone collector): said, and no path.
         std::fs::create_dir(&gone).unwrap();
-        let (tx, rx) = crossbeam_channel::bounded(8);
         let tf = TraceFile::create(&gone.join("u.oomt"), false, "test").unwrap();
-        let h = std::thread::spawn(move || write_loop(tf, rx, false, Default::default()));
-        tx.send(WriterMsg::Open(1)).unwrap();
-        let (ack, acked) = crossbeam_channel::bounded(1);
-        tx.send(WriterMsg::Sync(ack)).unwrap();
-        acked.recv().unwrap();
+        let (tx, h) = writing_one_process(tf);
         std::fs::remove_dir_all(&gone).unwrap();
         drop(tx);
         let written = h.join().unwrap();
