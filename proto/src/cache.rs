@@ -31,6 +31,9 @@ fn fingerprint(bytes: &[u8]) -> u64 {
 
 /// The `oomtrace` Python package.
 pub const PY_PACKAGE: &[u8] = include_bytes!("../../python/oomtrace/__init__.py");
+/// Its reader of a PyTorch release's allocator headers (for a release oomtrace was not checked
+/// against).
+pub const PY_ABI: &[u8] = include_bytes!("../../python/oomtrace/_abi.py");
 /// The sitecustomize that, when the program imports torch, installs what `OOMTRACE_TORCH` asks
 /// for (the optimizer step hook, the allocator) and then runs the user's own sitecustomize.
 pub const PY_BOOT: &[u8] = include_bytes!("../../python/boot/sitecustomize.py");
@@ -39,9 +42,10 @@ pub const PY_BOOT: &[u8] = include_bytes!("../../python/boot/sitecustomize.py");
 /// same bytes is kept; each is written under a temporary name and renamed, and only that
 /// temporary file is ever removed) and returns the directory.
 pub fn python_files() -> std::io::Result<PathBuf> {
-    let dir = cache_dir("-python", &[PY_PACKAGE, PY_BOOT]);
+    let dir = cache_dir("-python", &[PY_PACKAGE, PY_ABI, PY_BOOT]);
     for (path, bytes) in [
         (dir.join("oomtrace").join("__init__.py"), PY_PACKAGE),
+        (dir.join("oomtrace").join("_abi.py"), PY_ABI),
         (dir.join("boot").join("sitecustomize.py"), PY_BOOT),
     ] {
         if std::fs::read(&path).is_ok_and(|b| b == bytes) {

@@ -1,10 +1,11 @@
 # Put on PYTHONPATH by `oomtrace run`, or by the shim in a Python program under plain LD_PRELOAD
-# (shim/src/python_env.rs): when the program imports torch, mark a step after every optimizer
-# step and, with `--torch`, attach oomtrace's trace tracker to PyTorch's caching allocator when
-# PyTorch initialises CUDA (`--torch=swap`: make PyTorch allocate through oomtrace before
-# anything can initialise CUDA). OOMTRACE_TORCH says which (set by whoever put this file on the
-# path): a comma-separated list of `tracker`, `allocator` (the swap) and `steps`. The program itself is not changed. A sitecustomize of the
-# user's own, further down the path, still runs.
+# (shim/src/python_env.rs): when the program imports torch, attach oomtrace's trace tracker to
+# PyTorch's caching allocator when PyTorch initialises CUDA (tensors traced: the default) and
+# mark a step after every optimizer step (`--torch=swap`: make PyTorch allocate through
+# oomtrace before anything can initialise CUDA). OOMTRACE_TORCH says which (set by whoever put
+# this file on the path): a comma-separated list of `tracker`, `allocator` (the swap) and
+# `steps`; `segments` alone is the user's opt-out of tensors (the step hook only). The program
+# itself is not changed. A sitecustomize of the user's own, further down the path, still runs.
 import importlib.abc
 import importlib.util
 import os
@@ -26,8 +27,11 @@ def _run_user_sitecustomize():
 
 def _wanted():
     """(tracker, allocator, steps): what `oomtrace run` asked for; the tracker and steps when
-    OOMTRACE_TORCH is unset (this file on PYTHONPATH by hand: what `--torch` does)."""
+    OOMTRACE_TORCH is unset (this file on PYTHONPATH by hand: the default); the steps alone
+    for `segments` (tensors not traced)."""
     parts = {p.strip() for p in os.environ.get("OOMTRACE_TORCH", "tracker,steps").split(",")}
+    if "segments" in parts:
+        return False, False, True
     return "tracker" in parts, "allocator" in parts, "steps" in parts
 
 

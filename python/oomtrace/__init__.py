@@ -199,12 +199,49 @@ def _install_allocator(torch):
     return None
 
 
+# PyTorch releases whose caching allocator oomtrace's tracker was checked against: their
+# exported symbols, and their TraceEntry layout compiled against their own headers (the
+# real-PyTorch test tier, tests/it/torch.rs; the README's table says where each was tested).
+_CHECKED_RELEASES = frozenset((2, minor) for minor in range(4, 16))
+_CHECKED_SPAN = "2.4 to 2.15"
+
+
+def _release(torch):
+    """(major, minor) of torch.__version__ ("2.8.0+cu128" -> (2, 8)), or None."""
+    parts = str(getattr(torch, "__version__", "")).split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _abi_unknown(torch):
+    """None when the tracker may attach to this PyTorch's allocator: a release in
+    `_CHECKED_RELEASES`, or another whose own headers declare the allocator's TraceEntry as
+    oomtrace reads it; otherwise why not (a phrase)."""
+    release = _release(torch)
+    if release in _CHECKED_RELEASES:
+        return None
+    include = os.path.join(os.path.dirname(getattr(torch, "__file__", "") or "."), "include")
+    from oomtrace._abi import trace_entry_layout  # read only for a release not checked
+
+    layout, why = trace_entry_layout(include)
+    if layout is None:
+        return ("oomtrace was checked on PyTorch %s, and this release's headers do not "
+                "declare the allocator's trace entries as oomtrace reads them: %s"
+                % (_CHECKED_SPAN, why))
+    return None
+
+
 def _attach_tracker_now(torch):
     """None once oomtrace's trace tracker is attached to PyTorch's allocator; else why not."""
     backend = torch.cuda.memory.get_allocator_backend()
     if backend != "native":
         return ("PyTorch's allocator backend is %r, and the tracker attaches to the native "
                 "caching allocator only" % backend)
+    why = _abi_unknown(torch)
+    if why:
+        return why
     lib = library()
     attach = lib.oomtrace_torch_attach
     attach.argtypes = []
@@ -213,10 +250,12 @@ def _attach_tracker_now(torch):
     return None if why is None else why.decode(errors="replace")
 
 
-def _tracker_failed(why):
-    return ("PyTorch's allocator has no oomtrace trace tracker (%s): tracing CUDA allocations "
-            "(segments, not tensors); `--torch=swap` / install(allocator=\"swap\") swaps "
-            "the allocator instead" % why)
+def _tracker_failed(why, torch):
+    """The line that says tensors are not traced: the PyTorch release, why, what instead."""
+    return ("PyTorch %s: tensors are not traced, PyTorch's allocator has no oomtrace trace "
+            "tracker (%s): tracing CUDA allocations (segments, not tensors); `--torch=swap` / "
+            "install(allocator=\"swap\") swaps the allocator instead"
+            % (getattr(torch, "__version__", "?"), why))
 
 
 def _install_tracker(torch):
@@ -226,6 +265,11 @@ def _install_tracker(torch):
     if _tracker is True or _tracker == "queued":
         return None
     try:
+        # Decided before CUDA starts: an allocator oomtrace cannot read is never attached to.
+        why = _abi_unknown(torch)
+        if why:
+            _tracker = why
+            return why
         library()
         if torch.cuda.is_initialized():
             why = _attach_tracker_now(torch)
@@ -245,7 +289,7 @@ def _install_tracker(torch):
             why = "%s: %s" % (type(e).__name__, e)
         _tracker = why or True
         if why:
-            print("oomtrace: " + _tracker_failed(why), file=sys.stderr)
+            print("oomtrace: " + _tracker_failed(why, torch), file=sys.stderr)
 
     _tracker = "queued"
     torch.cuda._lazy_call(attach)
@@ -338,7 +382,7 @@ def install(allocator="tracker", step_hook=True):
     if mode == "tracker":
         why = _install_tracker(torch)
         if why:
-            warnings.warn("oomtrace: " + _tracker_failed(why), stacklevel=2)
+            warnings.warn("oomtrace: " + _tracker_failed(why, torch), stacklevel=2)
     if mode == "swap":
         why = _install_allocator(torch)
         if why:
@@ -385,15 +429,15 @@ def _on_torch_import(torch, allocator=False, steps=True, tracker=False):
         return
     if allocator or tracker:
         if no_tracker:
-            said = "--torch: " + _tracker_failed(no_tracker)
+            said = _tracker_failed(no_tracker, torch)
         elif no_allocator:
             said = ("--torch=swap: PyTorch's allocator was not swapped (%s): tracing CUDA "
                     "allocations (segments, not tensors)" % no_allocator)
         elif allocator:
             said = "--torch=swap: PyTorch allocates through oomtrace (tensors are traced)"
         else:
-            said = ("--torch: oomtrace's tracker is attached to PyTorch's allocator when CUDA "
-                    "starts (tensors are traced)")
+            said = ("oomtrace's tracker is attached to PyTorch's allocator when CUDA starts "
+                    "(tensors are traced)")
         if steps:
             if no_steps:
                 said += ("; optimizer steps are not marked (%s): steps are found "

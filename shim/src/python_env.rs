@@ -1,13 +1,14 @@
-//! Plain `LD_PRELOAD` into a Python program: the optimizer step hook `oomtrace run` installs,
-//! so that a PyTorch job's steps come from its optimizer here too (without them, PyTorch's few
-//! cache segments give no steps to measure growth in).
+//! Plain `LD_PRELOAD` into a Python program: what `oomtrace run` sets up, so that a PyTorch
+//! job's tensors are traced (the allocator trace tracker, attached when PyTorch initialises
+//! CUDA) and its steps come from its optimizer here too.
 //!
 //! The only code of ours that runs from a constructor, because Python reads `PYTHONPATH`
 //! before any CUDA call could start the shim. It touches nothing but three environment
 //! variables, and only when the program is a Python interpreter and nobody said what to do
-//! (`OOMTRACE_TORCH` unset: `oomtrace run` always sets it, `OOMTRACE_TORCH=` turns the hook
-//! off): `PYTHONPATH` gets the sitecustomize and the `oomtrace` package first (a
-//! sitecustomize of the program's own still runs), `OOMTRACE_TORCH=steps`, and
+//! (`OOMTRACE_TORCH` unset: `oomtrace run` always sets it, `OOMTRACE_TORCH=` turns it all
+//! off) or said only `OOMTRACE_TORCH=segments` (no tensors: the step hook alone):
+//! `PYTHONPATH` gets the sitecustomize and the `oomtrace` package first (a sitecustomize of
+//! the program's own still runs), `OOMTRACE_TORCH=tracker,steps` (or `segments`, kept), and
 //! `OOMTRACE_LIB` names this library. The files are written once into oomtrace's cache
 //! directory (`oomtrace_proto::cache`). Children inherit all three and are left as they are.
 
@@ -23,9 +24,17 @@ extern "C" fn prepare() {
 
 fn prepare_python_env() {
     let flag = |name: &str| std::env::var_os(name);
-    if flag("OOMTRACE_TORCH").is_some() || flag("OOMTRACE_DISABLE").is_some_and(|v| v == "1") {
+    if flag("OOMTRACE_DISABLE").is_some_and(|v| v == "1") {
         return;
     }
+    // What the sitecustomize is told to do: tensors and steps, unless the user opted out of
+    // tensors; anything else set (by `oomtrace run`, or `OOMTRACE_TORCH=` by hand) is left
+    // alone.
+    let wanted = match flag("OOMTRACE_TORCH") {
+        None => "tracker,steps",
+        Some(v) if v == "segments" => "segments",
+        Some(_) => return,
+    };
     let Ok(exe) = std::fs::read_link("/proc/self/exe") else {
         return;
     };
@@ -40,8 +49,8 @@ fn prepare_python_env() {
         Ok(dir) => dir,
         Err(e) => {
             crate::log::warn(&format!(
-                "cannot write the optimizer step hook (cannot write {e}); steps are found \
-                 automatically"
+                "cannot write the Python hooks (cannot write {e}): tensors are not traced \
+                 (segments only) and steps are found automatically"
             ));
             return;
         }
@@ -53,7 +62,7 @@ fn prepare_python_env() {
     // Constructors run before main, on the only thread there is: nothing reads the
     // environment concurrently.
     std::env::set_var("PYTHONPATH", path);
-    std::env::set_var("OOMTRACE_TORCH", "steps");
+    std::env::set_var("OOMTRACE_TORCH", wanted);
     if let Some(lib) = lib {
         std::env::set_var("OOMTRACE_LIB", OsString::from(lib));
     }

@@ -10,8 +10,9 @@
 //! - `c10::cuda::CUDACachingAllocator::allocator` (exported by libc10_cuda) holds the current
 //!   `CUDAAllocator*`; its first word is the vtable pointer.
 //! - `attachAllocatorTraceTracker` is virtual. Its slot is found by scanning the exported
-//!   vtable of `CUDAPluggableAllocator` (the same base class) for the exported address of
-//!   that class's override: no slot number is compiled in.
+//!   vtable of `CUDAPluggableAllocator` (the same base class; exported by libtorch_cuda, by
+//!   libtorch_python in 2.4) for the exported address of that class's override: no slot
+//!   number is compiled in (it moved from 28 in 2.4 to 50 in 2.15).
 //! - The argument is a `std::function<void(const TraceEntry&)>` passed by value; libstdc++'s
 //!   layout (`_Any_data`, manager, invoker) is built here ([`StdFunction`]) around a stateless
 //!   functor.
@@ -22,8 +23,12 @@
 //! cannot throw. The tracker records and returns: it never calls into the allocator, never
 //! takes the GIL, never unwinds.
 //!
-//! TraceEntry offsets are those of torch 2.15's `c10/core/CachingDeviceAllocator.h`; a test in
-//! the real-PyTorch tier compiles a program against the pinned headers and compares.
+//! TraceEntry offsets are those of every release from 2.4 to 2.15 (`TraceEntry` moved from
+//! `c10/cuda/CUDACachingAllocator.h` to `c10/core/CachingDeviceAllocator.h` on the way, its
+//! layout did not); a test in the real-PyTorch tier compiles a program against the headers of
+//! the release under test and compares. Which releases were checked, and the check of an
+//! unknown release's headers before attaching, are in the Python package
+//! (`python/oomtrace/__init__.py`: `_CHECKED_RELEASES`; `python/oomtrace/_abi.py`).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -31,7 +36,7 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use crate::hooks::record;
 use crate::{guard, log, symbols};
 
-/// `TraceEntry::Action` values (torch 2.15).
+/// `TraceEntry::Action` values (torch 2.4 to 2.15).
 pub mod action {
     pub const ALLOC: u32 = 0;
     pub const FREE_REQUESTED: u32 = 1;
@@ -43,7 +48,7 @@ pub mod action {
     pub const OOM: u32 = 8;
 }
 
-/// Byte offsets of the `TraceEntry` fields read here (torch 2.15, x86-64 libstdc++).
+/// Byte offsets of the `TraceEntry` fields read here (torch 2.4 to 2.15, x86-64 libstdc++).
 pub mod offset {
     pub const ACTION: usize = 0;
     pub const DEVICE: usize = 4;
@@ -153,11 +158,21 @@ pub fn tracker() -> StdFunction {
 }
 
 const C10_CUDA: &CStr = c"libc10_cuda.so";
-const TORCH_CUDA: &CStr = c"libtorch_cuda.so";
+/// Where `CUDAPluggableAllocator`'s vtable and methods are exported: libtorch_cuda from torch
+/// 2.5 on, libtorch_python in 2.4.
+const PLUGGABLE_LIBRARIES: [&CStr; 2] = [c"libtorch_cuda.so", c"libtorch_python.so"];
 const ALLOCATOR: &CStr = c"_ZN3c104cuda20CUDACachingAllocator9allocatorE";
 const PLUGGABLE_VTABLE: &CStr =
     c"_ZTVN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocatorE";
-const PLUGGABLE_ATTACH: &CStr = c"_ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator27attachAllocatorTraceTrackerESt8functionIFvRKN3c1022CachingDeviceAllocator10TraceEntryEEE";
+/// `CUDAPluggableAllocator::attachAllocatorTraceTracker(std::function<void(const
+/// TraceEntry&)>)`, one name per namespace `TraceEntry` has had: only the parameter's type
+/// differs, the method and its slot are the same.
+const PLUGGABLE_ATTACH: [&CStr; 2] = [
+    // torch 2.4 to 2.10: `c10::cuda::CUDACachingAllocator::TraceEntry`.
+    c"_ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator27attachAllocatorTraceTrackerESt8functionIFvRKN3c104cuda20CUDACachingAllocator10TraceEntryEEE",
+    // torch 2.11 on: `c10::CachingDeviceAllocator::TraceEntry`.
+    c"_ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator27attachAllocatorTraceTrackerESt8functionIFvRKN3c1022CachingDeviceAllocator10TraceEntryEEE",
+];
 
 /// Where attaching stands: a second tracker would record every event twice, so only one
 /// thread attaches, once.
@@ -232,13 +247,26 @@ fn attach() -> Option<&'static CStr> {
 
 /// Attaches the tracker to PyTorch's current CUDA allocator. Returns why not, or `None`.
 fn attach_now() -> Option<&'static CStr> {
-    let (c10, torch) = (loaded(C10_CUDA), loaded(TORCH_CUDA));
-    if c10.is_null() || torch.is_null() {
-        return Some(c"libc10_cuda.so or libtorch_cuda.so is not loaded");
+    let c10 = loaded(C10_CUDA);
+    if c10.is_null() {
+        return Some(c"libc10_cuda.so is not loaded");
     }
     let global = symbols::real_dlsym(c10, ALLOCATOR) as *const AtomicUsize;
-    let vtable = symbols::real_dlsym(torch, PLUGGABLE_VTABLE) as *const usize;
-    let method = symbols::real_dlsym(torch, PLUGGABLE_ATTACH) as usize;
+    // The vtable and the method from the same library: the method's address is what the
+    // vtable holds.
+    let (vtable, method) = PLUGGABLE_LIBRARIES
+        .iter()
+        .map(|name| loaded(name))
+        .filter(|lib| !lib.is_null())
+        .find_map(|lib| {
+            let vtable = symbols::real_dlsym(lib, PLUGGABLE_VTABLE) as *const usize;
+            let method = PLUGGABLE_ATTACH
+                .iter()
+                .map(|name| symbols::real_dlsym(lib, name) as usize)
+                .find(|&p| p != 0)?;
+            (!vtable.is_null()).then_some((vtable, method))
+        })
+        .unwrap_or((std::ptr::null(), 0));
     if global.is_null() || vtable.is_null() || method == 0 {
         return Some(c"this PyTorch does not export the allocator symbols oomtrace needs");
     }

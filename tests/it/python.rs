@@ -410,7 +410,15 @@ fn plain_run_takes_steps_from_the_optimizer() {
     let (out, r, dir) = run_python("train_leak.py", &[], &["40"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert_eq!(setup_lines(&stderr), Vec::<&str>::new(), "{stderr}");
+    // Tensors are traced by default where the tracker can attach; the stand-in is no PyTorch
+    // release oomtrace knows, and one line says what is traced instead.
+    let lines = setup_lines(&stderr);
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].starts_with(STAND_IN_NOT_TRACED)
+            && lines[0].ends_with("; a step is marked after every optimizer step"),
+        "{stderr}"
+    );
     let p = &processes(&r)[0];
     assert_eq!(p["epochs"]["source"], "markers", "{p:#}");
     assert_eq!(p["steps"], 40, "{p:#}");
@@ -423,13 +431,24 @@ fn plain_run_takes_steps_from_the_optimizer() {
     );
 }
 
-/// `--no-step-hook` turns it off: no markers, steps found automatically, nothing said.
+/// What the default says on the stand-in torch, which is no release oomtrace knows.
+const STAND_IN_NOT_TRACED: &str = "oomtrace: PyTorch 0.0.0+stand-in: tensors are not traced, \
+     PyTorch's allocator has no oomtrace trace tracker (oomtrace was checked on PyTorch 2.4 to \
+     2.15, and this release's headers do not declare";
+
+/// `--no-step-hook` turns it off: no markers, steps found automatically, nothing said about
+/// steps.
 #[test]
 fn plain_run_with_no_step_hook_marks_nothing() {
     let (out, r, _) = run_python("train_leak.py", &["--no-step-hook"], &["40"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert_eq!(setup_lines(&stderr), Vec::<&str>::new(), "{stderr}");
+    let lines = setup_lines(&stderr);
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].starts_with(STAND_IN_NOT_TRACED) && !lines[0].contains("step"),
+        "{stderr}"
+    );
     let p = &processes(&r)[0];
     assert_eq!(p["steps"], 0, "{p:#}");
     assert_ne!(p["epochs"]["source"], "markers", "{p:#}");
@@ -446,16 +465,40 @@ fn plain_run_says_when_optimizer_steps_cannot_be_marked() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert_eq!(
-        setup_lines(&stderr),
-        vec![
-            "oomtrace: optimizer steps are not marked (PyTorch 0.0.0+stand-in has no \
-             torch.optim.optimizer.register_optimizer_step_post_hook (PyTorch 2.0 added it)): \
-             steps are found automatically"
-        ],
+    let lines = setup_lines(&stderr);
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].starts_with(STAND_IN_NOT_TRACED)
+            && lines[0].ends_with(
+                "; optimizer steps are not marked (PyTorch 0.0.0+stand-in has no \
+                 torch.optim.optimizer.register_optimizer_step_post_hook (PyTorch 2.0 added \
+                 it)): steps are found automatically"
+            ),
         "{stderr}"
     );
     assert_eq!(processes(&r)[0]["steps"], 0);
+}
+
+/// `run --segments`: no tracker asked for, so nothing is said about tensors; the optimizer
+/// still marks the steps.
+#[test]
+fn run_segments_opts_out_of_tensors_quietly() {
+    let (out, r, _) = run_python("train_leak.py", &["--segments"], &["12", "--clean"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(setup_lines(&stderr), Vec::<&str>::new(), "{stderr}");
+    assert_eq!(processes(&r)[0]["steps"], 12);
+    // The same from the environment.
+    let (out, r, _) = run_python(
+        "train_leak.py",
+        &[],
+        &["12", "--clean"],
+        &[("OOMTRACE_TORCH", "segments")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(setup_lines(&stderr), Vec::<&str>::new(), "{stderr}");
+    assert_eq!(processes(&r)[0]["steps"], 12);
 }
 
 /// A program that marks its own steps (`oomtrace.mark_step()`) is not marked twice: the
@@ -862,8 +905,7 @@ fn torch_tracker_mode_says_why_it_cannot_attach() {
     let lines = setup_lines(&stderr);
     assert_eq!(lines.len(), 1, "{stderr}");
     assert!(
-        lines[0]
-            .starts_with("oomtrace: --torch: PyTorch's allocator has no oomtrace trace tracker (")
+        lines[0].starts_with(STAND_IN_NOT_TRACED)
             && lines[0].contains("tracing CUDA allocations (segments, not tensors)")
             && lines[0].ends_with("; a step is marked after every optimizer step"),
         "{stderr}"
@@ -874,4 +916,31 @@ fn torch_tracker_mode_says_why_it_cannot_attach() {
         !apis.is_empty() && !apis.contains("oomtrace_malloc"),
         "{apis:?}"
     );
+}
+
+/// The reader of a PyTorch release's allocator headers (`python/oomtrace/_abi.py`), which gates
+/// the tracker on a release oomtrace was not checked against: real releases' headers are
+/// recognised with their layout, and copies changed where it matters (a field before `size_`,
+/// an action renumbered, another namespace, ...) are refused with the reason
+/// (tests/scenarios/python/test_abi.py).
+#[test]
+fn the_header_reader_recognises_releases_and_refuses_changed_layouts() {
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(script("test_abi.py"))
+        .env("PYTHONPATH", repo().join("python"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("OOMTRACE_TORCH")
+        .stdin(std::process::Stdio::null());
+    let out = output_within(cmd, TIMEOUT);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("ok test_every_release_is_recognised"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("tests passed"), "{stdout}");
 }

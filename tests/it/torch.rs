@@ -6,13 +6,14 @@
 //! `scripts/torch-env.sh`: a machine without it installs it here, never skips.
 //!
 //! Every script runs in five modes:
-//! - `run`: `oomtrace run` (the shim sees the caching allocator's segments; steps come from the
-//!   optimizer hook that `run` installs);
+//! - `run`: `oomtrace run` with no flag (oomtrace's trace tracker on PyTorch's own caching
+//!   allocator, the default: every tensor, and PyTorch's statistics keep working; steps come
+//!   from the optimizer hook that `run` installs);
 //! - `preload`: plain `LD_PRELOAD` (the shim starts its own collector and, in a Python
-//!   program, installs the same optimizer hook), then `oomtrace report` on the trace it
-//!   leaves, right after the program returns;
-//! - `torch`: `oomtrace run --torch` (oomtrace's trace tracker on PyTorch's own caching
-//!   allocator: every tensor, and PyTorch's statistics keep working);
+//!   program, sets up the same tracker and optimizer hook), then `oomtrace report` on the
+//!   trace it leaves, right after the program returns;
+//! - `segments`: `oomtrace run --segments` (no tracker: the shim sees the caching allocator's
+//!   segments, as for a program without PyTorch);
 //! - `torch_swap`: `oomtrace run --torch=swap` (every tensor through oomtrace's allocator);
 //! - `own_allocator`: the user's own `change_current_allocator(CUDAPluggableAllocator(...))`
 //!   pointing at oomtrace's entry points, under `oomtrace run`.
@@ -30,6 +31,8 @@ use std::time::Duration;
 
 use oomtrace_tests::*;
 use serde_json::Value;
+
+mod every_version;
 
 /// How long one PyTorch run may take (importing torch alone takes a few seconds).
 pub(crate) const TORCH_TIMEOUT: Duration = Duration::from_secs(240);
@@ -68,6 +71,8 @@ fn script(name: &str) -> PathBuf {
 enum Mode {
     Run,
     Preload,
+    Segments,
+    /// `oomtrace run --torch`: what `run` does by default, said explicitly.
     Torch,
     TorchSwap,
     OwnAllocator,
@@ -76,7 +81,7 @@ enum Mode {
 impl Mode {
     /// Tensor-level modes see every tensor with the Python line that made it.
     fn tensor_level(self) -> bool {
-        matches!(self, Mode::Torch | Mode::TorchSwap | Mode::OwnAllocator)
+        self != Mode::Segments
     }
 
     /// PyTorch allocates through oomtrace's pluggable allocator (no caching, no statistics,
@@ -87,10 +92,10 @@ impl Mode {
 
     /// The API a tensor's allocation is recorded under.
     fn tensor_api(self) -> &'static str {
-        if self == Mode::Torch {
-            "oomtrace_torch_alloc"
-        } else {
+        if self.swapped() {
             "oomtrace_malloc"
+        } else {
+            "oomtrace_torch_alloc"
         }
     }
 }
@@ -125,6 +130,9 @@ fn command(script_name: &str, mode: Mode, dir: &Path, env: &[(&str, &str)]) -> C
                 }
                 Mode::TorchSwap => {
                     c.arg("--torch=swap");
+                }
+                Mode::Segments => {
+                    c.arg("--segments");
                 }
                 _ => {}
             }
@@ -355,7 +363,7 @@ fn leak_activations(mode: Mode) {
 fn check_activation_leak(r: &TorchRun, mode: Mode, file: &str, line: u64) {
     let found = growth_findings(&r.report);
     match mode {
-        Mode::Torch | Mode::TorchSwap | Mode::OwnAllocator => {
+        Mode::Run | Mode::Preload | Mode::Torch | Mode::TorchSwap | Mode::OwnAllocator => {
             assert_steps_from_optimizer(r);
             if mode != Mode::OwnAllocator {
                 assert_torch_said_nothing(r);
@@ -378,10 +386,11 @@ fn check_activation_leak(r: &TorchRun, mode: Mode, file: &str, line: u64) {
                 !leak["message"].as_str().unwrap().contains(" 0 B held"),
                 "{leak:#}"
             );
-            // Text and JSON agree on the Python frames; the live line names the line.
+            // Text and JSON agree on the Python frames; the live line names the line (plain
+            // LD_PRELOAD prints nothing by design).
             assert_text_has_python_frames(&r.text, &leak["stack"]);
             assert!(
-                r.stderr.contains(&format!("({file}:{line})")),
+                mode == Mode::Preload || r.stderr.contains(&format!("({file}:{line})")),
                 "no live line naming {file}:{line}:\n{}",
                 r.stderr
             );
@@ -406,7 +415,7 @@ fn check_activation_leak(r: &TorchRun, mode: Mode, file: &str, line: u64) {
                 );
             }
         }
-        Mode::Run | Mode::Preload => {
+        Mode::Segments => {
             assert_steps_from_optimizer(r);
             // Segment level: the process's CUDA memory grows step after step, at the
             // segments' rate (close to the 4 MiB the tensors keep), live and in the report.
@@ -429,10 +438,8 @@ fn check_activation_leak(r: &TorchRun, mode: Mode, file: &str, line: u64) {
                 (2.0 * MIB as f64..8.0 * MIB as f64).contains(&rate),
                 "{rate}: {f:#}"
             );
-            if mode == Mode::Run {
-                // Live while the job runs (plain LD_PRELOAD prints nothing by design).
-                assert!(r.stderr.contains("device growth] pid"), "{}", r.stderr);
-            }
+            // Live while the job runs.
+            assert!(r.stderr.contains("device growth] pid"), "{}", r.stderr);
             // Which lines made the cache grow: the leaking line, or the autograd thread whose
             // cuBLAS workspace happened to need the new segment; in text as in JSON.
             let lines = f["evidence"]["python_lines"]
@@ -568,7 +575,7 @@ macro_rules! in_every_mode {
                 #[test]
                 fn preload() { ($body)(Mode::Preload) }
                 #[test]
-                fn torch() { ($body)(Mode::Torch) }
+                fn segments() { ($body)(Mode::Segments) }
                 #[test]
                 fn torch_swap() { ($body)(Mode::TorchSwap) }
                 #[test]
@@ -619,40 +626,7 @@ fn kv_cache_grown_by_cat_is_a_leak_at_the_cat_line() {
     assert_no_growth_finding(&r);
 }
 
-// ---- --torch keeps PyTorch's allocator: its statistics work, tensors are seen -------------
-
-/// A script that logs torch.cuda.memory_allocated(), memory_reserved() and
-/// max_memory_allocated() every step and prints memory_summary() runs unchanged under
-/// `--torch` (these raise under a pluggable allocator), and its leak is named at its line.
-#[test]
-fn torch_keeps_pytorch_statistics_and_names_the_leak() {
-    let r = run_torch("leak_logged.py", Mode::Torch, &[]);
-    assert_ran(&r, 0);
-    assert_done(&r);
-    assert_torch_said_nothing(&r);
-    let allocated: Vec<u64> = r
-        .stdout
-        .lines()
-        .filter_map(|l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            (w.first() == Some(&"step") && w.len() == 8).then(|| w[3].parse().unwrap())
-        })
-        .collect();
-    assert_eq!(allocated.len(), STEPS as usize, "{}", r.stdout);
-    // PyTorch's own count grows by the 4 MiB kept each step.
-    let grown = allocated[STEPS as usize - 1] - allocated[0];
-    assert_eq!(grown, (STEPS - 1) * 4 * MIB, "{}", r.stdout);
-    assert!(r.stdout.contains("summary lines"), "{}", r.stdout);
-    check_activation_leak(&r, Mode::Torch, "leak_logged.py", 11);
-    // The report's device 0 has the tensors beside the segments: at their peak at least what
-    // PyTorch counted, inside a reserve at least as large.
-    let d0 = device(processes(&r.report)[0], 0);
-    let tensors_peak = d0["tensors"]["peak_bytes"].as_u64().unwrap_or(0);
-    assert!(tensors_peak >= grown, "{d0:#}");
-    let reserved_peak = d0["peak_bytes"].as_u64().unwrap_or(0);
-    assert!(reserved_peak >= tensors_peak, "{d0:#}");
-    assert!(d0["torch_reserved_bytes"].as_u64().is_some(), "{d0:#}");
-}
+// ---- The swap loses PyTorch's statistics (every_version.rs: the default keeps them) --------
 
 /// The same script under the swap: PyTorch's statistics raise (what `--torch=swap` costs).
 #[test]
@@ -748,10 +722,11 @@ fn real_pytorch_runs_unchanged_under_oomtrace_run() {
 
 // ---- Plain LD_PRELOAD: the step hook in Python programs only, and only when nobody said ------
 
-/// The shim's constructor sets up the optimizer hook in a Python interpreter, leaves any other
-/// program's environment alone, and keeps out when `OOMTRACE_TORCH` is set (even empty).
+/// The shim's constructor sets up the tracker and the optimizer hook in a Python interpreter
+/// (the hook alone with `OOMTRACE_TORCH=segments`), leaves any other program's environment
+/// alone, and keeps out when `OOMTRACE_TORCH` is set otherwise (even empty).
 #[test]
-fn plain_preload_sets_up_the_step_hook_only_in_python() {
+fn plain_preload_sets_up_tensors_and_steps_only_in_python() {
     let dir = scratch("preload-env");
     let preloaded_env = |program: &Path, args: &[&str], extra: &[(&str, &str)]| {
         let mut cmd = base_command(program);
@@ -780,7 +755,15 @@ fn plain_preload_sets_up_the_step_hook_only_in_python() {
         Path::new(parts[0]).join("sitecustomize.py").is_file(),
         "{shown}"
     );
-    assert_eq!(torch, "steps", "{shown}");
+    assert_eq!(torch, "tracker,steps", "{shown}");
+    // Tensors opted out of: the step hook alone, the user's word kept.
+    let segments = preloaded_env(python(), &["-c", show], &[("OOMTRACE_TORCH", "segments")]);
+    let (path, torch) = segments.trim().rsplit_once(' ').expect("two words");
+    assert!(
+        path.split(':').next().unwrap().ends_with("/boot"),
+        "{segments}"
+    );
+    assert_eq!(torch, "segments", "{segments}");
     // Not a Python interpreter: nothing changes.
     let env = preloaded_env(Path::new("/usr/bin/env"), &[], &[]);
     assert!(env.contains("PYTHONPATH=/user/path\n"), "{env}");
@@ -850,108 +833,6 @@ fn torch_a_backward_pass_leak_names_its_node_and_forward_line() {
     );
 }
 
-// ---- The tracker's view of PyTorch's C++ ABI ------------------------------------------------
-
-/// What `trace_entry_layout.cpp` prints, compiled against the pinned torch's own headers,
-/// is what the shim's tracker reads: field offsets, action values, std::function's size. A
-/// torch bump that moves a field fails here.
-#[test]
-fn trace_entry_layout_matches_the_pinned_headers() {
-    use oomtrace::torch_tracker::{action, offset, StdFunction};
-    let dir = scratch("torch-layout");
-    let out = output_within(
-        {
-            let mut c = base_command(python());
-            c.args([
-                "-c",
-                "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))",
-            ]);
-            torch_env(&mut c, &dir);
-            c
-        },
-        TORCH_TIMEOUT,
-    );
-    assert!(out.status.success(), "{out:?}");
-    let include = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let exe = dir.join("layout");
-    let mut cc = Command::new("c++");
-    cc.args(["-std=c++17", "-w", "-I", &include, "-o"])
-        .arg(&exe)
-        .arg(script("trace_entry_layout.cpp"));
-    let built = cc
-        .output()
-        .expect("c++ (g++) is needed to check the tracker against torch's headers");
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let printed = Command::new(&exe).output().expect("run layout");
-    let text = String::from_utf8_lossy(&printed.stdout);
-    let value = |name: &str| -> usize {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .unwrap_or_else(|| panic!("no {name} in {text}"))
-            .parse()
-            .unwrap()
-    };
-    assert_eq!(value("action"), offset::ACTION);
-    assert_eq!(value("device"), offset::DEVICE);
-    assert_eq!(value("sizeof_device"), 1);
-    assert_eq!(value("addr"), offset::ADDR);
-    assert_eq!(value("stream"), offset::STREAM);
-    assert_eq!(value("size"), offset::SIZE);
-    assert_eq!(value("function"), std::mem::size_of::<StdFunction>());
-    for (name, v) in [
-        ("ALLOC", action::ALLOC),
-        ("FREE_COMPLETED", action::FREE_COMPLETED),
-        ("SEGMENT_ALLOC", action::SEGMENT_ALLOC),
-        ("SEGMENT_FREE", action::SEGMENT_FREE),
-        ("SEGMENT_MAP", action::SEGMENT_MAP),
-        ("SEGMENT_UNMAP", action::SEGMENT_UNMAP),
-        ("OOM", action::OOM),
-    ] {
-        assert_eq!(value(name), v as usize, "{name}");
-    }
-}
-
-/// `oomtrace_torch_attach` called by hand after PyTorch initialised CUDA attaches once (a
-/// second call attaches nothing more), and says which vtable slot it used.
-#[test]
-fn tracker_attaches_once() {
-    let dir = scratch("torch-attach");
-    let mut cmd = base_command(python());
-    cmd.arg("-c")
-        .arg(
-            "import ctypes, os, torch\n\
-             lib = ctypes.CDLL(os.environ['OOMTRACE_LIB'])\n\
-             lib.oomtrace_torch_attach.restype = ctypes.c_char_p\n\
-             torch.empty(1, device='cuda')\n\
-             print('after', lib.oomtrace_torch_attach())\n\
-             print('again', lib.oomtrace_torch_attach())\n",
-        )
-        .current_dir(&dir)
-        .env("LD_PRELOAD", shim())
-        .env("OOMTRACE_COLLECTOR", oomtrace_bin())
-        .env("OOMTRACE_TORCH", "")
-        .env("OOMTRACE_LOG", "1");
-    torch_env(&mut cmd, &dir);
-    without_aslr(&mut cmd);
-    let out = output_within(cmd, TORCH_TIMEOUT);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("after None"), "{stdout}\n{stderr}");
-    assert!(stdout.contains("again None"), "{stdout}");
-    assert_eq!(
-        stderr
-            .matches("attached an allocator trace tracker to PyTorch (vtable slot ")
-            .count(),
-        1,
-        "{stderr}"
-    );
-}
-
 /// Another backend (`backend:cudaMallocAsync`) or a pluggable allocator of the user's own in
 /// place: the tracker is not attached, one line says why, and the program runs on.
 #[test]
@@ -983,11 +864,12 @@ fn tracker_keeps_off_allocators_it_does_not_know() {
     assert!(r.text.contains("oomtrace_malloc"), "{}", r.text);
 }
 
-/// `oomtrace.install()` after PyTorch initialised CUDA (under plain `oomtrace run`): the
-/// tracker attaches at once (the swap could not be had then) and names the leak's line.
+/// `oomtrace.install()` after PyTorch initialised CUDA (under `oomtrace run --segments`, which
+/// attaches nothing itself): the tracker attaches at once (the swap could not be had then) and
+/// names the leak's line.
 #[test]
 fn install_after_cuda_init_attaches_the_tracker() {
-    let r = run_torch("install_late.py", Mode::Run, &[]);
+    let r = run_torch("install_late.py", Mode::Segments, &[]);
     assert_ran(&r, 0);
     assert_done(&r);
     assert!(

@@ -20,21 +20,27 @@ use crate::{locate, render, signals, Failure};
 #[allow(rustdoc::invalid_html_tags)]
 #[derive(clap::Args)]
 pub struct Args {
-    /// Per-tensor tracing of PyTorch (through a sitecustomize on PYTHONPATH). `--torch` (or
-    /// `--torch=tracker`): oomtrace's trace tracker is attached to PyTorch's own caching
-    /// allocator when it initialises CUDA; caching and torch.cuda.memory_allocated() and the
-    /// other statistics keep working. `--torch=swap`: PyTorch allocates through oomtrace's
-    /// pluggable allocator instead (its statistics then raise; for PyTorch builds the tracker
-    /// cannot attach to).
+    /// How PyTorch's tensors are traced (through a sitecustomize on PYTHONPATH). By default,
+    /// and with `--torch` (or `--torch=tracker`), oomtrace's trace tracker is attached to
+    /// PyTorch's own caching allocator when it initialises CUDA; caching and
+    /// torch.cuda.memory_allocated() and the other statistics keep working. `--torch=swap`:
+    /// PyTorch allocates through oomtrace's pluggable allocator instead (its statistics then
+    /// raise; for PyTorch builds the tracker cannot attach to).
     #[arg(
         long,
         value_enum,
         num_args = 0..=1,
         require_equals = true,
         default_missing_value = "tracker",
-        value_name = "HOW"
+        value_name = "HOW",
+        conflicts_with = "segments"
     )]
     pub torch: Option<TorchMode>,
+    /// Do not trace PyTorch's tensors: only the CUDA allocations its caching allocator makes
+    /// (its segments), as for a program without PyTorch. `OOMTRACE_TORCH=segments` in the
+    /// environment says the same.
+    #[arg(long)]
+    pub segments: bool,
     /// Do not mark a step after every PyTorch optimizer step (by default a sitecustomize on
     /// PYTHONPATH does, with or without --torch); steps then come from the program's own
     /// oomtrace_mark calls or are found automatically.
@@ -69,7 +75,7 @@ pub struct Args {
     pub command: Vec<OsString>,
 }
 
-/// How `--torch` sees tensors.
+/// How `--torch` sees tensors (without `--torch` or `--segments`: the tracker).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum TorchMode {
     /// A trace tracker on PyTorch's caching allocator (the default).
@@ -121,19 +127,23 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         session.collector_args.push("--metrics-textfile".into());
         session.collector_args.push(path.into());
     }
+    let segments = args.segments
+        || (args.torch.is_none()
+            && std::env::var_os("OOMTRACE_TORCH").is_some_and(|v| v == "segments"));
     let hooks = PythonHooks {
-        tracker: args.torch == Some(TorchMode::Tracker),
+        tracker: !segments && args.torch != Some(TorchMode::Swap),
         allocator: args.torch == Some(TorchMode::Swap),
         steps: !args.no_step_hook,
     };
     match python_env(&session.lib, hooks) {
         Ok(env) => session.env = env,
         // --torch was asked for and cannot be had: say so rather than trace at another level.
-        Err(f) if hooks.allocator || hooks.tracker => return Err(f),
-        // Only the step hook: the program is traced all the same, with steps found
-        // automatically.
+        Err(f) if args.torch.is_some() => return Err(f),
+        // The default: the program is traced all the same, at the CUDA level, with steps
+        // found automatically.
         Err(f) => eprintln!(
-            "oomtrace: optimizer steps will not be marked ({}); steps are found automatically",
+            "oomtrace: PyTorch's tensors will not be traced nor its optimizer steps marked \
+             ({}): tracing CUDA allocations, steps found automatically",
             f.message
         ),
     }
@@ -249,7 +259,8 @@ fn write_json(path: &Path, r: &Report) {
 /// What the sitecustomize does when the program imports torch.
 #[derive(Clone, Copy, Debug)]
 struct PythonHooks {
-    /// `--torch`: oomtrace's trace tracker on PyTorch's caching allocator.
+    /// oomtrace's trace tracker on PyTorch's caching allocator (the default, `--torch`; not
+    /// with `--segments`).
     tracker: bool,
     /// `--torch=swap`: PyTorch allocates through oomtrace's pluggable-allocator entry points.
     allocator: bool,

@@ -54,9 +54,9 @@ fn is_stdlib_file(file: &str) -> bool {
     })
 }
 
-/// oomtrace's own Python code, matched by what it is: the package is the single module
-/// `oomtrace/__init__.py`, and `run --torch` adds `boot/sitecustomize.py` beside it in its
-/// cache directory. Never by a path fragment such as `/oomtrace/`: a user's project cloned
+/// oomtrace's own Python code, matched by what it is: the package is the modules
+/// `oomtrace/__init__.py` and `oomtrace/_abi.py`, and `run` adds `boot/sitecustomize.py`
+/// beside it in its cache directory. Never by a path fragment such as `/oomtrace/`: a user's project cloned
 /// into a directory of that name is still the user's code.
 fn is_oomtrace_package_file(file: &str) -> bool {
     let mut parts = file.rsplit('/');
@@ -64,7 +64,7 @@ fn is_oomtrace_package_file(file: &str) -> bool {
         return false;
     };
     match (dir, name) {
-        ("oomtrace", "__init__.py") => true,
+        ("oomtrace", "__init__.py" | "_abi.py") => true,
         // <cache>/oomtrace/<version>-python-<hash>/boot/sitecustomize.py
         ("boot", "sitecustomize.py") => parts.next().is_some_and(|d| d.contains("-python-")),
         _ => false,

@@ -1,14 +1,17 @@
-// Prints the layout of c10::CachingDeviceAllocator::TraceEntry and of the std::function that
-// carries it, from the pinned torch's own headers: the real-PyTorch tier compares these with
-// what liboomtrace's trace tracker reads (shim/src/torch_tracker.rs), so that a torch bump that
-// moves a field fails a test instead of recording garbage.
-#include <c10/core/CachingDeviceAllocator.h>
+// Prints the layout of PyTorch's allocator TraceEntry and of the std::function that carries
+// it, from the torch under test's own headers: the real-PyTorch tier compares these with what
+// liboomtrace's trace tracker reads (shim/src/torch_tracker.rs), so that a release that moves
+// a field fails a test instead of recording garbage. TE_HEADER is the header that declares
+// TraceEntry in that release, TE_NS its namespace (c10::cuda::CUDACachingAllocator up to 2.10,
+// c10::CachingDeviceAllocator from 2.11 on).
+#include TE_HEADER
 
 #include <cstddef>
 #include <cstdio>
 #include <functional>
+#include <type_traits>
 
-using c10::CachingDeviceAllocator::TraceEntry;
+using TE_NS::TraceEntry;
 
 int main() {
   std::printf("action %zu\n", offsetof(TraceEntry, action_));
@@ -16,9 +19,14 @@ int main() {
   std::printf("addr %zu\n", offsetof(TraceEntry, addr_));
   std::printf("stream %zu\n", offsetof(TraceEntry, stream_));
   std::printf("size %zu\n", offsetof(TraceEntry, size_));
+  std::printf("sizeof_action %zu\n", sizeof(TraceEntry::action_));
   std::printf("sizeof_device %zu\n", sizeof(TraceEntry::device_));
   std::printf("function %zu\n", sizeof(std::function<void(const TraceEntry&)>));
+  std::printf("tracker_is_function %d\n",
+              static_cast<int>(std::is_same<TE_NS::AllocatorTraceTracker,
+                                            std::function<void(const TraceEntry&)>>::value));
   std::printf("ALLOC %d\n", static_cast<int>(TraceEntry::ALLOC));
+  std::printf("FREE_REQUESTED %d\n", static_cast<int>(TraceEntry::FREE_REQUESTED));
   std::printf("FREE_COMPLETED %d\n", static_cast<int>(TraceEntry::FREE_COMPLETED));
   std::printf("SEGMENT_ALLOC %d\n", static_cast<int>(TraceEntry::SEGMENT_ALLOC));
   std::printf("SEGMENT_FREE %d\n", static_cast<int>(TraceEntry::SEGMENT_FREE));

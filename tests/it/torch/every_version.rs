@@ -1,0 +1,317 @@
+//! What must hold on every PyTorch release oomtrace supports (2.4 to 2.15): CI runs this module
+//! on the pinned release with the rest of the tier, then on the oldest supported 2.4.x and on
+//! 2.8.0 (`scripts/torch-tier.sh VERSION`, `TORCH_TIER_VERSION`); the same script runs it on
+//! any other release on demand.
+//!
+//! The tracker's view of the release's C++ ABI (its own headers, compiled), the tracker
+//! attached by default under `oomtrace run` and plain `LD_PRELOAD`, leaks named at their
+//! Python line whatever the cache hides (a small one under heavy churn, a sparse one), clean
+//! loops silent, and PyTorch's own statistics untouched.
+
+use super::*;
+
+// ---- The tracker's view of PyTorch's C++ ABI ------------------------------------------------
+
+/// The torch under test's `include/` directory and the directories of CUDA's headers among its
+/// dependencies (up to 2.10 its allocator header includes `cuda_runtime_api.h`, which needs
+/// `crt/host_defines.h`: the `nvidia/*/include` of the cu12x runtime wheels lack it, triton's
+/// copy of CUDA's headers has both).
+fn torch_include_dirs(dir: &Path) -> (PathBuf, Vec<PathBuf>) {
+    let out = output_within(
+        {
+            let mut c = base_command(python());
+            c.args([
+                "-c",
+                "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))",
+            ]);
+            torch_env(&mut c, dir);
+            c
+        },
+        TORCH_TIMEOUT,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let include = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    // site-packages/torch/include -> site-packages/nvidia/<package>/include (cu12x wheels) or
+    // site-packages/nvidia/cu13/include (cu13x).
+    let nvidia = include.parent().unwrap().parent().unwrap().join("nvidia");
+    let mut cuda: Vec<PathBuf> = std::fs::read_dir(&nvidia)
+        .unwrap_or_else(|e| panic!("{}: {e}", nvidia.display()))
+        .filter_map(|e| Some(e.ok()?.path().join("include")))
+        .filter(|p| p.is_dir())
+        .collect();
+    cuda.sort();
+    let triton = include
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("triton/backends/nvidia/include");
+    if triton.is_dir() {
+        cuda.push(triton);
+    }
+    (include, cuda)
+}
+
+/// What `trace_entry_layout.cpp` prints, compiled against the torch under test's own headers,
+/// is what the shim's tracker reads: field offsets, action values, std::function's size. A
+/// release that moves a field fails here.
+#[test]
+fn trace_entry_layout_matches_the_release_headers() {
+    use oomtrace::torch_tracker::{action, offset, StdFunction};
+    let dir = scratch("torch-layout");
+    let (include, cuda) = torch_include_dirs(&dir);
+    // The header that declares TraceEntry, and its namespace, moved in 2.11.
+    let core = include.join("c10/core/CachingDeviceAllocator.h");
+    let (header, namespace) =
+        if std::fs::read_to_string(&core).is_ok_and(|text| text.contains("struct TraceEntry")) {
+            (
+                "<c10/core/CachingDeviceAllocator.h>",
+                "c10::CachingDeviceAllocator",
+            )
+        } else {
+            (
+                "<c10/cuda/CUDACachingAllocator.h>",
+                "c10::cuda::CUDACachingAllocator",
+            )
+        };
+    let exe = dir.join("layout");
+    let mut cc = Command::new("c++");
+    cc.args(["-std=c++17", "-w", "-I"])
+        .arg(&include)
+        .arg("-I")
+        .arg(include.join("torch/csrc/api/include"));
+    for d in &cuda {
+        cc.arg("-I").arg(d);
+    }
+    cc.arg(format!("-DTE_HEADER={header}"))
+        .arg(format!("-DTE_NS={namespace}"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(script("trace_entry_layout.cpp"));
+    let built = cc
+        .output()
+        .expect("c++ (g++) is needed to check the tracker against torch's headers");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let printed = Command::new(&exe).output().expect("run layout");
+    let text = String::from_utf8_lossy(&printed.stdout);
+    let value = |name: &str| -> usize {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value("action"), offset::ACTION);
+    assert_eq!(value("sizeof_action"), 4);
+    assert_eq!(value("device"), offset::DEVICE);
+    assert_eq!(value("sizeof_device"), 1);
+    assert_eq!(value("addr"), offset::ADDR);
+    assert_eq!(value("stream"), offset::STREAM);
+    assert_eq!(value("size"), offset::SIZE);
+    assert_eq!(value("function"), std::mem::size_of::<StdFunction>());
+    assert_eq!(value("tracker_is_function"), 1);
+    // The reader of headers that gates a release oomtrace was not checked against
+    // (python/oomtrace/_abi.py) recognises this one, as the layout its namespace says.
+    let mut py = base_command(python());
+    py.env("PYTHONPATH", repo().join("python"))
+        .arg("-c")
+        .arg(
+            "import sys; from oomtrace._abi import trace_entry_layout as t; print(*t(sys.argv[1]))",
+        )
+        .arg(&include);
+    let read = output_within(py, TORCH_TIMEOUT);
+    let said = String::from_utf8_lossy(&read.stdout);
+    let layout = if namespace == "c10::CachingDeviceAllocator" {
+        "v2"
+    } else {
+        "v1"
+    };
+    assert!(
+        said.starts_with(&format!("{layout} ")),
+        "{said}\n{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    for (name, v) in [
+        ("ALLOC", action::ALLOC),
+        ("FREE_REQUESTED", action::FREE_REQUESTED),
+        ("FREE_COMPLETED", action::FREE_COMPLETED),
+        ("SEGMENT_ALLOC", action::SEGMENT_ALLOC),
+        ("SEGMENT_FREE", action::SEGMENT_FREE),
+        ("SEGMENT_MAP", action::SEGMENT_MAP),
+        ("SEGMENT_UNMAP", action::SEGMENT_UNMAP),
+        ("OOM", action::OOM),
+    ] {
+        assert_eq!(value(name), v as usize, "{name}");
+    }
+}
+
+/// `oomtrace_torch_attach` called by hand after PyTorch initialised CUDA attaches once (a
+/// second call attaches nothing more), and says which vtable slot it used.
+#[test]
+fn tracker_attaches_once() {
+    let dir = scratch("torch-attach");
+    let mut cmd = base_command(python());
+    cmd.arg("-c")
+        .arg(
+            "import ctypes, os, torch\n\
+             lib = ctypes.CDLL(os.environ['OOMTRACE_LIB'])\n\
+             lib.oomtrace_torch_attach.restype = ctypes.c_char_p\n\
+             torch.empty(1, device='cuda')\n\
+             print('after', lib.oomtrace_torch_attach())\n\
+             print('again', lib.oomtrace_torch_attach())\n",
+        )
+        .current_dir(&dir)
+        .env("LD_PRELOAD", shim())
+        .env("OOMTRACE_COLLECTOR", oomtrace_bin())
+        .env("OOMTRACE_TORCH", "")
+        .env("OOMTRACE_LOG", "1");
+    torch_env(&mut cmd, &dir);
+    without_aslr(&mut cmd);
+    let out = output_within(cmd, TORCH_TIMEOUT);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("after None"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("again None"), "{stdout}");
+    assert_eq!(
+        stderr
+            .matches("attached an allocator trace tracker to PyTorch (vtable slot ")
+            .count(),
+        1,
+        "{stderr}"
+    );
+}
+
+// ---- Tensors by default ---------------------------------------------------------------------
+
+/// `oomtrace run` with no flag: the tracker attaches by itself, every tensor is seen, and the
+/// leak is named at its line with the 4 MiB it keeps per step.
+#[test]
+fn default_run_names_the_leaking_line() {
+    let r = run_torch("leak_activations.py", Mode::Run, &[]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    check_activation_leak(&r, Mode::Run, "leak_activations.py", 10);
+}
+
+/// Plain `LD_PRELOAD`: the same, from the trace the shim's own collector leaves.
+#[test]
+fn plain_preload_names_the_leaking_line() {
+    let r = run_torch("leak_activations.py", Mode::Preload, &[]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    check_activation_leak(&r, Mode::Preload, "leak_activations.py", 10);
+}
+
+/// The leak finding at `file:line` (Python frame), or a panic that shows the report.
+fn leak_at<'a>(r: &'a TorchRun, file: &str, line: u64) -> &'a Value {
+    growth_findings(&r.report)
+        .into_iter()
+        .find(|f| f["kind"] == "leak" && has_frame(f, file, line))
+        .unwrap_or_else(|| {
+            panic!(
+                "no leak at {file}:{line}: {:#}\n{}\n{}",
+                r.report["findings"], r.text, r.stderr
+            )
+        })
+}
+
+/// 64 KiB kept per step under about 200 MiB of temporaries per step: the cache absorbs it (no
+/// new segment for many steps), the tensors do not hide it.
+#[test]
+fn a_small_leak_under_heavy_churn_is_named() {
+    let r = run_torch("leak_small_churn.py", Mode::Run, &[]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    let line = torch_line_of("leak_small_churn.py", "# LEAK");
+    let leak = leak_at(&r, "leak_small_churn.py", line);
+    let rate = leak["growth_bytes_per_step"].as_f64().unwrap();
+    assert!(
+        (rate - 65536.0).abs() < 1024.0,
+        "{rate}: {leak:#}\n{}",
+        r.text
+    );
+    assert_eq!(leak["api"], "oomtrace_torch_alloc", "{leak:#}");
+    // Nothing else grows: the temporaries are not a leak.
+    let others: Vec<&Value> = growth_findings(&r.report)
+        .into_iter()
+        .filter(|f| f["kind"] == "leak" && !has_frame(f, "leak_small_churn.py", line))
+        .collect();
+    assert!(others.is_empty(), "{others:#?}");
+    assert!(
+        r.stderr.contains(&format!("(leak_small_churn.py:{line})")),
+        "{}",
+        r.stderr
+    );
+}
+
+/// A 4 MiB tensor kept every 8th step only: named at its line, at its average rate.
+#[test]
+fn a_sparse_leak_is_named() {
+    let steps = 64;
+    let r = run_torch("leak_sparse.py", Mode::Run, &[("STEPS", "64")]);
+    assert_ran(&r, 0);
+    assert!(r.stdout.contains(&format!("done {steps}")), "{}", r.stdout);
+    let line = torch_line_of("leak_sparse.py", "# LEAK");
+    let leak = leak_at(&r, "leak_sparse.py", line);
+    let rate = leak["growth_bytes_per_step"].as_f64().unwrap();
+    // 4 MiB every 8 steps: 512 KiB per step on average.
+    assert!(
+        (0.25 * MIB as f64..=1.0 * MIB as f64).contains(&rate),
+        "{rate}: {leak:#}"
+    );
+}
+
+/// Clean loops are silent under the default, with and without changing shapes.
+#[test]
+fn clean_loops_are_silent() {
+    for name in ["clean.py", "clean_dynamic.py"] {
+        let r = run_torch(name, Mode::Run, &[]);
+        assert_ran(&r, 0);
+        assert_done(&r);
+        assert_no_growth_finding(&r);
+        assert_steps_from_optimizer(&r);
+        assert_torch_said_nothing(&r);
+        // Tensors were traced.
+        let d0 = device(processes(&r.report)[0], 0);
+        assert!(d0["tensors"]["peak_bytes"].as_u64() > Some(0), "{d0:#}");
+    }
+}
+
+/// A script that logs torch.cuda.memory_allocated(), memory_reserved() and
+/// max_memory_allocated() every step and prints memory_summary() runs unchanged under the
+/// default (PyTorch's allocator stays in place), and its leak is named at its line.
+#[test]
+fn pytorch_statistics_work_under_the_default() {
+    let r = run_torch("leak_logged.py", Mode::Run, &[]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    assert_torch_said_nothing(&r);
+    let allocated: Vec<u64> = r
+        .stdout
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.first() == Some(&"step") && w.len() == 8).then(|| w[3].parse().unwrap())
+        })
+        .collect();
+    assert_eq!(allocated.len(), STEPS as usize, "{}", r.stdout);
+    // PyTorch's own count grows by the 4 MiB kept each step.
+    let grown = allocated[STEPS as usize - 1] - allocated[0];
+    assert_eq!(grown, (STEPS - 1) * 4 * MIB, "{}", r.stdout);
+    assert!(r.stdout.contains("summary lines"), "{}", r.stdout);
+    check_activation_leak(&r, Mode::Run, "leak_logged.py", 11);
+    // The tensors at their peak: at least what PyTorch counted, inside a reserve at least as
+    // large.
+    let d0 = device(processes(&r.report)[0], 0);
+    let tensors_peak = d0["tensors"]["peak_bytes"].as_u64().unwrap_or(0);
+    assert!(tensors_peak >= grown, "{d0:#}");
+    assert!(
+        d0["peak_bytes"].as_u64().unwrap_or(0) >= tensors_peak,
+        "{d0:#}"
+    );
+}
