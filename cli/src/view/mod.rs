@@ -7,4 +7,5 @@
 //!   library) with the data as JSON.
 
 pub mod html;
+pub mod label;
 pub mod model;
