@@ -4,16 +4,24 @@
 //! Two passes over the file: the analysis (the same replay and report as `oomtrace report`)
 //! gives the findings and each process's time span; a replay through the exporters' read API
 //! ([`crate::export::view`]) gives memory over time by call site. Each event's change in a
-//! device's live bytes is put on one call site (the allocation's site for a free, found in the
-//! state before the event), so the stacked layers add up to the device's total.
+//! device's live bytes, and in its PyTorch tensors' bytes, is put on one call site (the
+//! allocation's site for a free, found in the state before the event), so the stacked layers
+//! of each accounting ([`Memory`]) add up to its total.
+//!
+//! What is drawn: without tensors, device memory by call site. With PyTorch's tensors (its
+//! trace tracker, `--torch`), the tensors by call site, PyTorch's reserve (its segments' bytes,
+//! [`Level::reserve`]) as a line, and device memory outside its allocator by call site: the
+//! sites whose allocations the allocator never called its segments. The time axis starts at
+//! the first allocation. Labels follow [`super::label`].
 //!
 //! Bounds (so a 10^7-event trace stays a few MB): [`BUCKETS`] time buckets per device, each
-//! giving at most two points (its maximum, where the snapshot of sites is taken, and its last
-//! value) with [`POINT_SITES`] sites each; [`TOP_SITES`] layers in the chart; [`TABLE_SITES`]
-//! rows in the site table with [`STACK_FRAMES`] frames each; flame graphs hold sites of at
-//! least [`FLAME_MIN_SHARE`] of their total and children of at least that share of the root;
+//! giving at most three points (its maximum of the stacked bytes and of the device total,
+//! where the snapshots of sites are taken, and its last value) with [`POINT_SITES`] sites
+//! each; [`TOP_SITES`] layers in the chart; [`TABLE_SITES`] rows in the site table with
+//! [`STACK_FRAMES`] frames each; flame graphs hold sites of at least [`FLAME_MIN_SHARE`] of
+//! their total and children of at least that share of the root, [`FLAME_DEPTH`] frames deep;
 //! [`MAX_MARKERS`] step markers per process (evenly thinned). Work per event is O(1)
-//! amortized: snapshots (of the bucket maximum, the peak, the last step) copy only the sites
+//! amortized: snapshots (of the bucket maxima, the peak, the last step) copy only the sites
 //! changed since their previous copy.
 
 use std::collections::{BTreeMap, HashMap, HashSet};

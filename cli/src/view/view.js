@@ -232,10 +232,10 @@
     var steps = (proc.markers || []).filter(function (m) { return m.t >= t0; });
     steps.forEach(function (m) {
       svg.push("<line class=\"step\" x1=\"" + x(m.t) + "\" x2=\"" + x(m.t) + "\" y1=\"" + T + "\" y2=\"" + (H - B) +
-        "\" stroke=\"#999\" stroke-opacity=\"0.35\"><title>step " + esc(m.label || m.step) + " at " + esc(secs(m.t)) + "</title></line>");
+        "\" stroke=\"#999\" stroke-opacity=\"0.35\"><title>step " + esc(m.step) + (m.label ? " (" + esc(m.label) + ")" : "") + " at " + esc(secs(m.t)) + "</title></line>");
     });
-    // Step labels along the bottom of the plot, thinned so that none overlaps another.
-    thinLabels(steps.map(function (m) { return [x(m.t), m.label || m.step]; }), 6.5, 6).forEach(function (it) {
+    // Step numbers along the bottom of the plot, thinned so that none overlaps another.
+    thinLabels(steps.map(function (m) { return [x(m.t), m.step]; }), 6.5, 6).forEach(function (it) {
       svg.push("<text class=\"step-label\" x=\"" + it[0].toFixed(1) + "\" y=\"" + (H - B - 4) + "\" font-size=\"10\" fill=\"#666\" text-anchor=\"middle\">" + esc(it[1]) + "</text>");
     });
     // Finding labels on rows, each on the first row where it overlaps nothing (else only the
