@@ -966,3 +966,27 @@ fn torchrun_workers_are_labelled_and_the_leaking_rank_named() {
 fn spawned_workers_are_labelled_by_init_process_group() {
     check_rank_one_leaks(&[], "spawn_one_rank.py", 24);
 }
+
+// ---- For other tiers (the view's test of a real PyTorch trace) -----------------------------
+
+/// `oomtrace run --torch -o trace.oomt -- python tests/scenarios/torch/<script_name>` in `dir`,
+/// as this tier runs it; returns the trace once the program has run to its end.
+pub(crate) fn torch_trace(script_name: &str, dir: &Path) -> PathBuf {
+    for attempt in 0..2 {
+        let out = output_within(command(script_name, Mode::Torch, dir, &[]), TORCH_TIMEOUT);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if attempt == 0 && pytorch_exit_abort(&out.status, &stderr) {
+            continue;
+        }
+        assert!(out.status.success(), "{script_name} failed:\n{stderr}");
+        let trace = dir.join("trace.oomt");
+        assert!(trace.is_file(), "no trace; stderr:\n{stderr}");
+        return trace;
+    }
+    unreachable!()
+}
+
+/// The 1-based line of `tests/scenarios/torch/<name>` that contains `marker`.
+pub(crate) fn torch_script_line(name: &str, marker: &str) -> u64 {
+    torch_line_of(name, marker)
+}

@@ -82,6 +82,29 @@ fn site_labels(dom: &str) -> Vec<String> {
         .collect()
 }
 
+/// Whether `label` is `<file>:<line> <function>` (a site's label on the page), with `file`
+/// when given.
+fn names(label: &str, file: Option<&str>, function: &str) -> bool {
+    let Some((at, f)) = label.split_once(' ') else {
+        return false;
+    };
+    let Some((path, line)) = at.rsplit_once(':') else {
+        return false;
+    };
+    f == function
+        && file.is_none_or(|file| path == file)
+        && !line.is_empty()
+        && line.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The text after each `marker` in `dom`, up to the next `<`.
+fn texts_after<'a>(dom: &'a str, marker: &str) -> Vec<&'a str> {
+    dom.split(marker)
+        .skip(1)
+        .map(|s| s.split('<').next().unwrap_or(""))
+        .collect()
+}
+
 /// The data the page was written with.
 fn page_data(html: &str) -> Value {
     let start = html
@@ -135,20 +158,31 @@ fn the_demo_view_renders_its_leak_and_oom_in_a_browser() {
         assert!(!html.contains(remote), "the page loads something: {remote}");
     }
     let dom = rendered_dom(&browser, &dir, &page);
+    // Sites are named `file:line function` of their culprit frame.
     let labels = site_labels(&dom);
-    assert!(labels.iter().any(|l| l == "keep_history"), "{labels:?}");
+    assert!(
+        labels
+            .iter()
+            .any(|l| names(l, Some("train_demo.c"), "keep_history")),
+        "{labels:?}"
+    );
     assert!(dom.contains("Out of memory at"), "no OOM panel");
+    let culprits = texts_after(&dom, "class=\"culprit\">");
     assert!(
-        dom.contains("class=\"culprit\">evaluate<"),
-        "the OOM's culprit is not shown"
+        culprits
+            .iter()
+            .any(|c| names(c, Some("train_demo.c"), "evaluate")),
+        "the OOM's culprit is not shown: {culprits:?}"
     );
+    let onsets = texts_after(&dom, "leak onset: ");
     assert!(
-        dom.contains("leak onset: keep_history"),
-        "no leak onset on the time axis"
+        onsets.iter().any(|l| names(l, None, "keep_history")),
+        "no leak onset on the time axis: {onsets:?}"
     );
+    let detections = texts_after(&dom, "leak detected: ");
     assert!(
-        dom.contains("leak detected: keep_history"),
-        "no leak detection on the axis"
+        detections.iter().any(|l| names(l, None, "keep_history")),
+        "no leak detection on the axis: {detections:?}"
     );
     assert!(
         dom.contains("OOM: 3.32 GiB requested"),
@@ -213,14 +247,17 @@ fn run_html_shows_the_leaking_function_in_a_browser() {
     );
     let dom = rendered_dom(&browser, &t.dir, &page);
     let labels = site_labels(&dom);
-    assert!(labels.iter().any(|l| l == "history_append"), "{labels:?}");
+    assert!(
+        labels.iter().any(|l| names(l, None, "history_append")),
+        "{labels:?}"
+    );
     let data = page_data(&std::fs::read_to_string(&page).unwrap());
     let site = data["processes"][0]["devices"]
         .as_array()
         .unwrap()
         .iter()
         .flat_map(|d| d["sites"].as_array().unwrap().iter())
-        .find(|s| s["label"] == "history_append")
+        .find(|s| names(s["label"].as_str().unwrap_or(""), None, "history_append"))
         .expect("history_append in the site table")
         .clone();
     assert!(site["growth_per_step"].as_f64().unwrap() > 0.0, "{site}");
@@ -295,4 +332,190 @@ fn view_refuses_bad_input_and_writes_nothing() {
     assert_eq!(o.status.code(), Some(2), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(!dir.join("page.html").exists());
+}
+
+/// The part of `dom` from the first `start` to the next `end` after it ("" without one).
+fn between<'a>(dom: &'a str, start: &str, end: &str) -> &'a str {
+    dom.find(start).map_or("", |i| {
+        let rest = &dom[i..];
+        &rest[..rest.find(end).unwrap_or(rest.len())]
+    })
+}
+
+/// A real PyTorch leak under `oomtrace run --torch`, as a page in a real browser: the chart
+/// stacks tensors by call site under PyTorch's reserve line, the legend and the call-site
+/// table name the leaking line (`leak_activations.py:<line>`) and never a C++ name, every row
+/// has its own label, the time axis starts at the first CUDA allocation (not at the
+/// process's first event: `import torch` and `cuInit` come before), every step has its marker
+/// and no two step labels overlap, and the flame graph shows Python frames unless asked.
+#[test]
+fn a_pytorch_trace_shows_tensors_by_line_under_the_reserve() {
+    let Some(browser) = chromium() else {
+        precondition(false, "chromium (apt-get install chromium)");
+        return;
+    };
+    let script = "leak_activations.py";
+    let line = crate::torch::torch_script_line(script, "# LEAK");
+    let leak = format!("{script}:{line}");
+    let dir = scratch("view-torch");
+    let trace = crate::torch::torch_trace(script, &dir);
+    let page = dir.join("torch.html");
+    oomtrace_in(
+        &dir,
+        &[
+            "view",
+            trace.to_str().unwrap(),
+            "-o",
+            page.to_str().unwrap(),
+        ],
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    let dom = rendered_dom(&browser, &dir, &page);
+
+    let legend = site_labels(between(&dom, "<div class=\"legend\">", "</div>"));
+    let rows = site_labels(between(&dom, "<table class=\"sites\">", "</table>"));
+    assert!(!legend.is_empty() && !rows.is_empty(), "{dom}");
+    for (what, labels) in [("legend", &legend), ("call sites", &rows)] {
+        assert!(
+            labels.iter().any(|l| l.starts_with(&format!("{leak} "))),
+            "the {what} does not name {leak}: {labels:#?}"
+        );
+        for l in labels {
+            assert!(
+                !l.contains("::") && !l.contains("c10"),
+                "a C++ name in the {what}: {l}"
+            );
+        }
+        let unique: std::collections::HashSet<&String> = labels.iter().collect();
+        assert_eq!(unique.len(), labels.len(), "{what}: {labels:#?}");
+    }
+    // The leaking line is the table's largest row.
+    assert!(rows[0].starts_with(&format!("{leak} ")), "{rows:#?}");
+
+    let data = page_data(&html);
+    let proc = &data["processes"][0];
+    let cuda0 = proc["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == 0)
+        .expect("cuda:0")
+        .clone();
+    assert_eq!(cuda0["tensors"], true, "not drawn as tensors");
+    let leak_layer = cuda0["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| {
+            l["label"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{leak} "))
+        })
+        .expect("the leak is a layer of the chart")
+        .clone();
+    assert_eq!(leak_layer["memory"], "tensor", "{leak_layer}");
+    // The reserve line, above the tensors: the reserve holds every tensor.
+    let svg = between(&dom, "<svg ", "</svg>");
+    assert_eq!(
+        svg.matches("class=\"reserve\"").count(),
+        1,
+        "no reserve line"
+    );
+    assert!(cuda0["reserve_peak"].as_u64().unwrap() >= cuda0["tensor_peak"].as_u64().unwrap());
+    for p in cuda0["points"].as_array().unwrap() {
+        assert!(p[4].as_u64().unwrap() >= p[3].as_u64().unwrap(), "{p}");
+    }
+
+    // The axis starts at the first allocation, from the events themselves.
+    let events = dir.join("events.jsonl");
+    oomtrace_in(
+        &dir,
+        &[
+            "export",
+            "--format",
+            "json",
+            trace.to_str().unwrap(),
+            "-o",
+            events.to_str().unwrap(),
+        ],
+    );
+    let stamps: Vec<(String, u64)> = std::fs::read_to_string(&events)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["type"] == "event" || v["type"] == "marker")
+        .map(|v| {
+            let kind = v["kind"].as_str().unwrap_or("marker").to_string();
+            (kind, v["ts_ns"].as_u64().unwrap())
+        })
+        .collect();
+    let first = stamps.iter().map(|s| s.1).min().unwrap();
+    let first_alloc = stamps
+        .iter()
+        .filter(|s| s.0 == "alloc")
+        .map(|s| s.1)
+        .min()
+        .unwrap();
+    assert!(first_alloc > first, "no event before the first allocation");
+    let want = (first_alloc - first) as f64 / 1e9;
+    let axis = proc["axis_start_s"].as_f64().unwrap();
+    assert!(
+        (axis - want).abs() < 1e-6,
+        "axis at {axis} s, first allocation at {want} s"
+    );
+    let drawn: f64 = svg
+        .split("data-axis-start=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .and_then(|s| s.parse().ok())
+        .expect("the chart says where its axis starts");
+    assert!((drawn - axis).abs() < 1e-6, "{drawn} vs {axis}");
+
+    // Every step is marked; their labels are thinned so that none overlaps the next (the page
+    // estimates 6.5 px a character of its 10 px font).
+    let steps = proc["marker_count"].as_u64().unwrap();
+    assert!(steps >= 40, "{steps} steps");
+    assert_eq!(svg.matches("class=\"step\"").count() as u64, steps);
+    let labels: Vec<(f64, usize)> = svg
+        .split("class=\"step-label\" x=\"")
+        .skip(1)
+        .map(|s| {
+            let x: f64 = s.split('"').next().unwrap().parse().unwrap();
+            let text = s.split('>').nth(1).unwrap().split('<').next().unwrap();
+            (x, text.len())
+        })
+        .collect();
+    assert!(!labels.is_empty(), "no step labels");
+    for w in labels.windows(2) {
+        let room = (w[0].1 + w[1].1) as f64 * 6.5 / 2.0;
+        assert!(w[1].0 - w[0].0 >= room, "step labels overlap: {labels:?}");
+    }
+
+    // The flame graph: Python frames by default, the leaking line among them.
+    let flame = between(&dom, "<div class=\"flame\"", "</div></div>");
+    assert!(flame.contains("data-frames=\"python\""), "{flame}");
+    assert!(flame.contains(&format!(">{leak} ")), "{flame}");
+    assert!(
+        !flame.contains("c10::"),
+        "native frames by default: {flame}"
+    );
+    assert!(
+        cuda0["flames"]["peak"].to_string().contains("c10::"),
+        "the native flame graph has PyTorch's frames"
+    );
+
+    let shot = dir.join("torch.png");
+    browse(
+        &browser,
+        &dir,
+        &page,
+        &[
+            &format!("--screenshot={}", shot.display()),
+            "--window-size=1400,1400",
+        ],
+    );
+    let kept = artifact("torch_leak_activations.png");
+    std::fs::copy(&shot, &kept).expect("chromium wrote no screenshot");
+    eprintln!("screenshot of leak_activations' view: {}", kept.display());
 }

@@ -23,7 +23,8 @@ use std::path::Path;
 use oomtrace_collector::model::history::{self, Seen as CollectorSeen};
 use oomtrace_collector::model::{self as state, EndState, Process, SiteId, Stacks};
 use oomtrace_collector::report::module_file;
-use oomtrace_collector::report::symbolize::{FrameInfo, StackSymbolizer};
+use oomtrace_collector::report::roles::FrameRole;
+use oomtrace_collector::report::symbolize::{self, FrameInfo, StackSymbolizer};
 use oomtrace_proto::wire::GoodbyeReason;
 use oomtrace_proto::{Event, MemoryClass};
 
@@ -123,6 +124,12 @@ pub struct DeviceTotals {
     pub peak_bytes: u64,
     /// Free device memory as the driver last reported it.
     pub last_free: Option<u64>,
+    /// Live bytes of PyTorch's tensors (its caching allocator's trace tracker): memory in use
+    /// inside the allocator's segments, which `live_bytes` already counts.
+    pub tensor_bytes: u64,
+    /// What PyTorch's caching allocator holds as segments (its reserve, part of
+    /// `live_bytes`); `None` until its first segment event.
+    pub torch_reserved: Option<u64>,
 }
 
 /// A live allocation.
@@ -303,6 +310,8 @@ fn totals(s: &state::DeviceState) -> DeviceTotals {
         live_bytes: s.live_bytes,
         peak_bytes: s.peak_bytes,
         last_free: s.last_free,
+        tensor_bytes: s.tensor_bytes,
+        torch_reserved: s.torch_reserved_bytes,
     }
 }
 
@@ -383,6 +392,38 @@ impl From<FrameInfo> for Frame {
             module_changed: f.module_changed,
         }
     }
+}
+
+impl From<&Frame> for FrameInfo {
+    fn from(f: &Frame) -> FrameInfo {
+        FrameInfo {
+            function: f.function.clone(),
+            file: f.file.clone(),
+            line: f.line,
+            module: f.module.clone(),
+            address: f.address.clone(),
+            offset: f.offset.clone(),
+            python: f.python,
+            module_changed: f.module_changed,
+        }
+    }
+}
+
+/// Which of `frames` (innermost first) names the call site in one line, as every report
+/// names it (the collector's `symbolize::culprit`: the innermost Python frame in the user's
+/// own code, else the autograd node of a backward-pass allocation, else the innermost frame
+/// that is not CUDA, allocator or interpreter machinery); `None` for no frames.
+pub fn culprit(frames: &[Frame]) -> Option<usize> {
+    let infos: Vec<FrameInfo> = frames.iter().map(FrameInfo::from).collect();
+    let found = symbolize::culprit(&infos)?;
+    infos.iter().position(|f| std::ptr::eq(f, found))
+}
+
+/// Whether a frame is machinery between the user's code and the GPU that a summary looks
+/// past (the CUDA runtime, an allocator, the interpreter's own native code), by the
+/// collector's classification (`roles::FrameRole`).
+pub fn is_machinery(f: &Frame) -> bool {
+    FrameRole::of(&FrameInfo::from(f)).is_internal()
 }
 
 /// Symbolizes call sites (caching what it read of each module).

@@ -4,33 +4,43 @@
 //! Two passes over the file: the analysis (the same replay and report as `oomtrace report`)
 //! gives the findings and each process's time span; a replay through the exporters' read API
 //! ([`crate::export::view`]) gives memory over time by call site. Each event's change in a
-//! device's live bytes is put on one call site (the allocation's site for a free, found in the
-//! state before the event), so the stacked layers add up to the device's total.
+//! device's live bytes, and in its PyTorch tensors' bytes, is put on one call site (the
+//! allocation's site for a free, found in the state before the event), so the stacked layers
+//! of each accounting ([`Memory`]) add up to its total.
+//!
+//! What is drawn: without tensors, device memory by call site. With PyTorch's tensors (its
+//! trace tracker, `--torch`), the tensors by call site, PyTorch's reserve (its segments' bytes,
+//! [`Level::reserve`]) as a line, and device memory outside its allocator by call site: the
+//! sites whose allocations the allocator never called its segments. The time axis starts at
+//! the first allocation. Labels follow [`super::label`].
 //!
 //! Bounds (so a 10^7-event trace stays a few MB): [`BUCKETS`] time buckets per device, each
-//! giving at most two points (its maximum, where the snapshot of sites is taken, and its last
-//! value) with [`POINT_SITES`] sites each; [`TOP_SITES`] layers in the chart; [`TABLE_SITES`]
-//! rows in the site table with [`STACK_FRAMES`] frames each; flame graphs hold sites of at
-//! least [`FLAME_MIN_SHARE`] of their total and children of at least that share of the root;
+//! giving at most three points (its maximum of the stacked bytes and of the device total,
+//! where the snapshots of sites are taken, and its last value) with [`POINT_SITES`] sites
+//! each; [`TOP_SITES`] layers in the chart; [`TABLE_SITES`] rows in the site table with
+//! [`STACK_FRAMES`] frames each; flame graphs hold sites of at least [`FLAME_MIN_SHARE`] of
+//! their total and children of at least that share of the root, [`FLAME_DEPTH`] frames deep;
 //! [`MAX_MARKERS`] step markers per process (evenly thinned). Work per event is O(1)
-//! amortized: snapshots (of the bucket maximum, the peak, the last step) copy only the sites
+//! amortized: snapshots (of the bucket maxima, the peak, the last step) copy only the sites
 //! changed since their previous copy.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
+use std::rc::Rc;
 
 use oomtrace_collector::analysis::Analysis;
 use oomtrace_collector::model::trace::Trace as AnalysisTrace;
 use oomtrace_collector::report::{self, ReportOptions};
-use oomtrace_proto::EventKind;
+use oomtrace_proto::{EventKind, MemoryClass};
 use serde_json::{json, Value};
 
+use super::label::{distinct, elided, frame_label, site_details, site_label};
 use crate::export::view::{self, Frame, ProcessView, Seen, Site, Symbolizer, OUT_OF_MEMORY};
 use crate::export::{device_label, frame_file, frame_name, short_name};
 use crate::progress::Progress;
 use crate::Failure;
 
-/// Time buckets per device; each gives at most two points.
+/// Time buckets per device; each gives at most three points.
 pub const BUCKETS: usize = 1000;
 /// Sites kept per point (the rest are summed as "other").
 pub const POINT_SITES: usize = 32;
@@ -38,23 +48,58 @@ pub const POINT_SITES: usize = 32;
 pub const TOP_SITES: usize = 10;
 /// Rows of the site table per device.
 pub const TABLE_SITES: usize = 200;
-/// Frames kept per stack.
+/// Frames kept per stack (Python frames beyond them are kept too, up to as many again).
 pub const STACK_FRAMES: usize = 48;
+/// Frames kept per path of the native flame graph (the outermost).
+pub const FLAME_DEPTH: usize = 128;
 /// Flame graph nodes smaller than this share of the root are merged.
 pub const FLAME_MIN_SHARE: f64 = 0.002;
 /// Step markers kept per process.
 pub const MAX_MARKERS: usize = 2000;
 
+/// Which of a device's two accountings bytes are in (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Memory {
+    /// Device memory the process holds: every `cudaMalloc`, `cuMemCreate`, ..., PyTorch's
+    /// segments among them.
+    Device,
+    /// PyTorch's tensors (its trace tracker's), which live inside its segments.
+    Tensor,
+}
+
+/// A call site's bytes in one accounting.
+pub type Key = (Memory, Site);
+
+/// A device's levels at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Level {
+    /// Device memory the process holds (PyTorch's segments included).
+    pub total: u64,
+    /// PyTorch's live tensors (inside its segments).
+    pub tensors: u64,
+    /// PyTorch's reserve: its segments, 0 before the first.
+    pub reserve: u64,
+}
+
+impl Level {
+    /// What the chart stacks: the tensors and the device memory outside PyTorch's reserve;
+    /// without tensors, all device memory.
+    pub fn stacked(self) -> u64 {
+        self.tensors
+            .saturating_add(self.total.saturating_sub(self.reserve))
+    }
+}
+
 /// A copy of the per-site live bytes as they stood at one moment, brought up to date by
 /// copying only the sites changed since (`dirty`).
 #[derive(Default)]
 struct Snapshot {
-    bytes: HashMap<Site, u64>,
-    dirty: HashSet<Site>,
+    bytes: HashMap<Key, u64>,
+    dirty: HashSet<Key>,
 }
 
 impl Snapshot {
-    fn capture(&mut self, now: &HashMap<Site, u64>) {
+    fn capture(&mut self, now: &HashMap<Key, u64>) {
         for s in self.dirty.drain() {
             match now.get(&s) {
                 Some(&b) if b > 0 => {
@@ -68,26 +113,46 @@ impl Snapshot {
     }
 }
 
-/// One point of a device's series: seconds since the process's first event, its live bytes
-/// and the largest sites' share of them.
+/// One point of a device's series: its time, levels and the largest sites' share of them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Point {
     pub t_ns: u64,
-    pub total: u64,
-    pub sites: Vec<(Site, u64)>,
+    pub level: Level,
+    pub sites: Vec<(Key, u64)>,
 }
 
-/// Max-preserving downsampling of a stream of (time, total) into at most two points per time
-/// bucket: the bucket's maximum (with the site snapshot at that moment) and its last value.
+/// The largest value of one measure in a bucket, when it was reached, and the sites then.
+#[derive(Default)]
+struct Extreme {
+    value: u64,
+    t: u64,
+    level: Level,
+    snap: Snapshot,
+}
+
+impl Extreme {
+    fn offer(&mut self, value: u64, first: bool, t: u64, level: Level, now: &HashMap<Key, u64>) {
+        if first || value > self.value {
+            self.value = value;
+            self.t = t;
+            self.level = level;
+            self.snap.capture(now);
+        }
+    }
+}
+
+/// Max-preserving downsampling of a stream of (time, levels) into at most three points per
+/// time bucket: the moment of the bucket's largest stacked bytes and of its largest device
+/// total (the same moment without tensors), each with the site snapshot of that moment, and
+/// its last value.
 pub struct Downsampler {
     t0: u64,
     span: u64,
     buckets: usize,
     bucket: Option<usize>,
-    max: u64,
-    max_t: u64,
-    max_snap: Snapshot,
-    last: u64,
+    stacked: Extreme,
+    total: Extreme,
+    last: Level,
     last_t: u64,
     pub points: Vec<Point>,
 }
@@ -100,10 +165,9 @@ impl Downsampler {
             span: t1.saturating_sub(t0),
             buckets: buckets.max(1),
             bucket: None,
-            max: 0,
-            max_t: 0,
-            max_snap: Snapshot::default(),
-            last: 0,
+            stacked: Extreme::default(),
+            total: Extreme::default(),
+            last: Level::default(),
             last_t: 0,
             points: Vec::new(),
         }
@@ -115,57 +179,63 @@ impl Downsampler {
         (i as usize).min(self.buckets - 1)
     }
 
-    /// Site `s` changed (before [`Downsampler::push`] of the new total).
-    fn touch(&mut self, s: Site) {
-        self.max_snap.dirty.insert(s);
+    /// Key `k` changed (before [`Downsampler::push`] of the new levels).
+    fn touch(&mut self, k: Key) {
+        self.stacked.snap.dirty.insert(k);
+        self.total.snap.dirty.insert(k);
     }
 
-    /// The total after an event at `t`, with the per-site bytes at that moment.
-    pub fn push(&mut self, t: u64, total: u64, sites: &HashMap<Site, u64>) {
+    /// The levels after an event at `t`, with the per-site bytes at that moment.
+    pub fn push(&mut self, t: u64, level: Level, sites: &HashMap<Key, u64>) {
         let i = self.index(t);
-        if self.bucket != Some(i) {
+        let first = self.bucket != Some(i);
+        if first {
             self.close(sites);
             self.bucket = Some(i);
-            self.max = total;
-            self.max_t = t;
-            self.max_snap.capture(sites);
-        } else if total > self.max {
-            self.max = total;
-            self.max_t = t;
-            self.max_snap.capture(sites);
         }
-        self.last = total;
+        self.stacked.offer(level.stacked(), first, t, level, sites);
+        self.total.offer(level.total, first, t, level, sites);
+        self.last = level;
         self.last_t = t;
     }
 
-    fn close(&mut self, now: &HashMap<Site, u64>) {
+    fn close(&mut self, now: &HashMap<Key, u64>) {
         if self.bucket.is_none() {
             return;
         }
-        self.points.push(Point {
-            t_ns: self.max_t,
-            total: self.max,
-            sites: largest(&self.max_snap.bytes, POINT_SITES),
-        });
-        if self.last_t != self.max_t {
-            self.points.push(Point {
+        let mut points = vec![Point {
+            t_ns: self.stacked.t,
+            level: self.stacked.level,
+            sites: largest(&self.stacked.snap.bytes, POINT_SITES),
+        }];
+        if self.total.t != self.stacked.t {
+            points.push(Point {
+                t_ns: self.total.t,
+                level: self.total.level,
+                sites: largest(&self.total.snap.bytes, POINT_SITES),
+            });
+        }
+        if self.last_t != self.stacked.t && self.last_t != self.total.t {
+            points.push(Point {
                 t_ns: self.last_t,
-                total: self.last,
+                level: self.last,
                 sites: largest(now, POINT_SITES),
             });
         }
+        points.sort_by_key(|p| p.t_ns);
+        self.points.extend(points);
         self.bucket = None;
     }
 
     /// Closes the last bucket; `now` is the state after the last event.
-    pub fn finish(&mut self, now: &HashMap<Site, u64>) {
+    pub fn finish(&mut self, now: &HashMap<Key, u64>) {
         self.close(now);
     }
 }
 
 /// The `n` sites holding the most bytes, most first.
-fn largest(bytes: &HashMap<Site, u64>, n: usize) -> Vec<(Site, u64)> {
-    let mut v: Vec<(Site, u64)> = bytes
+fn largest(bytes: &HashMap<Key, u64>, n: usize) -> Vec<(Key, u64)> {
+    let mut v: Vec<(Key, u64)> = bytes
         .iter()
         .filter(|(_, &b)| b > 0)
         .map(|(&s, &b)| (s, b))
@@ -183,16 +253,20 @@ struct SiteCounts {
 
 /// One device of one process, as the replay goes.
 struct Series {
-    live: HashMap<Site, u64>,
-    total: u64,
+    live: HashMap<Key, u64>,
+    level: Level,
     down: Downsampler,
+    /// The most bytes stacked (see [`Level::stacked`]), when, and the sites then.
     peak: u64,
     peak_t: u64,
     peak_snap: Snapshot,
-    counts: HashMap<Site, SiteCounts>,
+    /// The largest device total (and when), tensor and reserve levels.
+    max: Level,
+    total_peak_t: u64,
+    counts: HashMap<Key, SiteCounts>,
     /// The sites at the first OOM on this device, its time and requested bytes.
-    oom: Option<(u64, u64, HashMap<Site, u64>)>,
-    first_mark: Option<HashMap<Site, u64>>,
+    oom: Option<(u64, u64, HashMap<Key, u64>)>,
+    first_mark: Option<HashMap<Key, u64>>,
     last_mark: Snapshot,
     marks: u64,
 }
@@ -201,11 +275,13 @@ impl Series {
     fn new(t0: u64, t1: u64) -> Series {
         Series {
             live: HashMap::new(),
-            total: 0,
+            level: Level::default(),
             down: Downsampler::new(t0, t1, BUCKETS),
             peak: 0,
             peak_t: 0,
             peak_snap: Snapshot::default(),
+            max: Level::default(),
+            total_peak_t: 0,
             counts: HashMap::new(),
             oom: None,
             first_mark: None,
@@ -214,27 +290,44 @@ impl Series {
         }
     }
 
-    /// The device's live bytes became `total` at `t`, by an event of site `site`.
-    fn apply(&mut self, site: Site, t: u64, total: u64) {
-        let c = self.counts.entry(site).or_default();
-        let held = self.live.entry(site).or_default();
-        if total > self.total {
+    /// Site `key` made its accounting go from `from` to `to` bytes.
+    fn change(&mut self, key: Key, from: u64, to: u64) {
+        let c = self.counts.entry(key).or_default();
+        let held = self.live.entry(key).or_default();
+        if to > from {
             c.allocations += 1;
-            *held = held.saturating_add(total - self.total);
+            *held = held.saturating_add(to - from);
         } else {
             c.frees += 1;
-            *held = held.saturating_sub(self.total - total);
+            *held = held.saturating_sub(from - to);
         }
-        self.total = total;
-        self.down.touch(site);
-        self.peak_snap.dirty.insert(site);
-        self.last_mark.dirty.insert(site);
-        self.down.push(t, total, &self.live);
-        if total > self.peak {
-            self.peak = total;
+        self.down.touch(key);
+        self.peak_snap.dirty.insert(key);
+        self.last_mark.dirty.insert(key);
+    }
+
+    /// The levels now (at `t`) are a point of the series.
+    fn record(&mut self, t: u64) {
+        let level = self.level;
+        self.down.push(t, level, &self.live);
+        if level.stacked() > self.peak {
+            self.peak = level.stacked();
             self.peak_t = t;
             self.peak_snap.capture(&self.live);
         }
+        if level.total > self.max.total {
+            self.total_peak_t = t;
+        }
+        self.max = Level {
+            total: self.max.total.max(level.total),
+            tensors: self.max.tensors.max(level.tensors),
+            reserve: self.max.reserve.max(level.reserve),
+        };
+    }
+
+    /// Whether PyTorch's tensors were traced on this device: the picture is about them.
+    fn has_tensors(&self) -> bool {
+        self.counts.keys().any(|k| k.0 == Memory::Tensor)
     }
 
     fn mark(&mut self) {
@@ -283,7 +376,13 @@ fn site_of(p: ProcessView<'_>, vmm: &mut Vmm, ev: &oomtrace_proto::Event, site: 
         _ => {}
     }
     if ev.ptr != 0 {
-        if let Some(a) = p.live(ev.ptr).or_else(|| p.tensor(ev.ptr)) {
+        // A tensor and the segment that holds it can share an address: each in its own table.
+        let found = if ev.api().memory_class() == MemoryClass::Tensor {
+            p.tensor(ev.ptr)
+        } else {
+            p.live(ev.ptr)
+        };
+        if let Some(a) = found {
             return a.site;
         }
     }
@@ -300,27 +399,137 @@ struct Vmm {
 #[derive(Default)]
 struct ProcState {
     series: BTreeMap<i16, Series>,
-    /// The last event's site and time: its effect shows in the state at the next visit.
-    pending: Option<(Site, u64)>,
+    /// The last event's site, time and kind: its effect shows in the state at the next visit.
+    pending: Option<(Site, u64, Option<EventKind>)>,
     markers: Vec<(u64, String)>,
     marker_count: u64,
     vmm: Vmm,
+    /// The sites whose allocations PyTorch's caching allocator said are its segments.
+    segment_sites: HashSet<Site>,
+    /// When the first allocation (or failed one) was made: where the time axis starts.
+    first_alloc_ns: Option<u64>,
 }
 
 impl ProcState {
-    fn settle(&mut self, p: ProcessView<'_>, span: (u64, u64)) {
-        let Some((site, t)) = self.pending.take() else {
+    /// Applies the pending event's effect; `next` is the kind of the record about to be
+    /// shown. Half of a segment's birth or death (its `cudaMalloc` before the allocator's
+    /// segment event, its segment-free event before the `cudaFree`) is applied without a
+    /// point: the levels between the two halves are no moment of the program's (for one
+    /// event the segment would count as memory outside PyTorch's reserve).
+    fn settle(&mut self, p: ProcessView<'_>, span: (u64, u64), next: Option<EventKind>) {
+        let Some((site, t, kind)) = self.pending.take() else {
             return;
         };
+        let segment = |k: Option<EventKind>| {
+            matches!(k, Some(EventKind::Segment) | Some(EventKind::SegmentFree))
+        };
+        let between = segment(next) || kind == Some(EventKind::SegmentFree);
         for (d, totals) in p.devices() {
             let s = self
                 .series
                 .entry(d)
                 .or_insert_with(|| Series::new(span.0, span.1));
-            if totals.live_bytes != s.total {
-                s.apply(site, t, totals.live_bytes);
+            let level = Level {
+                total: totals.live_bytes,
+                tensors: totals.tensor_bytes,
+                reserve: totals.torch_reserved.unwrap_or(0),
+            };
+            if level == s.level {
+                continue;
+            }
+            if level.total != s.level.total {
+                s.change((Memory::Device, site), s.level.total, level.total);
+            }
+            if level.tensors != s.level.tensors {
+                s.change((Memory::Tensor, site), s.level.tensors, level.tensors);
+            }
+            s.level = level;
+            if !between {
+                s.record(t);
             }
         }
+    }
+
+    /// The keys the picture shows: with tensors, the tensors and the device memory outside
+    /// PyTorch's segments (the segments are the reserve line); without, all device memory.
+    fn shown(&self, tensors: bool, key: Key) -> bool {
+        match key.0 {
+            Memory::Tensor => true,
+            Memory::Device => !tensors || !self.segment_sites.contains(&key.1),
+        }
+    }
+}
+
+/// The page's view of a call site: its stack, its label and its flame graph paths.
+struct SiteInfo {
+    stack: Value,
+    /// [`site_label`], and what may tell it apart from others of that label.
+    label: String,
+    details: Vec<String>,
+    /// Outermost first: the Python frames (or, without any, a node that says so and the
+    /// culprit), and every frame.
+    python_path: Vec<String>,
+    native_path: Vec<String>,
+    has_python: bool,
+}
+
+impl SiteInfo {
+    fn new(frames: &[Frame], site: Site) -> SiteInfo {
+        let label = site_label(frames);
+        let python: Vec<String> = frames
+            .iter()
+            .rev()
+            .filter(|f| f.python)
+            .map(frame_label)
+            .collect();
+        let has_python = !python.is_empty();
+        let python_path = if has_python {
+            python
+        } else {
+            vec!["(no Python frames)".to_string(), label.clone()]
+        };
+        let mut native_path: Vec<String> = frames
+            .iter()
+            .rev()
+            .take(FLAME_DEPTH)
+            .map(|f| {
+                if f.python {
+                    frame_label(f)
+                } else if !f.function.is_empty() {
+                    elided(&f.function)
+                } else {
+                    frame_name(f)
+                }
+            })
+            .collect();
+        if frames.len() > FLAME_DEPTH {
+            native_path.push(format!("({} more frames)", frames.len() - FLAME_DEPTH));
+        }
+        SiteInfo {
+            stack: stack_json(frames, site),
+            details: site_details(frames),
+            label,
+            python_path,
+            native_path,
+            has_python,
+        }
+    }
+}
+
+/// Symbolized sites of one process, each once.
+struct Sites<'a> {
+    p: ProcessView<'a>,
+    sym: &'a mut Symbolizer,
+    known: HashMap<Site, Rc<SiteInfo>>,
+}
+
+impl Sites<'_> {
+    fn get(&mut self, site: Site) -> Rc<SiteInfo> {
+        let (p, sym) = (self.p, &mut *self.sym);
+        self.known
+            .entry(site)
+            .or_insert_with(|| Rc::new(SiteInfo::new(&sym.site(p, site), site)))
+            .clone()
     }
 }
 
@@ -378,13 +587,35 @@ pub fn build(path: &Path, progress: &mut Progress) -> Result<Page, Failure> {
     let trace = view::replay(path, &mut |d, t| progress.update(d, t), |p, seen| {
         let span = span_of(p.conn());
         let st = procs.entry(p.conn()).or_default();
-        st.settle(p, span);
+        let next = match seen {
+            Seen::Event { event, .. } => event.kind(),
+            Seen::Marker { .. } => None,
+        };
+        st.settle(p, span, next);
         match seen {
             Seen::Event { event, site } => {
+                let kind = event.kind();
                 let site = site_of(p, &mut st.vmm, event, site);
-                st.pending = Some((site, event.ts_ns));
-                let oom =
-                    event.kind() == Some(EventKind::AllocFailed) && event.result == OUT_OF_MEMORY;
+                st.pending = Some((site, event.ts_ns, kind));
+                if matches!(
+                    kind,
+                    Some(EventKind::Alloc | EventKind::AllocFailed | EventKind::PhysCreate)
+                ) && st.first_alloc_ns.is_none()
+                {
+                    st.first_alloc_ns = Some(event.ts_ns);
+                }
+                if kind == Some(EventKind::Segment) {
+                    // The allocation the segment is (its `cudaMalloc`, or the physical memory
+                    // mapped at its address): a site of PyTorch's reserve.
+                    let made = p
+                        .live(event.ptr)
+                        .map(|a| a.site)
+                        .or_else(|| st.vmm.maps.get(&event.ptr).copied());
+                    if let Some(made) = made {
+                        st.segment_sites.insert(made);
+                    }
+                }
+                let oom = kind == Some(EventKind::AllocFailed) && event.result == OUT_OF_MEMORY;
                 if oom {
                     let s = st
                         .series
@@ -417,27 +648,28 @@ pub fn build(path: &Path, progress: &mut Progress) -> Result<Page, Failure> {
     for (conn, mut st) in procs {
         let p = trace.by_conn(conn)?;
         let span = span_of(conn);
-        st.settle(p, span);
+        st.settle(p, span, None);
         let t0 = span.0;
         let secs = |t: u64| t.saturating_sub(t0) as f64 / 1e9;
-        let mut stacks: HashMap<Site, Value> = HashMap::new();
-        let mut stack_of = |site: Site| -> Value {
-            stacks
-                .entry(site)
-                .or_insert_with(|| stack_json(&sym.site(p, site), site))
-                .clone()
+        let mut sites = Sites {
+            p,
+            sym: &mut sym,
+            known: HashMap::new(),
         };
         let mut devices = Vec::new();
-        for (d, mut s) in st.series {
+        for s in st.series.values_mut() {
             s.down.finish(&s.live);
-            devices.push(device_json(d, &s, p, &secs, &mut stack_of));
+        }
+        for (&d, s) in &st.series {
+            devices.push(device_json(d, s, &st, &secs, &mut sites));
         }
         let stride = st.markers.len().div_ceil(MAX_MARKERS).max(1);
         let markers: Vec<Value> = st
             .markers
             .iter()
+            .enumerate()
             .step_by(stride)
-            .map(|(t, l)| json!({"t": secs(*t), "label": l}))
+            .map(|(i, (t, l))| json!({"t": secs(*t), "label": l, "step": i + 1}))
             .collect();
         processes.push(json!({
             "pid": p.pid(),
@@ -446,19 +678,22 @@ pub fn build(path: &Path, progress: &mut Progress) -> Result<Page, Failure> {
             "name": short_name(p),
             "command": p.command(),
             "duration_s": secs(span.1),
+            "axis_start_s": secs(st.first_alloc_ns.unwrap_or(t0)),
             "analysis_t0_s": clock_starts.get(&conn).map(|&t| secs(t)),
             "markers": markers,
             "marker_count": st.marker_count,
             "devices": devices,
         }));
     }
+    let mut findings = report_json["findings"].clone();
+    label_findings(&mut findings);
     let data = json!({
         "version": 1,
         "producer": format!("oomtrace {}", env!("CARGO_PKG_VERSION")),
         "path": path.display().to_string(),
         "warnings": warnings,
         "processes": processes,
-        "findings": report_json["findings"],
+        "findings": findings,
         "bounds": {
             "buckets": BUCKETS, "top_sites": TOP_SITES, "table_sites": TABLE_SITES,
             "flame_min_share": FLAME_MIN_SHARE, "max_markers": MAX_MARKERS,
@@ -470,27 +705,73 @@ pub fn build(path: &Path, progress: &mut Progress) -> Result<Page, Failure> {
     })
 }
 
-/// A stack for the page: frames outermost last (as the report), each `[name, where, python]`.
+/// A frame of the report's JSON (`{function, file, line, module, ...}`) as a view frame.
+fn frame_of_json(f: &Value) -> Frame {
+    let text = |k: &str| f[k].as_str().unwrap_or("").to_string();
+    Frame {
+        function: text("function"),
+        file: text("file"),
+        line: f["line"].as_u64().unwrap_or(0) as u32,
+        module: text("module"),
+        address: text("address"),
+        offset: text("offset"),
+        python: f["python"].as_bool().unwrap_or(false),
+        module_changed: f["module_changed"].as_bool().unwrap_or(false),
+    }
+}
+
+/// Gives the report's findings the page's labels: `culprit_label` for the frame a finding is
+/// named by, `label` for each site of an OOM's table ([`super::label`]'s rule).
+fn label_findings(findings: &mut Value) {
+    for f in findings.as_array_mut().into_iter().flatten() {
+        let label = if f["culprit"].is_object() {
+            Some(frame_label(&frame_of_json(&f["culprit"])))
+        } else {
+            f["stack"]
+                .as_array()
+                .filter(|stack| !stack.is_empty())
+                .map(|stack| site_label(&stack.iter().map(frame_of_json).collect::<Vec<_>>()))
+        };
+        if let (Some(label), Some(obj)) = (label, f.as_object_mut()) {
+            obj.insert("culprit_label".into(), label.into());
+        }
+        let tops = f
+            .get_mut("oom")
+            .and_then(|o| o.get_mut("top_sites"))
+            .and_then(Value::as_array_mut);
+        for top in tops.into_iter().flatten() {
+            let frames: Vec<Frame> = top["stack"]
+                .as_array()
+                .map(|s| s.iter().map(frame_of_json).collect())
+                .unwrap_or_default();
+            if let Some(obj) = top.as_object_mut() {
+                obj.insert("label".into(), site_label(&frames).into());
+            }
+        }
+    }
+}
+
+/// A stack for the page: frames innermost first (as the report), each `[name, where,
+/// python]`: the innermost [`STACK_FRAMES`], and the Python frames beyond them (a PyTorch
+/// stack has tens of native frames before the first Python one), up to as many again.
 fn stack_json(frames: &[Frame], site: Site) -> Value {
-    let mut out: Vec<Value> = frames
-        .iter()
-        .take(STACK_FRAMES)
-        .map(|f| {
-            let file = frame_file(f);
-            let at = if f.line > 0 {
-                format!("{file}:{}", f.line)
-            } else {
-                file
-            };
-            json!([frame_name(f), at, f.python])
-        })
-        .collect();
-    if frames.len() > STACK_FRAMES {
-        out.push(json!([
-            format!("... {} more frames", frames.len() - STACK_FRAMES),
-            "",
-            false
-        ]));
+    let mut out: Vec<Value> = Vec::new();
+    let mut left_out = 0;
+    for (i, f) in frames.iter().enumerate() {
+        if i >= STACK_FRAMES && !(f.python && out.len() < 2 * STACK_FRAMES) {
+            left_out += 1;
+            continue;
+        }
+        let file = frame_file(f);
+        let at = if f.line > 0 {
+            format!("{file}:{}", f.line)
+        } else {
+            file
+        };
+        out.push(json!([frame_name(f), at, f.python]));
+    }
+    if left_out > 0 {
+        out.push(json!([format!("... {left_out} more frames"), "", false]));
     }
     if site.is_none() {
         out.push(json!(["(no stack recorded)", "", false]));
@@ -498,77 +779,79 @@ fn stack_json(frames: &[Frame], site: Site) -> Value {
     json!(out)
 }
 
-/// A site's label: the first frame with a function name that is the user's (Python first).
-fn label_of(stack: &Value) -> String {
-    let frames = stack.as_array().cloned().unwrap_or_default();
-    let named = |f: &&Value| {
-        let n = f[0].as_str().unwrap_or("");
-        !n.is_empty() && !n.starts_with("0x") && !n.contains('+')
-    };
-    frames
-        .iter()
-        .find(|f| f[2].as_bool() == Some(true))
-        .or_else(|| {
-            frames.iter().filter(named).find(|f| {
-                let n = f[0].as_str().unwrap_or("");
-                !n.starts_with("cuda") && !n.starts_with("cu") && !n.starts_with("oomtrace")
-            })
-        })
-        .or_else(|| frames.iter().find(named))
-        .or(frames.first())
-        .map(|f| f[0].as_str().unwrap_or("?").to_string())
-        .unwrap_or_else(|| "?".into())
+fn memory_name(tensors: bool, m: Memory) -> &'static str {
+    match (tensors, m) {
+        (_, Memory::Tensor) => "tensor",
+        (true, Memory::Device) => "outside",
+        (false, Memory::Device) => "device",
+    }
 }
 
 fn device_json(
     d: i16,
     s: &Series,
-    p: ProcessView<'_>,
+    st: &ProcState,
     secs: &dyn Fn(u64) -> f64,
-    stack_of: &mut dyn FnMut(Site) -> Value,
+    sites: &mut Sites<'_>,
 ) -> Value {
-    // Chart layers: the sites with the most bytes at any point, at the peak or at the end.
-    let mut score: HashMap<Site, u64> = HashMap::new();
-    let mut bump = |site: Site, b: u64| {
-        let e = score.entry(site).or_default();
+    let p = sites.p;
+    let tensors = s.has_tensors();
+    let shown = |k: &Key| st.shown(tensors, *k);
+    // Chart layers: the keys with the most bytes at any point, at the peak or at the end.
+    let mut score: HashMap<Key, u64> = HashMap::new();
+    let mut bump = |k: Key, b: u64| {
+        let e = score.entry(k).or_default();
         *e = (*e).max(b);
     };
     for pt in &s.down.points {
-        for &(site, b) in &pt.sites {
-            bump(site, b);
+        for &(k, b) in &pt.sites {
+            bump(k, b);
         }
     }
-    for (&site, &b) in s.peak_snap.bytes.iter().chain(s.live.iter()) {
-        bump(site, b);
+    for (&k, &b) in s.peak_snap.bytes.iter().chain(s.live.iter()) {
+        bump(k, b);
     }
-    let mut ranked: Vec<(Site, u64)> = score.into_iter().collect();
+    let mut ranked: Vec<(Key, u64)> = score.into_iter().filter(|(k, _)| shown(k)).collect();
     ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let layers: Vec<Site> = ranked.iter().take(TOP_SITES).map(|x| x.0).collect();
-    let layer_index: HashMap<Site, usize> =
-        layers.iter().enumerate().map(|(i, &s)| (s, i)).collect();
+    let mut layers: Vec<Key> = ranked.iter().take(TOP_SITES).map(|x| x.0).collect();
+    // Tensors first: they stack from zero, the memory outside PyTorch above its reserve.
+    layers.sort_by_key(|k| k.0 != Memory::Tensor);
+    let layer_index: HashMap<Key, usize> =
+        layers.iter().enumerate().map(|(i, &k)| (k, i)).collect();
     let points: Vec<Value> = s
         .down
         .points
         .iter()
         .map(|pt| {
             let mut v = vec![0u64; layers.len()];
-            for &(site, b) in &pt.sites {
-                if let Some(&i) = layer_index.get(&site) {
+            for &(k, b) in &pt.sites {
+                if let Some(&i) = layer_index.get(&k) {
                     v[i] = b;
                 }
             }
-            json!([secs(pt.t_ns), pt.total, v])
+            if tensors {
+                json!([
+                    secs(pt.t_ns),
+                    pt.level.total,
+                    v,
+                    pt.level.tensors,
+                    pt.level.reserve
+                ])
+            } else {
+                json!([secs(pt.t_ns), pt.level.total, v])
+            }
         })
         .collect();
 
-    // The site table: every site that held or allocated anything, largest first.
-    let mut rows: Vec<(Site, u64, u64, SiteCounts)> = s
+    // The site table: every key shown that held or allocated anything, largest first.
+    let mut rows: Vec<(Key, u64, u64, SiteCounts)> = s
         .counts
         .iter()
-        .map(|(&site, &c)| {
-            let peak = s.peak_snap.bytes.get(&site).copied().unwrap_or(0);
-            let end = s.live.get(&site).copied().unwrap_or(0);
-            (site, peak, end, c)
+        .filter(|(k, _)| shown(k))
+        .map(|(&k, &c)| {
+            let peak = s.peak_snap.bytes.get(&k).copied().unwrap_or(0);
+            let end = s.live.get(&k).copied().unwrap_or(0);
+            (k, peak, end, c)
         })
         .collect();
     rows.sort_by(|a, b| {
@@ -578,63 +861,107 @@ fn device_json(
     });
     let total_rows = rows.len();
     rows.truncate(TABLE_SITES);
+    // One label per key of the page (rows and layers), unique within the device.
+    let mut named: Vec<Key> = rows.iter().map(|r| r.0).collect();
+    named.extend(layers.iter().filter(|k| !rows.iter().any(|r| r.0 == **k)));
+    let infos: Vec<(u32, String, Vec<String>)> = named
+        .iter()
+        .map(|k| {
+            let i = sites.get(k.1);
+            (k.1.number(), i.label.clone(), i.details.clone())
+        })
+        .collect();
+    let labels: HashMap<Key, String> = named.iter().copied().zip(distinct(&infos)).collect();
     let steps = s.marks;
     let first = s.first_mark.as_ref();
-    let sites: Vec<Value> = rows
+    let site_rows: Vec<Value> = rows
         .iter()
-        .map(|&(site, peak, end, c)| {
-            let stack = stack_of(site);
+        .map(|&(k, peak, end, c)| {
+            let info = sites.get(k.1);
             let growth = match first {
                 Some(first) if steps >= 2 => {
-                    let a = first.get(&site).copied().unwrap_or(0) as f64;
-                    let b = s.last_mark.bytes.get(&site).copied().unwrap_or(0) as f64;
+                    let a = first.get(&k).copied().unwrap_or(0) as f64;
+                    let b = s.last_mark.bytes.get(&k).copied().unwrap_or(0) as f64;
                     Some((b - a) / (steps - 1) as f64)
                 }
                 _ => None,
             };
             json!({
-                "site": site.number(),
-                "label": label_of(&stack),
+                "site": k.1.number(),
+                "memory": memory_name(tensors, k.0),
+                "label": labels[&k],
                 "peak": peak,
                 "end": end,
                 "allocations": c.allocations,
-                "temporaries": p.site_temporaries(site, d),
+                "temporaries": p.site_temporaries(k.1, d),
                 "growth_per_step": growth,
-                "stack": stack,
+                "stack": info.stack,
             })
         })
         .collect();
     let layer_json: Vec<Value> = layers
         .iter()
-        .map(|&site| json!({"site": site.number(), "label": label_of(&stack_of(site))}))
+        .map(|&k| {
+            json!({"site": k.1.number(), "memory": memory_name(tensors, k.0), "label": labels[&k]})
+        })
         .collect();
-    let mut flames = serde_json::Map::new();
-    flames.insert("peak".into(), flame(&s.peak_snap.bytes, stack_of));
-    if let Some((_, _, held)) = &s.oom {
-        flames.insert("oom".into(), flame(held, stack_of));
+    let held = |m: &HashMap<Key, u64>| -> HashMap<Key, u64> {
+        m.iter()
+            .filter(|(k, _)| shown(k))
+            .map(|(&k, &b)| (k, b))
+            .collect()
+    };
+    let mut moments = vec![("peak", held(&s.peak_snap.bytes))];
+    if let Some((_, _, at_oom)) = &s.oom {
+        moments.push(("oom", held(at_oom)));
     }
-    flames.insert("end".into(), flame(&s.live, stack_of));
+    moments.push(("end", held(&s.live)));
+    let mut flames = serde_json::Map::new();
+    let mut python_flames = serde_json::Map::new();
+    let mut has_python = false;
+    for (name, held) in &moments {
+        let mut native = |k: Key| sites.get(k.1).native_path.clone();
+        flames.insert((*name).into(), flame(held, &mut native));
+        let mut python = |k: Key| {
+            let i = sites.get(k.1);
+            has_python |= i.has_python;
+            i.python_path.clone()
+        };
+        python_flames.insert((*name).into(), flame(held, &mut python));
+    }
     let totals = p.device(d).unwrap_or_default();
     json!({
         "device": d,
         "label": device_label(d),
-        "peak": s.peak,
-        "peak_t": secs(s.peak_t),
-        "end": s.total,
+        "tensors": tensors,
+        "peak": s.max.total,
+        "peak_t": secs(s.total_peak_t),
+        "stacked_peak": s.peak,
+        "stacked_peak_t": secs(s.peak_t),
+        "end": s.level.total,
+        "tensor_peak": s.max.tensors,
+        "tensor_end": s.level.tensors,
+        "reserve_peak": s.max.reserve,
+        "reserve_end": s.level.reserve,
         "free_bytes": totals.last_free,
         "layers": layer_json,
         "points": points,
         "oom": s.oom.as_ref().map(|(t, req, held)| json!({
             "t": secs(*t), "requested": req, "held": held.values().sum::<u64>(),
         })),
-        "sites": sites,
+        "sites": site_rows,
         "site_count": total_rows,
         "flames": flames,
+        "python_flames": python_flames,
+        "has_python": has_python,
     })
 }
 
-/// A flame graph (an icicle, root at the top) of `held`: `{n: name, v: bytes, c: [children]}`.
-fn flame(held: &HashMap<Site, u64>, stack_of: &mut dyn FnMut(Site) -> Value) -> Value {
+/// A flame graph (an icicle, root at the top) of `held`: `{v: bytes, nodes: [[depth, name,
+/// bytes], ...]}`, the nodes in depth-first order (each node's children follow it, one level
+/// deeper, left to right), the root ("all") first; flat, so that a deep native stack is no
+/// deep JSON. `path_of` gives a key's frames, outermost first.
+fn flame(held: &HashMap<Key, u64>, path_of: &mut dyn FnMut(Key) -> Vec<String>) -> Value {
     #[derive(Default)]
     struct Node {
         v: u64,
@@ -644,7 +971,7 @@ fn flame(held: &HashMap<Site, u64>, stack_of: &mut dyn FnMut(Site) -> Value) -> 
     let min = ((total as f64) * FLAME_MIN_SHARE) as u64;
     let mut root = Node::default();
     let mut small = 0u64;
-    for (&site, &b) in held {
+    for (&k, &b) in held {
         if b == 0 {
             continue;
         }
@@ -653,11 +980,8 @@ fn flame(held: &HashMap<Site, u64>, stack_of: &mut dyn FnMut(Site) -> Value) -> 
             small += b;
             continue;
         }
-        let stack = stack_of(site);
         let mut node = &mut root;
-        // Outermost frame first.
-        for f in stack.as_array().into_iter().flatten().rev() {
-            let name = f[0].as_str().unwrap_or("?").to_string();
+        for name in path_of(k) {
             node = node.c.entry(name).or_default();
             node.v += b;
         }
@@ -665,33 +989,42 @@ fn flame(held: &HashMap<Site, u64>, stack_of: &mut dyn FnMut(Site) -> Value) -> 
     if small > 0 {
         root.c.entry("(small sites)".into()).or_default().v += small;
     }
-    fn to_json(name: &str, n: &Node, min: u64) -> Value {
-        let mut kids: Vec<Value> = Vec::new();
+    fn emit(name: &str, n: &Node, depth: usize, min: u64, out: &mut Vec<Value>) {
+        out.push(json!([depth, name, n.v]));
         let mut rest = 0u64;
         for (k, c) in &n.c {
             if c.v >= min.max(1) {
-                kids.push(to_json(k, c, min));
+                emit(k, c, depth + 1, min, out);
             } else {
                 rest += c.v;
             }
         }
         if rest > 0 {
-            kids.push(json!({"n": "(other)", "v": rest, "c": []}));
+            out.push(json!([depth + 1, "(other)", rest]));
         }
-        json!({"n": name, "v": n.v, "c": kids})
     }
-    to_json("all", &root, min)
+    let mut nodes = Vec::new();
+    emit("all", &root, 0, min, &mut nodes);
+    json!({"v": root.v, "nodes": nodes})
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn snap(pairs: &[(u32, u64)]) -> HashMap<Site, u64> {
-        pairs
-            .iter()
-            .map(|&(s, b)| (Site::from_number(s), b))
-            .collect()
+    fn key(n: u32) -> Key {
+        (Memory::Device, Site::from_number(n))
+    }
+
+    fn snap(pairs: &[(u32, u64)]) -> HashMap<Key, u64> {
+        pairs.iter().map(|&(s, b)| (key(s), b)).collect()
+    }
+
+    fn total(bytes: u64) -> Level {
+        Level {
+            total: bytes,
+            ..Level::default()
+        }
     }
 
     /// A million events give at most two points a bucket, and every bucket's maximum survives
@@ -705,18 +1038,18 @@ mod tests {
         for t in 0..n {
             let base = t % 1000;
             let mut total = base;
-            let site = Site::from_number(1 + (t % 3) as u32);
+            let site = key(1 + (t % 3) as u32);
             if t % 77_777 == 5 {
                 total = 10_000_000 + t;
                 spikes.push(total);
-                live.insert(Site::from_number(9), total);
-                d.touch(Site::from_number(9));
-            } else if live.remove(&Site::from_number(9)).is_some() {
-                d.touch(Site::from_number(9));
+                live.insert(key(9), total);
+                d.touch(key(9));
+            } else if live.remove(&key(9)).is_some() {
+                d.touch(key(9));
             }
             live.insert(site, base);
             d.touch(site);
-            d.push(t, total, &live);
+            d.push(t, super::tests::total(total), &live);
         }
         d.finish(&live);
         assert!(d.points.len() <= 200, "{} points", d.points.len());
@@ -724,9 +1057,9 @@ mod tests {
             let p = d
                 .points
                 .iter()
-                .find(|p| p.total == spike)
+                .find(|p| p.level.total == spike)
                 .expect("a spike was lost");
-            assert_eq!(p.sites[0], (Site::from_number(9), spike));
+            assert_eq!(p.sites[0], (key(9), spike));
         }
         assert!(d.points.windows(2).all(|w| w[0].t_ns <= w[1].t_ns));
         assert_eq!(d.points.last().unwrap().t_ns, n - 1);
@@ -736,30 +1069,31 @@ mod tests {
     fn a_bucket_keeps_its_last_value_after_its_maximum() {
         let mut d = Downsampler::new(0, 99, 1);
         let live = snap(&[(1, 5)]);
-        d.touch(Site::from_number(1));
-        d.push(10, 50, &live);
-        d.push(20, 5, &live);
+        d.touch(key(1));
+        d.push(10, total(50), &live);
+        d.push(20, total(5), &live);
         d.finish(&live);
         assert_eq!(d.points.len(), 2);
-        assert_eq!((d.points[0].t_ns, d.points[0].total), (10, 50));
-        assert_eq!((d.points[1].t_ns, d.points[1].total), (20, 5));
+        assert_eq!((d.points[0].t_ns, d.points[0].level.total), (10, 50));
+        assert_eq!((d.points[1].t_ns, d.points[1].level.total), (20, 5));
     }
 
     #[test]
     fn flame_merges_small_sites_and_keeps_totals() {
         let held = snap(&[(1, 1000), (2, 1)]);
-        let mut stack_of = |s: Site| {
-            json!([
-                [format!("leaf{}", s.number()), "", false],
-                ["main", "", false]
-            ])
-        };
-        let f = flame(&held, &mut stack_of);
+        let mut path_of = |k: Key| vec!["main".to_string(), format!("leaf{}", k.1.number())];
+        let f = flame(&held, &mut path_of);
         assert_eq!(f["v"], 1001);
-        assert_eq!(f["c"][0]["n"], "main");
-        assert_eq!(f["c"][0]["c"][0]["n"], "leaf1");
-        // The small site is merged (into "(other)", being below the share itself).
-        assert_eq!(f["c"][1]["n"], "(other)");
-        assert_eq!(f["c"][1]["v"], 1);
+        // Depth-first: the root, its children and theirs, each one level deeper. The small
+        // site is merged (into "(other)", being below the share itself).
+        assert_eq!(
+            f["nodes"],
+            json!([
+                [0, "all", 1001],
+                [1, "main", 1000],
+                [2, "leaf1", 1000],
+                [1, "(other)", 1]
+            ])
+        );
     }
 }

@@ -52,7 +52,10 @@
     }).join("") + "</ol>";
   }
 
+  // A finding's name: the page's label of its culprit (`file:line function`, see
+  // cli/src/view/label.rs), else its first named frame.
   function culpritName(f) {
+    if (f.culprit_label) return f.culprit_label;
     if (f.culprit && f.culprit.function) return f.culprit.function;
     var s = (f.stack || []).map(frameOf).filter(function (x) { return x[0] && x[0] !== "??"; });
     return s.length ? s[0][0] : "";
@@ -102,76 +105,160 @@
     root.appendChild(sec);
   }
 
+  // Labels on a line of text, thinned so that none overlaps the one before it: `items` are
+  // [x, text] in ascending x, centred; returns those kept. Widths are estimated (11px font).
+  function thinLabels(items, charPx, gapPx) {
+    var kept = [], right = -Infinity;
+    items.forEach(function (it) {
+      var w = String(it[1]).length * charPx;
+      if (it[0] - w / 2 >= right + gapPx) {
+        kept.push(it);
+        right = it[0] + w / 2;
+      }
+    });
+    return kept;
+  }
+
+  // Stacked areas over a step plot: `vals[j]` of each layer on top of `below[j]`; returns the
+  // new top. `x`, `y` map time and bytes; the last value holds until `tend`.
+  function stackPath(pts, below, vals, x, y, tend) {
+    var top = vals.map(function (v, j) { return below[j] + v; });
+    var d = "M" + x(pts[0][0]).toFixed(1) + "," + y(below[0]).toFixed(1);
+    pts.forEach(function (p, j) {
+      if (j > 0) d += "L" + x(p[0]).toFixed(1) + "," + y(top[j - 1]).toFixed(1);
+      d += "L" + x(p[0]).toFixed(1) + "," + y(top[j]).toFixed(1);
+    });
+    var last = pts.length - 1;
+    d += "L" + x(tend).toFixed(1) + "," + y(top[last]).toFixed(1) + "L" + x(tend).toFixed(1) + "," + y(below[last]).toFixed(1);
+    for (var j = last; j >= 0; j--) {
+      d += "L" + x(pts[j][0]).toFixed(1) + "," + y(below[j]).toFixed(1);
+      if (j > 0) d += "L" + x(pts[j][0]).toFixed(1) + "," + y(below[j - 1]).toFixed(1);
+    }
+    return { d: d + "Z", top: top };
+  }
+
+  // A step line through `vals` (one per point).
+  function stepLine(pts, vals, x, y, tend) {
+    return "M" + pts.map(function (p, j) {
+      var at = x(p[0]).toFixed(1);
+      return (j > 0 ? at + "," + y(vals[j - 1]).toFixed(1) + "L" : "") + at + "," + y(vals[j]).toFixed(1);
+    }).join("L") + "L" + x(tend).toFixed(1) + "," + y(vals[vals.length - 1]).toFixed(1);
+  }
+
+  function sum(a) { return a.reduce(function (s, v) { return s + v; }, 0); }
+
+  // Memory over time. Without tensors: device memory stacked by call site under its total.
+  // With PyTorch's tensors (`dev.tensors`; points are [t, device total, [layer bytes], tensors,
+  // reserve]): the tensors stacked by call site from zero, PyTorch's reserve (its segments) as
+  // a line above them (the gap is what its cache holds), and device memory outside its
+  // allocator stacked by call site above the reserve line, up to the device's total.
   function renderChart(D, proc, dev, root) {
     var W = 1160, H = 300, L = 70, R = 40, T = 10, B = 28;
+    var tensors = !!dev.tensors;
+    var layers = dev.layers || [];
+    // The axis starts at the first allocation: before it, nothing was held.
+    var t0 = Math.max(0, proc.axis_start_s || 0);
+    var zero = layers.map(function () { return 0; });
     // A point's value holds until the next one (a step plot); the series starts at 0.
-    var pts = [[0, 0, (dev.layers || []).map(function () { return 0; })]].concat(dev.points || []);
-    var tmax = Math.max(proc.duration_s || 0, pts.length ? pts[pts.length - 1][0] : 0, 1e-9);
+    var pts = [[t0, 0, zero, 0, 0]].concat((dev.points || []).map(function (p) {
+      return [Math.max(p[0], t0), p[1], p[2], p[3] || 0, p[4] || 0];
+    }));
+    var tmax = Math.max(proc.duration_s || 0, pts[pts.length - 1][0], t0 + 1e-9);
     var marks = [];
     findingsFor(D, proc.pid, dev.device).forEach(function (f) {
       marks = marks.concat(findingMarks(f, proc.analysis_t0_s || 0));
     });
     marks.forEach(function (m) { tmax = Math.max(tmax, m[0]); });
     var ymax = Math.max(dev.peak || 0, 1);
-    pts.forEach(function (p) { ymax = Math.max(ymax, p[1]); });
-    var x = function (t) { return L + (W - L - R) * t / tmax; };
+    pts.forEach(function (p) { ymax = Math.max(ymax, p[1], p[3] + Math.max(0, p[1] - p[4]), p[4]); });
+    var x = function (t) { return L + (W - L - R) * (Math.max(t, t0) - t0) / (tmax - t0); };
     var y = function (b) { return T + (H - T - B) * (1 - b / ymax); };
     var svg = [];
-    svg.push("<svg width=\"" + W + "\" height=\"" + H + "\" viewBox=\"0 0 " + W + " " + H + "\" role=\"img\">");
+    svg.push("<svg width=\"" + W + "\" height=\"" + H + "\" viewBox=\"0 0 " + W + " " + H + "\" role=\"img\" data-axis-start=\"" + t0 + "\">");
     for (var g = 0; g <= 4; g++) {
       var gy = y(ymax * g / 4);
       svg.push("<line x1=\"" + L + "\" x2=\"" + (W - R) + "\" y1=\"" + gy + "\" y2=\"" + gy + "\" stroke=\"#e6e6e6\"/>");
       svg.push("<text x=\"" + (L - 6) + "\" y=\"" + (gy + 4) + "\" font-size=\"11\" text-anchor=\"end\">" + esc(bytes(ymax * g / 4)) + "</text>");
     }
     for (var k = 0; k <= 5; k++) {
-      var gx = x(tmax * k / 5);
-      svg.push("<text x=\"" + gx + "\" y=\"" + (H - 8) + "\" font-size=\"11\" text-anchor=\"middle\">" + esc(secs(tmax * k / 5)) + "</text>");
+      var tk = t0 + (tmax - t0) * k / 5;
+      svg.push("<text class=\"tick\" x=\"" + x(tk) + "\" y=\"" + (H - 8) + "\" font-size=\"11\" text-anchor=\"middle\">" + esc(secs(tk)) + "</text>");
     }
-    var layers = dev.layers || [];
-    if (pts.length) {
-      // Stacked areas: each layer from the cumulative sum below it; "other" on top.
+    var colorOf = function (i) { return COLORS[i % COLORS.length]; };
+    var area = function (d, fill, name, cls) {
+      svg.push("<path class=\"" + cls + "\" d=\"" + d + "\" fill=\"" + fill + "\" fill-opacity=\"0.85\"><title>" + esc(name) + "</title></path>");
+    };
+    var layerVals = function (i) { return pts.map(function (p) { return p[2][i] || 0; }); };
+    var idx = function (memory) {
+      return layers.map(function (l, i) { return l.memory === memory ? i : -1; }).filter(function (i) { return i >= 0; });
+    };
+    if (tensors) {
+      var inT = idx("tensor"), outT = idx("outside");
       var below = pts.map(function () { return 0; });
-      var series = layers.map(function (l, i) { return pts.map(function (p) { return p[2][i] || 0; }); });
-      series.push(pts.map(function (p) {
-        var s = p[2].reduce(function (a, b) { return a + b; }, 0);
-        return Math.max(0, p[1] - s);
-      }));
-      series.forEach(function (vals, i) {
-        var top = vals.map(function (v, j) { return below[j] + v; });
-        var d = "M" + x(pts[0][0]).toFixed(1) + "," + y(below[0]).toFixed(1);
-        pts.forEach(function (p, j) {
-          if (j > 0) d += "L" + x(p[0]).toFixed(1) + "," + y(top[j - 1]).toFixed(1);
-          d += "L" + x(p[0]).toFixed(1) + "," + y(top[j]).toFixed(1);
-        });
-        var last = pts.length - 1;
-        d += "L" + x(tmax).toFixed(1) + "," + y(top[last]).toFixed(1) + "L" + x(tmax).toFixed(1) + "," + y(below[last]).toFixed(1);
-        for (var j = last; j >= 0; j--) {
-          d += "L" + x(pts[j][0]).toFixed(1) + "," + y(below[j]).toFixed(1);
-          if (j > 0) d += "L" + x(pts[j][0]).toFixed(1) + "," + y(below[j - 1]).toFixed(1);
-        }
-        var name = i < layers.length ? layers[i].label : "other sites";
-        svg.push("<path d=\"" + d + "Z\" fill=\"" + (i < layers.length ? COLORS[i % COLORS.length] : OTHER) +
-          "\" fill-opacity=\"0.85\"><title>" + esc(name) + "</title></path>");
-        below = top;
+      inT.forEach(function (i) {
+        var a = stackPath(pts, below, layerVals(i), x, y, tmax);
+        area(a.d, colorOf(i), layers[i].label, "layer tensor");
+        below = a.top;
       });
-      var line = "M" + pts.map(function (p, j) {
-        var at = x(p[0]).toFixed(1);
-        return (j > 0 ? at + "," + y(pts[j - 1][1]).toFixed(1) + "L" : "") + at + "," + y(p[1]).toFixed(1);
-      }).join("L") + "L" + x(tmax).toFixed(1) + "," + y(pts[pts.length - 1][1]).toFixed(1);
-      svg.push("<path d=\"" + line + "\" fill=\"none\" stroke=\"#222\" stroke-width=\"1\"/>");
+      var rest = stackPath(pts, below, pts.map(function (p) {
+        return Math.max(0, p[3] - sum(inT.map(function (i) { return p[2][i] || 0; })));
+      }), x, y, tmax);
+      area(rest.d, OTHER, "other tensors", "layer tensor");
+      // Memory outside PyTorch's allocator, above its reserve.
+      below = pts.map(function (p) { return p[4]; });
+      outT.forEach(function (i) {
+        var a = stackPath(pts, below, layerVals(i), x, y, tmax);
+        area(a.d, colorOf(i), layers[i].label + " (outside PyTorch's allocator)", "layer outside");
+        below = a.top;
+      });
+      var restOut = stackPath(pts, below, pts.map(function (p) {
+        return Math.max(0, (p[1] - p[4]) - sum(outT.map(function (i) { return p[2][i] || 0; })));
+      }), x, y, tmax);
+      svg.push("<path class=\"layer outside\" d=\"" + restOut.d + "\" fill=\"" + OTHER + "\" fill-opacity=\"0.45\"><title>other memory outside PyTorch's allocator</title></path>");
+      svg.push("<path class=\"reserve\" d=\"" + stepLine(pts, pts.map(function (p) { return p[4]; }), x, y, tmax) +
+        "\" fill=\"none\" stroke=\"#b00020\" stroke-width=\"2\"><title>PyTorch's reserve (its segments): the gap above the tensors is its cache</title></path>");
+    } else {
+      var under = pts.map(function () { return 0; });
+      layers.forEach(function (l, i) {
+        var a = stackPath(pts, under, layerVals(i), x, y, tmax);
+        area(a.d, colorOf(i), l.label, "layer device");
+        under = a.top;
+      });
+      var others = stackPath(pts, under, pts.map(function (p) { return Math.max(0, p[1] - sum(p[2])); }), x, y, tmax);
+      area(others.d, OTHER, "other sites", "layer device");
     }
-    (proc.markers || []).forEach(function (m) {
+    svg.push("<path class=\"total\" d=\"" + stepLine(pts, pts.map(function (p) { return p[1]; }), x, y, tmax) +
+      "\" fill=\"none\" stroke=\"#222\" stroke-width=\"1\"" + (tensors ? " stroke-dasharray=\"3,3\"" : "") + "/>");
+    var steps = (proc.markers || []).filter(function (m) { return m.t >= t0; });
+    steps.forEach(function (m) {
       svg.push("<line class=\"step\" x1=\"" + x(m.t) + "\" x2=\"" + x(m.t) + "\" y1=\"" + T + "\" y2=\"" + (H - B) +
-        "\" stroke=\"#999\" stroke-opacity=\"0.35\"><title>step " + esc(m.label) + " at " + esc(secs(m.t)) + "</title></line>");
+        "\" stroke=\"#999\" stroke-opacity=\"0.35\"><title>step " + esc(m.step) + (m.label ? " (" + esc(m.label) + ")" : "") + " at " + esc(secs(m.t)) + "</title></line>");
     });
-    marks.forEach(function (m, i) {
+    // Step numbers along the bottom of the plot, thinned so that none overlaps another.
+    thinLabels(steps.map(function (m) { return [x(m.t), m.step]; }), 6.5, 6).forEach(function (it) {
+      svg.push("<text class=\"step-label\" x=\"" + it[0].toFixed(1) + "\" y=\"" + (H - B - 4) + "\" font-size=\"10\" fill=\"#666\" text-anchor=\"middle\">" + esc(it[1]) + "</text>");
+    });
+    // Finding labels on rows, each on the first row where it overlaps nothing (else only the
+    // line and its tooltip).
+    var rows = [];
+    marks.sort(function (a, b) { return a[0] - b[0]; }).forEach(function (m) {
       var mx = x(m[0]);
       svg.push("<line class=\"finding\" x1=\"" + mx + "\" x2=\"" + mx + "\" y1=\"" + T + "\" y2=\"" + (H - B) + "\" stroke=\"" + m[2] +
         "\" stroke-width=\"2\"" + (m[3] ? " stroke-dasharray=\"5,4\"" : "") + "><title>" + esc(m[1]) + " at " + esc(secs(m[0])) + "</title></line>");
       // Labels near the right edge go to the left of their line.
       var right = mx > W * 0.75;
-      svg.push("<text x=\"" + (right ? mx - 4 : mx + 4) + "\" y=\"" + (T + 12 + 13 * (i % 4)) + "\" font-size=\"11\" text-anchor=\"" +
-        (right ? "end" : "start") + "\" fill=\"" + m[2] + "\">" + esc(m[1]) + "</text>");
+      var w = String(m[1]).length * 6.2;
+      var span = right ? [mx - 4 - w, mx - 4] : [mx + 4, mx + 4 + w];
+      for (var r = 0; r < 6; r++) {
+        rows[r] = rows[r] || [];
+        var free = rows[r].every(function (o) { return span[1] + 4 < o[0] || span[0] > o[1] + 4; });
+        if (free) {
+          rows[r].push(span);
+          svg.push("<text class=\"finding-label\" x=\"" + (right ? mx - 4 : mx + 4) + "\" y=\"" + (T + 12 + 13 * r) + "\" font-size=\"11\" text-anchor=\"" +
+            (right ? "end" : "start") + "\" fill=\"" + m[2] + "\">" + esc(m[1]) + "</text>");
+          break;
+        }
+      }
     });
     svg.push("</svg>");
     var box = el("div", "chart");
@@ -181,20 +268,28 @@
     var svgEl = box.querySelector("svg");
     svgEl.addEventListener("mousemove", function (e) {
       var r = svgEl.getBoundingClientRect();
-      var t = (e.clientX - r.left - L) / (W - L - R) * tmax;
+      var t = t0 + (e.clientX - r.left - L) / (W - L - R) * (tmax - t0);
       var best = pts[0];
       pts.forEach(function (p) { if (Math.abs(p[0] - t) < Math.abs(best[0] - t)) best = p; });
       var parts = layers.map(function (l, i) { return [l.label, best[2][i] || 0]; })
         .filter(function (x) { return x[1] > 0; })
         .sort(function (a, b) { return b[1] - a[1]; }).slice(0, 4)
         .map(function (x) { return esc(x[0]) + " " + esc(bytes(x[1])); });
-      readout.innerHTML = esc(secs(best[0])) + ": <b>" + esc(bytes(best[1])) + "</b> live" + (parts.length ? " — " + parts.join(", ") : "");
+      var levels = tensors ?
+        "tensors <b>" + esc(bytes(best[3])) + "</b>, PyTorch's reserve <b>" + esc(bytes(best[4])) + "</b>, device <b>" + esc(bytes(best[1])) + "</b>" :
+        "<b>" + esc(bytes(best[1])) + "</b> live";
+      readout.innerHTML = esc(secs(best[0])) + ": " + levels + (parts.length ? " — " + parts.join(", ") : "");
     });
     svgEl.addEventListener("mouseleave", function () { readout.textContent = ""; });
     var legend = el("div", "legend");
     legend.innerHTML = layers.map(function (l, i) {
-      return "<span><i style=\"background:" + COLORS[i % COLORS.length] + "\"></i><span class=\"site-label\">" + esc(l.label) + "</span></span>";
-    }).join("") + "<span><i style=\"background:" + OTHER + "\"></i>other sites</span>" +
+      return "<span><i style=\"background:" + colorOf(i) + "\"></i><span class=\"site-label\">" + esc(l.label) + "</span>" +
+        (l.memory === "outside" ? " <span class=\"muted\">(outside PyTorch's allocator)</span>" : "") + "</span>";
+    }).join("") + (tensors ?
+      "<span><i style=\"background:" + OTHER + "\"></i>other tensors</span>" +
+      "<span><i class=\"line\" style=\"background:#b00020\"></i>PyTorch's reserve (the gap above the tensors is its cache)</span>" +
+      "<span><i class=\"line dashed\"></i>device total</span>" :
+      "<span><i style=\"background:" + OTHER + "\"></i>other sites</span>") +
       "<span><i style=\"background:#999\"></i>steps (" + esc(proc.marker_count || 0) + ")</span>";
     root.appendChild(box);
     root.appendChild(legend);
@@ -206,7 +301,7 @@
       var p = el("div", "oompanel");
       var rows = (o.top_sites || []).map(function (s) {
         var st = (s.stack || []).map(frameOf);
-        var name = culpritName({ stack: s.stack });
+        var name = s.label || culpritName({ stack: s.stack });
         return "<tr><td>" + esc(bytes(s.bytes)) + "</td><td>" + esc(s.count) + "</td><td><details><summary class=\"site-label\">" +
           esc(name) + "</summary>" + stackHtml(st) + "</details></td></tr>";
       }).join("");
@@ -219,38 +314,56 @@
     });
   }
 
+  // The bytes held at one moment as an icicle. Python frames by default (the stack as the
+  // text report merges it, each interpreter-loop frame replaced by the Python frames it ran,
+  // native frames left out); every frame with "native frames" ticked.
   function renderFlame(dev, root) {
-    var flames = dev.flames || {};
+    var trees = { python: dev.python_flames || {}, native: dev.flames || {} };
     var names = { peak: "at peak", oom: "at the OOM", end: "at the end" };
     var wrap = el("div");
     var pick = el("select");
     Object.keys(names).forEach(function (k) {
-      if (flames[k]) pick.appendChild(new Option(names[k] + " (" + bytes(flames[k].v) + ")", k));
+      if (trees.native[k]) pick.appendChild(new Option(names[k] + " (" + bytes(trees.native[k].v) + ")", k));
     });
     var label = el("label", null, "Bytes held ");
     label.appendChild(pick);
     wrap.appendChild(label);
+    var native = el("input");
+    native.type = "checkbox";
+    native.className = "native-frames";
+    // Without Python frames there is nothing else to show.
+    native.checked = !dev.has_python;
+    native.disabled = !dev.has_python;
+    var toggle = el("label", "muted", " ");
+    toggle.appendChild(native);
+    toggle.appendChild(document.createTextNode(" native frames"));
+    wrap.appendChild(toggle);
     var box = el("div", "flame");
     wrap.appendChild(box);
     function draw() {
-      var tree = flames[pick.value];
+      var tree = (native.checked ? trees.native : trees.python)[pick.value];
       box.innerHTML = "";
+      box.setAttribute("data-frames", native.checked ? "native" : "python");
       if (!tree || !tree.v) { box.style.height = "20px"; box.textContent = "nothing held"; return; }
-      var depth = 0, html = [];
-      (function walk(n, d, off) {
-        depth = Math.max(depth, d);
-        var w = n.v / tree.v * 100;
+      // Nodes are [depth, name, bytes], depth first: a node's children start at its left edge.
+      var depth = 0, html = [], left = [0];
+      (tree.nodes || []).forEach(function (node) {
+        var d = node[0], name = String(node[1]), v = node[2];
+        var off = left[d] || 0;
+        left[d] = off + v;
+        left[d + 1] = off;
+        var w = v / tree.v * 100;
         if (w < 0.05) return;
-        var hue = (n.n.length * 37 + d * 11) % 60;
+        depth = Math.max(depth, d);
+        var hue = (name.length * 37 + d * 11) % 60;
         html.push("<div style=\"left:" + (off / tree.v * 100) + "%;width:" + w + "%;top:" + d * 17 + "px;background:hsl(" + (20 + hue) +
-          ",85%," + (62 + (d % 3) * 5) + "%)\" title=\"" + esc(n.n + " — " + bytes(n.v) + " (" + (n.v / tree.v * 100).toFixed(1) + "%)") + "\">" + esc(n.n) + "</div>");
-        var o = off;
-        (n.c || []).forEach(function (c) { walk(c, d + 1, o); o += c.v; });
-      })(tree, 0, 0);
+          ",85%," + (62 + (d % 3) * 5) + "%)\" title=\"" + esc(name + " — " + bytes(v) + " (" + (v / tree.v * 100).toFixed(1) + "%)") + "\">" + esc(name) + "</div>");
+      });
       box.style.height = (depth + 1) * 17 + 2 + "px";
       box.innerHTML = html.join("");
     }
     pick.addEventListener("change", draw);
+    native.addEventListener("change", draw);
     draw();
     root.appendChild(wrap);
   }
@@ -258,6 +371,13 @@
   function renderTable(dev, root) {
     var cols = [["label", "call site"], ["peak", "held at peak"], ["end", "held at end"],
       ["allocations", "allocations"], ["temporaries", "temporaries"], ["growth_per_step", "growth / step"]];
+    if (dev.tensors) {
+      // Tensors, and device memory outside PyTorch's allocator (its segments are the reserve).
+      cols.splice(1, 0, ["memory", "memory"]);
+      root.appendChild(el("p", "muted", "Tensors peaked at " + esc(bytes(dev.tensor_peak)) + " (" + esc(bytes(dev.tensor_end)) +
+        " at the end); PyTorch's reserve (its segments, not listed) at " + esc(bytes(dev.reserve_peak)) + " (" +
+        esc(bytes(dev.reserve_end)) + " at the end)."));
+    }
     var rows = (dev.sites || []).slice();
     var table = el("table", "sites");
     var head = el("tr");
@@ -270,6 +390,7 @@
       var v = r[k];
       if (k === "peak" || k === "end") return esc(bytes(v));
       if (k === "growth_per_step") return v == null ? "" : esc((v >= 0 ? "+" : "-") + bytes(Math.abs(v)));
+      if (k === "memory") return v === "outside" ? "outside PyTorch's allocator" : esc(v);
       return esc(v);
     }
     function draw() {
@@ -322,8 +443,11 @@
         sec.appendChild(el("h2", null, esc(proc.name) + " (pid " + esc(proc.pid) +
           (proc.rank === null || proc.rank === undefined ? "" : ", rank " + esc(proc.rank) +
             (proc.world_size ? "/" + esc(proc.world_size) : "")) + ") — " + esc(dev.label) +
-          " <span class=\"muted\">peak " + esc(bytes(dev.peak)) + " at " + esc(secs(dev.peak_t)) + ", " + esc(bytes(dev.end)) + " at the end</span>"));
-        sec.appendChild(el("h3", null, "Memory over time, by call site"));
+          " <span class=\"muted\">peak " + esc(bytes(dev.peak)) + " at " + esc(secs(dev.peak_t)) + ", " + esc(bytes(dev.end)) + " at the end" +
+          (dev.tensors ? "; tensors peak " + esc(bytes(dev.tensor_peak)) : "") + "</span>"));
+        sec.appendChild(el("h3", null, dev.tensors ?
+          "Memory over time: PyTorch's tensors by call site, its reserve, and memory outside it" :
+          "Memory over time, by call site"));
         renderChart(D, proc, dev, sec);
         renderOom(D, proc, dev, sec);
         sec.appendChild(el("h3", null, "Flame graph of the bytes held"));
