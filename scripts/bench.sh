@@ -39,7 +39,7 @@ PY_NATIVE=$(pybench env OOMTRACE_PYTHON=0 OOMTRACE_LIB=target/release/liboomtrac
 PY_FRAMES=$(pybench env OOMTRACE_LIB=target/release/liboomtrace.so target/release/oomtrace run -o "$WORK/py2.oomt" --)
 echo "$PY_BASE $PY_NATIVE $PY_FRAMES" > "$WORK/python.txt"
 # Real PyTorch (the test tier's venv, scripts/torch-env.sh) on simcuda: per-tensor cost of
-# --torch (the trace tracker), --torch=swap and PyTorch's own _record_memory_history beside
+# the default and --torch (the same trace tracker), --torch=swap and PyTorch's own _record_memory_history beside
 # untraced, in this run. Kernels are
 # no-ops there: host-side cost only. Address-space randomisation off, as in the tests.
 TORCH_PY=$(scripts/torch-env.sh)
@@ -48,7 +48,8 @@ T_BASE=$(torchbench env)
 T_HISTORY=$(torchbench env BENCH_RECORD_HISTORY=1)
 T_TORCH=$(torchbench env OOMTRACE_LIB=target/release/liboomtrace.so target/release/oomtrace run --torch -o "$WORK/torch.oomt" --)
 T_SWAP=$(torchbench env OOMTRACE_LIB=target/release/liboomtrace.so target/release/oomtrace run --torch=swap -o "$WORK/swap.oomt" --)
-echo "$T_BASE $T_HISTORY $T_TORCH $T_SWAP" > "$WORK/torch.txt"
+T_DEFAULT=$(torchbench env OOMTRACE_LIB=target/release/liboomtrace.so target/release/oomtrace run -o "$WORK/default.oomt" --)
+echo "$T_BASE $T_HISTORY $T_TORCH $T_SWAP $T_DEFAULT" > "$WORK/torch.txt"
 EVENTS=$(target/release/oomtrace report --json "$WORK/mem2.oomt" | python3 -c 'import json,sys; print(json.load(sys.stdin)["processes"][0]["events"])')
 
 python3 - "$WORK" "$EVENTS" <<'PY'
@@ -67,9 +68,11 @@ for m in re.finditer(r"^\| (baseline|forward|events|stacks) \| ([\d.]+) \| ([^|]
     target = "<= 1000 ns" if mode == "stacks" else "-"
     rows.append((name + ", per alloc+free pair", delta, f"{base:.1f} ns/pair untraced", f"{ns/base:.2f}x", target))
 py_base, py_native, py_frames = map(float, open(f"{work}/python.txt").read().split())
-t_base, t_history, t_torch, t_swap = map(float, open(f"{work}/torch.txt").read().split())
+t_base, t_history, t_torch, t_swap, t_default = map(float, open(f"{work}/torch.txt").read().split())
 rows.append(("real PyTorch 2.15 on simcuda, per tensor alloc+free: `oomtrace run --torch` (trace tracker; host cost; kernels are no-ops)",
              f"{t_torch:.0f} ns", f"{t_base:.0f} ns untraced", f"{t_torch/t_base:.2f}x", "-"))
+rows.append(("real PyTorch 2.15 on simcuda, per tensor alloc+free: `oomtrace run` (the default: the same tracker)",
+             f"{t_default:.0f} ns", f"{t_base:.0f} ns untraced", f"{t_default/t_base:.2f}x", "<= --torch"))
 rows.append(("real PyTorch 2.15 on simcuda, per tensor alloc+free: `oomtrace run --torch=swap` (pluggable allocator)",
              f"{t_swap:.0f} ns", f"{t_base:.0f} ns untraced", f"{t_swap/t_base:.2f}x", "-"))
 rows.append(("real PyTorch 2.15 on simcuda, per tensor alloc+free: `_record_memory_history` (PyTorch's own)",

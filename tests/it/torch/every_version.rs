@@ -189,13 +189,62 @@ fn tracker_attaches_once() {
 // ---- Tensors by default ---------------------------------------------------------------------
 
 /// `oomtrace run` with no flag: the tracker attaches by itself, every tensor is seen, and the
-/// leak is named at its line with the 4 MiB it keeps per step.
+/// leak is named at its line with the 4 MiB it keeps per step: in the findings, in the text
+/// report's first lines, and in `oomtrace view`'s legend and call-site rows (labels of the
+/// user's lines, never PyTorch's C++ names).
 #[test]
-fn default_run_names_the_leaking_line() {
+fn default_run_names_the_leaking_line_in_report_and_view() {
     let r = run_torch("leak_activations.py", Mode::Run, &[]);
     assert_ran(&r, 0);
     assert_done(&r);
     check_activation_leak(&r, Mode::Run, "leak_activations.py", 10);
+    let leak = "leak_activations.py:10";
+    let head: Vec<&str> = r.text.lines().take(12).collect();
+    assert!(
+        head.iter().any(|l| l.contains(leak)),
+        "the report's first lines do not name {leak}:\n{}",
+        head.join("\n")
+    );
+    // The view's data: the chart's layers and the table's rows are labelled by line.
+    let page = r._dir.join("view.html");
+    let mut view = base_command(oomtrace_bin());
+    view.arg("view")
+        .arg(r._dir.join("trace.oomt"))
+        .arg("-o")
+        .arg(&page);
+    let out = output_within(view, TIMEOUT);
+    assert!(out.status.success(), "{out:?}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    let start = html
+        .find("<script id=\"data\" type=\"application/json\">")
+        .expect("the page has its data");
+    let rest = &html[start..];
+    let data: Value =
+        serde_json::from_str(&rest[rest.find('>').unwrap() + 1..rest.find("</script>").unwrap()])
+            .expect("the page's data is JSON");
+    let cuda0 = data["processes"][0]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == 0)
+        .expect("cuda:0");
+    assert_eq!(cuda0["tensors"], true, "not drawn as tensors");
+    let labels: Vec<&str> = cuda0["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l["label"].as_str())
+        .collect();
+    assert!(
+        labels.iter().any(|l| l.starts_with(&format!("{leak} "))),
+        "{labels:#?}"
+    );
+    assert!(
+        labels
+            .iter()
+            .all(|l| !l.contains("::") && !l.contains("c10")),
+        "{labels:#?}"
+    );
 }
 
 /// Plain `LD_PRELOAD`: the same, from the trace the shim's own collector leaves.
