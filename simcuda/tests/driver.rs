@@ -178,6 +178,18 @@ fn stream_capture_prohibits_unsafe_allocation() {
     scenario("drvtest", "capture", &[]);
 }
 
+/// Thread-block clusters are counted per GPC of the simulated H100 (cuBLASLt 12 learns the GPC
+/// split from these answers and refuses a handle on an impossible one), sizes past 8 need the
+/// kernel's non-portable attribute, and the CUDA 12.5 limits answer (cuBLASLt 12.8 asks
+/// whether the context is CUDA-in-graphics).
+#[test]
+fn cluster_occupancy_and_context_limits() {
+    let r = scenario("drvtest", "occupancy", &[]);
+    assert_eq!(r.u64("clusters_1"), 132);
+    assert_eq!(r.u64("clusters_2"), 66);
+    assert_eq!(r.u64("gpcs"), 8);
+}
+
 #[test]
 fn header_maps_unversioned_names_to_current_abi() {
     let r = scenario("macros", "", &[]);

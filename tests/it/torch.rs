@@ -45,16 +45,52 @@ fn repo() -> PathBuf {
         .to_path_buf()
 }
 
-/// The venv's interpreter, from `scripts/torch-env.sh` (which installs the wheel if missing).
+/// The torch release the tier runs with when `TORCH_TIER_VERSION` is unset: the one
+/// `scripts/torch-env.sh` pins (its `PINNED_VERSION=` line, read from the script so that the
+/// two cannot disagree).
+pub(crate) fn pinned_torch() -> &'static str {
+    static PINNED: OnceLock<String> = OnceLock::new();
+    PINNED.get_or_init(|| {
+        let path = repo().join("scripts/torch-env.sh");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        text.lines()
+            .find_map(|l| l.strip_prefix("PINNED_VERSION="))
+            .unwrap_or_else(|| panic!("no PINNED_VERSION= line in {}", path.display()))
+            .trim()
+            .to_string()
+    })
+}
+
+/// The torch release under test: `TORCH_TIER_VERSION` (a test-only variable, set by
+/// `scripts/torch-tier.sh VERSION`), or the pinned one when it is unset or empty.
+pub(crate) fn torch_version() -> String {
+    match std::env::var("TORCH_TIER_VERSION") {
+        Ok(v) if !v.trim().is_empty() => v.trim().to_string(),
+        _ => pinned_torch().to_string(),
+    }
+}
+
+/// Whether the tier runs on the pinned release: tests that only make sense there (its own
+/// headers, its exact symbols) say so with this.
+#[allow(dead_code)] // for the tests that only make sense on the pinned release
+pub(crate) fn pinned() -> bool {
+    torch_version() == pinned_torch()
+}
+
+/// The interpreter of the venv with the torch release under test ([`torch_version`]), from
+/// `scripts/torch-env.sh VERSION` (which installs the wheel if missing: never skipped).
 pub(crate) fn python() -> &'static Path {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
     PYTHON.get_or_init(|| {
+        let version = torch_version();
         let out = Command::new(repo().join("scripts/torch-env.sh"))
+            .arg(&version)
             .output()
             .expect("run scripts/torch-env.sh");
         assert!(
             out.status.success(),
-            "scripts/torch-env.sh failed: the real-PyTorch tier needs it\n{}",
+            "scripts/torch-env.sh {version} failed: the real-PyTorch tier needs it\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
         let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());

@@ -20,6 +20,13 @@
  *                           GEMM; without it cublasCreate fails with
  *                           CUBLAS_STATUS_NOT_SUPPORTED.  Its slots are
  *                           unknown; answering success from each is enough.
+ *   CUBLASLT_PRIVATE        asked for by cuBLASLt (12.8 and 13.x) when a
+ *                           half-precision (bf16/fp16) matmul first looks for
+ *                           an algorithm, as under torch.autocast; it calls
+ *                           slot 4 without checking that the table was served,
+ *                           so a refusal crashes the process on a null table.
+ *                           Slots unknown too: the same success-answering
+ *                           table is enough.
  *
  * Any other UUID is refused with CUDA_ERROR_INVALID_VALUE, as the real driver
  * refuses one it does not know; the runtime tolerates that for the optional
@@ -453,6 +460,10 @@ static void cublas_private_fill(void)
         g_cublas_private[i] = SLOT(quiet_success);
 }
 
+/* 1734DC26-800D-4745-8726-C0F1E7DD8BCA: served with CUBLAS_PRIVATE's slots (see the top). */
+static const sim_uuid k_cublaslt_private_id = {{0x17, 0x34, 0xDC, 0x26, 0x80, 0x0D, 0x47, 0x45,
+                                                0x87, 0x26, 0xC0, 0xF1, 0xE7, 0xDD, 0x8B, 0xCA}};
+
 /* ---- The table of tables ------------------------------------------------------- */
 
 static const struct {
@@ -503,7 +514,10 @@ static CUresult get_export_table(const void **table, const sim_uuid *id)
         }
     }
     static const uint8_t cublas_prefix[4] = {0x21, 0x31, 0x8C, 0x60};
-    if (uuid_is(id, cublas_prefix)) {
+    int cublaslt = memcmp(id->bytes, k_cublaslt_private_id.bytes, 16) == 0;
+    if (cublaslt || uuid_is(id, cublas_prefix)) {
+        if (cublaslt)
+            sim_trace("cuGetExportTable: CUBLASLT_PRIVATE");
         pthread_once(&g_cublas_private_once, cublas_private_fill);
         *table = g_cublas_private;
         return CUDA_SUCCESS;

@@ -31,11 +31,19 @@ static CUresult ctx_ok(void)
 
 /* ---- Limits (CUlimit) ------------------------------------------------------------- */
 
-#define N_LIMITS 7
+#define N_LIMITS 10
+/* The two limits that can only be queried: the shared memory kernels may use, and
+ * whether this is a CUDA-in-graphics (CIG) context. */
+#define LIMIT_SHMEM_SIZE 7
+#define LIMIT_CIG_ENABLED 8
 static pthread_mutex_t g_misc_lock = PTHREAD_MUTEX_INITIALIZER;
 /* stack size, printf FIFO, malloc heap, runtime sync depth, pending launches,
- * L2 fetch granularity, persisting L2 size: a fresh H100 context's values. */
-static size_t g_limits[N_LIMITS] = {1024, 1u << 20, 8u << 20, 2, 2048, 32, 0};
+ * L2 fetch granularity, persisting L2 size: a fresh H100 context's values; then
+ * (CUDA 12.5 on) the shared memory a kernel may use (the opt-in maximum: this is no CIG
+ * context), CIG enabled (no) and CIG shared-memory fallback (on).  cuBLASLt 12.8 asks
+ * whether the context is CIG before its first heuristic query and finds no algorithm
+ * (CUBLAS_STATUS_NOT_SUPPORTED) if the driver refuses the question. */
+static size_t g_limits[N_LIMITS] = {1024, 1u << 20, 8u << 20, 2, 2048, 32, 0, 232448, 0, 1};
 static int g_cache_config;
 
 IMPL CUresult impl_cuCtxGetLimit(size_t *value, int limit)
@@ -60,6 +68,8 @@ IMPL CUresult impl_cuCtxSetLimit(int limit, size_t value)
         return r;
     if (limit < 0 || limit >= N_LIMITS)
         return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    if (limit == LIMIT_SHMEM_SIZE || limit == LIMIT_CIG_ENABLED)
+        return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_misc_lock);
     g_limits[limit] = value;
     pthread_mutex_unlock(&g_misc_lock);

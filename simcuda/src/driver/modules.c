@@ -4,7 +4,7 @@
  * simcuda runs no device code, but real clients (cudart, cuBLAS, PyTorch)
  * load their fatbinaries, look up kernels and globals by name, query and set
  * kernel attributes, ask occupancy questions and launch.  This file answers
- * all of that the way a driver would, with two simplifications:
+ * all of that the way a driver would, with three simplifications:
  *
  *  - A launch validates its stream and does nothing: the memory it would
  *    have written keeps whatever it held.  Host functions queued on a stream
@@ -13,6 +13,10 @@
  *  - Globals are host memory (device memory is host memory in simcuda), made
  *    zeroed on first lookup with the size the image's symbol table gives
  *    (fatbin.c).  cuBLAS checks that size, so it must be the real one.
+ *  - Occupancy is computed from the H100's per-SM limits and one fixed GPC
+ *    split (see k_gpc_sms), not from the kernel's registers; clusters are
+ *    answered up to the largest GPC (18 blocks) where the hardware launches
+ *    at most 16.
  *
  * A library (cuLibrary*) and its module (cuModule*) are the same object here,
  * and a kernel (CUkernel) is also its own function (CUfunction), as
@@ -58,6 +62,7 @@ struct sim_kernel {
     struct sim_module *unit;
     char *name;
     int max_dynamic_shared, carveout;
+    int non_portable_clusters; /* CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED */
     struct sim_kernel *next;
 };
 
@@ -458,7 +463,7 @@ static CUresult function_attribute(int *pi, int attr, sim_kernel_t k)
     case FA_REQUIRED_CLUSTER_WIDTH:
     case FA_REQUIRED_CLUSTER_HEIGHT:
     case FA_REQUIRED_CLUSTER_DEPTH: *pi = 0; break;
-    case FA_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: *pi = 0; break;
+    case FA_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: *pi = k->non_portable_clusters; break;
     case FA_CLUSTER_SCHEDULING_POLICY_PREFERENCE: *pi = 0; break;
     default:
         sim_trace("function attribute %d: unknown", attr);
@@ -483,10 +488,14 @@ static CUresult function_set_attribute(sim_kernel_t k, int attr, int value)
             return CUDA_ERROR_INVALID_VALUE;
         k->carveout = value;
         return CUDA_SUCCESS;
+    case FA_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+        if (value != 0 && value != 1)
+            return CUDA_ERROR_INVALID_VALUE;
+        k->non_portable_clusters = value;
+        return CUDA_SUCCESS;
     case FA_REQUIRED_CLUSTER_WIDTH:
     case FA_REQUIRED_CLUSTER_HEIGHT:
     case FA_REQUIRED_CLUSTER_DEPTH:
-    case FA_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
     case FA_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
         return CUDA_SUCCESS;
     default:
@@ -773,24 +782,75 @@ IMPL CUresult impl_cuOccupancyAvailableDynamicSMemPerBlock(size_t *shared, sim_k
     return CUDA_SUCCESS;
 }
 
-IMPL CUresult impl_cuOccupancyMaxActiveClusters(int *n, sim_kernel_t fn, const void *config)
+/* CUlaunchAttribute, as in cuda.h: an id, then a 64-byte value union at offset 8. */
+struct launch_attr {
+    unsigned id;
+    unsigned pad;
+    union {
+        unsigned char bytes[64];
+        struct {
+            unsigned x, y, z;
+        } cluster_dim;
+    } value;
+};
+#define LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION 4
+/* A cluster may hold 8 blocks, or more once the kernel allows non-portable sizes. */
+#define PORTABLE_CLUSTER_BLOCKS 8
+#define NON_PORTABLE_CLUSTER_BLOCKS 16
+
+/* Where the H100 SXM5's 132 SMs sit: 8 GPCs, two of 18 SMs and six of 16 (NVIDIA disables
+ * some TPCs of each chip; the split varies, the total does not).  A cluster's blocks all run
+ * in one GPC, so how many clusters fit depends on this split, not only on the SM count.
+ * cuBLASLt 12 learns the split at cublasLtCreate: it asks how many clusters of 18, 16, ...,
+ * 2, 1 one-SM blocks fit and fails (CUBLAS_STATUS_INTERNAL_ERROR, or a division by zero in
+ * 12.8) unless every answer is what one set of GPCs would give. */
+static const int k_gpc_sms[] = {18, 18, 16, 16, 16, 16, 16, 16};
+#define LARGEST_GPC_SMS 18
+
+/* The cluster shape of a launch: its CLUSTER_DIMENSION attribute, 0 if it has none. */
+static uint64_t launch_cluster_blocks(const struct launch_config *config)
+{
+    const struct launch_attr *attrs = config->attrs;
+    for (unsigned i = 0; attrs && i < config->n_attrs; i++) {
+        if (attrs[i].id == LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+            return (uint64_t)attrs[i].value.cluster_dim.x * attrs[i].value.cluster_dim.y *
+                   attrs[i].value.cluster_dim.z;
+    }
+    return 0;
+}
+
+IMPL CUresult impl_cuOccupancyMaxActiveClusters(int *n, sim_kernel_t fn,
+                                               const struct launch_config *config)
 {
     if (!n || !config)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = kernel_check(fn);
-    if (r == CUDA_SUCCESS)
-        *n = 132;
-    return r;
+    if (r != CUDA_SUCCESS)
+        return r;
+    /* The shape must be in the launch (kernels compiled with a fixed cluster shape are not
+     * modelled).  Sizes past the portable 8 need the kernel's non-portable attribute; the
+     * query answers up to the largest GPC (launches are no-ops, so the hardware's launch
+     * limit of 16 is not enforced). */
+    uint64_t cluster = launch_cluster_blocks(config);
+    if (cluster == 0 || cluster > LARGEST_GPC_SMS ||
+        (cluster > PORTABLE_CLUSTER_BLOCKS && !fn->non_portable_clusters))
+        return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+    int per_sm = blocks_per_sm((int)(config->bx * config->by * config->bz), config->shared);
+    int clusters = 0;
+    for (size_t g = 0; g < sizeof k_gpc_sms / sizeof k_gpc_sms[0]; g++)
+        clusters += (int)((uint64_t)k_gpc_sms[g] * (uint64_t)per_sm / cluster);
+    *n = clusters;
+    return CUDA_SUCCESS;
 }
 
 IMPL CUresult impl_cuOccupancyMaxPotentialClusterSize(int *size, sim_kernel_t fn,
-                                                      const void *config)
+                                                      const struct launch_config *config)
 {
     if (!size || !config)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = kernel_check(fn);
     if (r == CUDA_SUCCESS)
-        *size = 8;
+        *size = fn->non_portable_clusters ? NON_PORTABLE_CLUSTER_BLOCKS : PORTABLE_CLUSTER_BLOCKS;
     return r;
 }
 
@@ -931,6 +991,7 @@ WRAP(CUresult, cuOccupancyMaxPotentialBlockSizeWithFlags,
      (g, b, f, t, s, l, fl))
 WRAP(CUresult, cuOccupancyAvailableDynamicSMemPerBlock, (size_t *s, sim_kernel_t f, int n, int b),
      (s, f, n, b))
-WRAP(CUresult, cuOccupancyMaxActiveClusters, (int *n, sim_kernel_t f, const void *c), (n, f, c))
-WRAP(CUresult, cuOccupancyMaxPotentialClusterSize, (int *n, sim_kernel_t f, const void *c),
-     (n, f, c))
+WRAP(CUresult, cuOccupancyMaxActiveClusters,
+     (int *n, sim_kernel_t f, const struct launch_config *c), (n, f, c))
+WRAP(CUresult, cuOccupancyMaxPotentialClusterSize,
+     (int *n, sim_kernel_t f, const struct launch_config *c), (n, f, c))

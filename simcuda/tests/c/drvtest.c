@@ -1370,6 +1370,126 @@ static void scenario_capture(void)
 #undef LOCAL
 #undef RELAXED
 
+/* ---- occupancy of thread-block clusters, and the CUDA 12.5 context limits -------------- */
+
+/* What cuda.h declares for these (simcuda's subset header does not). */
+typedef struct occ_module *occ_module_t;
+typedef struct occ_function *occ_function_t;
+struct occ_launch_attr {
+    unsigned id, pad;
+    union {
+        unsigned char bytes[64];
+        struct {
+            unsigned x, y, z;
+        } cluster_dim;
+    } value;
+};
+struct occ_launch_config {
+    unsigned gx, gy, gz, bx, by, bz, shared;
+    CUstream stream;
+    struct occ_launch_attr *attrs;
+    unsigned n_attrs;
+};
+CUresult cuModuleLoadData(occ_module_t *module, const void *image);
+CUresult cuModuleGetFunction(occ_function_t *fn, occ_module_t module, const char *name);
+CUresult cuModuleUnload(occ_module_t module);
+CUresult cuFuncSetAttribute(occ_function_t fn, int attr, int value);
+CUresult cuOccupancyMaxActiveClusters(int *n, occ_function_t fn,
+                                      const struct occ_launch_config *config);
+CUresult cuOccupancyMaxPotentialClusterSize(int *size, occ_function_t fn,
+                                            const struct occ_launch_config *config);
+CUresult cuCtxGetLimit(size_t *value, int limit);
+CUresult cuCtxSetLimit(int limit, size_t value);
+
+#define OCC_ATTR_CLUSTER_DIMENSION 4
+#define OCC_FUNC_MAX_DYNAMIC_SHARED 8
+#define OCC_FUNC_NON_PORTABLE_CLUSTERS 14
+#define OCC_SM_SHARED_OPTIN 232448
+#define OCC_SMS 132
+
+/* Clusters of `blocks` one-SM blocks (each takes all of an SM's shared memory). */
+static CUresult clusters_of(occ_function_t fn, unsigned blocks, int *n)
+{
+    struct occ_launch_attr attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = OCC_ATTR_CLUSTER_DIMENSION;
+    attr.value.cluster_dim.x = blocks;
+    attr.value.cluster_dim.y = 1;
+    attr.value.cluster_dim.z = 1;
+    struct occ_launch_config config = {blocks, 1, 1, 128, 1, 1, OCC_SM_SHARED_OPTIN,
+                                       NULL, &attr, 1};
+    *n = -1;
+    return cuOccupancyMaxActiveClusters(n, fn, &config);
+}
+
+static void scenario_occupancy(void)
+{
+    setup();
+    /* CUDA 12.5's limits: this is no CUDA-in-graphics context (cuBLASLt 12.8 asks). */
+    size_t v;
+    OK(cuCtxGetLimit(&v, 7));
+    TRUE(v == OCC_SM_SHARED_OPTIN);
+    OK(cuCtxGetLimit(&v, 8));
+    TRUE(v == 0);
+    OK(cuCtxGetLimit(&v, 9));
+    TRUE(v == 1);
+    EXPECT(cuCtxSetLimit(8, 1), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuCtxSetLimit(7, 1024), CUDA_ERROR_INVALID_VALUE);
+    OK(cuCtxSetLimit(9, 0));
+    OK(cuCtxGetLimit(&v, 9));
+    TRUE(v == 0);
+    OK(cuCtxSetLimit(9, 1));
+    EXPECT(cuCtxGetLimit(&v, 10), CUDA_ERROR_UNSUPPORTED_LIMIT);
+
+    /* PTX text: simcuda finds any kernel in it. */
+    occ_module_t module;
+    occ_function_t fn;
+    OK(cuModuleLoadData(&module, ".version 8.0\n.target sm_90\n.address_size 64\n"));
+    OK(cuModuleGetFunction(&fn, module, "probe"));
+    OK(cuFuncSetAttribute(fn, OCC_FUNC_MAX_DYNAMIC_SHARED, OCC_SM_SHARED_OPTIN));
+
+    /* Without the non-portable attribute a cluster holds at most 8 blocks. */
+    int n;
+    struct occ_launch_config no_cluster = {8, 1, 1, 128, 1, 1, 0, NULL, NULL, 0};
+    EXPECT(cuOccupancyMaxActiveClusters(&n, fn, &no_cluster), CUDA_ERROR_INVALID_CLUSTER_SIZE);
+    OK(cuOccupancyMaxPotentialClusterSize(&n, fn, &no_cluster));
+    TRUE(n == 8);
+    OK(clusters_of(fn, 8, &n));
+    TRUE(n == 16);
+    EXPECT(clusters_of(fn, 9, &n), CUDA_ERROR_INVALID_CLUSTER_SIZE);
+    OK(cuFuncSetAttribute(fn, OCC_FUNC_NON_PORTABLE_CLUSTERS, 1));
+    OK(cuOccupancyMaxPotentialClusterSize(&n, fn, &no_cluster));
+    TRUE(n == 16);
+    EXPECT(clusters_of(fn, 0, &n), CUDA_ERROR_INVALID_CLUSTER_SIZE);
+    EXPECT(clusters_of(fn, 19, &n), CUDA_ERROR_INVALID_CLUSTER_SIZE);
+
+    /* Every answer is what one set of GPCs gives, as cuBLASLt 12.1 checks when it makes a
+     * handle: from the largest cluster down, the GPCs found so far account for part of the
+     * clusters of each size; what is left is GPCs of exactly that many SMs, never negative,
+     * and they add up to every SM. */
+    int gpcs_of[19] = {0};
+    for (unsigned size = 18; size >= 1; size--) {
+        OK(clusters_of(fn, size, &n));
+        int left = n;
+        for (unsigned bigger = size + 1; bigger <= 18; bigger++)
+            left -= gpcs_of[bigger] * (int)(bigger / size);
+        TRUE(left >= 0);
+        gpcs_of[size] = left;
+        printf("clusters_%u=%d\n", size, n);
+    }
+    int sms = 0, gpcs = 0;
+    for (unsigned size = 1; size <= 18; size++) {
+        sms += gpcs_of[size] * (int)size;
+        gpcs += gpcs_of[size];
+    }
+    TRUE(sms == OCC_SMS);
+    printf("gpcs=%d\n", gpcs);
+    OK(clusters_of(fn, 1, &n));
+    TRUE(n == OCC_SMS);
+    OK(cuModuleUnload(module));
+    printf("ok\n");
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -1382,6 +1502,7 @@ int main(int argc, char **argv)
         {"gpa", scenario_gpa},         {"ctx", scenario_ctx},           {"legacy", scenario_legacy},
         {"pool", scenario_pool},       {"poolfull", scenario_poolfull}, {"vmm", scenario_vmm},
         {"fault", scenario_fault},     {"threads", scenario_threads},   {"capture", scenario_capture},
+        {"occupancy", scenario_occupancy},
     };
     setvbuf(stdout, NULL, _IONBF, 0);
     if (argc != 2) {

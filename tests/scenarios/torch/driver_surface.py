@@ -1,6 +1,7 @@
 # What simcuda must do for real PyTorch, one check per line ("ok <what>"): the device, tensors
 # and exact copies, events and streams, a training step through cuBLAS/cuBLASLt and Adam,
-# PyTorch's own memory history and snapshot, and cudaMemGetInfo. Kernels are no-ops, so only
+# the same under bf16 and fp16 autocast (cuBLASLt's half-precision path), PyTorch's own
+# memory history and snapshot, and cudaMemGetInfo. Kernels are no-ops, so only
 # values that never pass through a kernel are compared.
 import torch
 
@@ -36,6 +37,15 @@ for _ in range(3):
     optimizer.zero_grad()
 torch.cuda.synchronize()
 print("ok training step", flush=True)
+
+for dtype in (torch.bfloat16, torch.float16):
+    with torch.autocast("cuda", dtype=dtype):
+        loss = model(torch.randn(64, 256, device="cuda")).float().sum()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+torch.cuda.synchronize()
+print("ok autocast", flush=True)
 
 snapshot = torch.cuda.memory._snapshot()
 assert snapshot["segments"] and snapshot["device_traces"][0], snapshot.keys()

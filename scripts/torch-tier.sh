@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs the real-PyTorch test tier (tests/it/torch.rs) on any torch release from PyPI, on demand:
+# makes (or reuses) that release's venv with scripts/torch-env.sh, then runs the integration
+# tests with TORCH_TIER_VERSION=VERSION, which makes every real-PyTorch test use that venv.
+#
+# Usage: scripts/torch-tier.sh VERSION [TEST FILTER OR LIBTEST FLAG...]
+#   scripts/torch-tier.sh 2.6.0                           # the tests meant for every version
+#   scripts/torch-tier.sh 2.8.0 torch::simcuda_runs_real_pytorch
+#   scripts/torch-tier.sh 2.4.1 torch::leaky_loop:: --test-threads=1
+# Without a filter it runs `torch::` (the whole tier; tests that need the pinned release's own
+# headers or symbols may fail on another one).
+# CI runs it on the oldest supported 2.4.x and on 2.8.0 (.ci/run); `cargo test` runs the pinned
+# release (scripts/torch-env.sh's PINNED_VERSION).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ $# -lt 1 ] || [ "${1#-}" != "$1" ]; then
+    echo "usage: scripts/torch-tier.sh VERSION [TEST FILTER...]  (VERSION: a torch release, e.g. 2.8.0)" >&2
+    exit 2
+fi
+version=$1
+shift
+# Validates the version and installs the venv first, so that a download shows up on its own
+# (and a bad version is one line, before anything is built).
+python=$(scripts/torch-env.sh "$version")
+echo "torch-tier: torch $version from $python" >&2
+
+if [ $# -eq 0 ]; then
+    set -- torch::
+fi
+TORCH_TIER_VERSION=$version exec cargo test -p oomtrace-tests --test it -- "$@"
