@@ -7,8 +7,9 @@
 #   scripts/torch-tier.sh 2.6.0                           # the tests meant for every version
 #   scripts/torch-tier.sh 2.8.0 torch::simcuda_runs_real_pytorch
 #   scripts/torch-tier.sh 2.4.1 torch::leaky_loop:: --test-threads=1
-# Without a filter it runs `torch::` (the whole tier; tests that need the pinned release's own
-# headers or symbols may fail on another one).
+# Without a filter it runs what must hold on every supported release: `torch::every_version::`
+# (tests/it/torch/every_version.rs) and simcuda's own checks (`torch::simcuda_runs_real_pytorch*`);
+# `torch::` is the whole tier (written for the pinned release).
 # CI runs it on the oldest supported 2.4.x and on 2.8.0 (.ci/run); `cargo test` runs the pinned
 # release (scripts/torch-env.sh's PINNED_VERSION).
 set -euo pipefail
@@ -26,6 +27,6 @@ python=$(scripts/torch-env.sh "$version")
 echo "torch-tier: torch $version from $python" >&2
 
 if [ $# -eq 0 ]; then
-    set -- torch::
+    set -- torch::every_version:: torch::simcuda_runs_real_pytorch
 fi
 TORCH_TIER_VERSION=$version exec cargo test -p oomtrace-tests --test it -- "$@"
