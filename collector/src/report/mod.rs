@@ -12,6 +12,7 @@ pub mod hints;
 pub mod live;
 pub mod merge;
 pub mod module_file;
+pub mod names;
 pub mod ranks;
 pub mod roles;
 pub mod sections;
