@@ -7,6 +7,7 @@
 use std::fmt::Write;
 
 use oomtrace_collector::analysis::device_growth::Events;
+use oomtrace_collector::analysis::fragmentation::is_tensor_level;
 use oomtrace_collector::analysis::growth::Trend;
 use oomtrace_collector::analysis::Evidence;
 use oomtrace_collector::report::names::{ellipsize, is_torch_frame, short_function};
@@ -429,7 +430,11 @@ fn oom_text(
     native_frames: usize,
     opts: &TextOptions,
 ) {
-    let _ = writeln!(out, "  pid {}{}: {}", f.pid, rank_text(f), f.message);
+    headline(
+        out,
+        &format!("  pid {}{}:", f.pid, rank_text(f)),
+        &f.message,
+    );
     backward_text(out, f, "      ");
     stack_text(out, &f.stack, "      ", native_frames, opts);
     if let (true, Some(o)) = (with_holders, &f.oom) {
@@ -454,6 +459,17 @@ fn oom_text(
                 python_text(out, &s.stack, "          ");
             }
         }
+    }
+}
+
+/// A finding's first line, `head` then its message; a message that would make the line
+/// wider than [`MAX_LINE`] goes whole on the next line (a finding's message is found in the
+/// text as it is in the JSON).
+fn headline(out: &mut String, head: &str, message: &str) {
+    if head.chars().count() + 1 + message.chars().count() <= MAX_LINE {
+        let _ = writeln!(out, "{head} {message}");
+    } else {
+        let _ = writeln!(out, "{head}\n      {message}");
     }
 }
 
@@ -503,21 +519,17 @@ fn detected_text(out: &mut String, f: &Finding, frames: usize, opts: &TextOption
         Kind::DeviceGrowth => format!("{} device growth", f.level.name()),
         kind => format!("{} {}", kind.name(), f.level.name()),
     };
-    // A Python culprit is the line to change: named first.
+    // Tensors kept by a Python line: that line is what to change, named first.
+    let tensors = f.api.is_some_and(is_tensor_level);
     let at = culprit(&f.stack)
-        .filter(|c| c.python)
+        .filter(|c| c.python && tensors)
         .map(|c| {
             let file = c.file.rsplit('/').next().unwrap_or(&c.file);
             format!(" at {}:{}", ellipsize(file, MAX_FILE), c.line)
         })
         .unwrap_or_default();
-    let _ = writeln!(
-        out,
-        "  [{tag}] pid {}{}{at}: {}",
-        f.pid,
-        rank_text(f),
-        f.message
-    );
+    let head = format!("  [{tag}] pid {}{}{at}:", f.pid, rank_text(f));
+    headline(out, &head, &f.message);
     if let Some(t) = f.evidence.as_ref().and_then(trend_text) {
         let tr = t.trend;
         let ci = |i: usize| fmt_bytes(finite_or(tr.slope_ci[i], 0.0).max(0.0) as u64);
@@ -968,4 +980,122 @@ pub fn stale_module_warnings(r: &Report) -> impl Iterator<Item = String> + '_ {
     r.stale_modules
         .iter()
         .map(|m| format!("oomtrace: warning: {}", m.warning()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn native(function: &str, module: &str) -> FrameInfo {
+        FrameInfo {
+            function: function.into(),
+            module: module.into(),
+            ..Default::default()
+        }
+    }
+
+    fn python(function: &str, file: &str, line: u32) -> FrameInfo {
+        FrameInfo {
+            function: function.into(),
+            file: file.into(),
+            line,
+            module: "python".into(),
+            python: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn long_lines_wrap_at_spaces_and_keep_every_word() {
+        let words: Vec<String> = (0..80).map(|i| format!("word{i}")).collect();
+        let line = format!("      why: {}", words.join(" "));
+        let text = fit(&format!("short\n{line}\nend\n"), 100);
+        assert!(text.lines().all(|l| l.chars().count() <= 100), "{text}");
+        assert!(text.starts_with("short\n      why: word0 ") && text.ends_with("\nend\n"));
+        let wrapped: Vec<&str> = text.lines().skip(1).take_while(|l| *l != "end").collect();
+        assert!(wrapped.len() > 2 && wrapped[1..].iter().all(|l| l.starts_with("          w")));
+        let again: Vec<&str> = wrapped.iter().flat_map(|l| l.split_whitespace()).collect();
+        assert_eq!(
+            again[1..],
+            words.iter().map(String::as_str).collect::<Vec<_>>()[..]
+        );
+        // A word wider than a line keeps its two ends.
+        let path = format!("  /{}/x.py", "d".repeat(300));
+        let text = fit(&path, 100);
+        assert!(text.chars().count() <= 100 && text.contains("...") && text.ends_with("d/x.py"));
+        // Lines that fit are left as they are (multi-byte characters count once).
+        assert_eq!(fit("a → b\n", 5), "a → b\n");
+    }
+
+    #[test]
+    fn pytorch_frames_fold_into_one_part_unless_native() {
+        let frames = [
+            native("", "libcublas.so.13"),
+            native("", "libcublas.so.13"),
+            native("cublasCreate_v2", "libcublas.so.13"),
+            native(
+                "at::cuda::getCurrentCUDABlasHandle(void*, unsigned long)",
+                "libtorch_cuda.so",
+            ),
+            native(
+                "bool at::cuda::blas::gemm<float>(char, char)",
+                "libtorch_cuda.so",
+            ),
+            native("THPVariable_addmm", "libtorch_python.so"),
+            native("cfunction_call", "libpython3.11.so.1.0"),
+        ];
+        let refs: Vec<&FrameInfo> = frames.iter().collect();
+        assert_eq!(
+            native_parts(&refs, &TextOptions::default()),
+            [
+                "libcublas.so.13 (2 frames)",
+                "cublasCreate_v2",
+                "3 PyTorch C++ frames"
+            ]
+        );
+        let all = native_parts(&refs, &TextOptions { native: true });
+        assert_eq!(
+            all[2..],
+            [
+                "cublasCreate_v2",
+                "cuda::getCurrentCUDABlasHandle",
+                "blas::gemm",
+                "THPVariable_addmm",
+                "cfunction_call"
+            ]
+        );
+        // A stack without Python frames: the run of PyTorch's frames is one line.
+        let stack = [
+            native("cudaMalloc", "libcudart.so.13"),
+            native(
+                "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::alloc_block(int)",
+                "libc10_cuda.so",
+            ),
+            native(
+                "torch::autograd::generated::AddmmBackward0::apply(std::vector<at::Tensor>&&)",
+                "libtorch_cpu.so",
+            ),
+            native("torch::autograd::Engine::thread_main()", "libtorch_cpu.so"),
+        ];
+        let mut out = String::new();
+        stack_text(&mut out, &stack, "", 8, &TextOptions::default());
+        assert!(!out.contains("::"), "{out}");
+        assert!(
+            out.contains("... 2 PyTorch C++ frames (--native shows them)"),
+            "{out}"
+        );
+        let mut out = String::new();
+        stack_text(&mut out, &stack, "", 8, &TextOptions { native: true });
+        assert!(
+            out.contains("at AddmmBackward0::apply  [libtorch_cpu.so +]"),
+            "{out}"
+        );
+        assert_eq!(site_text(&stack), "AddmmBackward0 (backward pass)");
+        assert_eq!(
+            site_text(&stack[3..]),
+            "autograd thread (no Python frames): thread_main"
+        );
+        let with_python = [stack[0].clone(), python("forward", "/src/train.py", 42)];
+        assert_eq!(site_text(&with_python), "train.py:42 forward");
+    }
 }

@@ -669,7 +669,7 @@ impl Observer for Analysis {
             total_bytes: None,
             live_bytes: o.live_bytes,
             top_sites: if self.oom.keeps_next() {
-                p.top_sites(o.device, oom::TOP_SITES)
+                p.top_holders(o.device, oom::TOP_SITES)
             } else {
                 Vec::new()
             },

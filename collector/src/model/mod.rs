@@ -1169,9 +1169,30 @@ impl Process {
     }
 
     pub fn top_sites(&self, device: i16, n: usize) -> Vec<(SiteId, u64, u64)> {
+        self.top_sites_where(device, n, |_| true)
+    }
+
+    /// The `n` sites of `device` holding most memory now, as (site, live bytes, live
+    /// allocations), largest first; without PyTorch's segments where its tensors are traced
+    /// (the tensors and the memory outside its allocator are who holds memory then).
+    pub fn top_holders(&self, device: i16, n: usize) -> Vec<(SiteId, u64, u64)> {
+        if self.tensors_traced(device) {
+            self.top_sites_where(device, n, |s| s.reserve_allocations == 0)
+        } else {
+            self.top_sites(device, n)
+        }
+    }
+
+    /// [`Process::top_sites`] among the sites whose counters pass `keep`.
+    pub fn top_sites_where(
+        &self,
+        device: i16,
+        n: usize,
+        keep: impl Fn(&SiteStats) -> bool,
+    ) -> Vec<(SiteId, u64, u64)> {
         let mut v: Vec<(SiteId, u64, u64)> = self
             .sites_on(device)
-            .filter(|(_, s)| s.live_bytes > 0)
+            .filter(|(_, s)| s.live_bytes > 0 && keep(s))
             .map(|(site, s)| (site, s.live_bytes, s.live_count))
             .collect();
         v.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -1310,6 +1331,9 @@ mod tests {
         assert_eq!(t.size_buckets.iter().map(|b| b.0).sum::<u64>(), 2);
         assert_eq!(p.site_stats[&(SiteId(0), 0)].reserve_allocations, 1);
         assert!(p.tensors_traced(0) && !p.tensors_traced(1));
+        // Who holds memory: the tensors, not the site of the allocator's segments.
+        assert_eq!(p.top_holders(0, 5), vec![(tensor_site, 2 << 20, 1)]);
+        assert_eq!(p.top_sites(0, 5)[0], (SiteId(0), 28 << 20, 2));
         p.apply_event(
             &ev(
                 EventKind::SegmentFree,

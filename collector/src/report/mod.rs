@@ -424,28 +424,6 @@ pub(crate) fn raw_stack(p: &Process, site: SiteId) -> Vec<FrameInfo> {
         .unwrap_or_default()
 }
 
-/// The `n` call sites of `device` holding most memory at the end, as (site, live bytes, live
-/// allocations), largest first; without PyTorch's segments when `without_reserve` (its
-/// tensors and the memory outside its allocator are then what the list shows).
-fn live_sites(
-    p: &Process,
-    device: i16,
-    n: usize,
-    without_reserve: bool,
-) -> Vec<(SiteId, u64, u64)> {
-    if !without_reserve {
-        return p.top_sites(device, n);
-    }
-    let mut v: Vec<(SiteId, u64, u64)> = p
-        .sites_on(device)
-        .filter(|(_, s)| s.live_bytes > 0 && s.reserve_allocations == 0)
-        .map(|(site, s)| (site, s.live_bytes, s.live_count))
-        .collect();
-    v.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    v.truncate(n);
-    v
-}
-
 /// What a call site's memory is on `device`, when PyTorch's tensors are traced there.
 pub fn held_at(p: &Process, device: i16, site: SiteId) -> Option<Held> {
     if !p.tensors_traced(device) {
@@ -669,8 +647,12 @@ pub fn build_with_segments(
             detected.push(f);
         }
         for &device in p.devices.keys() {
-            let without_reserve = p.tensors_traced(device) && !segments;
-            for (site, bytes, count) in live_sites(p, device, opts.top, without_reserve) {
+            let sites = if segments {
+                p.top_sites(device, opts.top)
+            } else {
+                p.top_holders(device, opts.top)
+            };
+            for (site, bytes, count) in sites {
                 let api = p.site_stats.get(&(site, device)).and_then(|s| s.api);
                 let api_name = api.map_or("?", |a| a.name());
                 let place = if device == HOST_DEVICE {
