@@ -1055,7 +1055,7 @@ mod tests {
         );
         let all = native_parts(&refs, &TextOptions { native: true });
         assert_eq!(
-            all[2..],
+            all[1..],
             [
                 "cublasCreate_v2",
                 "cuda::getCurrentCUDABlasHandle",
