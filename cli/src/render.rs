@@ -1,15 +1,23 @@
 //! The text report: `full` for `oomtrace report` and the demo, `summary` for the end of `run`.
+//!
+//! Text is for reading: C++ names are shortened (`report::names`), PyTorch's own C++ frames
+//! are folded into one line unless `--native`, and no line is wider than [`MAX_LINE`]
+//! characters. The JSON keeps everything whole.
 
 use std::fmt::Write;
 
 use oomtrace_collector::analysis::device_growth::Events;
+use oomtrace_collector::analysis::fragmentation::is_tensor_level;
 use oomtrace_collector::analysis::growth::Trend;
 use oomtrace_collector::analysis::Evidence;
+use oomtrace_collector::report::names::{ellipsize, is_torch_frame, short_function};
 use oomtrace_collector::report::ranks::Ranks;
-use oomtrace_collector::report::sections::{site_name, DeviceSections, SiteRow};
+use oomtrace_collector::report::roles::{backward_node, FrameRole};
+use oomtrace_collector::report::sections::{DeviceSections, ListsOf, SiteRow};
 use oomtrace_collector::report::symbolize::{culprit, FrameInfo};
+use oomtrace_collector::report::thread_kind;
 use oomtrace_collector::report::{
-    fmt_python_lines, EpochReport, Finding, Kind, Level, ProcessReport, Report,
+    fmt_python_lines, EpochReport, Finding, Held, Kind, Level, ProcessReport, Report,
 };
 use oomtrace_collector::units::{fmt_bytes, fmt_duration};
 
@@ -20,17 +28,40 @@ const TEXT_FRAMES: usize = 8;
 /// Calls shown on the line of the machinery a native culprit called into.
 const INSIDE_CALLS: usize = 4;
 
-fn frame_text(f: &FrameInfo) -> String {
-    let func = if f.function.is_empty() {
-        "??"
+/// The widest line of a text report, in characters.
+pub const MAX_LINE: usize = 200;
+
+/// The widest file or module name in a frame's text.
+const MAX_FILE: usize = 60;
+
+/// What the text shows beyond its default.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TextOptions {
+    /// PyTorch's own C++ frames one by one, instead of folded into one line
+    /// (`oomtrace report --native`).
+    pub native: bool,
+}
+
+/// A frame's function as text: a C++ name shortened, `??` when unknown.
+fn function_text(f: &FrameInfo) -> String {
+    if f.function.is_empty() {
+        "??".into()
+    } else if f.python {
+        ellipsize(&f.function, 2 * MAX_FILE)
     } else {
-        &f.function
-    };
+        short_function(&f.function)
+    }
+}
+
+fn frame_text(f: &FrameInfo) -> String {
+    let func = function_text(f);
     let file = f.file.rsplit('/').next().unwrap_or(&f.file);
+    let file = ellipsize(file, MAX_FILE);
+    let file = file.as_str();
     match (file.is_empty(), f.module.is_empty()) {
         (false, _) if f.line > 0 => format!("{func}  {file}:{}", f.line),
         (false, _) => format!("{func}  {file}"),
-        (true, false) => format!("{func}  [{} +{}]", f.module, f.offset),
+        (true, false) => format!("{func}  [{} +{}]", ellipsize(&f.module, MAX_FILE), f.offset),
         (true, true) => format!("{func}  [{}]", f.address),
     }
 }
@@ -68,24 +99,76 @@ fn python_text(out: &mut String, stack: &[FrameInfo], indent: &str) -> bool {
     any
 }
 
+/// The native frames of `frames` for one line, innermost first: each by its short name, and
+/// (unless `opts.native`) each run of PyTorch's own C++ frames as one part,
+/// `14 PyTorch C++ frames`.
+fn native_parts(frames: &[&FrameInfo], opts: &TextOptions) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut folded = 0usize;
+    let fold = |parts: &mut Vec<String>, folded: &mut usize| {
+        if *folded > 0 {
+            let s = if *folded == 1 { "" } else { "s" };
+            parts.push(format!("{folded} PyTorch C++ frame{s}"));
+            *folded = 0;
+        }
+    };
+    // Consecutive frames of one unnamed module are one part: `libcublas.so.13 (4 frames)`.
+    let mut repeated = 0usize;
+    for f in frames {
+        if !opts.native && FrameRole::of(f) == FrameRole::Interpreter {
+            // The interpreter between two Python frames: its Python frames say it.
+            continue;
+        }
+        if !opts.native && is_torch_frame(f) {
+            folded += 1;
+            continue;
+        }
+        fold(&mut parts, &mut folded);
+        let part = if f.function.is_empty() {
+            ellipsize(f.module.rsplit('/').next().unwrap_or(&f.module), MAX_FILE)
+        } else {
+            function_text(f)
+        };
+        if f.function.is_empty() && parts.last().is_some_and(|p| p.starts_with(&part)) {
+            repeated += 1;
+            if let Some(last) = parts.last_mut() {
+                *last = format!("{part} ({} frames)", repeated + 1);
+            }
+            continue;
+        }
+        repeated = 0;
+        parts.push(part);
+    }
+    fold(&mut parts, &mut folded);
+    parts
+}
+
 /// A call site's stack. With Python frames: all of them (see `python_text`), then the native
 /// frames that led from the innermost one to CUDA, on one line. Without: up to
-/// `native_frames` native frames.
-fn stack_text(out: &mut String, stack: &[FrameInfo], indent: &str, native_frames: usize) {
+/// `native_frames` native frames. PyTorch's own C++ frames are folded unless `opts.native`.
+fn stack_text(
+    out: &mut String,
+    stack: &[FrameInfo],
+    indent: &str,
+    native_frames: usize,
+    opts: &TextOptions,
+) {
     if stack.is_empty() {
         let _ = writeln!(out, "{indent}(no stack recorded)");
         return;
     }
     if python_text(out, stack, indent) {
-        let native: Vec<&str> = stack
+        let native: Vec<&FrameInfo> = stack
             .iter()
             .take_while(|f| !f.python)
-            .filter(|f| !f.function.is_empty())
-            .take(4)
-            .map(|f| f.function.as_str())
+            .filter(|f| !f.function.is_empty() || !f.module.is_empty())
             .collect();
-        if !native.is_empty() {
-            let _ = writeln!(out, "{indent}   (native: {} ...)", native.join(" <- "));
+        let parts = native_parts(&native, opts);
+        let shown = if opts.native { native_frames } else { 4 };
+        if !parts.is_empty() {
+            let more = if parts.len() > shown { " ..." } else { "" };
+            let parts: Vec<&str> = parts.iter().take(shown).map(String::as_str).collect();
+            let _ = writeln!(out, "{indent}   (native: {}{more})", parts.join(" <- "));
         }
         return;
     }
@@ -96,39 +179,88 @@ fn stack_text(out: &mut String, stack: &[FrameInfo], indent: &str, native_frames
         .and_then(|c| shown.iter().position(|f| std::ptr::eq(*f, c)))
         .unwrap_or(0);
     let (inside, shown) = shown.split_at(start);
-    for (i, f) in shown.iter().take(native_frames).enumerate() {
-        let lead = if i == 0 { "at " } else { "   " };
-        let _ = writeln!(out, "{indent}{lead}{}", frame_text(f));
+    // Each line: a frame, or a run of PyTorch's own frames folded into one.
+    let mut lines: Vec<String> = Vec::new();
+    let mut folded = 0usize;
+    for f in shown {
+        if !opts.native && is_torch_frame(f) {
+            folded += 1;
+            continue;
+        }
+        if folded > 0 {
+            lines.push(format!("... {folded} PyTorch C++ frames"));
+            folded = 0;
+        }
+        lines.push(frame_text(f));
     }
-    if shown.len() > native_frames {
+    if folded > 0 {
+        lines.push(format!(
+            "... {folded} PyTorch C++ frames (--native shows them)"
+        ));
+    }
+    for (i, line) in lines.iter().take(native_frames).enumerate() {
+        let lead = if i == 0 && !line.starts_with("...") {
+            "at "
+        } else {
+            "   "
+        };
+        let _ = writeln!(out, "{indent}{lead}{line}");
+    }
+    if lines.len() > native_frames {
         let _ = writeln!(
             out,
             "{indent}   ... {} more frames",
-            shown.len() - native_frames
+            lines.len() - native_frames
         );
     }
     if !inside.is_empty() {
         // Outermost first, as the calls were made; a long way down keeps its two ends.
-        let mut calls: Vec<&str> = inside
-            .iter()
-            .rev()
-            .map(|f| {
-                if f.function.is_empty() {
-                    f.module.as_str()
-                } else {
-                    f.function.as_str()
-                }
-            })
-            .collect();
-        let more;
+        let outermost_first: Vec<&FrameInfo> = inside.iter().rev().copied().collect();
+        let mut calls = native_parts(&outermost_first, opts);
         if calls.len() > INSIDE_CALLS {
-            more = format!("... {} more", calls.len() - INSIDE_CALLS + 1);
-            let last = calls[calls.len() - 1];
+            let more = format!("... {} more", calls.len() - INSIDE_CALLS + 1);
+            let last = calls.pop().unwrap_or_default();
             calls.truncate(INSIDE_CALLS - 2);
-            calls.push(&more);
+            calls.push(more);
             calls.push(last);
         }
         let _ = writeln!(out, "{indent}   (which calls {})", calls.join(" -> "));
+    }
+}
+
+/// A call site's name in a list: its culprit frame as `file:line function` when it is
+/// Python; in PyTorch's backward pass without Python frames, its autograd node; else its
+/// culprit's short name.
+fn site_text(stack: &[FrameInfo]) -> String {
+    let top = culprit(stack).or(stack.first());
+    match top {
+        None => "(no stack)".into(),
+        Some(f) if f.python => format!(
+            "{}:{} {}",
+            ellipsize(f.file.rsplit('/').next().unwrap_or(&f.file), MAX_FILE),
+            f.line,
+            function_text(f)
+        ),
+        Some(_) if backward_node(stack).is_some() => {
+            format!(
+                "{} (backward pass)",
+                backward_node(stack).unwrap_or_default()
+            )
+        }
+        // PyTorch's own code with no Python line above it: the thread it ran on, and the
+        // function's own name.
+        Some(f) if is_torch_frame(f) => {
+            let short = short_function(&f.function);
+            let name = short.rsplit("::").next().unwrap_or(&short);
+            format!("{}: {name}", thread_kind(stack))
+        }
+        Some(f) if !f.function.is_empty() => function_text(f),
+        Some(f) if !f.module.is_empty() => format!(
+            "{} +{}",
+            ellipsize(f.module.rsplit('/').next().unwrap_or(&f.module), MAX_FILE),
+            f.offset
+        ),
+        Some(f) => f.address.clone(),
     }
 }
 
@@ -230,17 +362,26 @@ fn process_text(out: &mut String, p: &ProcessReport) {
             d.live_at_exit_count
         );
         if let Some(t) = &d.tensors {
-            let reserve = d
-                .torch_reserved_bytes
-                .map(|r| format!("   PyTorch's reserve at exit {}", fmt_bytes(r)))
-                .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "      {:<14} peak {:>11}   live at exit {:>11} in {}{reserve}",
+                "      {:<14} peak {:>11}   live at exit {:>11} in {}",
                 "  tensors",
                 fmt_bytes(t.peak_bytes),
                 fmt_bytes(t.live_at_exit_bytes),
                 t.live_at_exit_count
+            );
+        }
+        // PyTorch's reserve: one line for the device, not its segments' call sites.
+        if let Some(reserved) = d.torch_reserved_bytes {
+            let segments = d.torch_segments.unwrap_or(0);
+            let in_tensors = d.tensors.as_ref().map_or(0, |t| t.live_at_exit_bytes);
+            let _ = writeln!(
+                out,
+                "        PyTorch's cache: {} reserved in {segments} segment{}, {} of it in tensors \
+                 at exit",
+                fmt_bytes(reserved),
+                if segments == 1 { "" } else { "s" },
+                fmt_bytes(in_tensors)
             );
         }
     }
@@ -282,10 +423,20 @@ fn rank_text(f: &Finding) -> String {
     f.rank.map_or_else(String::new, |r| format!(" (rank {r})"))
 }
 
-fn oom_text(out: &mut String, f: &Finding, with_holders: bool, native_frames: usize) {
-    let _ = writeln!(out, "  pid {}{}: {}", f.pid, rank_text(f), f.message);
+fn oom_text(
+    out: &mut String,
+    f: &Finding,
+    with_holders: bool,
+    native_frames: usize,
+    opts: &TextOptions,
+) {
+    headline(
+        out,
+        &format!("  pid {}{}:", f.pid, rank_text(f)),
+        &f.message,
+    );
     backward_text(out, f, "      ");
-    stack_text(out, &f.stack, "      ", native_frames);
+    stack_text(out, &f.stack, "      ", native_frames, opts);
     if let (true, Some(o)) = (with_holders, &f.oom) {
         if !o.top_sites.is_empty() {
             let _ = writeln!(out, "    memory held at that moment by:");
@@ -308,6 +459,17 @@ fn oom_text(out: &mut String, f: &Finding, with_holders: bool, native_frames: us
                 python_text(out, &s.stack, "          ");
             }
         }
+    }
+}
+
+/// A finding's first line, `head` then its message; a message that would make the line
+/// wider than [`MAX_LINE`] goes whole on the next line (a finding's message is found in the
+/// text as it is in the JSON).
+fn headline(out: &mut String, head: &str, message: &str) {
+    if head.chars().count() + 1 + message.chars().count() <= MAX_LINE {
+        let _ = writeln!(out, "{head} {message}");
+    } else {
+        let _ = writeln!(out, "{head}\n      {message}");
     }
 }
 
@@ -350,20 +512,24 @@ fn finite_or(x: f64, otherwise: f64) -> f64 {
 }
 
 /// A detector's finding: what, the rate, the likely cause, where.
-fn detected_text(out: &mut String, f: &Finding, frames: usize) {
+fn detected_text(out: &mut String, f: &Finding, frames: usize, opts: &TextOptions) {
     let tag = match f.kind {
         Kind::Leak => format!("{} leak", f.level.name()),
         Kind::Growth => "bounded growth".to_string(),
         Kind::DeviceGrowth => format!("{} device growth", f.level.name()),
         kind => format!("{} {}", kind.name(), f.level.name()),
     };
-    let _ = writeln!(
-        out,
-        "  [{tag}] pid {}{}: {}",
-        f.pid,
-        rank_text(f),
-        f.message
-    );
+    // Tensors kept by a Python line: that line is what to change, named first.
+    let tensors = f.api.is_some_and(is_tensor_level);
+    let at = culprit(&f.stack)
+        .filter(|c| c.python && tensors)
+        .map(|c| {
+            let file = c.file.rsplit('/').next().unwrap_or(&c.file);
+            format!(" at {}:{}", ellipsize(file, MAX_FILE), c.line)
+        })
+        .unwrap_or_default();
+    let head = format!("  [{tag}] pid {}{}{at}:", f.pid, rank_text(f));
+    headline(out, &head, &f.message);
     if let Some(t) = f.evidence.as_ref().and_then(trend_text) {
         let tr = t.trend;
         let ci = |i: usize| fmt_bytes(finite_or(tr.slope_ci[i], 0.0).max(0.0) as u64);
@@ -407,7 +573,7 @@ fn detected_text(out: &mut String, f: &Finding, frames: usize) {
     let _ = writeln!(out, "      why: {}", f.hint);
     backward_text(out, f, "      ");
     if !f.stack.is_empty() {
-        stack_text(out, &f.stack, "      ", frames);
+        stack_text(out, &f.stack, "      ", frames, opts);
     }
 }
 
@@ -415,8 +581,13 @@ fn is_detected(f: &Finding) -> bool {
     f.kind.detected()
 }
 
-/// The whole text report. OOMs open it: after a crash that is the first question.
+/// The whole text report with the default options.
 pub fn full(r: &Report) -> String {
+    full_with(r, &TextOptions::default())
+}
+
+/// The whole text report. OOMs open it: after a crash that is the first question.
+pub fn full_with(r: &Report, opts: &TextOptions) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "oomtrace report: {}", r.trace.path);
     // The reasons are stated here, in the report itself: the warnings on stderr may never be
@@ -445,7 +616,7 @@ pub fn full(r: &Report) -> String {
         let _ = writeln!(out, "\nOut of memory ({})", ooms.len());
         for (i, f) in ooms.iter().enumerate() {
             // The first failure tells the story; later ones are usually retries.
-            oom_text(&mut out, f, i == 0, TEXT_FRAMES);
+            oom_text(&mut out, f, i == 0, TEXT_FRAMES, opts);
             if i == 0 {
                 let _ = writeln!(out, "      why: {}", f.hint);
             }
@@ -455,7 +626,7 @@ pub fn full(r: &Report) -> String {
     if !detected.is_empty() {
         let _ = writeln!(out, "\nFindings ({})", detected.len());
         for f in detected {
-            detected_text(&mut out, f, TEXT_FRAMES);
+            detected_text(&mut out, f, TEXT_FRAMES, opts);
         }
     }
     let _ = writeln!(out, "\nProcesses ({})", r.processes.len());
@@ -477,20 +648,85 @@ pub fn full(r: &Report) -> String {
         for (i, f) in live.iter().enumerate() {
             let _ = writeln!(
                 out,
-                "  {:>2}. {} in {} ({}), {}, pid {}",
+                "  {:>2}. {} in {}, {}, pid {}",
                 i + 1,
                 fmt_bytes(f.bytes),
-                f.count,
-                f.api_name(),
+                held_text(f),
                 device_name(f.device),
                 f.pid
             );
             backward_text(&mut out, f, "        ");
-            stack_text(&mut out, &f.stack, "        ", TEXT_FRAMES);
+            stack_text(&mut out, &f.stack, "        ", TEXT_FRAMES, opts);
         }
     }
     for s in &r.sections {
         sections_text(&mut out, s);
+    }
+    fit(&out, MAX_LINE)
+}
+
+/// "40 tensors", "1 (cuMemAlloc_v2, outside PyTorch's allocator)", "6 (cudaMalloc)": how
+/// many allocations a live call site holds, and what they are.
+fn held_text(f: &Finding) -> String {
+    let s = if f.count == 1 { "" } else { "s" };
+    match f.held {
+        Some(Held::Tensors) => format!("{} tensor{s}", f.count),
+        Some(Held::TorchReserve) => {
+            format!(
+                "{} segment{s} of PyTorch's cache ({})",
+                f.count,
+                f.api_name()
+            )
+        }
+        Some(Held::OutsideTorch) => {
+            format!(
+                "{} ({}, outside PyTorch's allocator)",
+                f.count,
+                f.api_name()
+            )
+        }
+        None => format!("{} ({})", f.count, f.api_name()),
+    }
+}
+
+/// `text` with every line at most `width` characters: a longer line is wrapped at spaces,
+/// its continuation indented 4 more than it; a word longer than a line keeps its two ends.
+pub fn fit(text: &str, width: usize) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let (body, newline) = match line.strip_suffix('\n') {
+            Some(b) => (b, "\n"),
+            None => (line, ""),
+        };
+        if body.chars().count() <= width {
+            out.push_str(line);
+            continue;
+        }
+        let indent = body.len() - body.trim_start_matches(' ').len();
+        let more = " ".repeat((indent + 4).min(width / 2));
+        let mut current = " ".repeat(indent);
+        let mut current_len = indent;
+        let mut first = true;
+        for word in body[indent..].split(' ') {
+            let room = width.saturating_sub(if first { indent } else { more.len() });
+            let word = ellipsize(word, room);
+            let n = word.chars().count();
+            let empty = current_len == if first { indent } else { more.len() };
+            if !empty && current_len + 1 + n > width {
+                out.push_str(&current);
+                out.push('\n');
+                first = false;
+                current = more.clone();
+                current_len = more.len();
+            } else if !empty {
+                current.push(' ');
+                current_len += 1;
+            }
+            current.push_str(&word);
+            current_len += n;
+        }
+        out.push_str(&current);
+        out.push_str(newline);
     }
     out
 }
@@ -507,23 +743,45 @@ fn bucket_text(min: u64, max: u64) -> String {
 fn site_row_text(out: &mut String, r: &SiteRow) {
     let _ = writeln!(
         out,
-        "    peak {:>10}  end {:>10}  {:>7} allocs  {:>7} temporary  {:>+12.0} B/step  {}",
+        "    peak {:>10}  end {:>10}  {:>7} allocs  {:>7} temporary  {:>+12.0} B/step  {}{}",
         fmt_bytes(r.peak_bytes),
         fmt_bytes(r.live_at_exit_bytes),
         r.allocations,
         r.temporary,
         r.growth_per_step,
-        site_name(&r.stack)
+        site_text(&r.stack),
+        outside(r.held)
     );
 }
 
-/// The heaptrack_print-like sections of one process and device (`oomtrace report`).
+/// The mark of a listed call site whose memory is outside PyTorch's allocator.
+fn outside(held: Option<Held>) -> &'static str {
+    if held == Some(Held::OutsideTorch) {
+        "  (outside PyTorch's allocator)"
+    } else {
+        ""
+    }
+}
+
+/// The heaptrack_print-like sections of one process and device (`oomtrace report`); where
+/// PyTorch's tensors are traced, of its tensors (and the memory outside its allocator).
 fn sections_text(out: &mut String, s: &DeviceSections) {
     let t = &s.totals;
-    let _ = writeln!(out, "\nSections: pid {}, {}", s.pid, device_name(s.device));
+    let tensors = s.lists_of == ListsOf::Tensors;
+    let (unit, of) = if tensors {
+        ("tensors", " (tensors; --segments lists PyTorch's segments)")
+    } else {
+        ("allocations", "")
+    };
     let _ = writeln!(
         out,
-        "  totals: {} allocations, {} frees ({} temporary), {} allocated in total, peak {} at \
+        "\nSections: pid {}, {}{of}",
+        s.pid,
+        device_name(s.device)
+    );
+    let _ = writeln!(
+        out,
+        "  totals: {} {unit}, {} frees ({} temporary), {} allocated in total, peak {} at \
          {}, {} in {} live at exit, {} steps",
         t.allocations,
         t.frees,
@@ -535,41 +793,63 @@ fn sections_text(out: &mut String, s: &DeviceSections) {
         t.live_at_exit_count,
         t.steps
     );
-    let _ = writeln!(out, "  peak consumers (held at the peak):");
+    if let Some(o) = s.outside_torch.as_ref().filter(|o| o.allocations > 0) {
+        let _ = writeln!(
+            out,
+            "  outside PyTorch's allocator: {} allocations, {} allocated in total, {} in {} live \
+             at exit",
+            o.allocations,
+            fmt_bytes(o.bytes_allocated),
+            fmt_bytes(o.live_at_exit_bytes),
+            o.live_at_exit_count
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  peak consumers (held at the {}peak):",
+        if tensors { "tensors' " } else { "" }
+    );
     for c in &s.peak_consumers {
         let _ = writeln!(
             out,
-            "    {:>10} in {:>5}  {}",
+            "    {:>10} in {:>5}  {}{}",
             fmt_bytes(c.bytes),
             c.count,
-            site_name(&c.stack)
+            site_text(&c.stack),
+            outside(c.held)
         );
     }
     let _ = writeln!(out, "  most allocations:");
     for r in &s.most_allocations {
         let _ = writeln!(
             out,
-            "    {:>7} allocations, {:>10} in total  {}",
+            "    {:>7} allocations, {:>10} in total  {}{}",
             r.allocations,
             fmt_bytes(r.bytes_allocated),
-            site_name(&r.stack)
+            site_text(&r.stack),
+            outside(r.held)
         );
     }
     let _ = writeln!(out, "  most temporary allocations (freed in their step):");
     for r in &s.most_temporary {
         let _ = writeln!(
             out,
-            "    {:>7} of {:>7} allocations  {}",
+            "    {:>7} of {:>7} allocations  {}{}",
             r.temporary,
             r.allocations,
-            site_name(&r.stack)
+            site_text(&r.stack),
+            outside(r.held)
         );
     }
-    let _ = writeln!(out, "  allocation sizes:");
+    let _ = writeln!(
+        out,
+        "  {} sizes:",
+        if tensors { "tensor" } else { "allocation" }
+    );
     for b in &s.size_histogram {
         let _ = writeln!(
             out,
-            "    {:>22}  {:>7} allocations  {:>10}",
+            "    {:>22}  {:>7} {unit}  {:>10}",
             bucket_text(b.min_bytes, b.max_bytes),
             b.count,
             fmt_bytes(b.bytes)
@@ -581,7 +861,6 @@ fn sections_text(out: &mut String, s: &DeviceSections) {
     }
 }
 
-/// A few lines for the end of `oomtrace run`.
 /// The rank table and what it says (`report::ranks`).
 fn ranks_text(out: &mut String, ranks: &Ranks) {
     let of = match (ranks.world_size, ranks.implausible_world_size) {
@@ -644,7 +923,9 @@ fn ranks_text(out: &mut String, ranks: &Ranks) {
     }
 }
 
+/// A few lines for the end of `oomtrace run`.
 pub fn summary(r: &Report) -> String {
+    let opts = &TextOptions::default();
     let mut out = String::new();
     let _ = writeln!(out, "\noomtrace summary");
     if let Some(ranks) = &r.ranks {
@@ -657,7 +938,7 @@ pub fn summary(r: &Report) -> String {
     }
     if let Some(f) = r.findings.iter().find(|f| f.kind == Kind::Oom) {
         let _ = writeln!(out, "  first out-of-memory:");
-        oom_text(&mut out, f, false, TEXT_FRAMES);
+        oom_text(&mut out, f, false, TEXT_FRAMES, opts);
     }
     for f in r
         .findings
@@ -667,7 +948,7 @@ pub fn summary(r: &Report) -> String {
         .filter(|f| !(f.kind == Kind::DeviceGrowth && f.level == Level::INFO))
         .take(5)
     {
-        detected_text(&mut out, f, 3);
+        detected_text(&mut out, f, 3, opts);
     }
     for f in r
         .findings
@@ -677,21 +958,20 @@ pub fn summary(r: &Report) -> String {
     {
         let _ = writeln!(
             out,
-            "  live at exit: {} in {} ({}), {}, pid {}",
+            "  live at exit: {} in {}, {}, pid {}",
             fmt_bytes(f.bytes),
-            f.count,
-            f.api_name(),
+            held_text(f),
             device_name(f.device),
             f.pid
         );
         backward_text(&mut out, f, "      ");
-        stack_text(&mut out, &f.stack, "      ", 3);
+        stack_text(&mut out, &f.stack, "      ", 3, opts);
     }
     // The summary is on stderr already: each changed module's line goes with it.
     for m in &r.stale_modules {
         let _ = writeln!(out, "  warning: {}", m.warning());
     }
-    out
+    fit(&out, MAX_LINE)
 }
 
 /// One line per module whose file changed since the trace was taken (for stderr: the text
@@ -700,4 +980,122 @@ pub fn stale_module_warnings(r: &Report) -> impl Iterator<Item = String> + '_ {
     r.stale_modules
         .iter()
         .map(|m| format!("oomtrace: warning: {}", m.warning()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn native(function: &str, module: &str) -> FrameInfo {
+        FrameInfo {
+            function: function.into(),
+            module: module.into(),
+            ..Default::default()
+        }
+    }
+
+    fn python(function: &str, file: &str, line: u32) -> FrameInfo {
+        FrameInfo {
+            function: function.into(),
+            file: file.into(),
+            line,
+            module: "python".into(),
+            python: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn long_lines_wrap_at_spaces_and_keep_every_word() {
+        let words: Vec<String> = (0..80).map(|i| format!("word{i}")).collect();
+        let line = format!("      why: {}", words.join(" "));
+        let text = fit(&format!("short\n{line}\nend\n"), 100);
+        assert!(text.lines().all(|l| l.chars().count() <= 100), "{text}");
+        assert!(text.starts_with("short\n      why: word0 ") && text.ends_with("\nend\n"));
+        let wrapped: Vec<&str> = text.lines().skip(1).take_while(|l| *l != "end").collect();
+        assert!(wrapped.len() > 2 && wrapped[1..].iter().all(|l| l.starts_with("          w")));
+        let again: Vec<&str> = wrapped.iter().flat_map(|l| l.split_whitespace()).collect();
+        assert_eq!(
+            again[1..],
+            words.iter().map(String::as_str).collect::<Vec<_>>()[..]
+        );
+        // A word wider than a line keeps its two ends.
+        let path = format!("  /{}/x.py", "d".repeat(300));
+        let text = fit(&path, 100);
+        assert!(text.chars().count() <= 100 && text.contains("...") && text.ends_with("d/x.py"));
+        // Lines that fit are left as they are (multi-byte characters count once).
+        assert_eq!(fit("a → b\n", 5), "a → b\n");
+    }
+
+    #[test]
+    fn pytorch_frames_fold_into_one_part_unless_native() {
+        let frames = [
+            native("", "libcublas.so.13"),
+            native("", "libcublas.so.13"),
+            native("cublasCreate_v2", "libcublas.so.13"),
+            native(
+                "at::cuda::getCurrentCUDABlasHandle(void*, unsigned long)",
+                "libtorch_cuda.so",
+            ),
+            native(
+                "bool at::cuda::blas::gemm<float>(char, char)",
+                "libtorch_cuda.so",
+            ),
+            native("THPVariable_addmm", "libtorch_python.so"),
+            native("cfunction_call", "libpython3.11.so.1.0"),
+        ];
+        let refs: Vec<&FrameInfo> = frames.iter().collect();
+        assert_eq!(
+            native_parts(&refs, &TextOptions::default()),
+            [
+                "libcublas.so.13 (2 frames)",
+                "cublasCreate_v2",
+                "3 PyTorch C++ frames"
+            ]
+        );
+        let all = native_parts(&refs, &TextOptions { native: true });
+        assert_eq!(
+            all[1..],
+            [
+                "cublasCreate_v2",
+                "cuda::getCurrentCUDABlasHandle",
+                "blas::gemm",
+                "THPVariable_addmm",
+                "cfunction_call"
+            ]
+        );
+        // A stack without Python frames: the run of PyTorch's frames is one line.
+        let stack = [
+            native("cudaMalloc", "libcudart.so.13"),
+            native(
+                "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::alloc_block(int)",
+                "libc10_cuda.so",
+            ),
+            native(
+                "torch::autograd::generated::AddmmBackward0::apply(std::vector<at::Tensor>&&)",
+                "libtorch_cpu.so",
+            ),
+            native("torch::autograd::Engine::thread_main()", "libtorch_cpu.so"),
+        ];
+        let mut out = String::new();
+        stack_text(&mut out, &stack, "", 8, &TextOptions::default());
+        assert!(!out.contains("::"), "{out}");
+        assert!(
+            out.contains("... 2 PyTorch C++ frames (--native shows them)"),
+            "{out}"
+        );
+        let mut out = String::new();
+        stack_text(&mut out, &stack, "", 8, &TextOptions { native: true });
+        assert!(
+            out.contains("at AddmmBackward0::apply  [libtorch_cpu.so +]"),
+            "{out}"
+        );
+        assert_eq!(site_text(&stack), "AddmmBackward0 (backward pass)");
+        assert_eq!(
+            site_text(&stack[3..]),
+            "autograd thread (no Python frames): thread_main"
+        );
+        let with_python = [stack[0].clone(), python("forward", "/src/train.py", 42)];
+        assert_eq!(site_text(&with_python), "train.py:42 forward");
+    }
 }

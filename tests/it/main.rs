@@ -97,6 +97,10 @@ mod stale_symbols;
 /// plain `LD_PRELOAD`, `--torch` and the user's own pluggable allocator.
 mod torch;
 
+/// The real-PyTorch tier's words: reports, live lines and JSON culprits about tensors and
+/// the lines that made them, PyTorch's reserve in one line, its C++ frames folded.
+mod torch_words;
+
 /// `oomtrace report`'s sections (peak consumers, most allocations, temporaries, sizes,
 /// totals, `--sort`) and `oomtrace diff` of two runs of a corpus program, both ways.
 mod report_diff;

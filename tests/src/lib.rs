@@ -526,13 +526,38 @@ pub fn frame_text(fr: &Value) -> String {
     )
 }
 
+/// Where `needle` starts in `text`, allowing the text to have wrapped it: any run of spaces in
+/// `needle` matches any run of whitespace (newlines and indentation included) in `text`. Text
+/// reports wrap lines wider than 200 characters.
+pub fn find_wrapped(text: &str, needle: &str) -> Option<usize> {
+    let words: Vec<&str> = needle.split_whitespace().collect();
+    let first = *words.first()?;
+    text.match_indices(first).map(|(i, _)| i).find(|&start| {
+        let mut rest = &text[start..];
+        words.iter().enumerate().all(|(n, w)| {
+            if n > 0 {
+                let trimmed = rest.trim_start();
+                if trimmed.len() == rest.len() {
+                    return false;
+                }
+                rest = trimmed;
+            }
+            match rest.strip_prefix(w) {
+                Some(r) => {
+                    rest = r;
+                    true
+                }
+                None => false,
+            }
+        })
+    })
+}
+
 /// The text, from the first line holding `anchor` on, shows every Python frame of the JSON
 /// `stack` (library frames included), on consecutive lines, in the JSON's order.
 pub fn assert_text_shows_python_frames(text: &str, anchor: &str, stack: &Value) {
     let expected = python_frame_texts(stack);
-    let start = text
-        .find(anchor)
-        .unwrap_or_else(|| panic!("no `{anchor}` in:\n{text}"));
+    let start = find_wrapped(text, anchor).unwrap_or_else(|| panic!("no `{anchor}` in:\n{text}"));
     let shown: Vec<&str> = text[start..]
         .lines()
         .map(|l| l.trim_start().trim_start_matches("at ").trim_end())

@@ -250,6 +250,9 @@ fn load(path: &Path) -> Result<Side, Failure> {
             top: usize::MAX,
             order: SiteOrder::Peak,
             symbolize: true,
+            // The devices compare by what the GPU holds (segments included), as they always
+            // have; a tensor is matched by its own call site either way.
+            segments: true,
         },
     ) {
         let d = side.devices.entry(s.device).or_default();

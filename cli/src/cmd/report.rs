@@ -38,6 +38,15 @@ pub struct Args {
     /// (fastest growth per step).
     #[arg(long, default_value = "end", value_name = "ORDER")]
     pub sort: SiteOrder,
+    /// Where PyTorch's tensors are traced, also list its caching allocator's segments (its
+    /// reserve) as call sites, and make each device's sections count CUDA allocations
+    /// instead of tensors (text and JSON).
+    #[arg(long)]
+    pub segments: bool,
+    /// Show PyTorch's own C++ frames (c10, ATen, the autograd engine) one by one instead of
+    /// folded into one line (text).
+    #[arg(long)]
+    pub native: bool,
 }
 
 /// A trace file to read, and whether it was found in a directory (an unreadable one is then
@@ -145,13 +154,14 @@ fn report_of(
     for w in report::analysis_failures(&trace) {
         eprintln!("{w}");
     }
-    let mut report = report::build_with(
+    let mut report = report::build_with_segments(
         &trace,
         &ReportOptions {
             top: args.top,
             path: file.display().to_string(),
             symbolize: true,
         },
+        args.segments,
         sym,
     );
     report.sections = sections::build_with(
@@ -160,6 +170,7 @@ fn report_of(
             top: args.top,
             order: args.sort,
             symbolize: true,
+            segments: args.segments,
         },
         sym,
     );
@@ -284,7 +295,10 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         for w in render::stale_module_warnings(&report) {
             eprintln!("{w}");
         }
-        let _ = out.write_all(render::full(&report).as_bytes());
+        let opts = render::TextOptions {
+            native: args.native,
+        };
+        let _ = out.write_all(render::full_with(&report, &opts).as_bytes());
     }
     // A write error was kept by `out`; `finish` says it in one line.
     out.finish()?;

@@ -610,6 +610,7 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
         record: None,
         culprit: None,
         backward_node: None,
+        held: None,
     }
 }
 

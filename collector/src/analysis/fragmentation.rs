@@ -264,6 +264,7 @@ fn finding(device: i16, d: &DeviceFrag) -> Finding {
         record: None,
         culprit: None,
         backward_node: None,
+        held: None,
     }
 }
 

@@ -692,6 +692,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         record: None,
         culprit: None,
         backward_node: None,
+        held: None,
     }
 }
 

@@ -329,6 +329,23 @@ pub struct Finding {
     /// its native frames): that node and the forward lines that made it (set by the report).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backward_node: Option<BackwardNode>,
+    /// Where a `live_at_exit` call site's memory sits when PyTorch's tensors are traced on its
+    /// device (set by the report): absent elsewhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<Held>,
+}
+
+/// What a call site's memory is on a device where PyTorch's trace tracker reports tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Held {
+    /// Tensors (the tracker's allocations), inside PyTorch's segments.
+    Tensors,
+    /// Segments of PyTorch's caching allocator (its reserve; listed with `report --segments`).
+    TorchReserve,
+    /// CUDA memory outside PyTorch's allocator (an extension's own `cudaMalloc`, cuBLAS
+    /// workspaces, NCCL buffers).
+    OutsideTorch,
 }
 
 /// The autograd node a backward-pass allocation ran in, and where its forward op ran.
@@ -373,6 +390,7 @@ impl Finding {
             record: None,
             culprit: None,
             backward_node: None,
+            held: None,
         }
     }
 
@@ -651,7 +669,7 @@ impl Observer for Analysis {
             total_bytes: None,
             live_bytes: o.live_bytes,
             top_sites: if self.oom.keeps_next() {
-                p.top_sites(o.device, oom::TOP_SITES)
+                p.top_holders(o.device, oom::TOP_SITES)
             } else {
                 Vec::new()
             },

@@ -228,6 +228,7 @@ fn finding_of(r: &OomRecord, nth: u64) -> Finding {
         record: None,
         culprit: None,
         backward_node: None,
+        held: None,
     }
 }
 

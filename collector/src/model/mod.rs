@@ -115,6 +115,11 @@ pub struct DeviceState {
     /// What PyTorch's caching allocator holds as segments, from its own segment events
     /// (None until the first one): its reserve, and nothing else's.
     pub torch_reserved_bytes: Option<u64>,
+    /// How many segments make up `torch_reserved_bytes`.
+    pub torch_segments: u64,
+    /// The tensors' counterparts of the counters below (allocations, frees, temporaries, sizes,
+    /// who held them at their peak): what a report about tensors reads.
+    pub tensor_tally: Tally,
     /// Allocations freed in the step (between two markers) they were made in.
     pub temporary: u64,
     /// Allocations and bytes by size, in power-of-two buckets: index `i` holds sizes in
@@ -132,6 +137,26 @@ pub struct DeviceState {
 
 /// Call sites kept per device from the moment of its peak.
 pub const PEAK_SITES: usize = 32;
+
+/// A device's counters for PyTorch's tensors (the trace tracker's `MemoryClass::Tensor`),
+/// kept as [`DeviceState`] keeps them for CUDA allocations: the same questions (how many,
+/// how big, who held the peak) asked of tensors instead of the segments that hold them.
+#[derive(Clone, Debug, Default)]
+pub struct Tally {
+    pub allocations: u64,
+    pub frees: u64,
+    /// Freed in the step they were made in.
+    pub temporary: u64,
+    pub bytes_allocated: u64,
+    /// As [`DeviceState::size_buckets`].
+    pub size_buckets: Vec<(u64, u64)>,
+    /// When `DeviceState::tensor_peak_bytes` was reached.
+    pub peak_ts_ns: u64,
+    /// As [`DeviceState::peak_sites`], for tensor sites at the tensors' peak.
+    pub peak_sites: Vec<(SiteId, u64, u64)>,
+    pub peak_pending: bool,
+    pub peak_snap_bytes: u64,
+}
 
 /// Failed allocations of one (API, error, device).
 #[derive(Clone, Debug, Default)]
@@ -158,6 +183,9 @@ pub struct SiteStats {
     /// Live bytes when the first step marker came (0 for a site first seen after it): the
     /// base of its growth per step.
     pub live_at_first_step: u64,
+    /// Allocations made here that PyTorch's caching allocator named its segments (reserve):
+    /// a site of the allocator itself, not of a line that holds memory.
+    pub reserve_allocations: u64,
     /// Live bytes when the current step began, kept lazily: valid while `step_seen` is the
     /// process's marker count (see [`SiteStats::live_at_last_step`]).
     live_at_step_start: u64,
@@ -655,19 +683,27 @@ impl Process {
         if api.memory_class() == MemoryClass::Tensor {
             dev.tensor_bytes = dev.tensor_bytes.saturating_add(size);
             dev.tensor_count += 1;
-            dev.tensor_peak_bytes = dev.tensor_peak_bytes.max(dev.tensor_bytes);
+            let t = &mut dev.tensor_tally;
+            t.allocations += 1;
+            t.bytes_allocated = t.bytes_allocated.saturating_add(size);
+            count_size(&mut t.size_buckets, size);
+            if dev.tensor_bytes > dev.tensor_peak_bytes {
+                dev.tensor_peak_bytes = dev.tensor_bytes;
+                t.peak_ts_ns = ts;
+                // As for the device's peak below: a snapshot once the peak grew by 1/64.
+                let step = (t.peak_snap_bytes / 64).max(64 << 10);
+                if t.peak_sites.is_empty()
+                    || dev.tensor_peak_bytes >= t.peak_snap_bytes.saturating_add(step)
+                {
+                    t.peak_pending = true;
+                }
+            }
         } else {
             dev.live_bytes = dev.live_bytes.saturating_add(size);
             dev.live_count += 1;
             dev.allocations += 1;
             dev.bytes_allocated = dev.bytes_allocated.saturating_add(size);
-            let bucket = size_bucket(size);
-            if dev.size_buckets.len() <= bucket {
-                dev.size_buckets.resize(bucket + 1, (0, 0));
-            }
-            let b = &mut dev.size_buckets[bucket];
-            b.0 += 1;
-            b.1 = b.1.saturating_add(size);
+            count_size(&mut dev.size_buckets, size);
             if dev.live_bytes > dev.peak_bytes {
                 dev.peak_bytes = dev.live_bytes;
                 dev.peak_ts_ns = ts;
@@ -709,11 +745,23 @@ impl Process {
         let tensor = api.memory_class() == MemoryClass::Tensor;
         if !tensor && self.devices.get(&device).is_some_and(|d| d.peak_pending) {
             // Memory falls from a new peak: who holds it is who held the peak.
-            let sites = self.largest_sites(device, PEAK_SITES);
+            let sites = self.largest_sites(device, PEAK_SITES, false);
             let dev = self.device(device);
             dev.peak_sites = sites;
             dev.peak_snap_bytes = dev.live_bytes;
             dev.peak_pending = false;
+        }
+        if tensor
+            && self
+                .devices
+                .get(&device)
+                .is_some_and(|d| d.tensor_tally.peak_pending)
+        {
+            let sites = self.largest_sites(device, PEAK_SITES, true);
+            let dev = self.device(device);
+            dev.tensor_tally.peak_sites = sites;
+            dev.tensor_tally.peak_snap_bytes = dev.tensor_bytes;
+            dev.tensor_tally.peak_pending = false;
         }
         let temporary = born_ns >= self.step_start_ts_ns;
         let dev = self.device(device);
@@ -723,6 +771,8 @@ impl Process {
         if tensor {
             dev.tensor_bytes = dev.tensor_bytes.saturating_sub(size);
             dev.tensor_count = dev.tensor_count.saturating_sub(1);
+            dev.tensor_tally.frees += 1;
+            dev.tensor_tally.temporary += u64::from(temporary);
         } else {
             dev.live_bytes = dev.live_bytes.saturating_sub(size);
             dev.live_count = dev.live_count.saturating_sub(1);
@@ -782,6 +832,9 @@ impl Process {
         }
         a.reserve = true;
         let a = a.clone();
+        if let Some(s) = self.site_stats.get_mut(&(a.site, a.device)) {
+            s.reserve_allocations += 1;
+        }
         let dev = &self.devices[&a.device];
         let free = Free {
             device: a.device,
@@ -908,6 +961,11 @@ impl Process {
                 }
                 let dev = self.device(ev.device);
                 dev.events += 1;
+                dev.torch_segments = if kind == EventKind::Segment {
+                    dev.torch_segments + 1
+                } else {
+                    dev.torch_segments.saturating_sub(1)
+                };
                 let reserved = dev.torch_reserved_bytes.unwrap_or(0);
                 dev.torch_reserved_bytes = Some(if kind == EventKind::Segment {
                     reserved.saturating_add(ev.size)
@@ -1055,15 +1113,16 @@ impl Process {
     }
 
     /// The `n` sites of `device` holding most memory now, as (site, live bytes, live
-    /// allocations), largest first; tensors inside PyTorch's segments are left out (the
-    /// segments hold their bytes).
-    fn largest_sites(&self, device: i16, n: usize) -> Vec<(SiteId, u64, u64)> {
+    /// allocations), largest first: those of tensors inside PyTorch's segments, or (`tensors`
+    /// false) those of everything else (the segments hold the tensors' bytes).
+    fn largest_sites(&self, device: i16, n: usize, tensors: bool) -> Vec<(SiteId, u64, u64)> {
         let mut v: Vec<(SiteId, u64, u64)> = self
             .sites_on(device)
             .filter(|(_, s)| {
                 s.live_bytes > 0
                     && s.api
-                        .is_none_or(|a| a.memory_class() != MemoryClass::Tensor)
+                        .is_some_and(|a| a.memory_class() == MemoryClass::Tensor)
+                        == tensors
             })
             .map(|(site, s)| (site, s.live_bytes, s.live_count))
             .collect();
@@ -1076,10 +1135,27 @@ impl Process {
     /// most [`PEAK_SITES`].
     pub fn peak_sites(&self, device: i16) -> Vec<(SiteId, u64, u64)> {
         match self.devices.get(&device) {
-            Some(d) if d.peak_pending => self.largest_sites(device, PEAK_SITES),
+            Some(d) if d.peak_pending => self.largest_sites(device, PEAK_SITES, false),
             Some(d) => d.peak_sites.clone(),
             None => Vec::new(),
         }
+    }
+
+    /// Who held `device`'s tensors at their peak, as [`Process::peak_sites`].
+    pub fn tensor_peak_sites(&self, device: i16) -> Vec<(SiteId, u64, u64)> {
+        match self.devices.get(&device) {
+            Some(d) if d.tensor_tally.peak_pending => self.largest_sites(device, PEAK_SITES, true),
+            Some(d) => d.tensor_tally.peak_sites.clone(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Whether PyTorch's trace tracker reported on `device` (its segments or its tensors):
+    /// the device's memory is then told as tensors and PyTorch's reserve.
+    pub fn tensors_traced(&self, device: i16) -> bool {
+        self.devices
+            .get(&device)
+            .is_some_and(|d| d.torch_reserved_bytes.is_some() || d.tensor_tally.allocations > 0)
     }
 
     /// The call sites that allocated on `device`, with their aggregates there, in the order
@@ -1093,9 +1169,30 @@ impl Process {
     }
 
     pub fn top_sites(&self, device: i16, n: usize) -> Vec<(SiteId, u64, u64)> {
+        self.top_sites_where(device, n, |_| true)
+    }
+
+    /// The `n` sites of `device` holding most memory now, as (site, live bytes, live
+    /// allocations), largest first; without PyTorch's segments where its tensors are traced
+    /// (the tensors and the memory outside its allocator are who holds memory then).
+    pub fn top_holders(&self, device: i16, n: usize) -> Vec<(SiteId, u64, u64)> {
+        if self.tensors_traced(device) {
+            self.top_sites_where(device, n, |s| s.reserve_allocations == 0)
+        } else {
+            self.top_sites(device, n)
+        }
+    }
+
+    /// [`Process::top_sites`] among the sites whose counters pass `keep`.
+    pub fn top_sites_where(
+        &self,
+        device: i16,
+        n: usize,
+        keep: impl Fn(&SiteStats) -> bool,
+    ) -> Vec<(SiteId, u64, u64)> {
         let mut v: Vec<(SiteId, u64, u64)> = self
             .sites_on(device)
-            .filter(|(_, s)| s.live_bytes > 0)
+            .filter(|(_, s)| s.live_bytes > 0 && keep(s))
             .map(|(site, s)| (site, s.live_bytes, s.live_count))
             .collect();
         v.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -1117,6 +1214,17 @@ impl Process {
 /// The size-histogram bucket of `size`: sizes in `[2^(i-1), 2^i)` go to `i`, 0 to 0.
 pub fn size_bucket(size: u64) -> usize {
     (u64::BITS - size.leading_zeros()) as usize
+}
+
+/// Counts one allocation of `size` in `buckets` (see [`DeviceState::size_buckets`]).
+fn count_size(buckets: &mut Vec<(u64, u64)>, size: u64) {
+    let bucket = size_bucket(size);
+    if buckets.len() <= bucket {
+        buckets.resize(bucket + 1, (0, 0));
+    }
+    let b = &mut buckets[bucket];
+    b.0 += 1;
+    b.1 = b.1.saturating_add(size);
 }
 
 #[cfg(test)]
@@ -1171,6 +1279,7 @@ mod tests {
     #[test]
     fn tracker_tensors_live_inside_segments_without_double_counting() {
         let mut p = proc();
+        let (tensor_site, _) = two_sites(&mut p);
         let seg = 0x7000_0000;
         p.apply_event(
             &ev(EventKind::Alloc, Api::cudaMalloc, seg, 20 << 20),
@@ -1196,7 +1305,9 @@ mod tests {
             } else {
                 Api::oomtrace_torch_free
             };
-            p.apply_event(&ev(kind, api, ptr, size), &mut ());
+            let mut e = ev(kind, api, ptr, size);
+            e.stack = StackId(1);
+            p.apply_event(&e, &mut ());
         };
         tensor(&mut p, EventKind::Alloc, seg, 4 << 20);
         tensor(&mut p, EventKind::Alloc, seg + (4 << 20), 2 << 20);
@@ -1210,6 +1321,19 @@ mod tests {
         assert_eq!(p.devices[&0].tensor_peak_bytes, 6 << 20);
         assert_eq!(p.devices[&0].live_bytes, 28 << 20);
         assert_eq!(p.unmatched_frees, 0);
+        // The tensors' own tally, apart from the CUDA allocations': two made, one freed, who
+        // held their peak, and the segment counted as the allocator's (reserve) at its site.
+        let d = &p.devices[&0];
+        let t = &d.tensor_tally;
+        assert_eq!((t.allocations, t.frees, t.bytes_allocated), (2, 1, 6 << 20));
+        assert_eq!((d.allocations, d.torch_segments), (2, 1));
+        assert_eq!(p.tensor_peak_sites(0), vec![(tensor_site, 6 << 20, 2)]);
+        assert_eq!(t.size_buckets.iter().map(|b| b.0).sum::<u64>(), 2);
+        assert_eq!(p.site_stats[&(SiteId(0), 0)].reserve_allocations, 1);
+        assert!(p.tensors_traced(0) && !p.tensors_traced(1));
+        // Who holds memory: the tensors, not the site of the allocator's segments.
+        assert_eq!(p.top_holders(0, 5), vec![(tensor_site, 2 << 20, 1)]);
+        assert_eq!(p.top_sites(0, 5)[0], (SiteId(0), 28 << 20, 2));
         p.apply_event(
             &ev(
                 EventKind::SegmentFree,
@@ -1221,6 +1345,7 @@ mod tests {
         );
         p.apply_event(&ev(EventKind::Free, Api::cudaFree, seg, 0), &mut ());
         assert_eq!(p.devices[&0].torch_reserved_bytes, Some(0));
+        assert_eq!(p.devices[&0].torch_segments, 0);
         assert_eq!(p.devices[&0].live_bytes, 8 << 20);
     }
 

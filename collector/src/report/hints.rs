@@ -5,12 +5,27 @@
 
 use crate::analysis::device_growth::{self, DeviceGrowthEvidence, Events};
 use crate::analysis::growth::GrewAt;
+use crate::analysis::growth::TRACE_TENSORS;
 use crate::analysis::{Cause, PythonLine};
-use crate::model::{FrameInfo, SiteId, Stacks};
+use crate::model::{FrameInfo, Process, SiteId, Stacks};
 use crate::units::fmt_bytes;
 
 use super::roles::backward_node;
 use super::symbolize::{python_culprit, python_frames};
+
+/// What replaces the advice to trace PyTorch's tensors in a run that traces them.
+pub const TENSORS_TRACED: &str = "PyTorch's tensors are traced in this run: a line that keeps \
+    them has a finding of its own, and `oomtrace report` lists them by line.";
+
+/// Whether PyTorch's trace tracker reported on any device of `p`: its tensors are traced.
+pub fn traces_tensors(p: &Process) -> bool {
+    p.devices.keys().any(|&d| p.tensors_traced(d))
+}
+
+/// `hint` for a run that traces PyTorch's tensors: never the advice to trace them.
+pub fn without_tensor_advice(hint: &str) -> String {
+    hint.replace(TRACE_TENSORS, TENSORS_TRACED)
+}
 
 /// Lines kept in `python_lines`, largest first.
 const PYTHON_LINES: usize = 10;

@@ -2,7 +2,7 @@
 //! raise them (`oomtrace run`, `oomtrace collect`; the server hands it to its console).
 //! Concise on purpose: the report has the stacks and the evidence.
 
-use super::hints::{fmt_python_lines, resolve_device_growth, torch_segments};
+use super::hints::{fmt_python_lines, resolve_device_growth, torch_segments, traces_tensors};
 use super::roles::backward_node;
 use super::symbolize::{culprit, runs_python, StackSymbolizer};
 use crate::analysis::device_growth::{DeviceGrowthEvidence, Events};
@@ -94,7 +94,13 @@ fn device_growth_tail(
             fmt_python_lines(&e.python_lines, e.events.unit(), 3)
         ));
     }
-    if e.events == Events::Segments {
+    if e.events == Events::Segments && (e.tensors_traced || traces_tensors(p)) {
+        // The tensors are traced: no advice to trace them, only what the segments are.
+        text.push_str(
+            "; these are PyTorch's cache segments (its reserve); its tensors are traced, and a \
+             line that keeps them has a leak finding of its own",
+        );
+    } else if e.events == Events::Segments {
         text.push_str(match torch_segments(p.stacks(), &e.grew_at) {
             Some(true) => "; these are PyTorch's cache segments, not tensors: ",
             _ => "; if this is PyTorch, these are its cache segments, not tensors: ",

@@ -12,6 +12,7 @@ pub mod hints;
 pub mod live;
 pub mod merge;
 pub mod module_file;
+pub mod names;
 pub mod ranks;
 pub mod roles;
 pub mod sections;
@@ -23,13 +24,13 @@ use serde::Serialize;
 
 pub use crate::analysis::oom::{OomDetail, SiteShare};
 use crate::analysis::{fragmentation, growth, Analysis, Evidence, Severity};
-pub use crate::analysis::{BackwardNode, Cause, Finding, Kind, Level, PythonLine};
+pub use crate::analysis::{BackwardNode, Cause, Finding, Held, Kind, Level, PythonLine};
 use crate::model::trace::Trace;
 use crate::model::{EndState, FrameInfo, Process, SiteId, HOST_DEVICE};
 use crate::units::fmt_bytes;
 pub use hints::{
     device_growth_hint, fmt_python_lines, in_torch, python_lines, resolve_device_growth,
-    thread_kind, torch_segments,
+    thread_kind, torch_segments, traces_tensors, without_tensor_advice,
 };
 use oomtrace_proto::wire::GoodbyeReason;
 use symbolize::{culprit, StackSymbolizer};
@@ -208,6 +209,9 @@ pub struct DeviceReport {
     /// tracker's segment events (`--torch`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub torch_reserved_bytes: Option<u64>,
+    /// How many segments made up `torch_reserved_bytes`; present with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torch_segments: Option<u64>,
 }
 
 /// A device's tensors under `--torch` (the trace tracker).
@@ -256,9 +260,23 @@ fn status(p: &Process, trace: &Trace<Analysis>) -> String {
 }
 
 /// Why memory might still be live at exit, from what the trace can tell.
-fn live_hint(p: &Process, a: &Analysis, device: i16, site: SiteId) -> (Cause, String) {
+fn live_hint(
+    p: &Process,
+    a: &Analysis,
+    device: i16,
+    site: SiteId,
+    held: Option<Held>,
+) -> (Cause, String) {
     let leaking = a.is_leak(site, device);
-    if leaking {
+    if held == Some(Held::TorchReserve) {
+        (
+            Cause::NeverFreed,
+            "Segments PyTorch's caching allocator keeps for reuse until torch.cuda.empty_cache() \
+             or exit: its reserve, not memory a line holds. The tensors inside them are listed \
+             by the lines that made them (without --segments)."
+                .into(),
+        )
+    } else if leaking {
         (
             Cause::LiveAndLeaking,
             "This call site is also reported as a leak: its memory grew step by step.".into(),
@@ -406,16 +424,46 @@ pub(crate) fn raw_stack(p: &Process, site: SiteId) -> Vec<FrameInfo> {
         .unwrap_or_default()
 }
 
+/// What a call site's memory is on `device`, when PyTorch's tensors are traced there.
+pub fn held_at(p: &Process, device: i16, site: SiteId) -> Option<Held> {
+    if !p.tensors_traced(device) {
+        return None;
+    }
+    let s = p.site_stats.get(&(site, device))?;
+    Some(if s.reserve_allocations > 0 {
+        Held::TorchReserve
+    } else if s
+        .api
+        .is_some_and(|a| a.memory_class() == oomtrace_proto::MemoryClass::Tensor)
+    {
+        Held::Tensors
+    } else {
+        Held::OutsideTorch
+    })
+}
+
 pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
     build_with(trace, opts, &mut StackSymbolizer::new())
 }
 
 /// [`build`] with a symbolizer the caller keeps: reading a module's debug information is
 /// most of a small trace's report, and the traces of one job share their modules (`report
-/// DIR` keeps one per thread).
+/// DIR` keeps one per thread). Where PyTorch's tensors are traced, the call sites live at
+/// exit are its tensors and the memory outside its allocator, not its segments.
 pub fn build_with(
     trace: &Trace<Analysis>,
     opts: &ReportOptions,
+    sym: &mut StackSymbolizer,
+) -> Report {
+    build_with_segments(trace, opts, false, sym)
+}
+
+/// [`build_with`], listing PyTorch's segments among the call sites live at exit when
+/// `segments` (`oomtrace report --segments`).
+pub fn build_with_segments(
+    trace: &Trace<Analysis>,
+    opts: &ReportOptions,
+    segments: bool,
     sym: &mut StackSymbolizer,
 ) -> Report {
     let mut stack_of = |p: &Process, site| {
@@ -431,6 +479,8 @@ pub fn build_with(
     for (p, a) in trace.processes.iter().zip(&trace.observers) {
         // Forward lines by operator, found once per process.
         let mut forward = ForwardLines::default();
+        // Advice to trace the tensors is for runs that do not.
+        let tensors_traced = traces_tensors(p);
         let devices = p
             .devices
             .iter()
@@ -460,6 +510,7 @@ pub fn build_with(
                     live_at_exit_count: d.tensor_count,
                 }),
                 torch_reserved_bytes: d.torch_reserved_bytes,
+                torch_segments: d.torch_reserved_bytes.map(|_| d.torch_segments),
             })
             .collect();
         processes.push(ProcessReport {
@@ -590,10 +641,18 @@ pub fn build_with(
                 }
                 _ => {}
             }
+            if tensors_traced {
+                f.hint = without_tensor_advice(&f.hint);
+            }
             detected.push(f);
         }
         for &device in p.devices.keys() {
-            for (site, bytes, count) in p.top_sites(device, opts.top) {
+            let sites = if segments {
+                p.top_sites(device, opts.top)
+            } else {
+                p.top_holders(device, opts.top)
+            };
+            for (site, bytes, count) in sites {
                 let api = p.site_stats.get(&(site, device)).and_then(|s| s.api);
                 let api_name = api.map_or("?", |a| a.name());
                 let place = if device == HOST_DEVICE {
@@ -601,17 +660,28 @@ pub fn build_with(
                 } else {
                     format!("on device {device}")
                 };
-                let (cause, hint) = live_hint(p, a, device, site);
+                let held = held_at(p, device, site);
+                let (cause, hint) = live_hint(p, a, device, site, held);
+                let plural = if count == 1 { "" } else { "s" };
+                let what = match held {
+                    Some(Held::Tensors) => format!("{count} tensor{plural}"),
+                    Some(Held::TorchReserve) => {
+                        format!("{count} segment{plural} of PyTorch's cache ({api_name})")
+                    }
+                    Some(Held::OutsideTorch) => format!(
+                        "{count} allocation{plural} ({api_name}, outside PyTorch's allocator)"
+                    ),
+                    None => format!("{count} allocation{plural} ({api_name})"),
+                };
                 let mut f = Finding {
                     pid: p.pid(),
                     rank: p.launch.rank,
                     bytes,
                     stack: stack_of(p, site),
+                    held,
                     message: format!(
-                        "{} in {count} allocation{} ({api_name}) still live {place} when the \
-                         process ended",
+                        "{} in {what} still live {place} when the process ended",
                         fmt_bytes(bytes),
-                        if count == 1 { "" } else { "s" }
                     ),
                     count,
                     api,

@@ -7,15 +7,22 @@
 //! every front end (`oomtrace report`, `oomtrace diff`, an HTML view) shows the same numbers.
 //! A step is the model's own: the time between two step markers; a run without markers is
 //! one step.
+//!
+//! Where PyTorch's trace tracker reports tensors on a device, its sections are about them:
+//! totals, peak and sizes of the tensors, and lists of the call sites that made tensors or
+//! allocated CUDA memory outside PyTorch's allocator; the allocator's segments (its reserve)
+//! are one figure (`torch_cache`), and their call sites are listed with `segments`
+//! (`oomtrace report --segments`).
 
 use std::collections::HashMap;
 use std::str::FromStr;
 
 use serde::Serialize;
 
-use crate::analysis::Analysis;
+use crate::analysis::{Analysis, Held};
 use crate::model::trace::Trace;
 use crate::model::{FrameInfo, Process, SiteId, SiteStats, HOST_DEVICE};
+use oomtrace_proto::MemoryClass;
 
 use super::symbolize::{culprit, StackSymbolizer};
 
@@ -55,6 +62,39 @@ pub struct SectionOptions {
     pub order: SiteOrder,
     /// Symbolize stacks (off in tests that check raw frames).
     pub symbolize: bool,
+    /// Sections of CUDA allocations, PyTorch's segments included, also where its tensors are
+    /// traced (`oomtrace report --segments`).
+    pub segments: bool,
+}
+
+/// What a device's sections count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ListsOf {
+    /// CUDA allocations (PyTorch's segments among them, where it runs).
+    Allocations,
+    /// PyTorch's tensors (totals, peak, sizes), with the call sites of memory outside its
+    /// allocator in the lists.
+    Tensors,
+}
+
+/// PyTorch's caching allocator on one device at the end: its reserve and what of it held
+/// tensors.
+#[derive(Clone, Debug, Serialize)]
+pub struct TorchCache {
+    pub reserved_bytes: u64,
+    pub segments: u64,
+    pub tensor_bytes: u64,
+    pub tensor_count: u64,
+}
+
+/// CUDA memory outside PyTorch's allocator on a device where its tensors are traced.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct OutsideTorch {
+    pub allocations: u64,
+    pub bytes_allocated: u64,
+    pub live_at_exit_bytes: u64,
+    pub live_at_exit_count: u64,
 }
 
 /// The sections of one process and device.
@@ -78,6 +118,15 @@ pub struct DeviceSections {
     pub sites: Vec<SiteRow>,
     /// The order of `sites`: peak | end | count | growth.
     pub sort: &'static str,
+    /// What the sections count: `allocations` (CUDA allocations), or `tensors` where
+    /// PyTorch's tensors are traced (unless `--segments`).
+    pub lists_of: ListsOf,
+    /// PyTorch's reserve on this device, where its tensors are traced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torch_cache: Option<TorchCache>,
+    /// CUDA memory outside PyTorch's allocator, where its tensors are traced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outside_torch: Option<OutsideTorch>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -99,6 +148,9 @@ pub struct Totals {
 pub struct SiteBytes {
     pub bytes: u64,
     pub count: u64,
+    /// What the memory is, where PyTorch's tensors are traced (as a finding's `held`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<Held>,
     /// [`site_key`] of `stack`: equal for the same code in two runs.
     pub key: String,
     pub stack: Vec<FrameInfo>,
@@ -119,6 +171,9 @@ pub struct SiteRow {
     /// fewer than two markers. Measured between markers so that the teardown at exit does not
     /// count as shrinking.
     pub growth_per_step: f64,
+    /// What the memory is, where PyTorch's tensors are traced (as a finding's `held`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<Held>,
     pub key: String,
     pub stack: Vec<FrameInfo>,
 }
@@ -173,6 +228,24 @@ pub fn site_name(stack: &[FrameInfo]) -> String {
     }
 }
 
+/// The totals of `device`'s CUDA memory outside PyTorch's allocator: sites that are neither
+/// tensors nor the allocator's segments.
+fn outside_torch(p: &Process, device: i16) -> OutsideTorch {
+    p.sites_on(device)
+        .filter(|(_, s)| {
+            s.reserve_allocations == 0
+                && s.api
+                    .is_some_and(|a| a.memory_class() != MemoryClass::Tensor)
+        })
+        .fold(OutsideTorch::default(), |mut o, (_, s)| {
+            o.allocations += s.allocations;
+            o.bytes_allocated = o.bytes_allocated.saturating_add(s.total_bytes);
+            o.live_at_exit_bytes = o.live_at_exit_bytes.saturating_add(s.live_bytes);
+            o.live_at_exit_count += s.live_count;
+            o
+        })
+}
+
 fn growth_per_step(p: &Process, s: &SiteStats) -> f64 {
     if p.markers < 2 {
         return 0.0;
@@ -206,9 +279,11 @@ pub fn build_with(
     let mut out = Vec::new();
     for p in &trace.processes {
         for (&device, d) in p.devices.iter().filter(|(_, d)| d.allocations > 0) {
+            let tensors = p.tensors_traced(device) && !opts.segments;
+            let held = |site: SiteId| super::held_at(p, device, site);
             let mut stats: Vec<(SiteId, &SiteStats)> = p
                 .sites_on(device)
-                .filter(|(_, s)| s.allocations > 0)
+                .filter(|(_, s)| s.allocations > 0 && !(tensors && s.reserve_allocations > 0))
                 .collect();
             // A fixed order first, so that ties come out the same on every run.
             stats.sort_unstable_by_key(|(site, _)| *site);
@@ -223,6 +298,7 @@ pub fn build_with(
                     live_at_exit_bytes: s.live_bytes,
                     live_at_exit_count: s.live_count,
                     growth_per_step: growth_per_step(p, s),
+                    held: held(site),
                     key: site_key(&stack),
                     stack,
                 }
@@ -246,8 +322,12 @@ pub fn build_with(
                 SiteOrder::Count => top_by(&|s| s.allocations as f64, false),
                 SiteOrder::Growth => top_by(&|s| growth_per_step(p, s), false),
             };
-            let peak_consumers = p
-                .peak_sites(device)
+            let peak_sites = if tensors {
+                p.tensor_peak_sites(device)
+            } else {
+                p.peak_sites(device)
+            };
+            let peak_consumers = peak_sites
                 .into_iter()
                 .take(opts.top)
                 .map(|(site, bytes, count)| {
@@ -255,13 +335,19 @@ pub fn build_with(
                     SiteBytes {
                         bytes,
                         count,
+                        held: held(site),
                         key: site_key(&stack),
                         stack,
                     }
                 })
                 .collect();
-            let size_histogram = d
-                .size_buckets
+            let t = &d.tensor_tally;
+            let buckets = if tensors {
+                &t.size_buckets
+            } else {
+                &d.size_buckets
+            };
+            let size_histogram = buckets
                 .iter()
                 .enumerate()
                 .filter(|(_, b)| b.0 > 0)
@@ -286,17 +372,43 @@ pub fn build_with(
                 } else {
                     "device"
                 },
-                totals: Totals {
-                    allocations: d.allocations,
-                    frees: d.frees,
-                    temporary: d.temporary,
-                    bytes_allocated: d.bytes_allocated,
-                    peak_bytes: d.peak_bytes,
-                    peak_time_s: d.peak_ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
-                    live_at_exit_bytes: d.live_bytes,
-                    live_at_exit_count: d.live_count,
-                    steps: p.markers,
+                totals: if tensors {
+                    Totals {
+                        allocations: t.allocations,
+                        frees: t.frees,
+                        temporary: t.temporary,
+                        bytes_allocated: t.bytes_allocated,
+                        peak_bytes: d.tensor_peak_bytes,
+                        peak_time_s: t.peak_ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
+                        live_at_exit_bytes: d.tensor_bytes,
+                        live_at_exit_count: d.tensor_count,
+                        steps: p.markers,
+                    }
+                } else {
+                    Totals {
+                        allocations: d.allocations,
+                        frees: d.frees,
+                        temporary: d.temporary,
+                        bytes_allocated: d.bytes_allocated,
+                        peak_bytes: d.peak_bytes,
+                        peak_time_s: d.peak_ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
+                        live_at_exit_bytes: d.live_bytes,
+                        live_at_exit_count: d.live_count,
+                        steps: p.markers,
+                    }
                 },
+                lists_of: if tensors {
+                    ListsOf::Tensors
+                } else {
+                    ListsOf::Allocations
+                },
+                torch_cache: p.tensors_traced(device).then(|| TorchCache {
+                    reserved_bytes: d.torch_reserved_bytes.unwrap_or(0),
+                    segments: d.torch_segments,
+                    tensor_bytes: d.tensor_bytes,
+                    tensor_count: d.tensor_count,
+                }),
+                outside_torch: p.tensors_traced(device).then(|| outside_torch(p, device)),
                 peak_consumers,
                 most_allocations,
                 most_temporary,
