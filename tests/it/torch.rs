@@ -493,7 +493,13 @@ fn check_activation_leak(r: &TorchRun, mode: Mode, file: &str, line: u64) {
             );
             assert!(r.text.contains("cache grew at: "), "{}", r.text);
             // It says what names the tensor.
-            assert!(f["hint"].as_str().unwrap().contains("--torch"), "{f:#}");
+            assert!(
+                f["hint"]
+                    .as_str()
+                    .unwrap()
+                    .contains("`oomtrace run` without `--segments`"),
+                "{f:#}"
+            );
         }
     }
 }

@@ -347,7 +347,7 @@ mod tests {
         assert!(
             hint.contains("These are PyTorch's caching-allocator segments, not tensors")
                 && hint
-                    .contains("`oomtrace run --torch` (or `import oomtrace; oomtrace.install()`")
+                    .contains("`oomtrace run` without `--segments` (tensors are traced by default")
                 && hint.contains("torch.cuda.memory._record_memory_history()"),
             "{hint}"
         );
