@@ -7,13 +7,15 @@
 # Defaults: target/release/oomtrace and target/release/liboomtrace.so under the repository
 # root, OUT=./gpu-check-out, every check. Helpers live in scripts/gpu/.
 #   a  PyTorch loop with a planted leak (scripts/gpu/train_leak.py, line marked LEAK HERE):
-#      plain LD_PRELOAD, `oomtrace run`, `oomtrace run --torch`; the same loop with --clean
-#      under --torch must report no leak. Informational extras: no step markers, and the clean
-#      loop under plain LD_PRELOAD.
+#      plain LD_PRELOAD, `oomtrace run` (both trace tensors by default) and `oomtrace run
+#      --torch` name the line; the same loop with --clean under --torch must report no leak.
+#      Informational extras: no step markers, the clean loop under plain LD_PRELOAD, and
+#      `oomtrace run --segments` (the caching allocator's segments only).
 #   b  the leak with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (cuMemCreate/cuMemMap).
 #   c  an nvcc-built extension (static cudart, dlopen RTLD_LOCAL via ctypes) leaking 4 MiB per
 #      leaky_step(); the leak must name leaky_step.
-#   d  overhead: median step time untraced, under the shim, under --torch and with
+#   d  overhead: median step time untraced, under the shim with segments only
+#      (OOMTRACE_TORCH=segments), under --torch (tensors: the default) and with
 #      torch.cuda.memory._record_memory_history; ratios against untraced (docs/targets.md).
 # Writes OUT/summary.md (date, GPU, versions, one PASS/FAIL/SKIP/INFO line per check), one
 # directory per check (stdout, stderr, trace, report.json, the judge's account, and
@@ -119,7 +121,8 @@ torch_refused() { # DIR NAME: did `oomtrace run --torch` refuse because this bui
 
 # trace_check ID GRADE MODE TITLE JUDGE-ARGS... -- CMD...
 #   GRADE: check (counts) | info (reported as INFO, never fails the run)
-#   MODE: preload (plain LD_PRELOAD, trace via OOMTRACE_OUTPUT) | run | torch (oomtrace run [--torch])
+#   MODE: preload (plain LD_PRELOAD, trace via OOMTRACE_OUTPUT) | run | torch (oomtrace run
+#         [--torch]) | segments (oomtrace run --segments)
 #   JUDGE-ARGS go to scripts/gpu/check_report.py.
 trace_check() {
     local id=$1 grade=$2 mode=$3 title=$4
@@ -140,6 +143,7 @@ trace_check() {
         preload) run_in "$dir" prog -- env LD_PRELOAD="$LIB" OOMTRACE_OUTPUT="$dir/trace.oomt" "$@" ;;
         run) run_in "$dir" prog -- "$BIN" run --output "$dir/trace.oomt" --json "$dir/report.json" -- "$@" ;;
         torch) run_in "$dir" prog -- "$BIN" run --torch --output "$dir/trace.oomt" --json "$dir/report.json" -- "$@" ;;
+        segments) run_in "$dir" prog -- "$BIN" run --segments --output "$dir/trace.oomt" --json "$dir/report.json" -- "$@" ;;
     esac
     local status detail jrc
     if [ "$mode" = torch ] && torch_refused "$dir" prog; then
@@ -200,11 +204,11 @@ LEAK_LINE=$(grep -n '# LEAK HERE' "$TRAIN" | head -1 | cut -d: -f1)
 LEAK_ARGS=(--expect leak --file train_leak.py --line "$LEAK_LINE")
 
 case " $CHECKS " in *" a "*)
-    # Segment-level (caching allocator): the stack may name the op that made the cache grow.
-    trace_check a1-preload check preload "plain LD_PRELOAD: leak named in train_leak.py" \
-        "${LEAK_ARGS[@]}" --require-file -- "$PY" "$TRAIN"
-    trace_check a2-run check run "oomtrace run: leak named in train_leak.py" \
-        "${LEAK_ARGS[@]}" --require-file -- "$PY" "$TRAIN"
+    # Tensors by default: the leaked tensor is allocated on the LEAK HERE line itself.
+    trace_check a1-preload check preload "plain LD_PRELOAD: leak at train_leak.py:$LEAK_LINE" \
+        "${LEAK_ARGS[@]}" --require-file --strict-line -- "$PY" "$TRAIN"
+    trace_check a2-run check run "oomtrace run: leak at train_leak.py:$LEAK_LINE" \
+        "${LEAK_ARGS[@]}" --require-file --strict-line -- "$PY" "$TRAIN"
     # Tensor-level: the leaked tensor is allocated on the LEAK HERE line itself.
     trace_check a3-torch check torch "oomtrace run --torch: leak at train_leak.py:$LEAK_LINE" \
         "${LEAK_ARGS[@]}" --require-file --strict-line -- "$PY" "$TRAIN"
@@ -214,6 +218,10 @@ case " $CHECKS " in *" a "*)
         "${LEAK_ARGS[@]}" -- "$PY" "$TRAIN" --no-marks
     trace_check a6-preload-clean info preload "plain LD_PRELOAD, --clean loop: no leak reported" \
         --expect noleak -- "$PY" "$TRAIN" --clean
+    # Segment-level (caching allocator): the stack may name the op that made the cache grow;
+    # a leak the cache absorbs may go unseen.
+    trace_check a7-segments info segments "oomtrace run --segments: leak named in train_leak.py" \
+        "${LEAK_ARGS[@]}" --require-file -- "$PY" "$TRAIN"
     ;;
 esac
 
@@ -259,7 +267,7 @@ case " $CHECKS " in *" d "*)
             js=$dir/$mode.$r.json
             case $mode in
                 untraced) run_in "$dir" "$mode.$r" -- "$PY" "$BENCH" --mode untraced --json-out "$js" ;;
-                shim) run_in "$dir" "$mode.$r" -- env LD_PRELOAD="$LIB" OOMTRACE_OUTPUT="$dir/shim.$r.oomt" \
+                shim) run_in "$dir" "$mode.$r" -- env LD_PRELOAD="$LIB" OOMTRACE_TORCH=segments OOMTRACE_OUTPUT="$dir/shim.$r.oomt" \
                     "$PY" "$BENCH" --mode shim --json-out "$js" ;;
                 torch)
                     [ "$TORCH_STATE" = ok ] || continue
