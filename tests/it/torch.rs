@@ -497,7 +497,7 @@ fn check_activation_leak(r: &TorchRun, mode: Mode, file: &str, line: u64) {
                 f["hint"]
                     .as_str()
                     .unwrap()
-                    .contains("`oomtrace run` without `--segments`"),
+                    .contains("`oomtrace run` traces each tensor by default"),
                 "{f:#}"
             );
         }

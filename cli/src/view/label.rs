@@ -7,6 +7,8 @@
 
 use std::collections::HashMap;
 
+use oomtrace_collector::report::names::qualified_name;
+
 use crate::export::view::{culprit, is_machinery, Frame};
 
 /// The last path component of a file (`/src/train.py` -> `train.py`).
@@ -14,44 +16,12 @@ fn base_name(file: &str) -> &str {
     file.rsplit('/').next().unwrap_or(file)
 }
 
-/// `name` without its `<...>` and `(...)` groups (a C++ name's template and argument lists);
-/// `None` when they do not balance (an `operator<` or a truncated name).
-fn without_groups(name: &str) -> Option<String> {
-    let mut out = String::with_capacity(name.len());
-    let mut depth = 0i32;
-    for c in name.chars() {
-        match c {
-            '<' | '(' => depth += 1,
-            '>' | ')' => {
-                depth -= 1;
-                if depth < 0 {
-                    return None;
-                }
-            }
-            _ if depth == 0 => out.push(c),
-            _ => {}
-        }
-    }
-    (depth == 0).then_some(out)
-}
-
 /// A native function's name with its template and argument lists elided and its namespaces
 /// kept (`at::native::linear`), as the native flame graph shows it: short enough for a box,
-/// the full name is in the box's tooltip.
+/// the full name is in the box's tooltip. The report's rule
+/// ([`oomtrace_collector::report::names::qualified_name`]), so that text and page agree.
 pub fn elided(function: &str) -> String {
-    let function = function.split(" [clone").next().unwrap_or(function);
-    let function = function.replace("(anonymous namespace)::", "");
-    let Some(bare) = without_groups(&function) else {
-        return function.split('(').next().unwrap_or(&function).to_string();
-    };
-    // A leading return type (`bool at::cuda::blas::gemm_and_bias<...>(...)`) goes.
-    let bare = bare.trim();
-    let name = bare.rsplit(' ').next().unwrap_or(bare);
-    if name.is_empty() {
-        function.to_string()
-    } else {
-        name.to_string()
-    }
+    qualified_name(function)
 }
 
 /// A native function's name folded for a label: template and argument lists elided, then only

@@ -705,9 +705,8 @@ pub const NATIVE_HINT: &str = "Device memory allocated here with the CUDA API is
 /// (a macro so that the hints below can `concat!` it).
 macro_rules! trace_tensors {
     () => {
-        "`oomtrace run` without `--segments` (tensors are traced by default on PyTorch 2.4 to \
-         2.15; elsewhere `import oomtrace; oomtrace.install()` in the program) traces each \
-         tensor and names the line that keeps it; \
+        "`oomtrace run` traces each tensor by default on PyTorch 2.4 to 2.15 (not with \
+         `--segments`; `--torch=swap` on other releases) and names the line that keeps it; \
          torch.cuda.memory._record_memory_history() also names the tensors."
     };
 }
