@@ -313,15 +313,16 @@ fn missing_ranks_are_counted_not_listed() {
     assert_eq!(listed[0], 2);
     let text = bounded("report", &[&[os("report")], &t[..]].concat());
     let text = String::from_utf8(text.stdout).unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.contains("no trace holds"))
+    // One sentence, wrapped at 200 characters like every line of the text report.
+    let at = find_wrapped(&text, "no trace holds 1048574 ranks: 2, 3, 4,")
         .unwrap_or_else(|| panic!("{text}"));
+    let sentence = &text[at..];
+    let end = find_wrapped(sentence, "and 1048510 more").unwrap_or_else(|| panic!("{text}"));
     assert!(
-        line.contains("no trace holds 1048574 ranks: 2, 3, 4,"),
-        "{line}"
+        !sentence[..end].contains("\n\n") && sentence[end..].starts_with("and 1048510 more\n"),
+        "{text}"
     );
-    assert!(line.ends_with("and 1048510 more"), "{line}");
+    assert!(text.lines().all(|l| l.chars().count() <= 200), "{text}");
 }
 
 #[test]

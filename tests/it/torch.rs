@@ -583,8 +583,12 @@ fn oom(mode: Mode) {
     assert_eq!(o["total_bytes"].as_u64(), Some(512 * MIB), "{o:#}");
     let asked = o["requested_bytes"].as_u64().unwrap_or(0);
     // Tensor level: the scratch buffer itself, a multiple of the 8 MiB it grows by; segment
-    // level: the caching allocator's segment for it.
-    assert!(asked >= 400 * MIB, "{o:#}");
+    // level: the caching allocator's segment for it. Either did not fit in what the driver
+    // said was free, after the scratch had grown past half the device (how far depends on
+    // what else is held then: cuBLAS's 64 MiB workspace on the releases and paths that make
+    // one).
+    let free = o["free_bytes"].as_u64().unwrap_or(u64::MAX);
+    assert!(asked >= 256 * MIB && asked > free, "{o:#}");
     if mode.tensor_level() {
         assert_eq!(asked % (8 * MIB), 0, "{o:#}");
     }
