@@ -346,8 +346,9 @@ mod tests {
         assert!(hint.contains("The leak findings on this device"), "{hint}");
         assert!(
             hint.contains("These are PyTorch's caching-allocator segments, not tensors")
-                && hint
-                    .contains("`oomtrace run` traces each tensor by default on PyTorch 2.4 to 2.15")
+                && hint.contains(
+                    "`oomtrace run` traces each tensor by default on PyTorch 2.4 to 2.15"
+                )
                 && hint.contains("torch.cuda.memory._record_memory_history()"),
             "{hint}"
         );
