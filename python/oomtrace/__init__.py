@@ -200,8 +200,8 @@ def _install_allocator(torch):
 
 
 # PyTorch releases whose caching allocator oomtrace's tracker was checked against: their
-# exported symbols, and their TraceEntry layout compiled against their own headers (the
-# real-PyTorch test tier, tests/it/torch.rs; the README's table says where each was tested).
+# exported symbols, and their TraceEntry layout compiled against their own headers
+# (docs/pytorch-releases.md; the README's table says where each was tested end to end).
 _CHECKED_RELEASES = frozenset((2, minor) for minor in range(4, 16))
 _CHECKED_SPAN = "2.4 to 2.15"
 
