@@ -8,7 +8,7 @@
 //! (`OOMTRACE_TORCH` unset: `oomtrace run` always sets it, `OOMTRACE_TORCH=` turns it all
 //! off) or said only `OOMTRACE_TORCH=segments` (no tensors: the step hook alone):
 //! `PYTHONPATH` gets the sitecustomize and the `oomtrace` package first (a sitecustomize of
-//! the program's own still runs), `OOMTRACE_TORCH=tracker,steps` (or `segments`, kept), and
+//! the program's own still runs), `OOMTRACE_TORCH=tracker,steps` (or `segments,steps`), and
 //! `OOMTRACE_LIB` names this library. The files are written once into oomtrace's cache
 //! directory (`oomtrace_proto::cache`). Children inherit all three and are left as they are.
 
@@ -32,7 +32,9 @@ fn prepare_python_env() {
     // alone.
     let wanted = match flag("OOMTRACE_TORCH") {
         None => "tracker,steps",
-        Some(v) if v == "segments" => "segments",
+        // Said back with the step hook named, so that a Python child (which inherits the
+        // variable and `PYTHONPATH`) is left alone instead of getting the paths again.
+        Some(v) if v == "segments" => "segments,steps",
         Some(_) => return,
     };
     let Ok(exe) = std::fs::read_link("/proc/self/exe") else {

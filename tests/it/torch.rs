@@ -813,14 +813,21 @@ fn plain_preload_sets_up_tensors_and_steps_only_in_python() {
         "{shown}"
     );
     assert_eq!(torch, "tracker,steps", "{shown}");
-    // Tensors opted out of: the step hook alone, the user's word kept.
+    // Tensors opted out of: the step hook alone, said back with it named.
     let segments = preloaded_env(python(), &["-c", show], &[("OOMTRACE_TORCH", "segments")]);
     let (path, torch) = segments.trim().rsplit_once(' ').expect("two words");
     assert!(
         path.split(':').next().unwrap().ends_with("/boot"),
         "{segments}"
     );
-    assert_eq!(torch, "segments", "{segments}");
+    assert_eq!(torch, "segments,steps", "{segments}");
+    // A Python child inherits both and is left alone: no second copy of the paths.
+    let child = "import subprocess, sys; print(subprocess.run([sys.executable, '-c', \
+                 \"import os; print(os.environ.get('PYTHONPATH'), \
+                 os.environ.get('OOMTRACE_TORCH'))\"], capture_output=True, text=True)\
+                 .stdout.strip())";
+    let nested = preloaded_env(python(), &["-c", child], &[("OOMTRACE_TORCH", "segments")]);
+    assert_eq!(nested.trim(), segments.trim(), "{nested}");
     // Not a Python interpreter: nothing changes.
     let env = preloaded_env(Path::new("/usr/bin/env"), &[], &[]);
     assert!(env.contains("PYTHONPATH=/user/path\n"), "{env}");

@@ -129,7 +129,8 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     }
     let segments = args.segments
         || (args.torch.is_none()
-            && std::env::var_os("OOMTRACE_TORCH").is_some_and(|v| v == "segments"));
+            && std::env::var("OOMTRACE_TORCH")
+                .is_ok_and(|v| v.split(',').any(|part| part.trim() == "segments")));
     let hooks = PythonHooks {
         tracker: !segments && args.torch != Some(TorchMode::Swap),
         allocator: args.torch == Some(TorchMode::Swap),
