@@ -71,12 +71,6 @@ pub(crate) fn torch_version() -> String {
     }
 }
 
-/// Whether the tier runs on the pinned release: tests that only make sense there (its own
-/// headers, its exact symbols) say so with this.
-#[allow(dead_code)] // for the tests that only make sense on the pinned release
-pub(crate) fn pinned() -> bool {
-    torch_version() == pinned_torch()
-}
 
 /// The interpreter of the venv with the torch release under test ([`torch_version`]), from
 /// `scripts/torch-env.sh VERSION` (which installs the wheel if missing: never skipped).
