@@ -71,7 +71,6 @@ pub(crate) fn torch_version() -> String {
     }
 }
 
-
 /// The interpreter of the venv with the torch release under test ([`torch_version`]), from
 /// `scripts/torch-env.sh VERSION` (which installs the wheel if missing: never skipped).
 pub(crate) fn python() -> &'static Path {
