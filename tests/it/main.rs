@@ -92,14 +92,12 @@ mod attribution;
 /// as module and offset.
 mod stale_symbols;
 
-/// Real PyTorch (the pinned CUDA wheel, from `scripts/torch-env.sh`) on simcuda: leaky and
-/// clean training loops, an OOM at a known line and expandable segments, each under `run`,
-/// plain `LD_PRELOAD`, `--torch` and the user's own pluggable allocator.
+/// Real PyTorch (the pinned CUDA wheel, from `scripts/torch-env.sh`, or the release
+/// `TORCH_TIER_VERSION` names) on simcuda: leaky and clean training loops, an OOM at a known
+/// line and expandable segments, each under the default `run`, plain `LD_PRELOAD`,
+/// `--segments`, `--torch=swap` and the user's own pluggable allocator; what must hold on
+/// every release (`torch::every_version`); the report's words (`torch::words`).
 mod torch;
-
-/// The real-PyTorch tier's words: reports, live lines and JSON culprits about tensors and
-/// the lines that made them, PyTorch's reserve in one line, its C++ frames folded.
-mod torch_words;
 
 /// `oomtrace report`'s sections (peak consumers, most allocations, temporaries, sizes,
 /// totals, `--sort`) and `oomtrace diff` of two runs of a corpus program, both ways.

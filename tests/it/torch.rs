@@ -33,6 +33,7 @@ use oomtrace_tests::*;
 use serde_json::Value;
 
 mod every_version;
+mod words;
 
 /// How long one PyTorch run may take (importing torch alone takes a few seconds).
 pub(crate) const TORCH_TIMEOUT: Duration = Duration::from_secs(240);

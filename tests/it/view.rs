@@ -106,7 +106,7 @@ fn texts_after<'a>(dom: &'a str, marker: &str) -> Vec<&'a str> {
 }
 
 /// The data the page was written with.
-fn page_data(html: &str) -> Value {
+pub(crate) fn page_data(html: &str) -> Value {
     let start = html
         .find("<script id=\"data\" type=\"application/json\">")
         .expect("the page has its data");

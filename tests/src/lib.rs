@@ -434,7 +434,7 @@ pub fn report_json_of(traces: &[&Path]) -> Value {
 }
 
 /// `oomtrace report [FLAGS] FILE...`'s standard output; fails the test if it fails.
-fn report_output(flags: &[&str], traces: &[&Path]) -> String {
+pub fn report_output(flags: &[&str], traces: &[&Path]) -> String {
     let mut cmd = base_command(oomtrace_bin());
     cmd.arg("report").args(flags).args(traces);
     let out = output_within(cmd, TIMEOUT);

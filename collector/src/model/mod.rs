@@ -690,11 +690,11 @@ impl Process {
             if dev.tensor_bytes > dev.tensor_peak_bytes {
                 dev.tensor_peak_bytes = dev.tensor_bytes;
                 t.peak_ts_ns = ts;
-                // As for the device's peak below: a snapshot once the peak grew by 1/64.
-                let step = (t.peak_snap_bytes / 64).max(64 << 10);
-                if t.peak_sites.is_empty()
-                    || dev.tensor_peak_bytes >= t.peak_snap_bytes.saturating_add(step)
-                {
+                if snapshot_due(
+                    t.peak_sites.is_empty(),
+                    t.peak_snap_bytes,
+                    dev.tensor_peak_bytes,
+                ) {
                     t.peak_pending = true;
                 }
             }
@@ -707,13 +707,11 @@ impl Process {
             if dev.live_bytes > dev.peak_bytes {
                 dev.peak_bytes = dev.live_bytes;
                 dev.peak_ts_ns = ts;
-                // A snapshot scans the device's sites: taken again only once the peak has
-                // grown by 1/64 (at least 64 KiB) since the last one, so a peak that creeps
-                // up with every allocation costs at most a few hundred scans in a run.
-                let step = (dev.peak_snap_bytes / 64).max(64 << 10);
-                if dev.peak_sites.is_empty()
-                    || dev.peak_bytes >= dev.peak_snap_bytes.saturating_add(step)
-                {
+                if snapshot_due(
+                    dev.peak_sites.is_empty(),
+                    dev.peak_snap_bytes,
+                    dev.peak_bytes,
+                ) {
                     dev.peak_pending = true;
                 }
             }
@@ -1225,6 +1223,16 @@ fn count_size(buckets: &mut Vec<(u64, u64)>, size: u64) {
     let b = &mut buckets[bucket];
     b.0 += 1;
     b.1 = b.1.saturating_add(size);
+}
+
+/// Whether a new peak (`peak` bytes) calls for another snapshot of the sites holding memory:
+/// the first one, then only once the peak has grown by 1/64 (at least 64 KiB) since the last
+/// (`snapped` bytes). A snapshot scans the sites, so a peak that creeps up with every
+/// allocation costs at most a few hundred scans in a run. The device's peak and the tensors'
+/// peak follow the same rule.
+fn snapshot_due(never_taken: bool, snapped: u64, peak: u64) -> bool {
+    let step = (snapped / 64).max(64 << 10);
+    never_taken || peak >= snapped.saturating_add(step)
 }
 
 #[cfg(test)]

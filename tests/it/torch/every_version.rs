@@ -214,14 +214,7 @@ fn default_run_names_the_leaking_line_in_report_and_view() {
         .arg(&page);
     let out = output_within(view, TIMEOUT);
     assert!(out.status.success(), "{out:?}");
-    let html = std::fs::read_to_string(&page).unwrap();
-    let start = html
-        .find("<script id=\"data\" type=\"application/json\">")
-        .expect("the page has its data");
-    let rest = &html[start..];
-    let data: Value =
-        serde_json::from_str(&rest[rest.find('>').unwrap() + 1..rest.find("</script>").unwrap()])
-            .expect("the page's data is JSON");
+    let data = crate::view::page_data(&std::fs::read_to_string(&page).unwrap());
     let cuda0 = data["processes"][0]["devices"]
         .as_array()
         .unwrap()

@@ -3,88 +3,33 @@
 //! the user's Python lines; PyTorch's reserve is one line per device; its C++ frames are
 //! folded; no line of the text is wider than 200 characters. See `torch.rs` for the tier.
 
-use std::path::{Path, PathBuf};
-
-use oomtrace_tests::*;
-use serde_json::Value;
-
-use crate::torch::{python, pytorch_exit_abort, torch_env, without_aslr, TORCH_TIMEOUT};
+use super::*;
 
 /// The widest line a text report may have.
 const MAX_LINE: usize = 200;
-
-fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("scenarios/torch")
-        .join(name)
-}
-
-/// The 1-based line of the scenario `name` that contains `marker`.
-fn line_of(name: &str, marker: &str) -> u64 {
-    let text = std::fs::read_to_string(script(name)).unwrap();
-    text.lines()
-        .position(|l| l.contains(marker))
-        .unwrap_or_else(|| panic!("{marker} not in {name}")) as u64
-        + 1
-}
 
 /// One `oomtrace run --torch` of a scenario, with its trace kept for more reports.
 struct Traced {
     stderr: String,
     report: Value,
     trace: PathBuf,
-    _dir: Scratch,
+    _run: TorchRun,
 }
 
 fn run_tracked(name: &str) -> Traced {
-    for attempt in 0..2 {
-        let dir = scratch(&format!("torch-words-{}", name.trim_end_matches(".py")));
-        let trace = dir.join("trace.oomt");
-        let json = dir.join("report.json");
-        let mut cmd = base_command(oomtrace_bin());
-        cmd.arg("run")
-            .arg("--torch")
-            .arg("--json")
-            .arg(&json)
-            .arg("-o")
-            .arg(&trace)
-            .arg("--")
-            .arg(python())
-            .arg(script(name))
-            .current_dir(&dir)
-            .env("STEPS", "40")
-            .env_remove("PYTORCH_CUDA_ALLOC_CONF")
-            .env_remove("OWN_ALLOCATOR");
-        torch_env(&mut cmd, &dir);
-        without_aslr(&mut cmd);
-        let out = output_within(cmd, TORCH_TIMEOUT);
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        if attempt == 0 && pytorch_exit_abort(&out.status, &stderr) {
-            continue;
-        }
-        assert_eq!(out.status.code(), Some(0), "{stderr}");
-        let report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-        return Traced {
-            stderr,
-            report,
-            trace,
-            _dir: dir,
-        };
+    let r = run_torch(name, Mode::Torch, &[]);
+    assert_eq!(r.status.code(), Some(0), "{}", r.stderr);
+    Traced {
+        stderr: r.stderr.clone(),
+        report: r.report.clone(),
+        trace: r._dir.join("trace.oomt"),
+        _run: r,
     }
-    unreachable!()
 }
 
 /// `oomtrace report FLAGS TRACE`'s standard output.
 fn report_with(flags: &[&str], trace: &Path) -> String {
-    let mut cmd = base_command(oomtrace_bin());
-    cmd.arg("report").args(flags).arg(trace);
-    let out = output_within(cmd, TORCH_TIMEOUT);
-    assert!(
-        out.status.success(),
-        "report {flags:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    report_output(flags, &[trace])
 }
 
 fn assert_lines_fit(text: &str) {
@@ -113,7 +58,7 @@ fn section<'a>(text: &'a str, from: &str) -> Vec<&'a str> {
 #[test]
 fn torch_report_speaks_of_tensors_named_by_their_lines() {
     let r = run_tracked("leak_activations.py");
-    let leak_line = line_of("leak_activations.py", "# LEAK");
+    let leak_line = torch_line_of("leak_activations.py", "# LEAK");
     let at = format!("leak_activations.py:{leak_line}");
 
     // Live lines and the summary: no advice to trace the tensors that are traced.
