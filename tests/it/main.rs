@@ -96,7 +96,9 @@ mod stale_symbols;
 /// `TORCH_TIER_VERSION` names) on simcuda: leaky and clean training loops, an OOM at a known
 /// line and expandable segments, each under the default `run`, plain `LD_PRELOAD`,
 /// `--segments`, `--torch=swap` and the user's own pluggable allocator; what must hold on
-/// every release (`torch::every_version`); the report's words (`torch::words`).
+/// every release (`torch::every_version`); the report's words (`torch::words`); `oomtrace
+/// whatif`'s predictions against PyTorch's own peaks under each allocator setting
+/// (`torch::whatif`).
 mod torch;
 
 /// `oomtrace report`'s sections (peak consumers, most allocations, temporaries, sizes,
