@@ -442,6 +442,11 @@ pub fn held_at(p: &Process, device: i16, site: SiteId) -> Option<Held> {
     })
 }
 
+/// A device's growth that the fragmentation finding on the same device explains.
+const FRAGMENTED_DEVICE_HINT: &str = "PyTorch's cache grows while the tensors it holds do not \
+    keep up: the growth is memory reserved and not used (see the fragmentation finding on this \
+    device), not tensors held across steps.";
+
 pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
     build_with(trace, opts, &mut StackSymbolizer::new())
 }
@@ -596,6 +601,14 @@ pub fn build_with_segments(
                         stack: stack_of(p, site),
                     })
                     .collect(),
+                reserved_bytes: o.torch_reserved_bytes,
+                allocated_bytes: o.tensor_bytes,
+                reserved_unallocated_bytes: o.in_pieces(),
+                remedies: if o.in_pieces().is_some() {
+                    fragmentation::remedies(&Default::default())
+                } else {
+                    Vec::new()
+                },
             });
             if f.site.0 != 0 {
                 f.stack = stack_of(p, f.site);
@@ -631,10 +644,20 @@ pub fn build_with_segments(
                 Some(Evidence::DeviceGrowth(e)) => {
                     let hint = std::mem::take(&mut f.hint);
                     (f.cause, f.hint) = device_growth_hint(p.stacks(), e, f.cause, hint);
+                    if a.fragmentation.gap_growing(f.device) {
+                        // The reserve grows away from the tensors: what grows is the cache's
+                        // unused part, not memory any line holds.
+                        f.cause = Cause::Fragmented;
+                        f.hint = FRAGMENTED_DEVICE_HINT.into();
+                    }
                     resolve_device_growth(p.stacks(), e, |site| stack_of(p, site));
                 }
                 // A leak of PyTorch's segments: the lines that made the device's cache grow
                 // over the same steps say more than the one call that found it exhausted.
+                // The lines whose requests made the cache take segments.
+                Some(Evidence::Fragmentation(e)) => {
+                    e.python_lines = python_lines(p.stacks(), &e.grew_at, |site| stack_of(p, site));
+                }
                 Some(Evidence::Leak(e)) if segments => {
                     let grew_at = a.device_growth.grew_at(f.device);
                     e.python_lines = python_lines(p.stacks(), grew_at, |site| stack_of(p, site));
@@ -740,8 +763,9 @@ pub fn order(f: &Finding) -> u8 {
     match f.kind {
         Kind::Oom => 0,
         Kind::Leak => 1,
-        Kind::DeviceGrowth => 2,
-        Kind::Fragmentation => 3,
+        // Fragmentation explains a device's growth when both are found: it comes first.
+        Kind::Fragmentation => 2,
+        Kind::DeviceGrowth => 3,
         Kind::Threshold => 4,
         Kind::Growth => 5,
         Kind::LiveAtExit => 6,
