@@ -570,7 +570,7 @@ fn finding(device: i16, d: &DeviceFrag) -> Finding {
         api: None,
         message: format!("device {device}: {}", parts.join("; ")),
         hint: if d.creep { gap_hint(ev) } else { HINT.into() },
-        evidence: Some(Evidence::Fragmentation(ev.clone())),
+        evidence: Some(Evidence::Fragmentation(Box::new(ev.clone()))),
         record: None,
         culprit: None,
         backward_node: None,

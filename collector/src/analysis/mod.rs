@@ -427,7 +427,7 @@ pub enum Evidence {
     /// Boxed: a leak's evidence (its samples and history) is several times the others'.
     Leak(Box<growth::LeakEvidence>),
     DeviceGrowth(Box<device_growth::DeviceGrowthEvidence>),
-    Fragmentation(fragmentation::FragEvidence),
+    Fragmentation(Box<fragmentation::FragEvidence>),
     Threshold(threshold::ThresholdEvidence),
 }
 
