@@ -85,9 +85,11 @@ pub struct FragPattern {
     pub segments_taken_with_room: u64,
     /// The largest request (a tensor, or a segment without tensors) in the last step.
     pub largest_request_bytes: u64,
-    /// The largest request per step rises step after step (Mann-Kendall p < 0.01).
+    /// The mean request of 1 MiB or more per step rises step after step (Mann-Kendall
+    /// p < 0.01): the requests grow, not just one of them.
     pub sizes_growing: bool,
-    pub largest_request_slope_bytes_per_step: Option<f64>,
+    /// How fast that mean grows.
+    pub mean_request_slope_bytes_per_step: Option<f64>,
     /// Distinct request sizes of 1 MiB and more (at most 4096 counted).
     pub distinct_large_sizes: u64,
 }
@@ -192,7 +194,10 @@ struct DeviceFrag {
     pending_segment: Option<u64>,
     pattern: FragPattern,
     largest_request_epoch: u64,
-    largest_requests: VecDeque<f64>,
+    /// Requests of 1 MiB or more in the current step: their bytes and count.
+    large_requests_epoch: (u64, u64),
+    /// The mean of those per step.
+    mean_requests: VecDeque<f64>,
     sizes: FxHashSet<u64>,
     /// Sites whose requests made the cache take segments: bytes and segments.
     grew_at: FxHashMap<SiteId, (u64, u64)>,
@@ -311,9 +316,13 @@ fn sites_largest_first(sites: &FxHashMap<SiteId, (u64, u64)>) -> Vec<GrewAt> {
 
 fn note_request(d: &mut DeviceFrag, size: u64) {
     d.largest_request_epoch = d.largest_request_epoch.max(size);
-    if size >= LARGE_REQUEST && d.sizes.len() < MAX_SIZES {
-        // PyTorch rounds requests to 512 bytes: sizes that round alike are one size to it.
-        d.sizes.insert(size.div_ceil(512));
+    if size >= LARGE_REQUEST {
+        d.large_requests_epoch.0 = d.large_requests_epoch.0.saturating_add(size);
+        d.large_requests_epoch.1 += 1;
+        if d.sizes.len() < MAX_SIZES {
+            // PyTorch rounds requests to 512 bytes: sizes that round alike are one size to it.
+            d.sizes.insert(size.div_ceil(512));
+        }
     }
 }
 
@@ -373,7 +382,8 @@ impl Detector for FragmentationDetector {
                 d.sample_epochs.pop_front();
             }
             d.sample_epochs.push_back(ctx.epoch);
-            push(&mut d.largest_requests, d.largest_request_epoch as f64);
+            let (bytes, n) = std::mem::take(&mut d.large_requests_epoch);
+            push(&mut d.mean_requests, bytes as f64 / n.max(1) as f64);
             d.pattern.largest_request_bytes = d.largest_request_epoch;
             d.largest_request_epoch = 0;
             let ev = &mut d.ev;
@@ -396,10 +406,10 @@ impl Detector for FragmentationDetector {
                 .collect();
             let mk = mann_kendall(&gaps);
             let slope = theil_sen(&gaps, mk.var, 0.95).map_or(0.0, |t| t.slope);
-            let sizes: Vec<f64> = d.largest_requests.iter().copied().collect();
+            let sizes: Vec<f64> = d.mean_requests.iter().copied().collect();
             let mk_sizes = mann_kendall(&sizes);
             d.pattern.sizes_growing = mk_sizes.p < 0.01;
-            d.pattern.largest_request_slope_bytes_per_step = theil_sen(&sizes, mk_sizes.var, 0.95)
+            d.pattern.mean_request_slope_bytes_per_step = theil_sen(&sizes, mk_sizes.var, 0.95)
                 .map(|t| t.slope)
                 .filter(|&s| s > 0.0 && d.pattern.sizes_growing);
             d.pattern.distinct_large_sizes = d.sizes.len() as u64;
@@ -628,9 +638,9 @@ fn gap_hint(ev: &FragEvidence) -> String {
                 p.segments_taken_with_room, p.segments_taken
             ));
         }
-        if let Some(s) = p.largest_request_slope_bytes_per_step {
+        if let Some(s) = p.mean_request_slope_bytes_per_step {
             why.push(format!(
-                "request sizes grow step after step ({}; the largest {})",
+                "request sizes grow step after step (their mean {}; the largest {})",
                 fmt_rate(s, None),
                 fmt_bytes(p.largest_request_bytes)
             ));
