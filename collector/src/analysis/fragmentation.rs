@@ -127,6 +127,9 @@ impl FragmentationDetector {
             });
         }
     }
+
+    /// PyTorch's own statistics of one device, read after a step marker.
+    pub fn torch_memory(&mut self, _m: &crate::model::TorchMemory) {}
 }
 
 impl Detector for FragmentationDetector {

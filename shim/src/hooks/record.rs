@@ -9,8 +9,8 @@ use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use oomtrace_proto::{Api, Event, EventKind, MemoryClass, DEVICE_UNKNOWN};
 use oomtrace_proto::wire::TorchMemory;
+use oomtrace_proto::{Api, Event, EventKind, MemoryClass, DEVICE_UNKNOWN};
 
 use crate::cuda::{CUmemAllocationProp, CU_MEM_LOCATION_TYPE_DEVICE};
 use crate::driver_query;
