@@ -14,7 +14,7 @@ use std::path::Path;
 
 use super::trace::Trace;
 use super::{Error, Process, SiteId};
-use oomtrace_proto::wire::Frame;
+use oomtrace_proto::wire::{Frame, TorchMemory};
 use oomtrace_proto::Event;
 
 /// What a visitor is shown, in stream order per process (processes interleave as in the file).
@@ -30,6 +30,9 @@ pub enum Seen<'a> {
         site: SiteId,
         label: &'a str,
     },
+    /// PyTorch's own statistics of one device, read by the step hook after a marker; not yet
+    /// applied (see [`Process::torch_memory`] for the last of each device).
+    TorchMemory(&'a TorchMemory),
 }
 
 /// Replays the trace file at `path`, showing each event and marker to `visit`; returns the
@@ -83,6 +86,13 @@ pub fn replay_with_progress(
                     label,
                 },
             );
+            p.apply(frame, &mut ());
+        }
+        Frame::TorchMemory(m) => {
+            // One a process can have: the model leaves the others out, and so does this.
+            if (0..oomtrace_proto::MAX_DEVICES).contains(&m.device) {
+                visit(p, Seen::TorchMemory(m));
+            }
             p.apply(frame, &mut ());
         }
         other => p.apply(other, &mut ()),
