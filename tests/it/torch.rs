@@ -33,6 +33,7 @@ use oomtrace_tests::*;
 use serde_json::Value;
 
 mod every_version;
+mod step_memory;
 mod words;
 
 /// How long one PyTorch run may take (importing torch alone takes a few seconds).
