@@ -130,6 +130,18 @@ mod tests {
         b.ptr = 0x10;
         encode::events(&mut frames, &[a, b]);
         encode::marker(&mut frames, 3, 9, 1, StackId::NONE, "step");
+        for device in [0, oomtrace_proto::MAX_DEVICES] {
+            encode::torch_memory(
+                &mut frames,
+                &TorchMemory {
+                    ts_ns: 10,
+                    device,
+                    allocated: 1024,
+                    max_allocated: 4096,
+                    reserved: 8192,
+                },
+            );
+        }
         tf::write_chunk(&mut f, 3, &frames, true).unwrap();
         tf::write_end(&mut f, 3, 1).unwrap();
         let path = std::env::temp_dir().join(format!("oomt-history-{}.oomt", std::process::id()));
@@ -144,6 +156,12 @@ mod tests {
                 p.live.get(&event.ptr).map_or(0, |l| l.size)
             )),
             Seen::Marker { label, .. } => seen.push(format!("marker {label}")),
+            Seen::TorchMemory(m) => seen.push(format!(
+                "torch {} reserved {} known {}",
+                m.device,
+                m.reserved,
+                p.torch_memory.contains_key(&m.device)
+            )),
         })
         .unwrap();
         let _ = std::fs::remove_file(&path);
@@ -152,9 +170,12 @@ mod tests {
             [
                 "Alloc site 1 live 0",
                 "Free site 0 live 4096",
-                "marker step"
+                "marker step",
+                // Shown before it applies; the one naming no possible device, not at all.
+                "torch 0 reserved 8192 known false"
             ]
         );
+        assert_eq!(t.processes[0].torch_memory[&0].reserved, 8192);
         assert_eq!(t.processes[0].devices[&0].peak_bytes, 4096);
         assert_eq!(t.processes[0].markers, 1);
     }
