@@ -37,12 +37,18 @@ fn check_readings(mode: Mode) {
     let m = &device["torch_memory"];
     let read: Vec<u64> = ["allocated_bytes", "max_allocated_bytes", "reserved_bytes"]
         .iter()
-        .map(|k| m[k].as_u64().unwrap_or_else(|| panic!("no {k}: {device:#}")))
+        .map(|k| {
+            m[k].as_u64()
+                .unwrap_or_else(|| panic!("no {k}: {device:#}"))
+        })
         .collect();
     assert_eq!(read, printed, "{device:#}\n{}", r.stdout);
     assert_eq!(m["step"], STEPS, "{m}");
     // The batch grows every step: the cache holds more than the tensors at the last step.
-    assert!(printed[2] > printed[0] && printed[1] >= printed[0], "{printed:?}");
+    assert!(
+        printed[2] > printed[0] && printed[1] >= printed[0],
+        "{printed:?}"
+    );
 }
 
 /// `--segments`: no tensor is traced, yet allocated against reserved is known.
