@@ -597,6 +597,23 @@ fn segment_mode_plots_pytorchs_readings_and_marks_fragmentation() {
         r[3].as_u64() > r[1].as_u64(),
         "reserved above allocated: {r}"
     );
+    // The JSON lines export carries each reading too.
+    oomtrace_in(
+        &dir,
+        &["export", "--format", "json", "t.oomt", "-o", "e.jsonl"],
+    );
+    let lines: Vec<Value> = std::fs::read_to_string(dir.join("e.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["type"] == "torch_memory")
+        .collect();
+    assert_eq!(lines.len(), 12);
+    assert_eq!(
+        lines[11]["reserved_bytes"], last["reserved_bytes"],
+        "{}",
+        lines[11]
+    );
     for w in readings.windows(2) {
         assert!(w[0][0].as_f64() <= w[1][0].as_f64(), "{readings:?}");
     }
