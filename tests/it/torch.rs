@@ -34,6 +34,7 @@ use serde_json::Value;
 
 mod every_version;
 mod fragmentation;
+mod step_memory;
 mod words;
 
 /// How long one PyTorch run may take (importing torch alone takes a few seconds).

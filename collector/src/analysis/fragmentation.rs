@@ -292,8 +292,13 @@ impl FragmentationDetector {
         }
     }
 
-    /// PyTorch's own counters for `device`, read by the step hook at an optimizer step:
+    /// PyTorch's own statistics of one device, read by the step hook after a step marker:
     /// what segment mode judges the gap by.
+    pub fn torch_memory(&mut self, m: &crate::model::TorchMemory) {
+        self.on_reading(m.device, m.allocated, m.max_allocated, m.reserved);
+    }
+
+    /// PyTorch's own counters for `device` (see [`FragmentationDetector::torch_memory`]).
     pub fn on_reading(&mut self, device: i16, allocated: u64, max_allocated: u64, reserved: u64) {
         let d = self.devices.entry(device).or_default();
         d.reading = Some(Reading {

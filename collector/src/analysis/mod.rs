@@ -46,6 +46,7 @@ use serde::{Serialize, Serializer};
 
 use crate::model::{
     Alloc, DeviceState, EndState, FrameInfo, Free, MemInfo, Observer, OutOfMemory, Process, SiteId,
+    TorchMemory,
 };
 use epoch::EpochClock;
 use oomtrace_proto::wire::Frame;
@@ -708,6 +709,15 @@ impl Observer for Analysis {
         if let Some(r) = self.oom.on_meminfo(m.device, m.tid, m.free, m.total) {
             self.fragmentation.on_failure_info(r, &mut self.alerts);
         }
+    }
+
+    /// PyTorch's own allocated and reserved, read after a step marker: fragmentation judges
+    /// its reserve against its tensors with them when tensors are not traced.
+    fn torch_memory(&mut self, _p: &Process, m: &TorchMemory) {
+        if self.failed {
+            return;
+        }
+        self.fragmentation.torch_memory(m);
     }
 
     /// Applies the frame; a panic inside (a detector bug) switches the analysis off for this

@@ -212,6 +212,28 @@ pub struct DeviceReport {
     /// How many segments made up `torch_reserved_bytes`; present with it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub torch_segments: Option<u64>,
+    /// PyTorch's own statistics of the device at the last step marker, as the program read
+    /// them (the Python step hook; every mode, `--segments` included). Absent when no reading
+    /// came (no step hook, CUDA never initialised, or the reading failed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torch_memory: Option<TorchMemoryReport>,
+}
+
+/// The last reading of PyTorch's own statistics of a device (`torch.cuda.memory_allocated()`
+/// and friends), taken by the step hook right after a step marker.
+#[derive(Clone, Debug, Serialize)]
+pub struct TorchMemoryReport {
+    /// `torch.cuda.memory_allocated(device)`: bytes of live tensors.
+    pub allocated_bytes: u64,
+    /// `torch.cuda.max_memory_allocated(device)`: the tensors' peak since the program started
+    /// (or last reset PyTorch's peak statistics itself).
+    pub max_allocated_bytes: u64,
+    /// `torch.cuda.memory_reserved(device)`: bytes of the caching allocator's segments.
+    pub reserved_bytes: u64,
+    /// The step markers counted when it was read (it follows the last of them).
+    pub step: u64,
+    /// When it was read: seconds since the process's first event.
+    pub at_s: f64,
 }
 
 /// A device's tensors under `--torch` (the trace tracker).
@@ -516,6 +538,13 @@ pub fn build_with_segments(
                 }),
                 torch_reserved_bytes: d.torch_reserved_bytes,
                 torch_segments: d.torch_reserved_bytes.map(|_| d.torch_segments),
+                torch_memory: p.torch_memory.get(&device).map(|m| TorchMemoryReport {
+                    allocated_bytes: m.allocated,
+                    max_allocated_bytes: m.max_allocated,
+                    reserved_bytes: m.reserved,
+                    step: m.step,
+                    at_s: m.ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
+                }),
             })
             .collect();
         processes.push(ProcessReport {
