@@ -37,6 +37,7 @@ enum Command {
     Export(cmd::export::Args),
     Diff(cmd::diff::Args),
     View(cmd::view::Args),
+    Whatif(cmd::whatif::Args),
     #[command(aliases = ["lib-path", "libpath", "preload"])]
     Lib(cmd::lib::Args),
 }
@@ -131,6 +132,7 @@ fn main() -> ExitCode {
         Command::Export(a) => cmd::export::run(a),
         Command::Diff(a) => cmd::diff::run(a),
         Command::View(a) => cmd::view::run(a),
+        Command::Whatif(a) => cmd::whatif::run(a),
         Command::Lib(a) => cmd::lib::run(a),
     };
     match result {

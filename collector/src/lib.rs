@@ -8,8 +8,10 @@
 //!   happens to an [`model::Observer`]; imports nothing else of the crate.
 //! - [`analysis`]: the epoch clock, the detectors and their statistics, behind one
 //!   [`analysis::Analysis`] that observes the model.
+//! - [`whatif`]: a trace's tensor requests replayed through a model of PyTorch's caching
+//!   allocator under another setting (imports model and units only).
 //! - [`report`]: findings completed from the stacks, symbolization, the `--json` contract,
-//!   the live line.
+//!   the live line (may import whatif).
 //! - The top: [`server`] (the collector process, `oomtrace collect`), [`inbox`] (a
 //!   connection's undecoded bytes, bounded), [`trace_writer`] (its trace file), [`console`] (where its lines go: the library never prints), [`metrics`]
 //!   (its Prometheus metrics, from snapshots the connections publish).
@@ -25,5 +27,6 @@ pub mod report;
 pub mod server;
 pub mod trace_writer;
 pub mod units;
+pub mod whatif;
 
 pub use model::Error;

@@ -56,6 +56,18 @@ const RULES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "whatif",
+        &[
+            "analysis",
+            "report",
+            "server",
+            "inbox",
+            "trace_writer",
+            "console",
+            "metrics",
+        ],
+    ),
+    (
         "report",
         &["server", "inbox", "trace_writer", "console", "metrics"],
     ),

@@ -40,6 +40,10 @@ pub const LAUNCH_VARS: &[&str] = &[
     "PMIX_RANK",
     "MPI_LOCALRANKID",
     "CUDA_VISIBLE_DEVICES",
+    // Not a launcher's: PyTorch's allocator setting, which `oomtrace whatif` replays when
+    // no other is asked for.
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
 ];
 
 /// Longest value the shim records for one variable (bytes); longer ones are cut.

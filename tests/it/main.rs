@@ -118,3 +118,8 @@ mod wheel;
 /// traces cost what they hold in `report`, `view`, `export` and `diff`; the Chrome export
 /// coalesced; `report DIR` in parallel, naming each member it cannot read.
 mod bounds;
+
+/// `oomtrace whatif`: bad input in one line; a real PyTorch program's own allocator setting,
+/// recorded at start, is what the replay uses without `--alloc-conf`, and it reproduces the
+/// recorded reserve.
+mod whatif;

@@ -9,3 +9,4 @@ pub mod lib;
 pub mod report;
 pub mod run;
 pub mod view;
+pub mod whatif;
