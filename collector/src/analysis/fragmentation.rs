@@ -508,11 +508,8 @@ pub fn remedies(p: &FragPattern) -> Vec<Remedy> {
              fits the next, slightly different request",
         ));
     }
-    v.push(remedy(
-        "garbage_collection_threshold:0.8",
-        "gives cached blocks back to CUDA once the reserve passes 80 % of the device, before \
-         an allocation fails",
-    ));
+    // Not garbage_collection_threshold: PyTorch applies it only under a per-process memory
+    // fraction (torch.cuda.set_per_process_memory_fraction), which a trace cannot see.
     v.push(remedy(
         "max_split_size_mb:128",
         "keeps large cached blocks whole for large requests; often worse when sizes keep \

@@ -14,6 +14,7 @@ pub mod merge;
 pub mod module_file;
 pub mod names;
 pub mod ranks;
+pub mod remedies;
 pub mod roles;
 pub mod sections;
 pub mod symbolize;
