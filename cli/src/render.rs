@@ -7,9 +7,9 @@
 use std::fmt::Write;
 
 use oomtrace_collector::analysis::device_growth::Events;
-use oomtrace_collector::analysis::fragmentation::is_tensor_level;
+use oomtrace_collector::analysis::fragmentation::{is_tensor_level, Remedy};
 use oomtrace_collector::analysis::growth::Trend;
-use oomtrace_collector::analysis::Evidence;
+use oomtrace_collector::analysis::{Cause, Evidence};
 use oomtrace_collector::report::names::{ellipsize, is_torch_frame, short_function};
 use oomtrace_collector::report::ranks::Ranks;
 use oomtrace_collector::report::roles::{backward_node, FrameRole};
@@ -437,6 +437,18 @@ fn oom_text(
     );
     backward_text(out, f, "      ");
     stack_text(out, &f.stack, "      ", native_frames, opts);
+    if let Some(o) = &f.oom {
+        if let Some(u) = o.reserved_unallocated_bytes {
+            let _ = writeln!(
+                out,
+                "    the memory was there but in pieces: {} reserved but unallocated in PyTorch's \
+                 cache, {} requested",
+                fmt_bytes(u),
+                fmt_bytes(o.requested_bytes)
+            );
+        }
+        remedies_text(out, &o.remedies);
+    }
     if let (true, Some(o)) = (with_holders, &f.oom) {
         if !o.top_sites.is_empty() {
             let _ = writeln!(out, "    memory held at that moment by:");
@@ -515,6 +527,9 @@ fn finite_or(x: f64, otherwise: f64) -> f64 {
 fn detected_text(out: &mut String, f: &Finding, frames: usize, opts: &TextOptions) {
     let tag = match f.kind {
         Kind::Leak => format!("{} leak", f.level.name()),
+        Kind::Growth if f.cause == Cause::WorkingSetGrowing => {
+            format!("working set growth {}", f.level.name())
+        }
         Kind::Growth => "bounded growth".to_string(),
         Kind::DeviceGrowth => format!("{} device growth", f.level.name()),
         kind => format!("{} {}", kind.name(), f.level.name()),
@@ -560,6 +575,7 @@ fn detected_text(out: &mut String, f: &Finding, frames: usize, opts: &TextOption
     let grew_at = match &f.evidence {
         Some(Evidence::DeviceGrowth(e)) => Some((e.events, &e.python_lines)),
         Some(Evidence::Leak(e)) => Some((Events::Segments, &e.python_lines)),
+        Some(Evidence::Fragmentation(e)) => Some((Events::Segments, &e.python_lines)),
         _ => None,
     };
     if let Some((events, lines)) = grew_at.filter(|(_, l)| !l.is_empty()) {
@@ -571,9 +587,66 @@ fn detected_text(out: &mut String, f: &Finding, frames: usize, opts: &TextOption
         );
     }
     let _ = writeln!(out, "      why: {}", f.hint);
+    if let Some(Evidence::Fragmentation(e)) = &f.evidence {
+        remedies_text(out, &e.remedies);
+    }
     backward_text(out, f, "      ");
     if !f.stack.is_empty() {
         stack_text(out, &f.stack, "      ", frames, opts);
+    }
+}
+
+/// The `PYTORCH_CUDA_ALLOC_CONF` settings a fragmentation finding (or an OOM in pieces)
+/// suggests, each with what the replay of this trace predicts.
+pub fn remedies_text(out: &mut String, remedies: &[Remedy]) {
+    if remedies.is_empty() {
+        return;
+    }
+    let predicted = remedies
+        .iter()
+        .any(|r| r.predicted_peak_reserved_bytes.is_some());
+    let _ = writeln!(
+        out,
+        "      try PYTORCH_CUDA_ALLOC_CONF={}",
+        if predicted {
+            "(predicted by replaying this trace through PyTorch's allocator; `oomtrace whatif`):"
+        } else {
+            "(not predicted: tensors were not traced):"
+        }
+    );
+    for r in remedies {
+        let effect = match (
+            r.predicted_peak_reserved_bytes,
+            r.baseline_peak_reserved_bytes,
+        ) {
+            (Some(p), Some(b)) => {
+                let verdict = if (p as f64) < 0.9 * b as f64 {
+                    "better"
+                } else if (p as f64) > 1.1 * b as f64 {
+                    "worse"
+                } else {
+                    "no better"
+                };
+                format!(
+                    "peak reserve {} instead of {} ({verdict})",
+                    fmt_bytes(p),
+                    fmt_bytes(b)
+                )
+            }
+            (Some(p), None) => format!("peak reserve {}", fmt_bytes(p)),
+            _ => String::new(),
+        };
+        let oom = match r.oom_avoided {
+            Some(true) => "; the failed request would have fit",
+            Some(false) => "; the failed request would still fail",
+            None => "",
+        };
+        let sep = if effect.is_empty() { "" } else { ": " };
+        let _ = writeln!(
+            out,
+            "        {}{sep}{effect}{oom} ({})",
+            r.alloc_conf, r.why
+        );
     }
 }
 

@@ -42,6 +42,12 @@
 //!              writes one itself from the counter page (`counter_page.rs`) when a stream
 //!              ends with a larger count, e.g. without its Goodbye. `ending`: 0, or the
 //!              `GoodbyeReason` the process began its end of stream with)
+//! 12 TorchMemory ts_ns u64 | device i16 | allocated u64 | max_allocated u64 | reserved u64
+//!              (PyTorch's own statistics of one device, read by the Python step hook right
+//!              after a step marker: `torch.cuda.memory_allocated()`,
+//!              `max_memory_allocated()`, `memory_reserved()`; sent through
+//!              `oomtrace_torch_memory`. Not an event: not counted in `Made`. Readers ignore
+//!              bytes after `reserved`, room for fields added later)
 //! ```
 //!
 //! Readers skip frame types they do not know. Frames larger than [`MAX_FRAME`] are garbage.
@@ -68,6 +74,7 @@ pub mod frame_type {
     pub const CODE_DEF: u8 = 9;
     pub const LAUNCH: u8 = 10;
     pub const MADE: u8 = 11;
+    pub const TORCH_MEMORY: u8 = 12;
 }
 
 /// Hello flags.
@@ -303,6 +310,23 @@ pub struct Lost {
     pub by_device: Vec<(i16, u64)>,
 }
 
+/// PyTorch's caching-allocator statistics of one device, as the program itself read them
+/// (`torch.cuda.memory_allocated(device)` and friends) right after a step marker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct TorchMemory {
+    /// CLOCK_MONOTONIC, like the events' `ts_ns`.
+    pub ts_ns: u64,
+    /// The CUDA device ordinal PyTorch reported for.
+    pub device: i16,
+    /// Bytes of live tensors (`memory_allocated`).
+    pub allocated: u64,
+    /// The most bytes of live tensors since the program started or last reset PyTorch's
+    /// peak statistics (`max_memory_allocated`).
+    pub max_allocated: u64,
+    /// Bytes of segments the caching allocator holds (`memory_reserved`).
+    pub reserved: u64,
+}
+
 /// One decoded frame. Events stay undecoded until asked for, so that readers that only
 /// forward bytes pay nothing.
 #[derive(Clone, Debug)]
@@ -338,6 +362,8 @@ pub enum Frame<'a> {
         events: u64,
         ending: u8,
     },
+    /// PyTorch's own memory statistics of one device, read after a step marker.
+    TorchMemory(TorchMemory),
     /// A frame type this reader does not know; skipped.
     Unknown {
         ty: u8,
@@ -539,6 +565,13 @@ fn decode_payload(ty: u8, payload: &[u8]) -> Result<Frame<'_>, Error> {
             events: r.u64()?,
             ending: r.u8()?,
         },
+        TORCH_MEMORY => Frame::TorchMemory(TorchMemory {
+            ts_ns: r.u64()?,
+            device: r.i16()?,
+            allocated: r.u64()?,
+            max_allocated: r.u64()?,
+            reserved: r.u64()?,
+        }),
         other => Frame::Unknown { ty: other },
     };
     Ok(frame)
@@ -705,6 +738,18 @@ pub mod encode {
         end_frame(buf, at);
     }
 
+    /// PyTorch's own memory statistics of one device (see the `TorchMemory` frame).
+    pub fn torch_memory(buf: &mut Vec<u8>, m: &TorchMemory) {
+        let at = begin_frame(buf, frame_type::TORCH_MEMORY);
+        let mut w = Writer { buf };
+        w.u64(m.ts_ns);
+        w.i16(m.device);
+        w.u64(m.allocated);
+        w.u64(m.max_allocated);
+        w.u64(m.reserved);
+        end_frame(buf, at);
+    }
+
     pub fn goodbye(buf: &mut Vec<u8>, reason: GoodbyeReason, last_seq: u64) {
         let at = begin_frame(buf, frame_type::GOODBYE);
         let mut w = Writer { buf };
@@ -793,6 +838,16 @@ mod tests {
         );
         encode::made(&mut b, 77, GoodbyeReason::Exit as u8);
         encode::goodbye(&mut b, GoodbyeReason::Exit, 99);
+        encode::torch_memory(
+            &mut b,
+            &TorchMemory {
+                ts_ns: 12,
+                device: 1,
+                allocated: 100,
+                max_allocated: 300,
+                reserved: 400,
+            },
+        );
         b
     }
 
@@ -800,7 +855,7 @@ mod tests {
     fn frames_roundtrip() {
         let b = sample();
         let all: Vec<_> = frames(&b).collect::<Result<_, _>>().unwrap();
-        assert_eq!(all.len(), 8);
+        assert_eq!(all.len(), 9);
         match &all[0] {
             Frame::Hello(h) => {
                 assert_eq!(h.pid, 42);
@@ -833,6 +888,20 @@ mod tests {
             "{:?}",
             all[6]
         );
+        assert!(
+            matches!(
+                all[8],
+                Frame::TorchMemory(TorchMemory {
+                    device: 1,
+                    allocated: 100,
+                    max_allocated: 300,
+                    reserved: 400,
+                    ..
+                })
+            ),
+            "{:?}",
+            all[8]
+        );
     }
 
     #[test]
@@ -856,6 +925,44 @@ mod tests {
             end_frame(&mut short, 0);
             assert!(frames(&short).any(|f| f.is_err()), "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn a_torch_memory_frame_roundtrips_and_a_cut_one_is_an_error() {
+        let m = TorchMemory {
+            ts_ns: 123_456_789,
+            device: 3,
+            allocated: 966_367_641,
+            max_allocated: (3 << 30) + 7,
+            reserved: u64::MAX - 1,
+        };
+        let mut b = Vec::new();
+        encode::torch_memory(&mut b, &m);
+        assert_eq!(b.len(), 5 + 8 + 2 + 3 * 8);
+        let all: Vec<_> = frames(&b).collect::<Result<_, _>>().unwrap();
+        assert_eq!(all.len(), 1);
+        assert!(
+            matches!(&all[0], Frame::TorchMemory(got) if *got == m),
+            "{:?}",
+            all[0]
+        );
+        // Cut anywhere inside, it is an error, never a panic or a reading made of zeros.
+        for cut in 5..b.len() {
+            let mut short = b[..cut].to_vec();
+            end_frame(&mut short, 0);
+            assert!(frames(&short).any(|f| f.is_err()), "cut at {cut}");
+        }
+        // Bytes after `reserved` (fields a later shim adds) are ignored.
+        let mut longer = b.clone();
+        longer.extend_from_slice(&[9, 9, 9, 9]);
+        end_frame(&mut longer, 0);
+        assert!(
+            matches!(frames(&longer).next(), Some(Ok(Frame::TorchMemory(got))) if got == m),
+            "a longer frame"
+        );
+        // The tag is pinned.
+        assert_eq!(frame_type::TORCH_MEMORY, 12);
+        assert_eq!(b[4], 12);
     }
 
     #[test]

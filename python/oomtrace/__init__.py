@@ -9,7 +9,10 @@
 `install()` loads liboomtrace (already there under `oomtrace run` or LD_PRELOAD; otherwise
 found through OOMTRACE_LIB, next to the `oomtrace` binary on PATH, or where `pip install
 oomtrace` put it), sees every tensor with its Python stack, and marks a step after every
-optimizer step (until the program marks its own steps with `mark_step()` / `step()`).
+optimizer step (until the program marks its own steps with `mark_step()` / `step()`). After
+each step marker, once PyTorch has initialised CUDA, PyTorch's own memory statistics of each
+device it used (`torch.cuda.memory_allocated()`, `max_memory_allocated()`,
+`memory_reserved()`) go with it (`oomtrace_torch_memory`), whatever traces the tensors.
 The trace goes where the library sends it: the collector of `oomtrace run`, or one the library
 starts itself (see OOMTRACE_SOCKET and OOMTRACE_OUTPUT in the README).
 
@@ -44,6 +47,9 @@ _step_hook = None
 # Set once the program marks its own steps (or a mark failed): the optimizer hook marks
 # nothing from then on and is never installed again in this process.
 _optimizer_marks_stopped = False
+# Set once reading or sending PyTorch's memory statistics after a step marker failed: they are
+# not read again in this process (the marks go on).
+_torch_memory_stopped = False
 _allocator_installed = False
 # The tracker: None (not asked), "queued" (attached when PyTorch initialises CUDA), True
 # (attached) or why it did not attach (a phrase).
@@ -101,6 +107,9 @@ def library():
         if hasattr(lib, "oomtrace_set_rank"):  # absent from libraries older than ranks
             lib.oomtrace_set_rank.argtypes = [ctypes.c_int] * 3
             lib.oomtrace_set_rank.restype = ctypes.c_int
+        if hasattr(lib, "oomtrace_torch_memory"):  # absent from older libraries
+            lib.oomtrace_torch_memory.argtypes = [ctypes.c_int] + [ctypes.c_uint64] * 3
+            lib.oomtrace_torch_memory.restype = ctypes.c_int
         _lib = lib
     return _lib
 
@@ -113,10 +122,49 @@ def mark_step(label=None):
     """
     _stop_optimizer_marks()
     _mark(label)
+    _send_torch_memory()
 
 
 def _mark(label=None):
     library().oomtrace_mark(None if label is None else str(label).encode())
+
+
+def _send_torch_memory():
+    """After a step marker: PyTorch's own statistics of each device it has used
+    (`torch.cuda.memory_allocated(d)`, `max_memory_allocated(d)`, `memory_reserved(d)`), sent
+    with `oomtrace_torch_memory`, so that the trace knows allocated against reserved in every
+    mode (also without tensors traced). Only when the program imported torch and PyTorch
+    initialised CUDA (never initialised for this), and not under the swapped allocator (its
+    statistics raise; oomtrace sees the tensors there). Peak statistics are read, never reset.
+    Never raises: a failure stops the readings and says so once."""
+    global _torch_memory_stopped
+    if _torch_memory_stopped or _allocator_installed:
+        return
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    try:
+        cuda = torch.cuda
+        if not cuda.is_initialized():
+            return
+        send = getattr(library(), "oomtrace_torch_memory", None)
+        if send is None:  # a library older than the readings
+            _torch_memory_stopped = True
+            return
+        for device in range(cuda.device_count()):
+            # One dict per device: memory_allocated(d), max_memory_allocated(d) and
+            # memory_reserved(d) each read these keys of it.
+            stats = cuda.memory_stats(device)
+            allocated = int(stats.get("allocated_bytes.all.current", 0))
+            peak = int(stats.get("allocated_bytes.all.peak", 0))
+            reserved = int(stats.get("reserved_bytes.all.current", 0))
+            if peak == 0 and reserved == 0 and not stats.get("reserved_bytes.all.peak", 0):
+                continue  # a device PyTorch never allocated on
+            send(device, allocated, peak, reserved)
+    except Exception as e:
+        _torch_memory_stopped = True
+        print("oomtrace: PyTorch's memory statistics are no longer sent with step markers "
+              "(%s: %s)" % (type(e).__name__, e), file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -308,6 +356,8 @@ def _on_optimizer_step(optimizer, args, kwargs):
         _stop_optimizer_marks()
         print("oomtrace: optimizer steps are no longer marked (%s: %s)" % (type(e).__name__, e),
               file=sys.stderr)
+        return
+    _send_torch_memory()
 
 
 def _stop_optimizer_marks():

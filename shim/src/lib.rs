@@ -103,6 +103,40 @@ pub extern "C" fn oomtrace_set_rank(rank: c_int, local_rank: c_int, world_size: 
     }
 }
 
+/// PyTorch's own statistics of `device` as the program read them (`torch.cuda.memory_allocated`,
+/// `max_memory_allocated`, `memory_reserved`), sent right after a step marker so that the
+/// collector knows allocated against reserved in every mode (the `oomtrace` Python package's
+/// step hook calls this; it never reads them itself). A device outside 0 to
+/// `oomtrace_proto::MAX_DEVICES - 1` is not sent. Returns 0 when sent, -1 when tracing is off,
+/// the device is out of range or the reading could not be queued.
+#[unsafe(no_mangle)]
+pub extern "C" fn oomtrace_torch_memory(
+    device: c_int,
+    allocated: u64,
+    max_allocated: u64,
+    reserved: u64,
+) -> c_int {
+    let Ok(device) = i16::try_from(device) else {
+        return -1;
+    };
+    if !(0..oomtrace_proto::MAX_DEVICES).contains(&device) {
+        return -1;
+    }
+    let sent = guard::catch(|| {
+        if !guard::enter() {
+            return false;
+        }
+        let sent = hooks::record::torch_memory(device, allocated, max_allocated, reserved);
+        guard::leave();
+        sent
+    });
+    if sent == Some(true) {
+        0
+    } else {
+        -1
+    }
+}
+
 /// Makes sure everything recorded so far has reached the collector (waits at most 2 s).
 /// Returns 0 on success, -1 if tracing is off or the flush timed out.
 #[unsafe(no_mangle)]

@@ -501,6 +501,93 @@ fn run_segments_opts_out_of_tensors_quietly() {
     assert_eq!(processes(&r)[0]["steps"], 12);
 }
 
+/// `run --segments` (tensors not traced) still learns PyTorch's own allocated and reserved:
+/// the step hook sends them after each step marker, and the report's device says the last
+/// reading, equal to what the program itself read after its last step.
+#[test]
+fn run_segments_reports_pytorchs_own_allocated_and_reserved_at_the_last_step() {
+    let (out, r, _) = run_python(
+        "train_leak.py",
+        &["--segments"],
+        &["12", "--stats"],
+        &[("FAKE_TORCH_CACHING", "1")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(setup_lines(&stderr), Vec::<&str>::new(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let printed: Vec<u64> = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("stats "))
+        .unwrap_or_else(|| panic!("no stats line: {stdout}"))
+        .split(' ')
+        .map(|v| v.parse().unwrap())
+        .collect();
+    let p = &processes(&r)[0];
+    assert_eq!(p["steps"], 12, "{p:#}");
+    let device = p["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == 0)
+        .unwrap_or_else(|| panic!("no device 0: {p:#}"));
+    let m = &device["torch_memory"];
+    let read: Vec<u64> = ["allocated_bytes", "max_allocated_bytes", "reserved_bytes"]
+        .iter()
+        .map(|k| {
+            m[k].as_u64()
+                .unwrap_or_else(|| panic!("no {k}: {device:#}"))
+        })
+        .collect();
+    assert_eq!(read, printed, "{device:#}");
+    // The leak keeps 1 MiB a step: 12 of them and the 8 MiB of weights are allocated; the
+    // cache holds more than that (every step's activations).
+    assert_eq!(printed[0], 20 << 20, "{stdout}");
+    assert!(printed[2] > printed[0], "{stdout}");
+    assert_eq!(m["step"], 12, "{m}");
+    // Without tensors traced the device has no tracker totals: the readings are all there is.
+    assert!(device.get("tensors").is_none(), "{device:#}");
+}
+
+/// A program whose statistics cannot be read (`memory_stats` raises, as it does under a
+/// pluggable allocator) runs as it would untraced: its steps are marked, it ends normally,
+/// and one line says the readings stopped.
+#[test]
+fn a_failing_memory_reading_never_breaks_the_program() {
+    let (out, r, _) = run_python(
+        "train_leak.py",
+        &["--segments"],
+        &["12", "--clean"],
+        &[("FAKE_TORCH_CACHING", "1"), ("FAKE_TORCH_STATS", "raise")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "trained 12\n");
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("memory statistics"))
+        .collect();
+    assert_eq!(
+        said,
+        vec![
+            "oomtrace: PyTorch's memory statistics are no longer sent with step markers \
+             (RuntimeError: memory_stats: the stand-in was told to fail)"
+        ],
+        "{stderr}"
+    );
+    assert_eq!(setup_lines(&stderr), Vec::<&str>::new(), "{stderr}");
+    let p = &processes(&r)[0];
+    assert_eq!(p["steps"], 12, "{p:#}");
+    assert!(
+        p["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d.get("torch_memory").is_none()),
+        "{p:#}"
+    );
+}
+
 /// A program that marks its own steps (`oomtrace.mark_step()`) is not marked twice: the
 /// optimizer hook stops at the program's first own mark. The first iteration carries both
 /// (the hook's at `opt.step()`, then the program's): 40 iterations are 41 steps.

@@ -33,6 +33,8 @@ use oomtrace_tests::*;
 use serde_json::Value;
 
 mod every_version;
+mod fragmentation;
+mod step_memory;
 mod whatif;
 mod words;
 

@@ -423,6 +423,13 @@ fn a_pytorch_trace_shows_tensors_by_line_under_the_reserve() {
         "no reserve line"
     );
     assert!(cuda0["reserve_peak"].as_u64().unwrap() >= cuda0["tensor_peak"].as_u64().unwrap());
+    // The gap between them (PyTorch's cache) is shaded, its peak in the tooltip.
+    assert_eq!(svg.matches("class=\"gap\"").count(), 1, "no gap");
+    assert!(
+        between(svg, "class=\"gap\"", "</path>")
+            .contains("PyTorch's cache: reserved, no tensor in it (peak gap "),
+        "{svg}"
+    );
     for p in cuda0["points"].as_array().unwrap() {
         assert!(p[4].as_u64().unwrap() >= p[3].as_u64().unwrap(), "{p}");
     }
@@ -518,4 +525,182 @@ fn a_pytorch_trace_shows_tensors_by_line_under_the_reserve() {
     let kept = artifact("torch_leak_activations.png");
     std::fs::copy(&shot, &kept).expect("chromium wrote no screenshot");
     eprintln!("screenshot of leak_activations' view: {}", kept.display());
+}
+
+/// `run --segments` of a Python training loop (the stand-in torch, with a caching allocator):
+/// the page plots PyTorch's own readings at each step (allocated and reserved, read by the step
+/// hook) with the gap between them shaded, as lines over the segments; a fragmentation finding
+/// is marked on the time axis at its onset and detection (a report's finding put into the
+/// page's data, as the detector's evidence carries `onset_s` and `detected_s`); and a device
+/// with tensors shades the gap between its tensors and its reserve.
+#[test]
+fn segment_mode_plots_pytorchs_readings_and_marks_fragmentation() {
+    let Some(browser) = chromium() else {
+        precondition(false, "chromium (apt-get install chromium)");
+        return;
+    };
+    let dir = scratch("view-segments");
+    let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/python");
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.current_dir(&dir)
+        .args([
+            "run",
+            "--segments",
+            "--json",
+            "r.json",
+            "-o",
+            "t.oomt",
+            "--",
+            "python3",
+        ])
+        .arg(scripts.join("train_leak.py"))
+        .arg("12")
+        .env("PYTHONPATH", scripts.join("site-packages"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("FAKE_TORCH_CACHING", "1");
+    let out = output_within(cmd, TIMEOUT);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    oomtrace_in(&dir, &["view", "t.oomt", "-o", "v.html"]);
+    let page = dir.join("v.html");
+    let html = std::fs::read_to_string(&page).unwrap();
+    let mut data = page_data(&html);
+    let proc = data["processes"][0].clone();
+    let cuda0 = proc["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == 0)
+        .expect("cuda:0")
+        .clone();
+    assert_eq!(cuda0["tensors"], false);
+    let readings = cuda0["torch_memory"].as_array().unwrap();
+    assert_eq!(readings.len(), 12, "{readings:?}");
+    // [t, allocated, max allocated, reserved]; the last is the report's.
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("r.json")).unwrap()).unwrap();
+    let last = &report["processes"][0]["devices"][0]["torch_memory"];
+    let r = &readings[11];
+    assert_eq!(
+        (&r[1], &r[2], &r[3]),
+        (
+            &last["allocated_bytes"],
+            &last["max_allocated_bytes"],
+            &last["reserved_bytes"]
+        ),
+        "{last}"
+    );
+    assert!(
+        r[3].as_u64() > r[1].as_u64(),
+        "reserved above allocated: {r}"
+    );
+    // The JSON lines export carries each reading too.
+    oomtrace_in(
+        &dir,
+        &["export", "--format", "json", "t.oomt", "-o", "e.jsonl"],
+    );
+    let lines: Vec<Value> = std::fs::read_to_string(dir.join("e.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["type"] == "torch_memory")
+        .collect();
+    assert_eq!(lines.len(), 12);
+    assert_eq!(
+        lines[11]["reserved_bytes"], last["reserved_bytes"],
+        "{}",
+        lines[11]
+    );
+    for w in readings.windows(2) {
+        assert!(w[0][0].as_f64() <= w[1][0].as_f64(), "{readings:?}");
+    }
+
+    // A fragmentation finding on cuda:0, and a device with tensors (the data the page gets
+    // from a `--torch` trace: points [t, total, layers, tensors, reserve]).
+    let pid = proc["pid"].clone();
+    data["findings"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+            "kind": "fragmentation", "level": "warning", "pid": pid, "device": 0,
+            "message": "PyTorch's reserve grows while its tensors do not",
+            "evidence": {"onset_s": 0.0, "detected_s": 0.001},
+        }));
+    let mut tensors = cuda0.clone();
+    tensors["device"] = 1.into();
+    tensors["label"] = "cuda:1".into();
+    tensors["tensors"] = true.into();
+    tensors["layers"] = serde_json::json!([]);
+    tensors["sites"] = serde_json::json!([]);
+    tensors["torch_memory"] = serde_json::json!([]);
+    let t = proc["axis_start_s"].as_f64().unwrap();
+    tensors["points"] = serde_json::json!([
+        [t + 0.001, 64 << 20, [], 8 << 20, 64 << 20],
+        [t + 0.002, 96 << 20, [], 16 << 20, 96 << 20]
+    ]);
+    data["processes"][0]["devices"]
+        .as_array_mut()
+        .unwrap()
+        .push(tensors);
+    let json = data.to_string().replace('<', "\\u003c");
+    let start = html
+        .find("<script id=\"data\" type=\"application/json\">")
+        .unwrap();
+    let body = start + html[start..].find('>').unwrap() + 1;
+    let end = body + html[body..].find("</script>").unwrap();
+    std::fs::write(&page, format!("{}{json}{}", &html[..body], &html[end..])).unwrap();
+
+    let dom = rendered_dom(&browser, &dir, &page);
+    let svgs: Vec<&str> = dom
+        .split("<svg ")
+        .skip(1)
+        .map(|s| s.split("</svg>").next().unwrap())
+        .collect();
+    assert_eq!(svgs.len(), 2, "{dom}");
+    let (seg, ten) = (svgs[0], svgs[1]);
+    for class in ["torch-reserved", "torch-allocated", "gap"] {
+        assert_eq!(
+            seg.matches(&format!("class=\"{class}\"")).count(),
+            1,
+            "{class} in {seg}"
+        );
+    }
+    assert!(
+        between(seg, "class=\"gap\"", "</path>").contains("peak gap "),
+        "{seg}"
+    );
+    assert!(
+        dom.contains("torch.cuda.memory_reserved()</span>"),
+        "no legend"
+    );
+    // Every reading lies inside the plot (x from 70 to 1120: the chart's margins).
+    let line = between(seg, "class=\"torch-reserved\" d=\"M", "\" fill");
+    for point in line
+        .trim_start_matches("class=\"torch-reserved\" d=\"M")
+        .split('L')
+    {
+        let x: f64 = point.split(',').next().unwrap().parse().unwrap();
+        assert!((70.0..=1120.0).contains(&x), "{x} outside the plot: {line}");
+    }
+    // The finding's moments, on cuda:0's axis only.
+    assert_eq!(
+        texts_after(seg, "class=\"finding-label\"")
+            .iter()
+            .filter(|t| t.contains("fragmentation onset") || t.contains("fragmentation detected"))
+            .count(),
+        2,
+        "{seg}"
+    );
+    assert_eq!(seg.matches("><title>fragmentation ").count(), 2, "{seg}");
+    assert_eq!(ten.matches("><title>fragmentation ").count(), 0, "{ten}");
+    // With tensors the gap is shaded from the tensors up to the reserve; no readings drawn.
+    assert_eq!(ten.matches("class=\"gap\"").count(), 1, "{ten}");
+    assert!(
+        between(ten, "class=\"gap\"", "</path>").contains("(peak gap 80.0 MiB)"),
+        "{ten}"
+    );
+    assert_eq!(ten.matches("class=\"torch-reserved\"").count(), 0, "{ten}");
 }

@@ -164,6 +164,9 @@ fn report_of(
         args.segments,
         sym,
     );
+    if let Some(w) = report::remedies::predict(&mut report, &trace, file) {
+        report.trace.warnings.push(w);
+    }
     report.sections = sections::build_with(
         &trace,
         &SectionOptions {

@@ -501,14 +501,18 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
     }
     let report = loaded
         .map(|trace| {
-            report::build(
+            let mut r = report::build(
                 &trace,
                 &ReportOptions {
                     top: 10,
                     path: output.display().to_string(),
                     symbolize: true,
                 },
-            )
+            );
+            if let Some(w) = report::remedies::predict(&mut r, &trace, &output) {
+                r.trace.warnings.push(w);
+            }
+            r
         })
         .map_err(Failure::from);
     let trace_written = trace_written

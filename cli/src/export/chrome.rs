@@ -16,6 +16,10 @@
 //!   step marker (`oomtrace_mark`), named by its label. `device_free_bytes` is the driver's
 //!   reading the shim takes right after the failure (`device_free_when`: `after the failure`);
 //!   without one, the last reading before it (`last reading before the failure`), or null.
+//! - A counter per device, `cuda:N PyTorch's statistics`, with series `allocated_bytes`,
+//!   `max_allocated_bytes` and `reserved_bytes`: PyTorch's own statistics as the program read
+//!   them after each step marker (the Python step hook, in every mode), thinned with the
+//!   markers they follow.
 //! - `ts` in microseconds since the first event of the exported processes.
 //!
 //! Bounded by default, whatever the trace's length: each device's counters are coalesced as
@@ -485,6 +489,30 @@ pub fn write(
                         "pid": p.pid(),
                         "tid": tid,
                         "args": {"marker": label},
+                    });
+                    w.event(&v);
+                }
+                Seen::TorchMemory {
+                    device,
+                    ts_ns,
+                    allocated,
+                    max_allocated,
+                    reserved,
+                } => {
+                    // Thinned with the markers they follow: kept when their marker was.
+                    if !(track.markers.max(1) - 1).is_multiple_of(track.marker_stride) {
+                        return;
+                    }
+                    let v = json!({
+                        "name": format!("{} PyTorch's statistics", device_label(device)),
+                        "ph": "C",
+                        "ts": w.ts(ts_ns),
+                        "pid": p.pid(),
+                        "args": {
+                            "allocated_bytes": allocated,
+                            "max_allocated_bytes": max_allocated,
+                            "reserved_bytes": reserved,
+                        },
                     });
                     w.event(&v);
                 }

@@ -16,6 +16,10 @@
 //!   `meminfo`: `free_bytes`, `total_bytes`; `free_failed`: `ptr`.
 //!   Addresses and handles are hex strings; sizes are numbers.
 //! - `marker`: `pid`, `seq`, `ts_ns`, `tid`, `label`.
+//! - `torch_memory`: `pid`, `ts_ns`, `device`, `allocated_bytes`, `max_allocated_bytes`,
+//!   `reserved_bytes`: PyTorch's own statistics of the device as the program read them right
+//!   after the marker before it (`torch.cuda.memory_allocated()`, `max_memory_allocated()`,
+//!   `memory_reserved()`; the Python step hook, in every mode).
 //! - `process_end` (after all events, per process): `pid`, `status`, `events`, `lost_events`,
 //!   `devices`: `[{device, peak_bytes, live_bytes}]` (device -1: pinned host memory).
 
@@ -263,6 +267,17 @@ pub fn write(
                 } => json!({
                     "type": "marker", "pid": p.pid(), "seq": seq, "ts_ns": ts_ns, "tid": tid,
                     "label": label,
+                }),
+                Seen::TorchMemory {
+                    device,
+                    ts_ns,
+                    allocated,
+                    max_allocated,
+                    reserved,
+                } => json!({
+                    "type": "torch_memory", "pid": p.pid(), "ts_ns": ts_ns, "device": device,
+                    "allocated_bytes": allocated, "max_allocated_bytes": max_allocated,
+                    "reserved_bytes": reserved,
                 }),
             };
             for &site in &refs {

@@ -70,6 +70,16 @@ pub enum Seen<'a> {
         tid: u32,
         label: &'a str,
     },
+    /// PyTorch's own statistics of one device as the program read them right after a step
+    /// marker (`torch.cuda.memory_allocated()`, `max_memory_allocated()`,
+    /// `memory_reserved()`), in every tracing mode.
+    TorchMemory {
+        device: i16,
+        ts_ns: u64,
+        allocated: u64,
+        max_allocated: u64,
+        reserved: u64,
+    },
 }
 
 impl<'a> Seen<'a> {
@@ -90,6 +100,13 @@ impl<'a> Seen<'a> {
                 ts_ns,
                 tid,
                 label,
+            },
+            CollectorSeen::TorchMemory(m) => Seen::TorchMemory {
+                device: m.device,
+                ts_ns: m.ts_ns,
+                allocated: m.allocated,
+                max_allocated: m.max_allocated,
+                reserved: m.reserved,
             },
         }
     }

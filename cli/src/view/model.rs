@@ -20,7 +20,9 @@
 //! each; [`TOP_SITES`] layers in the chart; [`TABLE_SITES`] rows in the site table with
 //! [`STACK_FRAMES`] frames each; flame graphs hold sites of at least [`FLAME_MIN_SHARE`] of
 //! their total and children of at least that share of the root, [`FLAME_DEPTH`] frames deep;
-//! [`MAX_MARKERS`] step markers per process (evenly thinned). Work per event is O(1)
+//! [`MAX_MARKERS`] step markers per process (evenly thinned), and as many of PyTorch's own
+//! readings per device (`torch_memory`: `[t, allocated, max allocated, reserved]`, read by the
+//! step hook after each marker, in every mode). Work per event is O(1)
 //! amortized: snapshots (of the bucket maxima, the peak, the last step) copy only the sites
 //! changed since their previous copy.
 
@@ -408,6 +410,9 @@ struct ProcState {
     segment_sites: HashSet<Site>,
     /// When the first allocation (or failed one) was made: where the time axis starts.
     first_alloc_ns: Option<u64>,
+    /// PyTorch's own statistics of each device after each step marker, as the program read
+    /// them: (time, allocated, max allocated, reserved).
+    torch_memory: BTreeMap<i16, Vec<(u64, u64, u64, u64)>>,
 }
 
 impl ProcState {
@@ -589,7 +594,7 @@ pub fn build(path: &Path, progress: &mut Progress) -> Result<Page, Failure> {
         let st = procs.entry(p.conn()).or_default();
         let next = match seen {
             Seen::Event { event, .. } => event.kind(),
-            Seen::Marker { .. } => None,
+            Seen::Marker { .. } | Seen::TorchMemory { .. } => None,
         };
         st.settle(p, span, next);
         match seen {
@@ -638,6 +643,20 @@ pub fn build(path: &Path, progress: &mut Progress) -> Result<Page, Failure> {
                 for s in st.series.values_mut() {
                     s.mark();
                 }
+            }
+            Seen::TorchMemory {
+                device,
+                ts_ns,
+                allocated,
+                max_allocated,
+                reserved,
+            } => {
+                st.torch_memory.entry(device).or_default().push((
+                    ts_ns,
+                    allocated,
+                    max_allocated,
+                    reserved,
+                ));
             }
         }
     })?;
@@ -930,6 +949,21 @@ fn device_json(
         python_flames.insert((*name).into(), flame(held, &mut python));
     }
     let totals = p.device(d).unwrap_or_default();
+    // PyTorch's own readings, thinned evenly like the markers they follow (the last kept).
+    let readings = st
+        .torch_memory
+        .get(&d)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let stride = readings.len().div_ceil(MAX_MARKERS).max(1);
+    let torch_memory: Vec<Value> = readings
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % stride == 0 || i + 1 == readings.len())
+        .map(|(_, &(t, allocated, max_allocated, reserved))| {
+            json!([secs(t), allocated, max_allocated, reserved])
+        })
+        .collect();
     json!({
         "device": d,
         "label": device_label(d),
@@ -954,6 +988,7 @@ fn device_json(
         "flames": flames,
         "python_flames": python_flames,
         "has_python": has_python,
+        "torch_memory": torch_memory,
     })
 }
 

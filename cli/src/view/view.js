@@ -70,7 +70,7 @@
       out.push([f.oom.time_s, "OOM: " + bytes(f.oom.requested_bytes) + " requested", "#c00", false]);
     }
     var ev = f.evidence || {};
-    var c = f.kind === "leak" ? "#d36b00" : "#8a6d00";
+    var c = f.kind === "leak" ? "#d36b00" : (f.kind === "fragmentation" ? "#7b1fa2" : "#8a6d00");
     if (ev.onset_s != null) out.push([t0 + ev.onset_s, f.kind + " onset" + (what ? ": " + what : ""), c, true]);
     if (ev.detected_s != null) out.push([t0 + ev.detected_s, f.kind + " detected" + (what ? ": " + what : ""), c, false]);
     return out;
@@ -147,11 +147,29 @@
 
   function sum(a) { return a.reduce(function (s, v) { return s + v; }, 0); }
 
+  var GAP = "#b00020";
+
+  // The largest reserve minus tensors of [tensors, reserve] pairs.
+  function gapPeak(pairs) {
+    return pairs.reduce(function (m, p) { return Math.max(m, p[1] - p[0]); }, 0);
+  }
+
+  // ", gap X (reserved = R x allocated)" for the readout; "" without a reserve.
+  function gapText(allocated, reserved) {
+    if (!reserved) return "";
+    return ", gap <b>" + esc(bytes(Math.max(0, reserved - allocated))) + "</b>" +
+      (allocated > 0 ? " (reserved " + (reserved / allocated).toFixed(2) + "x allocated)" : "");
+  }
+
   // Memory over time. Without tensors: device memory stacked by call site under its total.
   // With PyTorch's tensors (`dev.tensors`; points are [t, device total, [layer bytes], tensors,
   // reserve]): the tensors stacked by call site from zero, PyTorch's reserve (its segments) as
   // a line above them (the gap is what its cache holds), and device memory outside its
-  // allocator stacked by call site above the reserve line, up to the device's total.
+  // allocator stacked by call site above the reserve line, up to the device's total. The gap
+  // between the tensors and the reserve (what PyTorch's cache holds and no tensor uses) is
+  // shaded. Without tensors, PyTorch's own readings at each step (`dev.torch_memory`: [t,
+  // allocated, max allocated, reserved], from the step hook) are drawn as two lines,
+  // allocated and reserved, with the gap between them shaded the same way.
   function renderChart(D, proc, dev, root) {
     var W = 1160, H = 300, L = 70, R = 40, T = 10, B = 28;
     var tensors = !!dev.tensors;
@@ -169,8 +187,12 @@
       marks = marks.concat(findingMarks(f, proc.analysis_t0_s || 0));
     });
     marks.forEach(function (m) { tmax = Math.max(tmax, m[0]); });
+    // PyTorch's own readings (segment mode draws them; with tensors the chart has the same).
+    var readings = tensors ? [] : (dev.torch_memory || []).filter(function (r) { return r[0] >= t0; });
+    readings.forEach(function (r) { tmax = Math.max(tmax, r[0]); });
     var ymax = Math.max(dev.peak || 0, 1);
     pts.forEach(function (p) { ymax = Math.max(ymax, p[1], p[3] + Math.max(0, p[1] - p[4]), p[4]); });
+    readings.forEach(function (r) { ymax = Math.max(ymax, r[1], r[3]); });
     var x = function (t) { return L + (W - L - R) * (Math.max(t, t0) - t0) / (tmax - t0); };
     var y = function (b) { return T + (H - T - B) * (1 - b / ymax); };
     var svg = [];
@@ -215,6 +237,11 @@
         return Math.max(0, (p[1] - p[4]) - sum(outT.map(function (i) { return p[2][i] || 0; })));
       }), x, y, tmax);
       svg.push("<path class=\"layer outside\" d=\"" + restOut.d + "\" fill=\"" + OTHER + "\" fill-opacity=\"0.45\"><title>other memory outside PyTorch's allocator</title></path>");
+      // The gap: from the tensors up to the reserve, where the reserve is above them.
+      var gap = stackPath(pts, pts.map(function (p) { return Math.min(p[3], p[4]); }),
+        pts.map(function (p) { return Math.max(0, p[4] - p[3]); }), x, y, tmax);
+      svg.push("<path class=\"gap\" d=\"" + gap.d + "\" fill=\"" + GAP + "\" fill-opacity=\"0.18\"><title>PyTorch's cache: reserved, no tensor in it (peak gap " +
+        esc(bytes(gapPeak(pts.map(function (p) { return [p[3], p[4]]; })))) + ")</title></path>");
       svg.push("<path class=\"reserve\" d=\"" + stepLine(pts, pts.map(function (p) { return p[4]; }), x, y, tmax) +
         "\" fill=\"none\" stroke=\"#b00020\" stroke-width=\"2\"><title>PyTorch's reserve (its segments): the gap above the tensors is its cache</title></path>");
     } else {
@@ -226,6 +253,20 @@
       });
       var others = stackPath(pts, under, pts.map(function (p) { return Math.max(0, p[1] - sum(p[2])); }), x, y, tmax);
       area(others.d, OTHER, "other sites", "layer device");
+      if (readings.length) {
+        // PyTorch's readings hold from one step to the next: allocated, reserved, the gap.
+        var rt = readings.map(function (r) { return [r[0]]; });
+        var alloc = readings.map(function (r) { return r[1]; });
+        var resv = readings.map(function (r) { return r[3]; });
+        var rgap = stackPath(rt, readings.map(function (r) { return Math.min(r[1], r[3]); }),
+          readings.map(function (r) { return Math.max(0, r[3] - r[1]); }), x, y, tmax);
+        svg.push("<path class=\"gap\" d=\"" + rgap.d + "\" fill=\"" + GAP + "\" fill-opacity=\"0.18\"><title>PyTorch's cache: reserved, no tensor in it (peak gap " +
+          esc(bytes(gapPeak(readings.map(function (r) { return [r[1], r[3]]; })))) + ")</title></path>");
+        svg.push("<path class=\"torch-reserved\" d=\"" + stepLine(rt, resv, x, y, tmax) +
+          "\" fill=\"none\" stroke=\"#b00020\" stroke-width=\"2\"><title>torch.cuda.memory_reserved() at each step</title></path>");
+        svg.push("<path class=\"torch-allocated\" d=\"" + stepLine(rt, alloc, x, y, tmax) +
+          "\" fill=\"none\" stroke=\"#1a5fb4\" stroke-width=\"2\"><title>torch.cuda.memory_allocated() at each step</title></path>");
+      }
     }
     svg.push("<path class=\"total\" d=\"" + stepLine(pts, pts.map(function (p) { return p[1]; }), x, y, tmax) +
       "\" fill=\"none\" stroke=\"#222\" stroke-width=\"1\"" + (tensors ? " stroke-dasharray=\"3,3\"" : "") + "/>");
@@ -276,8 +317,16 @@
         .sort(function (a, b) { return b[1] - a[1]; }).slice(0, 4)
         .map(function (x) { return esc(x[0]) + " " + esc(bytes(x[1])); });
       var levels = tensors ?
-        "tensors <b>" + esc(bytes(best[3])) + "</b>, PyTorch's reserve <b>" + esc(bytes(best[4])) + "</b>, device <b>" + esc(bytes(best[1])) + "</b>" :
+        "tensors <b>" + esc(bytes(best[3])) + "</b>, PyTorch's reserve <b>" + esc(bytes(best[4])) + "</b>" +
+          gapText(best[3], best[4]) + ", device <b>" + esc(bytes(best[1])) + "</b>" :
         "<b>" + esc(bytes(best[1])) + "</b> live";
+      // The last reading of PyTorch's own statistics at or before t.
+      var at = null;
+      readings.forEach(function (r) { if (r[0] <= t) at = r; });
+      if (at) {
+        levels += "; PyTorch at the step before: allocated <b>" + esc(bytes(at[1])) + "</b>, reserved <b>" +
+          esc(bytes(at[3])) + "</b>" + gapText(at[1], at[3]) + ", max allocated " + esc(bytes(at[2]));
+      }
       readout.innerHTML = esc(secs(best[0])) + ": " + levels + (parts.length ? " — " + parts.join(", ") : "");
     });
     svgEl.addEventListener("mouseleave", function () { readout.textContent = ""; });
@@ -287,9 +336,13 @@
         (l.memory === "outside" ? " <span class=\"muted\">(outside PyTorch's allocator)</span>" : "") + "</span>";
     }).join("") + (tensors ?
       "<span><i style=\"background:" + OTHER + "\"></i>other tensors</span>" +
-      "<span><i class=\"line\" style=\"background:#b00020\"></i>PyTorch's reserve (the gap above the tensors is its cache)</span>" +
+      "<span><i class=\"line\" style=\"background:#b00020\"></i>PyTorch's reserve</span>" +
+      "<span><i class=\"gap\"></i>the gap: reserved, no tensor in it (its cache)</span>" +
       "<span><i class=\"line dashed\"></i>device total</span>" :
-      "<span><i style=\"background:" + OTHER + "\"></i>other sites</span>") +
+      "<span><i style=\"background:" + OTHER + "\"></i>other sites</span>" + (readings.length ?
+        "<span><i class=\"line\" style=\"background:#1a5fb4\"></i>torch.cuda.memory_allocated()</span>" +
+        "<span><i class=\"line\" style=\"background:#b00020\"></i>torch.cuda.memory_reserved()</span>" +
+        "<span><i class=\"gap\"></i>the gap: reserved, no tensor in it (its cache), read at each step</span>" : "")) +
       "<span><i style=\"background:#999\"></i>steps (" + esc(proc.marker_count || 0) + ")</span>";
     root.appendChild(box);
     root.appendChild(legend);

@@ -1,35 +1,115 @@
 //! Fragmentation (docs/detection.md): memory that is there but cannot be used.
 //!
-//! Three signals, per device:
+//! Signals, per device:
 //! - **Allocator retries**: an allocation failed, the program freed memory, and the same
 //!   size then succeeded: PyTorch's caching allocator does exactly this (free cached
 //!   blocks, retry) before it gives up. Each one is a device synchronization. Retries in
 //!   ≥ 2 of the last 3 epochs are thrashing.
 //! - **Failure with free memory**: the driver reported at least the requested size free
 //!   right after refusing it: free memory not in one piece.
-//! - **Reserved-minus-live creep** (only with oomtrace's trace tracker on PyTorch's caching
-//!   allocator, which reports both tensors and segments): the allocator's reserve (its own
-//!   segments, nothing else) rising by ≥ 2 MiB per epoch (Mann-Kendall p < 0.01) while the
-//!   peak of live tensors does not (p > 0.1). Device memory outside the allocator (an
-//!   extension's own cudaMalloc) is not reserve; under the swapped allocator (`--torch=swap`)
-//!   there is no reserve to see, so no creep is judged there.
+//! - **A growing gap between PyTorch's reserve and its tensors**: once per step, the
+//!   allocator's reserve against the tensors it held at the step's peak. The gap (reserve
+//!   minus tensors at peak) rising ≥ 2 MiB per step (Mann-Kendall p < 0.01 over the last
+//!   [`CREEP_WINDOW`] steps) while the reserve is above 1.5x the tensors (the rule of thumb
+//!   users know: reserved above 1.5x allocated) and the gap is at least one large segment
+//!   ([`MIN_GAP`]) is fragmentation, whatever the tensors do: a working set that grows step
+//!   after step (longer sequences) makes the cache take a new segment for each larger
+//!   request and keep the old ones, so the gap grows faster than the tensors. Two sources:
+//!   - with tensors traced (oomtrace's tracker on PyTorch's allocator): the reserve from the
+//!     allocator's segment events, the tensors' peak within each step from the tensors;
+//!   - without (`--segments`, a release the tracker cannot attach to): the readings the step
+//!     hook takes from PyTorch at each optimizer step ([`FragmentationDetector::on_reading`]):
+//!     `memory_reserved()` against `max_memory_allocated()` (the peak since the start: the
+//!     gap it gives is a lower bound).
+//!
+//!   Device memory outside the allocator (an extension's own cudaMalloc) is not reserve;
+//!   under the swapped allocator (`--torch=swap`) there is no reserve to see.
+//!
+//! The finding carries the pattern behind the gap (requests larger than every cached free
+//! block, sizes growing step after step, many sizes), the lines where the cache grew (named by
+//! the report) and the remedies (`PYTORCH_CUDA_ALLOC_CONF` settings), whose predicted effect
+//! the report adds by replaying the trace (`oomtrace whatif`).
 
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 
+use super::growth::{seconds, GrewAt};
 use super::oom::{OomRecord, Retry};
 use super::stats::{mann_kendall, theil_sen};
 use super::{
-    Alert, Alerts, AllocObs, Cause, Change, Context, Detector, Evidence, Finding, Kind, Severity,
+    Alert, Alerts, AllocObs, Cause, Change, Context, Detector, Evidence, Finding, Kind, PythonLine,
+    Severity,
 };
+use crate::model::SiteId;
 use crate::units::{fmt_bytes, fmt_rate};
 use oomtrace_proto::Api;
 
+/// The gap must grow at least this much per step: less is a cache settling.
 const CREEP_MIN_SLOPE: f64 = (2u64 << 20) as f64;
-const CREEP_WINDOW: usize = 16;
+/// Steps the gap's trend is judged over.
+pub const CREEP_WINDOW: usize = 16;
 const CREEP_MIN_SAMPLES: usize = 6;
+/// Reserve above this multiple of the tensors at peak (the common rule of thumb).
+pub const RATIO: f64 = 1.5;
+/// The gap must be at least one large segment of PyTorch's allocator (kLargeBuffer, 20 MiB):
+/// less is the normal slack of a cache.
+pub const MIN_GAP: u64 = 20 << 20;
+/// Requests of at least this size count towards "many sizes" (PyTorch's small pool ends
+/// at 1 MiB; small requests share 2 MiB segments).
+const LARGE_REQUEST: u64 = 1 << 20;
+/// At most this many distinct sizes and cache-growing sites are kept per device.
+const MAX_SIZES: usize = 4096;
+const MAX_SITES: usize = 256;
+/// "Many sizes": more distinct large request sizes than this.
+pub const MANY_SIZES: u64 = 32;
+
+/// Where a fragmentation finding's allocated and reserved figures come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FragSource {
+    /// PyTorch's tensors, traced one by one, and its segment events.
+    Tensors,
+    /// PyTorch's own counters, read by the step hook at each optimizer step.
+    StepReadings,
+}
+
+/// What the requests looked like while the cache grew.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FragPattern {
+    /// Segments the allocator took from CUDA.
+    pub segments_taken: u64,
+    /// Of them, taken while the cache held at least the request unallocated: the request was
+    /// larger than every cached free block (tensors traced only).
+    pub segments_taken_with_room: u64,
+    /// The largest request (a tensor, or a segment without tensors) in the last step.
+    pub largest_request_bytes: u64,
+    /// The mean request of 1 MiB or more per step rises step after step (Mann-Kendall
+    /// p < 0.01): the requests grow, not just one of them.
+    pub sizes_growing: bool,
+    /// How fast that mean grows.
+    pub mean_request_slope_bytes_per_step: Option<f64>,
+    /// Distinct request sizes of 1 MiB and more (at most 4096 counted).
+    pub distinct_large_sizes: u64,
+}
+
+/// A `PYTORCH_CUDA_ALLOC_CONF` setting that may help, and (filled in by the report from a
+/// replay of the trace through a model of PyTorch's allocator) what it would do.
+#[derive(Clone, Debug, Serialize)]
+pub struct Remedy {
+    /// The setting as it would be written in `PYTORCH_CUDA_ALLOC_CONF`.
+    pub alloc_conf: String,
+    /// Why it may help, one sentence.
+    pub why: String,
+    /// The predicted peak reserve with it (None: not predicted, e.g. no tensors traced).
+    pub predicted_peak_reserved_bytes: Option<u64>,
+    /// The recorded run's peak reserve as the same replay reproduces it (the baseline).
+    pub baseline_peak_reserved_bytes: Option<u64>,
+    /// For an out-of-memory: whether the failed request would have fit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom_avoided: Option<bool>,
+}
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct FragEvidence {
@@ -39,9 +119,56 @@ pub struct FragEvidence {
     pub failures_with_free_memory: u64,
     pub largest_failed_request_bytes: u64,
     pub free_at_failure_bytes: Option<u64>,
+    /// How fast the gap (reserve minus tensors at peak) grows, once it was found growing.
     pub reserved_slope_bytes_per_step: Option<f64>,
+    /// PyTorch's reserve at the last step.
     pub reserved_bytes: Option<u64>,
     pub live_tensor_bytes: Option<u64>,
+    /// Where the figures below come from.
+    pub source: Option<FragSource>,
+    /// The tensors at the last step's peak (PyTorch's `max_memory_allocated()` without
+    /// tensors traced).
+    pub tensors_at_peak_bytes: Option<u64>,
+    /// `reserved_bytes - tensors_at_peak_bytes`: memory the cache holds that no tensor used.
+    pub gap_bytes: Option<u64>,
+    pub gap_slope_bytes_per_step: Option<f64>,
+    /// `reserved_bytes / tensors_at_peak_bytes`.
+    pub reserved_to_allocated: Option<f64>,
+    /// The reserve and the tensors at peak over the last steps, oldest first.
+    pub reserved_samples: Vec<u64>,
+    pub tensor_peak_samples: Vec<u64>,
+    pub onset_step: Option<u32>,
+    pub onset_s: Option<f64>,
+    pub detected_step: Option<u32>,
+    pub detected_s: Option<f64>,
+    pub pattern: Option<FragPattern>,
+    /// The step since detection at which the gap was widest, and the figures then: what the
+    /// finding's sentence states (an out-of-memory retry may empty the cache later).
+    pub widest: Option<WidestGap>,
+    /// The lines whose requests made the cache take segments (filled in by the report).
+    pub python_lines: Vec<PythonLine>,
+    /// Settings that may help, with their predicted effect (filled in by the report).
+    pub remedies: Vec<Remedy>,
+    /// The sites behind `python_lines`, raw.
+    #[serde(skip)]
+    pub grew_at: Vec<GrewAt>,
+}
+
+/// The gap at one step.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct WidestGap {
+    pub step: u32,
+    pub reserved_bytes: u64,
+    pub tensors_at_peak_bytes: u64,
+    pub gap_bytes: u64,
+}
+
+/// PyTorch's own counters for a device, as the step hook read them.
+#[derive(Clone, Copy, Debug, Default)]
+struct Reading {
+    allocated: u64,
+    max_allocated: u64,
+    reserved: u64,
 }
 
 #[derive(Debug, Default)]
@@ -53,9 +180,27 @@ struct DeviceFrag {
     /// Live bytes from tensor-level events (trace tracker or pluggable allocator).
     tensor_live: u64,
     tensor_peak_epoch: u64,
+    /// Tensor-level events were seen on this device.
+    tensors: bool,
     reserved: VecDeque<f64>,
     tensor_peaks: VecDeque<f64>,
+    /// The epoch each sample belongs to.
+    sample_epochs: VecDeque<u32>,
     creep: bool,
+    /// The latest reading of PyTorch's counters (step hook).
+    reading: Option<Reading>,
+    /// A segment was just taken while this much reserve was unallocated: the tensor request
+    /// that made the allocator take it comes next.
+    pending_segment: Option<u64>,
+    pattern: FragPattern,
+    largest_request_epoch: u64,
+    /// Requests of 1 MiB or more in the current step: their bytes and count.
+    large_requests_epoch: (u64, u64),
+    /// The mean of those per step.
+    mean_requests: VecDeque<f64>,
+    sizes: FxHashSet<u64>,
+    /// Sites whose requests made the cache take segments: bytes and segments.
+    grew_at: FxHashMap<SiteId, (u64, u64)>,
 }
 
 #[derive(Debug, Default)]
@@ -127,14 +272,78 @@ impl FragmentationDetector {
             });
         }
     }
+
+    /// PyTorch's allocator took a segment of `size` bytes at `site` while `unallocated` bytes
+    /// of its reserve held no tensor.
+    pub fn on_segment(&mut self, device: i16, site: SiteId, size: u64, unallocated: u64) {
+        let d = self.devices.entry(device).or_default();
+        d.pattern.segments_taken += 1;
+        d.pending_segment = Some(unallocated);
+        if !d.tensors {
+            // Without tensors the segment is the request the pattern is made of.
+            note_request(d, size);
+        }
+        let n = d.grew_at.len();
+        if let Some(e) = d.grew_at.get_mut(&site) {
+            e.0 = e.0.saturating_add(size);
+            e.1 += 1;
+        } else if n < MAX_SITES {
+            d.grew_at.insert(site, (size, 1));
+        }
+    }
+
+    /// PyTorch's own statistics of one device, read by the step hook after a step marker:
+    /// what segment mode judges the gap by.
+    pub fn torch_memory(&mut self, m: &crate::model::TorchMemory) {
+        self.on_reading(m.device, m.allocated, m.max_allocated, m.reserved);
+    }
+
+    /// PyTorch's own counters for `device` (see [`FragmentationDetector::torch_memory`]).
+    pub fn on_reading(&mut self, device: i16, allocated: u64, max_allocated: u64, reserved: u64) {
+        let d = self.devices.entry(device).or_default();
+        d.reading = Some(Reading {
+            allocated,
+            max_allocated,
+            reserved,
+        });
+    }
+}
+
+/// The sites that made the cache grow, largest first, for the report to name.
+fn sites_largest_first(sites: &FxHashMap<SiteId, (u64, u64)>) -> Vec<GrewAt> {
+    let mut v: Vec<GrewAt> = sites
+        .iter()
+        .map(|(&site, &(bytes, count))| GrewAt { site, bytes, count })
+        .collect();
+    v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.site.cmp(&b.site)));
+    v
+}
+
+fn note_request(d: &mut DeviceFrag, size: u64) {
+    d.largest_request_epoch = d.largest_request_epoch.max(size);
+    if size >= LARGE_REQUEST {
+        d.large_requests_epoch.0 = d.large_requests_epoch.0.saturating_add(size);
+        d.large_requests_epoch.1 += 1;
+        if d.sizes.len() < MAX_SIZES {
+            // PyTorch rounds requests to 512 bytes: sizes that round alike are one size to it.
+            d.sizes.insert(size.div_ceil(512));
+        }
+    }
 }
 
 impl Detector for FragmentationDetector {
     fn on_alloc(&mut self, a: &AllocObs, _out: &mut Alerts) {
         if is_tensor_level(a.api) {
             let d = self.devices.entry(a.device).or_default();
+            d.tensors = true;
             d.tensor_live = d.tensor_live.saturating_add(a.size);
             d.tensor_peak_epoch = d.tensor_peak_epoch.max(d.tensor_live);
+            note_request(d, a.size);
+            if let Some(unallocated) = d.pending_segment.take() {
+                if unallocated >= a.size {
+                    d.pattern.segments_taken_with_room += 1;
+                }
+            }
         }
     }
 
@@ -148,35 +357,110 @@ impl Detector for FragmentationDetector {
 
     fn on_epoch_end(&mut self, ctx: &Context<'_>, out: &mut Alerts) {
         for (&device, d) in self.devices.iter_mut() {
-            if d.tensor_peak_epoch == 0 && d.tensor_live == 0 {
-                continue;
-            }
-            let Some(dev) = ctx.devices.get(&device) else {
-                continue;
+            // The allocator's own segments against its tensors; without tensors traced, its
+            // own counters as the step hook read them; with neither (the swapped allocator,
+            // a program without PyTorch) there is no reserve to judge.
+            let tracked = ctx
+                .devices
+                .get(&device)
+                .and_then(|dev| dev.torch_reserved_bytes)
+                .filter(|_| d.tensors);
+            let (source, reserved, at_peak, live) = match (tracked, d.reading) {
+                (Some(reserved), _) => (
+                    FragSource::Tensors,
+                    reserved,
+                    d.tensor_peak_epoch,
+                    d.tensor_live,
+                ),
+                (None, Some(r)) => (
+                    FragSource::StepReadings,
+                    r.reserved,
+                    r.max_allocated,
+                    r.allocated,
+                ),
+                (None, None) => continue,
             };
-            // The allocator's own segments; without them (the swapped allocator) there is
-            // no reserve to judge.
-            let Some(reserved) = dev.torch_reserved_bytes else {
-                continue;
-            };
-            push(&mut d.reserved, reserved as f64);
-            push(&mut d.tensor_peaks, d.tensor_peak_epoch as f64);
             d.tensor_peak_epoch = d.tensor_live;
-            d.ev.reserved_bytes = Some(reserved);
-            d.ev.live_tensor_bytes = Some(d.tensor_live);
+            push(&mut d.reserved, reserved as f64);
+            push(&mut d.tensor_peaks, at_peak as f64);
+            if d.sample_epochs.len() == CREEP_WINDOW {
+                d.sample_epochs.pop_front();
+            }
+            d.sample_epochs.push_back(ctx.epoch);
+            let (bytes, n) = std::mem::take(&mut d.large_requests_epoch);
+            push(&mut d.mean_requests, bytes as f64 / n.max(1) as f64);
+            d.pattern.largest_request_bytes = d.largest_request_epoch;
+            d.largest_request_epoch = 0;
+            let ev = &mut d.ev;
+            ev.source = Some(source);
+            ev.reserved_bytes = Some(reserved);
+            ev.live_tensor_bytes = Some(live);
+            ev.tensors_at_peak_bytes = Some(at_peak);
+            ev.gap_bytes = Some(reserved.saturating_sub(at_peak));
+            ev.reserved_to_allocated = (at_peak > 0).then(|| reserved as f64 / at_peak as f64);
+            ev.reserved_samples = d.reserved.iter().map(|&x| x as u64).collect();
+            ev.tensor_peak_samples = d.tensor_peaks.iter().map(|&x| x as u64).collect();
             if ctx.epoch < super::growth::warmup_end(ctx) || d.reserved.len() < CREEP_MIN_SAMPLES {
                 continue;
             }
-            let r: Vec<f64> = d.reserved.iter().copied().collect();
-            let a: Vec<f64> = d.tensor_peaks.iter().copied().collect();
-            let mk_r = mann_kendall(&r);
-            let slope = theil_sen(&r, mk_r.var, 0.95)
+            let gaps: Vec<f64> = d
+                .reserved
+                .iter()
+                .zip(&d.tensor_peaks)
+                .map(|(r, a)| (r - a).max(0.0))
+                .collect();
+            let mk = mann_kendall(&gaps);
+            let slope = theil_sen(&gaps, mk.var, 0.95).map_or(0.0, |t| t.slope);
+            let sizes: Vec<f64> = d.mean_requests.iter().copied().collect();
+            let mk_sizes = mann_kendall(&sizes);
+            d.pattern.sizes_growing = mk_sizes.p < 0.01;
+            d.pattern.mean_request_slope_bytes_per_step = theil_sen(&sizes, mk_sizes.var, 0.95)
                 .map(|t| t.slope)
-                .unwrap_or(0.0);
-            let creep = mk_r.p < 0.01 && slope >= CREEP_MIN_SLOPE && mann_kendall(&a).p > 0.1;
-            if creep && !d.creep {
+                .filter(|&s| s > 0.0 && d.pattern.sizes_growing);
+            d.pattern.distinct_large_sizes = d.sizes.len() as u64;
+            let gap = reserved.saturating_sub(at_peak);
+            let now = WidestGap {
+                step: ctx.epoch,
+                reserved_bytes: reserved,
+                tensors_at_peak_bytes: at_peak,
+                gap_bytes: gap,
+            };
+            let growing = mk.p < 0.01 && slope >= CREEP_MIN_SLOPE;
+            let ratio_high = reserved as f64 > RATIO * at_peak as f64;
+            if growing {
+                ev.gap_slope_bytes_per_step = Some(slope);
+            }
+            if d.creep {
+                // Found: keep its figures current for the report.
+                if ev.widest.is_none_or(|w| gap > w.gap_bytes) {
+                    ev.widest = Some(now);
+                }
+                if growing {
+                    ev.reserved_slope_bytes_per_step = Some(slope);
+                }
+                ev.pattern = Some(d.pattern.clone());
+                ev.grew_at = sites_largest_first(&d.grew_at);
+                ev.remedies = remedies(&d.pattern);
+                continue;
+            }
+            if growing && ratio_high && gap >= MIN_GAP {
                 d.creep = true;
-                d.ev.reserved_slope_bytes_per_step = Some(slope);
+                ev.widest = Some(now);
+                ev.reserved_slope_bytes_per_step = Some(slope);
+                // The first step of the window whose gap is above the window's first.
+                let onset = d
+                    .sample_epochs
+                    .iter()
+                    .zip(&gaps)
+                    .find(|(_, &g)| g > gaps[0])
+                    .map_or(ctx.epoch, |(&e, _)| e);
+                ev.onset_step = Some(onset);
+                ev.onset_s = ctx.clock.start_of(onset).map(|t| seconds(ctx, t));
+                ev.detected_step = Some(ctx.epoch);
+                ev.detected_s = Some(seconds(ctx, ctx.ts_ns));
+                ev.pattern = Some(d.pattern.clone());
+                ev.grew_at = sites_largest_first(&d.grew_at);
+                ev.remedies = remedies(&d.pattern);
                 if d.level < Some(Severity::Warning) {
                     d.level = Some(Severity::Warning);
                 }
@@ -199,6 +483,48 @@ impl Detector for FragmentationDetector {
             .collect();
         v.sort_by_key(|f| f.device);
         v
+    }
+}
+
+impl FragmentationDetector {
+    /// Whether the reserve of `device` was found growing away from its tensors.
+    pub fn gap_growing(&self, device: i16) -> bool {
+        self.devices.get(&device).is_some_and(|d| d.creep)
+    }
+}
+
+/// The settings worth trying for a pattern, best first. Their effect is predicted by the
+/// report; the order and the sentences are what the pattern alone says.
+pub fn remedies(p: &FragPattern) -> Vec<Remedy> {
+    let mut v = vec![remedy(
+        "expandable_segments:True",
+        "segments grow in place instead of one new segment per larger request, and freed \
+         pages serve any size",
+    )];
+    if p.distinct_large_sizes > MANY_SIZES || p.sizes_growing {
+        v.push(remedy(
+            "roundup_power2_divisions:4",
+            "rounds request sizes up to a few steps per power of two, so that a freed block \
+             fits the next, slightly different request",
+        ));
+    }
+    // Not garbage_collection_threshold: PyTorch applies it only under a per-process memory
+    // fraction (torch.cuda.set_per_process_memory_fraction), which a trace cannot see.
+    v.push(remedy(
+        "max_split_size_mb:128",
+        "keeps large cached blocks whole for large requests; often worse when sizes keep \
+         growing",
+    ));
+    v
+}
+
+fn remedy(conf: &str, why: &str) -> Remedy {
+    Remedy {
+        alloc_conf: conf.into(),
+        why: why.into(),
+        predicted_peak_reserved_bytes: None,
+        baseline_peak_reserved_bytes: None,
+        oom_avoided: None,
     }
 }
 
@@ -231,11 +557,8 @@ fn finding(device: i16, d: &DeviceFrag) -> Finding {
             }
         ));
     }
-    if let Some(s) = ev.reserved_slope_bytes_per_step.filter(|_| d.creep) {
-        parts.push(format!(
-            "reserved memory grows {} while live tensors do not",
-            fmt_rate(s, None)
-        ));
+    if d.creep {
+        parts.push(gap_sentence(ev));
     }
     Finding {
         kind: Kind::Fragmentation,
@@ -247,20 +570,19 @@ fn finding(device: i16, d: &DeviceFrag) -> Finding {
         stack: Vec::new(),
         oom: None,
         cause: Cause::Fragmented,
-        bytes: ev.largest_failed_request_bytes,
+        bytes: if d.creep {
+            ev.gap_bytes.unwrap_or(0)
+        } else {
+            ev.largest_failed_request_bytes
+        },
         growth_bytes_per_step: ev.reserved_slope_bytes_per_step.filter(|_| d.creep),
         growth_bytes_per_s: None,
         steps: None,
         count: ev.retries + ev.failures_with_free_memory,
         api: None,
         message: format!("device {device}: {}", parts.join("; ")),
-        hint: "Memory is reserved but not usable for the requests that come: free blocks of the \
-               wrong size or place. With PyTorch, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
-               lets segments grow instead of splitting; otherwise allocate the largest, \
-               long-lived buffers first and keep request sizes steady (pad dynamic shapes to a \
-               few buckets)."
-            .into(),
-        evidence: Some(Evidence::Fragmentation(ev.clone())),
+        hint: if d.creep { gap_hint(ev) } else { HINT.into() },
+        evidence: Some(Evidence::Fragmentation(Box::new(ev.clone()))),
         record: None,
         culprit: None,
         backward_node: None,
@@ -268,9 +590,93 @@ fn finding(device: i16, d: &DeviceFrag) -> Finding {
     }
 }
 
+const HINT: &str = "Memory is reserved but not usable for the requests that come: free blocks \
+                    of the wrong size or place. With PyTorch, \
+                    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets segments grow \
+                    instead of splitting; otherwise allocate the largest, long-lived buffers \
+                    first and keep request sizes steady (pad dynamic shapes to a few buckets).";
+
+/// "PyTorch's cache reserves 2.14 GiB against 499 MiB of tensors at the step's peak (4.4x):
+/// 1.65 GiB held by no tensor, growing +75 MiB/step".
+fn gap_sentence(ev: &FragEvidence) -> String {
+    let (reserved, at_peak) = ev.widest.map_or(
+        (
+            ev.reserved_bytes.unwrap_or(0),
+            ev.tensors_at_peak_bytes.unwrap_or(0),
+        ),
+        |w| (w.reserved_bytes, w.tensors_at_peak_bytes),
+    );
+    let what = match ev.source {
+        Some(FragSource::StepReadings) => "PyTorch's max_memory_allocated()",
+        _ => "tensors at the step's peak",
+    };
+    let ratio = if at_peak > 0 {
+        format!(" ({:.1}x)", reserved as f64 / at_peak as f64)
+    } else {
+        String::new()
+    };
+    let when = ev
+        .widest
+        .map(|w| format!(" at step {}", w.step))
+        .unwrap_or_default();
+    format!(
+        "PyTorch's cache reserved {} against {} of {what}{ratio}{when}: {} held by no tensor, \
+         the gap growing {}",
+        fmt_bytes(reserved),
+        fmt_bytes(at_peak),
+        fmt_bytes(reserved.saturating_sub(at_peak)),
+        fmt_rate(ev.reserved_slope_bytes_per_step.unwrap_or(0.0), None)
+    )
+}
+
+/// The pattern behind the gap, in a PyTorch user's words, and what to do.
+fn gap_hint(ev: &FragEvidence) -> String {
+    let mut why = Vec::new();
+    if let Some(p) = &ev.pattern {
+        if p.segments_taken_with_room > 0 {
+            why.push(format!(
+                "{} of {} new segments were taken while the cache held at least the request \
+                 unallocated: the requests were larger than every cached free block",
+                p.segments_taken_with_room, p.segments_taken
+            ));
+        }
+        if let Some(s) = p.mean_request_slope_bytes_per_step {
+            why.push(format!(
+                "request sizes grow step after step (their mean {}; the largest {})",
+                fmt_rate(s, None),
+                fmt_bytes(p.largest_request_bytes)
+            ));
+        }
+        if p.distinct_large_sizes > MANY_SIZES {
+            why.push(format!(
+                "{}{} distinct request sizes of 1 MiB or more",
+                p.distinct_large_sizes,
+                if p.distinct_large_sizes as usize >= MAX_SIZES {
+                    "+"
+                } else {
+                    ""
+                }
+            ));
+        }
+    }
+    let pattern = if why.is_empty() {
+        String::new()
+    } else {
+        format!(" Seen: {}.", why.join("; "))
+    };
+    format!(
+        "Not a leak: the tensors are freed, but PyTorch's caching allocator keeps every \
+         segment it took, and the requests that come (larger each step, or of many sizes) fit \
+         none of its free blocks, so it takes more.{pattern} Try \
+         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow in place), or pad \
+         dynamic shapes to a few sizes; torch.cuda.empty_cache() only hides it."
+    )
+}
+
 #[cfg(test)]
 mod tests {
-    use crate::analysis::{Analysis, Detector, Finding, Level, Severity};
+    use super::{FragSource, RATIO};
+    use crate::analysis::{Analysis, Detector, Evidence, Finding, Level, Severity};
     use crate::model::{Process, OUT_OF_MEMORY};
     use oomtrace_proto::wire::{Frame, Hello};
     use oomtrace_proto::{Api, Event, EventKind, StackId};
@@ -355,11 +761,121 @@ mod tests {
         let f = creeping(true, Api::oomtrace_torch_alloc, Api::oomtrace_torch_free);
         assert_eq!(f.len(), 1, "{f:?}");
         assert!(
-            f[0].message.contains("reserved memory grows"),
+            f[0].message.contains("held by no tensor, the gap growing"),
             "{}",
             f[0].message
         );
         assert!(f[0].growth_bytes_per_step.unwrap() >= 3.9 * MIB as f64);
+    }
+
+    /// 24 steps of a working set that grows: each step one tensor `step` x 4 MiB, freed by the
+    /// step's end, in a new segment of its size (the cache's free blocks are all smaller).
+    /// With `reserve_follows`, the cache gives back the old segment each step (the reserve
+    /// tracks the tensors: no gap).
+    fn growing_working_set(reserve_follows: bool) -> Vec<Finding> {
+        let mut p = Proc::new();
+        let mut ts = 1;
+        let mut prev_seg = None;
+        for step in 1..=24u64 {
+            let size = step * 4 * MIB;
+            let base = 0x1_0000_0000 + step * 0x1000_0000;
+            ts += 10;
+            if let (true, Some((b, sz))) = (reserve_follows, prev_seg) {
+                let free = ev(
+                    EventKind::SegmentFree,
+                    Api::oomtrace_torch_segment,
+                    b,
+                    sz,
+                    ts,
+                );
+                p.apply_event(&free);
+                p.apply_event(&ev(EventKind::Free, Api::cudaFree, b, 0, ts));
+            }
+            p.apply_event(&ev(EventKind::Alloc, Api::cudaMalloc, base, size, ts));
+            let seg = ev(
+                EventKind::Segment,
+                Api::oomtrace_torch_segment,
+                base,
+                size,
+                ts,
+            );
+            p.apply_event(&seg);
+            prev_seg = Some((base, size));
+            ts += 10;
+            p.apply_event(&ev(
+                EventKind::Alloc,
+                Api::oomtrace_torch_alloc,
+                base,
+                size,
+                ts,
+            ));
+            ts += 10;
+            p.apply_event(&ev(EventKind::Free, Api::oomtrace_torch_free, base, 0, ts));
+            mark(&mut p, ts + 5);
+        }
+        frag(&p)
+    }
+
+    #[test]
+    fn a_gap_growing_while_tensors_grow_too_is_fragmentation() {
+        let f = growing_working_set(false);
+        assert_eq!(f.len(), 1, "{f:?}");
+        let Some(Evidence::Fragmentation(e)) = &f[0].evidence else {
+            panic!("{f:?}")
+        };
+        assert_eq!(e.source, Some(FragSource::Tensors));
+        // The gap is the sum of the old segments: it grows faster than the tensors.
+        assert!(
+            e.gap_slope_bytes_per_step.unwrap() > 4.0 * MIB as f64,
+            "{e:?}"
+        );
+        assert!(e.reserved_to_allocated.unwrap() > RATIO, "{e:?}");
+        let pat = e.pattern.as_ref().unwrap();
+        assert!(pat.sizes_growing, "{pat:?}");
+        assert!(pat.segments_taken_with_room >= 20, "{pat:?}");
+        assert_eq!(e.grew_at.len(), 1, "one site took the segments");
+        assert!(e.remedies[0].alloc_conf.starts_with("expandable_segments"));
+        assert!(e.onset_s.is_some() && e.detected_s.is_some(), "{e:?}");
+        assert!(f[0].hint.starts_with("Not a leak"), "{}", f[0].hint);
+    }
+
+    #[test]
+    fn a_reserve_that_follows_its_tensors_is_not_fragmentation() {
+        let f = growing_working_set(true);
+        assert!(f.is_empty(), "{f:?}");
+    }
+
+    /// Without tensors traced, the step hook's readings of PyTorch's counters.
+    #[test]
+    fn step_readings_show_the_gap_without_tensors() {
+        let run = |reserved_per_step: u64| {
+            let mut p = Proc::new();
+            let mut ts = 1;
+            for step in 1..=20u64 {
+                ts += 10;
+                mark(&mut p, ts);
+                p.a.fragmentation.on_reading(
+                    0,
+                    MIB,
+                    step * 4 * MIB,
+                    step * reserved_per_step * MIB,
+                );
+            }
+            frag(&p)
+        };
+        let f = run(40);
+        assert_eq!(f.len(), 1, "{f:?}");
+        let Some(Evidence::Fragmentation(e)) = &f[0].evidence else {
+            panic!("{f:?}")
+        };
+        assert_eq!(e.source, Some(FragSource::StepReadings));
+        assert!(
+            f[0].message.contains("max_memory_allocated()"),
+            "{}",
+            f[0].message
+        );
+        // A reserve that keeps 1.25x of the peak: a cache's slack, not fragmentation.
+        assert!(run(5).is_empty());
     }
 
     /// Memory outside the tensor allocator (an extension's own cudaMalloc) is not reserve,

@@ -46,6 +46,7 @@ use serde::{Serialize, Serializer};
 
 use crate::model::{
     Alloc, DeviceState, EndState, FrameInfo, Free, MemInfo, Observer, OutOfMemory, Process, SiteId,
+    TorchMemory,
 };
 use epoch::EpochClock;
 use oomtrace_proto::wire::Frame;
@@ -197,6 +198,9 @@ pub enum Cause {
     /// A call site's allocations are replaced by larger ones step after step: one buffer
     /// (a tensor rebuilt by concatenation, a realloc-and-copy) grows.
     ReplacedButGrowing,
+    /// A call site's allocations grow step after step but are all freed every step: the
+    /// step's working set grows (longer sequences, larger batches), not a leak.
+    WorkingSetGrowing,
     /// A device grows with tensor-level events: tensors kept.
     DeviceTensorsKept,
     /// A device grows with plain CUDA allocations.
@@ -216,6 +220,9 @@ pub enum Cause {
     WorkloadTooLarge,
     /// Sites that leak held memory at a failure (set by the report).
     LeaksHeldAtOom,
+    /// An out-of-memory while PyTorch's cache held at least the request reserved but
+    /// unallocated: the memory was there, in pieces.
+    ReservedInPieces,
     /// Reserved memory that the requests cannot use.
     Fragmented,
     /// Little of the device left.
@@ -421,7 +428,7 @@ pub enum Evidence {
     /// Boxed: a leak's evidence (its samples and history) is several times the others'.
     Leak(Box<growth::LeakEvidence>),
     DeviceGrowth(Box<device_growth::DeviceGrowthEvidence>),
-    Fragmentation(fragmentation::FragEvidence),
+    Fragmentation(Box<fragmentation::FragEvidence>),
     Threshold(threshold::ThresholdEvidence),
 }
 
@@ -637,13 +644,22 @@ impl Observer for Analysis {
     /// The caching allocator's segment is reserve: the leak detectors forget it as if freed
     /// (a line's memory is its tensors, traced one by one); device totals, fragmentation and
     /// the OOM view keep it.
-    fn reserve(&mut self, _p: &Process, f: &Free) {
+    fn reserve(&mut self, p: &Process, f: &Free) {
         if self.failed {
             return;
         }
         let obs = self.gone(f);
         self.growth.on_free(&obs, f.birth);
         self.site_growth.on_free(&obs, f.birth);
+        // Told before the segment counts in the reserve: what the cache held unallocated
+        // when it needed another segment.
+        let unallocated = p.devices.get(&f.device).map_or(0, |d| {
+            d.torch_reserved_bytes
+                .unwrap_or(0)
+                .saturating_sub(d.tensor_bytes)
+        });
+        self.fragmentation
+            .on_segment(f.device, f.site, f.size, unallocated);
     }
 
     fn step(&mut self, p: &Process, ts_ns: u64) {
@@ -668,6 +684,16 @@ impl Observer for Analysis {
             free_bytes: None,
             total_bytes: None,
             live_bytes: o.live_bytes,
+            torch_reserved_bytes: p
+                .devices
+                .get(&o.device)
+                .filter(|d| d.tensor_tally.allocations > 0)
+                .and_then(|d| d.torch_reserved_bytes),
+            tensor_bytes: p
+                .devices
+                .get(&o.device)
+                .filter(|d| d.tensor_tally.allocations > 0)
+                .map(|d| d.tensor_bytes),
             top_sites: if self.oom.keeps_next() {
                 p.top_holders(o.device, oom::TOP_SITES)
             } else {
@@ -683,6 +709,15 @@ impl Observer for Analysis {
         if let Some(r) = self.oom.on_meminfo(m.device, m.tid, m.free, m.total) {
             self.fragmentation.on_failure_info(r, &mut self.alerts);
         }
+    }
+
+    /// PyTorch's own allocated and reserved, read after a step marker: fragmentation judges
+    /// its reserve against its tensors with them when tensors are not traced.
+    fn torch_memory(&mut self, _p: &Process, m: &TorchMemory) {
+        if self.failed {
+            return;
+        }
+        self.fragmentation.torch_memory(m);
     }
 
     /// Applies the frame; a panic inside (a detector bug) switches the analysis off for this

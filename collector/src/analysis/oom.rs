@@ -33,6 +33,11 @@ pub struct OomRecord {
     pub total_bytes: Option<u64>,
     /// Tracked live bytes on the device at the failure.
     pub live_bytes: u64,
+    /// PyTorch's reserve and its tensors at the failure (tensors traced only): the allocator
+    /// had already given back what it could, so reserve minus tensors is memory it held in
+    /// pieces too small for the request.
+    pub torch_reserved_bytes: Option<u64>,
+    pub tensor_bytes: Option<u64>,
     /// The largest holders on that device at the failure: (site, live bytes, live count).
     pub top_sites: Vec<(SiteId, u64, u64)>,
     /// Set when a free-then-retry of the same size succeeded.
@@ -232,7 +237,35 @@ fn finding_of(r: &OomRecord, nth: u64) -> Finding {
     }
 }
 
+impl OomRecord {
+    /// PyTorch's "reserved but unallocated" at the failure, when it was at least the request:
+    /// the memory was there, in pieces.
+    pub fn in_pieces(&self) -> Option<u64> {
+        // Only PyTorch's own out-of-memory: a cudaMalloc it failed is followed by it giving
+        // back its free segments and retrying, so the reserve then still held whole ones.
+        if self.api != Api::oomtrace_torch_alloc {
+            return None;
+        }
+        let unallocated = self
+            .torch_reserved_bytes?
+            .saturating_sub(self.tensor_bytes?);
+        (unallocated >= self.size && self.size > 0).then_some(unallocated)
+    }
+}
+
 fn oom_hint(r: &OomRecord) -> (Cause, String) {
+    if let Some(unallocated) = r.in_pieces() {
+        return (
+            Cause::ReservedInPieces,
+            format!(
+                "The memory was there but in pieces: PyTorch's cache held {} reserved but                  unallocated ({} reserved, {} in tensors), more than the {} requested, in no                  block that large (fragmentation; see the remedies below).                  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets a segment grow instead.",
+                fmt_bytes(unallocated),
+                fmt_bytes(r.torch_reserved_bytes.unwrap_or(0)),
+                fmt_bytes(r.tensor_bytes.unwrap_or(0)),
+                fmt_bytes(r.size)
+            ),
+        );
+    }
     match (r.free_bytes, r.top_sites.first()) {
         (Some(free), _) if free >= r.size => (
             Cause::FreeButFragmented,
@@ -283,6 +316,18 @@ pub struct OomDetail {
     pub unix_s: Option<f64>,
     /// The largest holders at that instant.
     pub top_sites: Vec<SiteShare>,
+    /// PyTorch's reserve and its tensors at the failure (tensors traced only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocated_bytes: Option<u64>,
+    /// Reserved but unallocated, when at least the request: the memory was there, in pieces.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved_unallocated_bytes: Option<u64>,
+    /// Settings that would (or would not) have fit the request, from a replay of the trace
+    /// (filled in by the report when the memory was in pieces).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub remedies: Vec<super::fragmentation::Remedy>,
 }
 
 /// One holder at an OOM.

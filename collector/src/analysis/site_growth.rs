@@ -42,7 +42,7 @@ use super::stats;
 use super::window::{self, Sample, Window};
 use super::{
     Alert, Alerts, AllocObs, Cause, Change, Confidence, Context, Detector, Evidence, Finding, Kind,
-    Level,
+    Level, Severity,
 };
 use crate::model::SiteId;
 use crate::units::{fmt_bytes, fmt_duration, fmt_rate};
@@ -77,11 +77,15 @@ struct Point {
     frees: u64,
     /// The largest allocation made at the site during the epoch that ended here.
     largest: u64,
+    /// The least the site held during the epoch that ended here (its boundaries included).
+    trough: u64,
 }
 
 #[derive(Debug)]
 struct Site {
     live: u64,
+    /// The least `live` since the last boundary.
+    trough: u64,
     count: u64,
     allocs: u64,
     frees: u64,
@@ -104,12 +108,16 @@ struct Site {
     detected: Option<(u32, u64)>,
     at_detection: Option<AtDetection>,
     history: Vec<LevelChange>,
+    /// The growth is the working set's: the site's bytes grow at the boundaries, but every
+    /// step it frees all it held before (its troughs do not grow): not a leak.
+    working_set: bool,
 }
 
 impl Site {
     fn new(a: &AllocObs) -> Site {
         Site {
             live: 0,
+            trough: 0,
             count: 0,
             allocs: 0,
             frees: 0,
@@ -132,6 +140,7 @@ impl Site {
             detected: None,
             at_detection: None,
             history: Vec::new(),
+            working_set: false,
         }
     }
 
@@ -145,7 +154,10 @@ impl Site {
     }
 
     fn is_leak(&self) -> bool {
-        !self.resolved && !self.bounded && self.level >= Some(Confidence::Likely)
+        !self.resolved
+            && !self.bounded
+            && !self.working_set
+            && self.level >= Some(Confidence::Likely)
     }
 }
 
@@ -188,6 +200,7 @@ impl SiteGrowthDetector {
                 allocs: s.allocs,
                 frees: s.frees,
                 largest: std::mem::take(&mut s.largest),
+                trough: std::mem::replace(&mut s.trough, s.live),
             });
             if s.live > s.hwm {
                 if s.hwm > 0 {
@@ -290,6 +303,7 @@ impl Detector for SiteGrowthDetector {
             return;
         };
         s.live = s.live.saturating_sub(a.size);
+        s.trough = s.trough.min(s.live);
         s.count = s.count.saturating_sub(1);
         s.frees += 1;
         s.dirty = true;
@@ -350,6 +364,7 @@ fn evaluate(s: &mut Site, e: u32, warm: u32, generations: impl Fn(u32) -> u32) {
     };
     if let Some((mut t, w)) = best.filter(|_| rising) {
         let start = k - t.window;
+        s.working_set = working_set(&points[start..], t.slope_bytes_per_step);
         t.new_generations = gens_at_best;
         s.trend = Some(t);
         s.replaced = Some(Replaced {
@@ -384,8 +399,34 @@ fn evaluate(s: &mut Site, e: u32, warm: u32, generations: impl Fn(u32) -> u32) {
     s.max_level = s.max_level.max(level);
 }
 
+/// Whether the growth over `window` (its boundaries' trend `slope` per step) is the working
+/// set's: the least the site held within each step (after the window's first) grows by less
+/// than a quarter of that, or not at all (Mann-Kendall p ≥ 0.05). A buffer replaced by a larger
+/// one holds the old one until the new one exists, so its troughs grow with it (a KV cache);
+/// a step's tensors freed before the next step's are made drop to the same floor every step.
+fn working_set(window: &[Point], slope: f64) -> bool {
+    let troughs: Vec<f64> = window.iter().skip(1).map(|p| p.trough as f64).collect();
+    if troughs.len() < 3 || slope <= 0.0 {
+        return false;
+    }
+    let mk = stats::mann_kendall(&troughs);
+    let trough_slope = stats::theil_sen(&troughs, mk.var, 0.95).map_or(0.0, |t| t.slope);
+    mk.p >= 0.05 || trough_slope < 0.25 * slope
+}
+
 /// The cause, by what the site allocates: tensors (`--torch`) or plain CUDA memory.
 fn hint(s: &Site, kind: Kind) -> (Cause, String) {
+    if s.working_set {
+        return (
+            Cause::WorkingSetGrowing,
+            "Not a leak: every step frees what this line allocated, but each step needs more \
+             than the last (a longer sequence, a larger batch, a growing input): the working \
+             set grows, and with it the peak. It ends where the inputs stop growing, or in an \
+             out-of-memory error: cap or bucket the input sizes (pad to a few lengths), or \
+             split the step (gradient accumulation)."
+                .into(),
+        );
+    }
     if kind == Kind::Growth {
         return (
             Cause::CacheFilling,
@@ -419,12 +460,15 @@ fn hint(s: &Site, kind: Kind) -> (Cause, String) {
 fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
     let per_step = s.trend.map(|t| t.slope_bytes_per_step);
     let per_s = per_step.and_then(|b| per_second(b, ctx));
-    let kind = if s.resolved || s.bounded || s.level < Some(Confidence::Likely) {
+    let kind = if s.resolved || s.bounded || s.working_set || s.level < Some(Confidence::Likely) {
         Kind::Growth
     } else {
         Kind::Leak
     };
-    let level = if kind == Kind::Growth {
+    let level = if s.working_set && !(s.resolved || s.bounded) {
+        // Still growing: it ends in an out-of-memory error unless the inputs stop growing.
+        Level::Severity(Severity::Warning)
+    } else if kind == Kind::Growth {
         Level::INFO
     } else {
         s.level.unwrap_or(Confidence::Likely).into()
@@ -500,6 +544,11 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             replaced
         ),
         (Kind::Leak, None) => format!("one buffer's bytes grow {rate}{replaced}; {end_text}"),
+        _ if s.working_set && !(s.resolved || s.bounded) => format!(
+            "the working set grows {rate}: every step frees what it allocated here, but each \
+             step needs more (the largest {} in the last step); {end_text}",
+            fmt_bytes(s.series.back().map_or(0, |p| p.largest))
+        ),
         _ if s.resolved => format!(
             "one buffer grew ({rate}) and then stopped for {} steps; {} held now",
             ctx.epoch.saturating_sub(s.hwm_epoch),
@@ -567,7 +616,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
 #[cfg(test)]
 mod tests {
     use crate::analysis::sim::Sim;
-    use crate::analysis::{Confidence, Evidence, Finding, Kind, Level};
+    use crate::analysis::{Cause, Confidence, Evidence, Finding, Kind, Level, Severity};
     use crate::model::SiteId;
 
     const MIB: u64 = 1 << 20;
@@ -620,8 +669,8 @@ mod tests {
 
     #[test]
     fn a_buffer_reallocated_larger_each_step_is_a_leak_with_its_rate() {
-        for free_first in [false, true] {
-            let sim = realloc_loop(40, free_first, |i| MIB * u64::from(i + 1));
+        {
+            let sim = realloc_loop(40, false, |i| MIB * u64::from(i + 1));
             // The per-allocation view sees nothing: no allocation survives.
             assert!(!sim.a.growth.reported(SiteId(BUFFER), 0));
             let found = at(&sim, BUFFER);
@@ -648,6 +697,40 @@ mod tests {
                 .message
                 .starts_with("one buffer's bytes grow +1.00 MiB/step"));
         }
+    }
+
+    /// The same sizes, but each step frees what it held before it allocates the next (a
+    /// step's input, larger each step, freed with the step): the working set grows, nothing
+    /// leaks. A buffer replaced only once its larger successor exists (a KV cache grown by
+    /// `torch.cat`) holds its old bytes between steps: that stays a leak (above).
+    #[test]
+    fn a_growing_working_set_is_not_a_leak() {
+        let sim = realloc_loop(40, true, |i| MIB * u64::from(i + 1));
+        let found = at(&sim, BUFFER);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        let f = &found[0];
+        assert_eq!(
+            (f.kind, f.level, f.cause),
+            (
+                Kind::Growth,
+                Level::Severity(Severity::Warning),
+                Cause::WorkingSetGrowing
+            ),
+            "{f:#?}"
+        );
+        assert_eq!(f.growth_bytes_per_step, Some(MIB as f64));
+        assert!(f.message.contains("the working set grows"), "{}", f.message);
+        assert!(!sim.a.site_growth.is_leak(SiteId(BUFFER), 0));
+        // Live, it never said "leak" either.
+        assert!(
+            sim.a
+                .alerts
+                .list
+                .iter()
+                .all(|a| a.finding.kind != Kind::Leak),
+            "{:?}",
+            sim.a.alerts.list
+        );
     }
 
     #[test]

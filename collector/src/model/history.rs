@@ -14,7 +14,7 @@ use std::path::Path;
 
 use super::trace::Trace;
 use super::{Error, Process, SiteId};
-use oomtrace_proto::wire::Frame;
+use oomtrace_proto::wire::{Frame, TorchMemory};
 use oomtrace_proto::Event;
 
 /// What a visitor is shown, in stream order per process (processes interleave as in the file).
@@ -30,6 +30,9 @@ pub enum Seen<'a> {
         site: SiteId,
         label: &'a str,
     },
+    /// PyTorch's own statistics of one device, read by the step hook after a marker; not yet
+    /// applied (see [`Process::torch_memory`] for the last of each device).
+    TorchMemory(&'a TorchMemory),
 }
 
 /// Replays the trace file at `path`, showing each event and marker to `visit`; returns the
@@ -85,6 +88,13 @@ pub fn replay_with_progress(
             );
             p.apply(frame, &mut ());
         }
+        Frame::TorchMemory(m) => {
+            // One a process can have: the model leaves the others out, and so does this.
+            if (0..oomtrace_proto::MAX_DEVICES).contains(&m.device) {
+                visit(p, Seen::TorchMemory(m));
+            }
+            p.apply(frame, &mut ());
+        }
         other => p.apply(other, &mut ()),
     };
     Trace::load_with(path, &mut apply, progress)
@@ -120,6 +130,18 @@ mod tests {
         b.ptr = 0x10;
         encode::events(&mut frames, &[a, b]);
         encode::marker(&mut frames, 3, 9, 1, StackId::NONE, "step");
+        for device in [0, oomtrace_proto::MAX_DEVICES] {
+            encode::torch_memory(
+                &mut frames,
+                &TorchMemory {
+                    ts_ns: 10,
+                    device,
+                    allocated: 1024,
+                    max_allocated: 4096,
+                    reserved: 8192,
+                },
+            );
+        }
         tf::write_chunk(&mut f, 3, &frames, true).unwrap();
         tf::write_end(&mut f, 3, 1).unwrap();
         let path = std::env::temp_dir().join(format!("oomt-history-{}.oomt", std::process::id()));
@@ -134,6 +156,12 @@ mod tests {
                 p.live.get(&event.ptr).map_or(0, |l| l.size)
             )),
             Seen::Marker { label, .. } => seen.push(format!("marker {label}")),
+            Seen::TorchMemory(m) => seen.push(format!(
+                "torch {} reserved {} known {}",
+                m.device,
+                m.reserved,
+                p.torch_memory.contains_key(&m.device)
+            )),
         })
         .unwrap();
         let _ = std::fs::remove_file(&path);
@@ -142,9 +170,12 @@ mod tests {
             [
                 "Alloc site 1 live 0",
                 "Free site 0 live 4096",
-                "marker step"
+                "marker step",
+                // Shown before it applies; the one naming no possible device, not at all.
+                "torch 0 reserved 8192 known false"
             ]
         );
+        assert_eq!(t.processes[0].torch_memory[&0].reserved, 8192);
         assert_eq!(t.processes[0].devices[&0].peak_bytes, 4096);
         assert_eq!(t.processes[0].markers, 1);
     }

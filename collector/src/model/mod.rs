@@ -41,7 +41,7 @@ mod observer;
 pub mod trace;
 
 pub use error::Error;
-pub use observer::{Alloc, Free, MemInfo, Observer, OutOfMemory};
+pub use observer::{Alloc, Free, MemInfo, Observer, OutOfMemory, TorchMemory};
 
 /// A deduplicated call site within one process. 0 = no stack recorded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -413,6 +413,11 @@ pub struct Process {
     pub made: Option<u64>,
     /// How it began its end of stream, if its last `Made` frame says.
     pub ending: Option<GoodbyeReason>,
+    /// PyTorch's own statistics, the last reading of each device (`TorchMemory` frames, sent
+    /// by the Python step hook after each step marker).
+    pub torch_memory: BTreeMap<i16, TorchMemory>,
+    /// Readings that named a device no process can have (left out, like such events).
+    pub implausible_torch_memory: u64,
 }
 
 impl Process {
@@ -456,6 +461,8 @@ impl Process {
             marker_frames: 0,
             made: None,
             ending: None,
+            torch_memory: BTreeMap::new(),
+            implausible_torch_memory: 0,
         }
     }
 
@@ -561,6 +568,7 @@ impl Process {
             }
             Frame::Launch(vars) => self.learn_launch(vars),
             Frame::Made { events, ending } => self.learn_made(*events, *ending),
+            Frame::TorchMemory(m) => self.on_torch_memory(m, obs),
             Frame::Hello(_) | Frame::Unknown { .. } => {}
         }
     }
@@ -653,6 +661,29 @@ impl Process {
             }
         }
         obs.step(self, ts);
+    }
+
+    /// PyTorch's own statistics of one device: the device's last reading, told to the
+    /// observer. A device no process can have is garbage: counted, never a table entry.
+    fn on_torch_memory<O: Observer + ?Sized>(
+        &mut self,
+        m: &oomtrace_proto::wire::TorchMemory,
+        obs: &mut O,
+    ) {
+        if !(0..oomtrace_proto::MAX_DEVICES).contains(&m.device) {
+            self.implausible_torch_memory += 1;
+            return;
+        }
+        let reading = TorchMemory {
+            device: m.device,
+            ts_ns: m.ts_ns,
+            step: self.markers,
+            allocated: m.allocated,
+            max_allocated: m.max_allocated,
+            reserved: m.reserved,
+        };
+        self.torch_memory.insert(m.device, reading);
+        obs.torch_memory(self, &reading);
     }
 
     /// A new live allocation: told to the observer (before it counts in the totals), then
@@ -1355,6 +1386,74 @@ mod tests {
         assert_eq!(p.devices[&0].torch_reserved_bytes, Some(0));
         assert_eq!(p.devices[&0].torch_segments, 0);
         assert_eq!(p.devices[&0].live_bytes, 8 << 20);
+    }
+
+    /// PyTorch's own readings: each is told after the marker it follows, with the steps counted
+    /// so far; the process keeps the last of each device; a device no process has is left out.
+    #[test]
+    fn torch_readings_follow_their_markers_and_the_last_of_each_device_is_kept() {
+        #[derive(Default)]
+        struct Heard(Vec<(u64, TorchMemory)>);
+        impl Observer for Heard {
+            fn step(&mut self, p: &Process, _ts: u64) {
+                assert_eq!(
+                    self.0.len() as u64,
+                    2 * (p.markers - 1),
+                    "a reading came late"
+                );
+            }
+            fn torch_memory(&mut self, p: &Process, m: &TorchMemory) {
+                assert_eq!(
+                    p.torch_memory.get(&m.device),
+                    Some(m),
+                    "not kept before told"
+                );
+                self.0.push((p.markers, *m));
+            }
+        }
+        let reading = |ts_ns, device, reserved| {
+            Frame::TorchMemory(oomtrace_proto::wire::TorchMemory {
+                ts_ns,
+                device,
+                allocated: reserved / 4,
+                max_allocated: reserved / 2,
+                reserved,
+            })
+        };
+        let marker = |ts_ns| Frame::Marker {
+            seq: 1,
+            ts_ns,
+            tid: 1,
+            stack: StackId(0),
+            label: String::new(),
+        };
+        let mut p = proc();
+        let mut heard = Heard::default();
+        for step in 1..=3u64 {
+            p.apply(&marker(step * 100), &mut heard);
+            p.apply(&reading(step * 100 + 1, 0, step << 20), &mut heard);
+            p.apply(&reading(step * 100 + 2, 1, step << 30), &mut heard);
+        }
+        p.apply(&reading(400, oomtrace_proto::MAX_DEVICES, 1), &mut heard);
+        p.apply(&reading(400, -1, 1), &mut heard);
+        assert_eq!(heard.0.len(), 6);
+        assert_eq!(p.implausible_torch_memory, 2);
+        assert_eq!(p.torch_memory.len(), 2);
+        let last = p.torch_memory[&1];
+        assert_eq!(
+            (
+                last.step,
+                last.ts_ns,
+                last.reserved,
+                last.max_allocated,
+                last.allocated
+            ),
+            (3, 302, 3 << 30, 3 << 29, 3 << 28)
+        );
+        assert_eq!(p.torch_memory[&0].reserved, 3 << 20);
+        assert!(heard.0.iter().all(|(steps, m)| *steps == m.step));
+        // Readings are not events: they change no device's accounting.
+        assert!(p.devices.is_empty());
     }
 
     /// What an observer hears about a segment: born as a `cudaMalloc`, told once as reserve

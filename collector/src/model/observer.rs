@@ -65,6 +65,26 @@ pub struct MemInfo {
     pub total: u64,
 }
 
+/// PyTorch's own statistics of one device, as the program read them right after a step marker
+/// (the `oomtrace` Python package's step hook: `torch.cuda.memory_allocated(device)`,
+/// `max_memory_allocated(device)`, `memory_reserved(device)`). Known in every mode, also when
+/// tensors are not traced (`--segments`, a PyTorch the tracker cannot attach to).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TorchMemory {
+    pub device: i16,
+    /// When it was read (the events' clock), just after the marker.
+    pub ts_ns: u64,
+    /// Step markers counted before it (the marker it follows included).
+    pub step: u64,
+    /// Bytes of live tensors.
+    pub allocated: u64,
+    /// The most bytes of live tensors since the program started, or since it last reset
+    /// PyTorch's peak statistics (oomtrace never does).
+    pub max_allocated: u64,
+    /// Bytes of segments PyTorch's caching allocator holds (its reserve).
+    pub reserved: u64,
+}
+
 /// What listens to a process's model. Every method has a do-nothing default; `()` listens to
 /// nothing (accounting only, as `oomtrace export` replays).
 pub trait Observer {
@@ -81,6 +101,9 @@ pub trait Observer {
     fn step(&mut self, _p: &Process, _ts_ns: u64) {}
     fn out_of_memory(&mut self, _p: &Process, _o: &OutOfMemory) {}
     fn mem_info(&mut self, _p: &Process, _m: &MemInfo) {}
+    /// PyTorch's own statistics of one device, told after the step marker they follow (and
+    /// after [`Process::torch_memory`] took them).
+    fn torch_memory(&mut self, _p: &Process, _m: &TorchMemory) {}
 
     /// Applies one frame to `p`, telling this observer. An observer that must survive its
     /// own bugs (the analysis) wraps this.

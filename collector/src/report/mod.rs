@@ -14,6 +14,7 @@ pub mod merge;
 pub mod module_file;
 pub mod names;
 pub mod ranks;
+pub mod remedies;
 pub mod roles;
 pub mod sections;
 pub mod symbolize;
@@ -212,6 +213,28 @@ pub struct DeviceReport {
     /// How many segments made up `torch_reserved_bytes`; present with it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub torch_segments: Option<u64>,
+    /// PyTorch's own statistics of the device at the last step marker, as the program read
+    /// them (the Python step hook; every mode, `--segments` included). Absent when no reading
+    /// came (no step hook, CUDA never initialised, or the reading failed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torch_memory: Option<TorchMemoryReport>,
+}
+
+/// The last reading of PyTorch's own statistics of a device (`torch.cuda.memory_allocated()`
+/// and friends), taken by the step hook right after a step marker.
+#[derive(Clone, Debug, Serialize)]
+pub struct TorchMemoryReport {
+    /// `torch.cuda.memory_allocated(device)`: bytes of live tensors.
+    pub allocated_bytes: u64,
+    /// `torch.cuda.max_memory_allocated(device)`: the tensors' peak since the program started
+    /// (or last reset PyTorch's peak statistics itself).
+    pub max_allocated_bytes: u64,
+    /// `torch.cuda.memory_reserved(device)`: bytes of the caching allocator's segments.
+    pub reserved_bytes: u64,
+    /// The step markers counted when it was read (it follows the last of them).
+    pub step: u64,
+    /// When it was read: seconds since the process's first event.
+    pub at_s: f64,
 }
 
 /// A device's tensors under `--torch` (the trace tracker).
@@ -442,6 +465,11 @@ pub fn held_at(p: &Process, device: i16, site: SiteId) -> Option<Held> {
     })
 }
 
+/// A device's growth that the fragmentation finding on the same device explains.
+const FRAGMENTED_DEVICE_HINT: &str = "PyTorch's cache grows while the tensors it holds do not \
+    keep up: the growth is memory reserved and not used (see the fragmentation finding on this \
+    device), not tensors held across steps.";
+
 pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
     build_with(trace, opts, &mut StackSymbolizer::new())
 }
@@ -511,6 +539,13 @@ pub fn build_with_segments(
                 }),
                 torch_reserved_bytes: d.torch_reserved_bytes,
                 torch_segments: d.torch_reserved_bytes.map(|_| d.torch_segments),
+                torch_memory: p.torch_memory.get(&device).map(|m| TorchMemoryReport {
+                    allocated_bytes: m.allocated,
+                    max_allocated_bytes: m.max_allocated,
+                    reserved_bytes: m.reserved,
+                    step: m.step,
+                    at_s: m.ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
+                }),
             })
             .collect();
         processes.push(ProcessReport {
@@ -596,6 +631,14 @@ pub fn build_with_segments(
                         stack: stack_of(p, site),
                     })
                     .collect(),
+                reserved_bytes: o.torch_reserved_bytes,
+                allocated_bytes: o.tensor_bytes,
+                reserved_unallocated_bytes: o.in_pieces(),
+                remedies: if o.in_pieces().is_some() {
+                    fragmentation::remedies(&Default::default())
+                } else {
+                    Vec::new()
+                },
             });
             if f.site.0 != 0 {
                 f.stack = stack_of(p, f.site);
@@ -631,10 +674,20 @@ pub fn build_with_segments(
                 Some(Evidence::DeviceGrowth(e)) => {
                     let hint = std::mem::take(&mut f.hint);
                     (f.cause, f.hint) = device_growth_hint(p.stacks(), e, f.cause, hint);
+                    if a.fragmentation.gap_growing(f.device) {
+                        // The reserve grows away from the tensors: what grows is the cache's
+                        // unused part, not memory any line holds.
+                        f.cause = Cause::Fragmented;
+                        f.hint = FRAGMENTED_DEVICE_HINT.into();
+                    }
                     resolve_device_growth(p.stacks(), e, |site| stack_of(p, site));
                 }
                 // A leak of PyTorch's segments: the lines that made the device's cache grow
                 // over the same steps say more than the one call that found it exhausted.
+                // The lines whose requests made the cache take segments.
+                Some(Evidence::Fragmentation(e)) => {
+                    e.python_lines = python_lines(p.stacks(), &e.grew_at, |site| stack_of(p, site));
+                }
                 Some(Evidence::Leak(e)) if segments => {
                     let grew_at = a.device_growth.grew_at(f.device);
                     e.python_lines = python_lines(p.stacks(), grew_at, |site| stack_of(p, site));
@@ -740,8 +793,9 @@ pub fn order(f: &Finding) -> u8 {
     match f.kind {
         Kind::Oom => 0,
         Kind::Leak => 1,
-        Kind::DeviceGrowth => 2,
-        Kind::Fragmentation => 3,
+        // Fragmentation explains a device's growth when both are found: it comes first.
+        Kind::Fragmentation => 2,
+        Kind::DeviceGrowth => 3,
         Kind::Threshold => 4,
         Kind::Growth => 5,
         Kind::LiveAtExit => 6,

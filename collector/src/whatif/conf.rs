@@ -217,9 +217,11 @@ fn entries(s: &str) -> Result<Vec<Entry>, ConfError> {
                                         items.push((a, b.to_string()));
                                         i += 3;
                                     }
-                                    _ => return Err(ConfError(format!(
+                                    _ => {
+                                        return Err(ConfError(format!(
                                         "allocator setting {key}: '{a}:' has no value in the list"
-                                    ))),
+                                    )))
+                                    }
                                 }
                             } else {
                                 items.push((a, String::new()));
@@ -296,6 +298,19 @@ impl AllocConf {
             ..AllocConf::default()
         };
         conf.apply(&entries(s)?, |_| true)?;
+        Ok(conf)
+    }
+
+    /// This setting with `overrides` (a setting string) on top, as if appended to it: what a
+    /// user gets by adding one option to the setting they run with.
+    pub fn with(&self, overrides: &str) -> Result<AllocConf, ConfError> {
+        let mut conf = self.clone();
+        conf.apply(&entries(overrides)?, |_| true)?;
+        conf.source = if self.source.trim().is_empty() {
+            overrides.to_string()
+        } else {
+            format!("{},{overrides}", self.source)
+        };
         Ok(conf)
     }
 

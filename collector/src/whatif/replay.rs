@@ -152,7 +152,7 @@ struct ProcessRun {
 }
 
 /// The setting a process recorded: its two variables from the Hello, as torch reads them.
-fn recorded_conf(p: &Process) -> (Result<AllocConf, String>, String) {
+pub fn recorded_conf(p: &Process) -> (Result<AllocConf, String>, String) {
     let var = |name: &str| {
         p.hello
             .launch

@@ -9,6 +9,7 @@ use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use oomtrace_proto::wire::TorchMemory;
 use oomtrace_proto::{Api, Event, EventKind, MemoryClass, DEVICE_UNKNOWN};
 
 use crate::cuda::{CUmemAllocationProp, CU_MEM_LOCATION_TYPE_DEVICE};
@@ -479,6 +480,22 @@ pub fn launch(vars: Vec<(String, String)>) -> bool {
         return false;
     };
     ob.send_reliable(Msg::Launch(vars.into_boxed_slice()))
+}
+
+/// PyTorch's own statistics of one device (`oomtrace_torch_memory`), stamped now; false when
+/// tracing is off or the message could not be queued. Like a step marker it waits for room
+/// while the collector reads; it is no event, so it is not counted in what the process made.
+pub fn torch_memory(device: i16, allocated: u64, max_allocated: u64, reserved: u64) -> bool {
+    let Some(ob) = outbox::current() else {
+        return false;
+    };
+    ob.send_reliable(Msg::TorchMemory(TorchMemory {
+        ts_ns: crate::clock::ticks(),
+        device,
+        allocated,
+        max_allocated,
+        reserved,
+    }))
 }
 
 /// A tensor-level allocation through `oomtrace_malloc` (or its failure, `rc` != 0), on the

@@ -531,6 +531,11 @@ impl<S: Sink> Drainer<S> {
                 self.close_events();
                 encode::launch(&mut self.out, &vars);
             }
+            Msg::TorchMemory(mut m) => {
+                self.close_events();
+                m.ts_ns = self.monotonic(m.ts_ns);
+                encode::torch_memory(&mut self.out, &m);
+            }
             Msg::Flush(_) | Msg::Shutdown(..) => {}
         }
     }
@@ -1180,6 +1185,53 @@ mod tests {
                     wire::Frame::Goodbye { .. }
                 ]
             ),
+            "{frames:?}"
+        );
+    }
+
+    #[test]
+    fn a_torch_reading_follows_its_marker_on_the_events_clock_and_is_no_event() {
+        let mut r = rig(false);
+        r.room.set(usize::MAX);
+        let mut mark = Event::new(EventKind::Marker, Api::oomtrace_mark);
+        mark.ts_ns = crate::clock::ticks();
+        r.ob.send_marker(mark, "step");
+        let reading = wire::TorchMemory {
+            ts_ns: crate::clock::ticks(),
+            device: 2,
+            allocated: 10 << 20,
+            max_allocated: 30 << 20,
+            reserved: 64 << 20,
+        };
+        assert!(r.ob.send_reliable(Msg::TorchMemory(reading)));
+        let done = Done::new();
+        assert!(r
+            .ob
+            .tx
+            .try_send(Msg::Shutdown(GoodbyeReason::Exit, done.clone()))
+            .is_ok());
+        assert_eq!(r.d.round(), Round::Finished);
+        let got = r.got.borrow();
+        let frames: Vec<_> = wire::frames(&got).collect::<Result<_, _>>().unwrap();
+        let at = frames
+            .iter()
+            .position(|f| matches!(f, wire::Frame::Marker { .. }))
+            .expect("the marker");
+        let (wire::Frame::Marker { ts_ns: mark_ts, .. }, wire::Frame::TorchMemory(m)) =
+            (&frames[at], &frames[at + 1])
+        else {
+            panic!("the reading does not follow its marker: {frames:?}");
+        };
+        assert_eq!(
+            (m.device, m.allocated, m.max_allocated, m.reserved),
+            (2, 10 << 20, 30 << 20, 64 << 20)
+        );
+        assert!(m.ts_ns >= *mark_ts, "{} < {mark_ts}", m.ts_ns);
+        // Made counts the marker only: a reading is not an event a reader could miss.
+        assert!(
+            frames
+                .iter()
+                .any(|f| matches!(f, wire::Frame::Made { events: 1, .. })),
             "{frames:?}"
         );
     }

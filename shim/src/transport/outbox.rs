@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use oomtrace_proto::counter_page::{CounterPage, PageFd};
-use oomtrace_proto::wire::{GoodbyeReason, Lost, ModuleDef};
+use oomtrace_proto::wire::{GoodbyeReason, Lost, ModuleDef, TorchMemory};
 use oomtrace_proto::{Event, EventKind};
 
 /// The queue and counters of one process image (a fork child makes its own).
@@ -163,6 +163,9 @@ pub enum Msg {
     },
     /// Launcher variables learnt after the Hello (`oomtrace_set_rank`).
     Launch(Box<[(String, String)]>),
+    /// PyTorch's own statistics of one device (`oomtrace_torch_memory`); `ts_ns` in clock
+    /// ticks, put on the events' clock by the drain thread.
+    TorchMemory(TorchMemory),
     /// Write out everything queued before this, then signal.
     Flush(Arc<Done>),
     /// Write everything, say goodbye, close, signal; the drain thread then ends.

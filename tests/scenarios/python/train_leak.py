@@ -1,10 +1,10 @@
 # A training loop on the stand-in torch: activations come and go every step, and
 # `history.append(...)` keeps 1 MiB per step alive (the planted leak): the report must name
 # the line that allocated it (ALLOC HERE) and the loop line that called it.
-# Usage: train_leak.py [steps] [--clean] [--install] [--mark] [--mark-in-hook]
+# Usage: train_leak.py [steps] [--clean] [--install] [--mark] [--mark-in-hook] [--stats]
 # --install: oomtrace.install() first; --mark: oomtrace.mark_step() after every optimizer step
 # (the program marks its own steps); --mark-in-hook: the same from an optimizer step hook of
-# the program's own.
+# the program's own; --stats: print PyTorch's memory statistics after the last step.
 import sys
 
 if {"--install", "--mark", "--mark-in-hook"} & set(sys.argv):
@@ -40,4 +40,7 @@ for step in range(steps):
     opt.step()
     if "--mark" in sys.argv:
         oomtrace.mark_step()
+if "--stats" in sys.argv:
+    print("stats", torch.cuda.memory_allocated(0), torch.cuda.max_memory_allocated(0),
+          torch.cuda.memory_reserved(0))
 print("trained", steps)
