@@ -150,3 +150,47 @@ fn segment_mode_finds_it_from_pytorchs_own_counters() {
         .collect();
     assert!(leaks.is_empty(), "{leaks:#?}");
 }
+
+/// `whatif_oom.py` on a 1 GiB device: 7 MiB buffers, two to a 20 MiB segment, each segment
+/// keeping 6 MiB no later request fits. PyTorch's OutOfMemoryError comes with hundreds of MiB
+/// reserved but unallocated: the report says the memory was there in pieces, how much, and that
+/// expandable segments would have fit the request (as PyTorch itself does with it).
+#[test]
+fn an_oom_in_pieces_says_so_and_which_setting_fits() {
+    let r = run_torch("whatif_oom.py", Mode::Run, &[("SIMCUDA_MEMORY", "1GiB")]);
+    assert_eq!(r.status.code(), Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("OutOfMemoryError"), "{}", r.stdout);
+    let oom = findings(&r.report)
+        .iter()
+        .find(|f| f["kind"] == "oom" && f["api"] == "oomtrace_torch_alloc")
+        .unwrap_or_else(|| panic!("no PyTorch OOM:\n{}", r.text));
+    let o = &oom["oom"];
+    let request = o["requested_bytes"].as_u64().unwrap();
+    let unallocated = o["reserved_unallocated_bytes"].as_u64().expect("in pieces");
+    assert!(unallocated >= request, "{o:#}");
+    assert_eq!(
+        o["reserved_bytes"].as_u64().unwrap() - o["allocated_bytes"].as_u64().unwrap(),
+        unallocated
+    );
+    assert!(
+        oom["hint"].as_str().unwrap().contains("in pieces"),
+        "{oom:#}"
+    );
+    let expandable = o["remedies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["alloc_conf"] == "expandable_segments:True")
+        .unwrap_or_else(|| panic!("{o:#}"));
+    assert_eq!(expandable["oom_avoided"], true, "{o:#}");
+    assert!(
+        r.text.contains("the memory was there but in pieces"),
+        "{}",
+        r.text
+    );
+    assert!(
+        r.text.contains("the failed request would have fit"),
+        "{}",
+        r.text
+    );
+}
