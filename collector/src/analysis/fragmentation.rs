@@ -44,7 +44,7 @@ use super::{
 };
 use crate::model::SiteId;
 use crate::units::{fmt_bytes, fmt_rate};
-use oomtrace_proto::Api;
+use oomtrace_proto::{Api, MemoryClass};
 
 /// The gap must grow at least this much per step: less is a cache settling.
 const CREEP_MIN_SLOPE: f64 = (2u64 << 20) as f64;
@@ -277,19 +277,8 @@ impl FragmentationDetector {
     /// of its reserve held no tensor.
     pub fn on_segment(&mut self, device: i16, site: SiteId, size: u64, unallocated: u64) {
         let d = self.devices.entry(device).or_default();
-        d.pattern.segments_taken += 1;
         d.pending_segment = Some(unallocated);
-        if !d.tensors {
-            // Without tensors the segment is the request the pattern is made of.
-            note_request(d, size);
-        }
-        let n = d.grew_at.len();
-        if let Some(e) = d.grew_at.get_mut(&site) {
-            e.0 = e.0.saturating_add(size);
-            e.1 += 1;
-        } else if n < MAX_SITES {
-            d.grew_at.insert(site, (size, 1));
-        }
+        took_segment(d, site, size);
     }
 
     /// PyTorch's own statistics of one device, read by the step hook after a step marker:
@@ -319,6 +308,22 @@ fn sites_largest_first(sites: &FxHashMap<SiteId, (u64, u64)>) -> Vec<GrewAt> {
     v
 }
 
+/// The cache took `size` bytes at `site`.
+fn took_segment(d: &mut DeviceFrag, site: SiteId, size: u64) {
+    d.pattern.segments_taken += 1;
+    if !d.tensors {
+        // Without tensors the segment is the request the pattern is made of.
+        note_request(d, size);
+    }
+    let n = d.grew_at.len();
+    if let Some(e) = d.grew_at.get_mut(&site) {
+        e.0 = e.0.saturating_add(size);
+        e.1 += 1;
+    } else if n < MAX_SITES {
+        d.grew_at.insert(site, (size, 1));
+    }
+}
+
 fn note_request(d: &mut DeviceFrag, size: u64) {
     d.largest_request_epoch = d.largest_request_epoch.max(size);
     if size >= LARGE_REQUEST {
@@ -343,6 +348,17 @@ impl Detector for FragmentationDetector {
                 if unallocated >= a.size {
                     d.pattern.segments_taken_with_room += 1;
                 }
+            }
+        } else if a.api.memory_class() == MemoryClass::Device {
+            // Segments only (PyTorch's readings came, no tensors): its cudaMalloc calls are its
+            // segments (beside what other libraries take themselves, which cannot be told
+            // apart here).
+            if let Some(d) = self
+                .devices
+                .get_mut(&a.device)
+                .filter(|d| !d.tensors && d.reading.is_some())
+            {
+                took_segment(d, a.site, a.size);
             }
         }
     }
@@ -596,8 +612,8 @@ const HINT: &str = "Memory is reserved but not usable for the requests that come
                     instead of splitting; otherwise allocate the largest, long-lived buffers \
                     first and keep request sizes steady (pad dynamic shapes to a few buckets).";
 
-/// "PyTorch's cache reserves 2.14 GiB against 499 MiB of tensors at the step's peak (4.4x):
-/// 1.65 GiB held by no tensor, growing +75 MiB/step".
+/// "PyTorch's cache reserved 2.14 GiB for 409.00 MiB of tensors at peak (5.4x, step 24); the
+/// gap grows +70.06 MiB/step": short enough for a live line.
 fn gap_sentence(ev: &FragEvidence) -> String {
     let (reserved, at_peak) = ev.widest.map_or(
         (
@@ -607,24 +623,25 @@ fn gap_sentence(ev: &FragEvidence) -> String {
         |w| (w.reserved_bytes, w.tensors_at_peak_bytes),
     );
     let what = match ev.source {
-        Some(FragSource::StepReadings) => "PyTorch's max_memory_allocated()",
-        _ => "tensors at the step's peak",
+        Some(FragSource::StepReadings) => "max_memory_allocated()",
+        _ => "tensors at peak",
     };
-    let ratio = if at_peak > 0 {
-        format!(" ({:.1}x)", reserved as f64 / at_peak as f64)
-    } else {
+    let mut why = Vec::new();
+    if at_peak > 0 {
+        why.push(format!("{:.1}x", reserved as f64 / at_peak as f64));
+    }
+    if let Some(w) = ev.widest {
+        why.push(format!("step {}", w.step));
+    }
+    let why = if why.is_empty() {
         String::new()
+    } else {
+        format!(" ({})", why.join(", "))
     };
-    let when = ev
-        .widest
-        .map(|w| format!(" at step {}", w.step))
-        .unwrap_or_default();
     format!(
-        "PyTorch's cache reserved {} against {} of {what}{ratio}{when}: {} held by no tensor, \
-         the gap growing {}",
+        "PyTorch's cache reserved {} for {} of {what}{why}; the gap grows {}",
         fmt_bytes(reserved),
         fmt_bytes(at_peak),
-        fmt_bytes(reserved.saturating_sub(at_peak)),
         fmt_rate(ev.reserved_slope_bytes_per_step.unwrap_or(0.0), None)
     )
 }
@@ -761,7 +778,7 @@ mod tests {
         let f = creeping(true, Api::oomtrace_torch_alloc, Api::oomtrace_torch_free);
         assert_eq!(f.len(), 1, "{f:?}");
         assert!(
-            f[0].message.contains("held by no tensor, the gap growing"),
+            f[0].message.contains("for 8.00 MiB of tensors at peak"),
             "{}",
             f[0].message
         );

@@ -55,7 +55,10 @@ fn a_growing_working_set_is_fragmentation_and_no_leak_with_tensors() {
         "{e:#}"
     );
     assert!(
-        f["message"].as_str().unwrap().contains("held by no tensor"),
+        f["message"]
+            .as_str()
+            .unwrap()
+            .contains("of tensors at peak"),
         "{f:#}"
     );
     // The view marks it on the time axis from these.
