@@ -111,6 +111,9 @@ struct Site {
     /// The growth is the working set's: the site's bytes grow at the boundaries, but every
     /// step it frees all it held before (its troughs do not grow): not a leak.
     working_set: bool,
+    /// It is the working set's because another line on its device is: it grows with the
+    /// step's inputs (see [`SiteGrowthDetector::on_epoch_end_after_leaks`]).
+    with_working_set: bool,
 }
 
 impl Site {
@@ -141,6 +144,7 @@ impl Site {
             at_detection: None,
             history: Vec::new(),
             working_set: false,
+            with_working_set: false,
         }
     }
 
@@ -151,6 +155,11 @@ impl Site {
 
     fn reported(&self) -> bool {
         self.max_level >= Some(Confidence::Likely)
+    }
+
+    /// Found growing and still growing.
+    fn growing(&self) -> bool {
+        !self.resolved && !self.bounded && self.level >= Some(Confidence::Likely)
     }
 
     fn is_leak(&self) -> bool {
@@ -183,6 +192,8 @@ impl SiteGrowthDetector {
     ) {
         let e = ctx.epoch;
         let warm = warmup_end(ctx);
+        // The changes of this boundary, told once every site is judged (below).
+        let mut changes: Vec<((SiteId, i16), Change)> = Vec::new();
         for (&(site, device), s) in self.sites.iter_mut() {
             if !(s.dirty || s.count > 0 || s.level.is_some()) {
                 continue;
@@ -272,6 +283,34 @@ impl SiteGrowthDetector {
                     time_s: seconds(ctx, ctx.ts_ns),
                 });
             }
+            changes.push(((site, device), change));
+        }
+        // A line whose tensors are replaced by larger ones on a device whose working set grows
+        // (a line there frees all it made every step: the step's inputs grow) grows with it:
+        // the step's output or a tensor derived from the input, held until the next step
+        // makes its successor. Not a leak either.
+        let growing_sets: Vec<i16> = self
+            .sites
+            .iter()
+            .filter(|(_, s)| s.working_set && !s.with_working_set && s.growing())
+            .map(|(&(_, device), _)| device)
+            .collect();
+        for (&key, s) in self.sites.iter_mut() {
+            if growing_sets.contains(&key.1)
+                && !s.working_set
+                && s.replaced.is_some()
+                && s.growing()
+            {
+                s.working_set = true;
+                s.with_working_set = true;
+                if !changes.iter().any(|(k, _)| *k == key) {
+                    // Told as a leak before: now it is growth.
+                    changes.push((key, Change::Downgraded));
+                }
+            }
+        }
+        for ((site, device), change) in changes {
+            let s = &self.sites[&(site, device)];
             if s.reported() {
                 out.push(Alert {
                     finding: finding(site, device, s, ctx),
@@ -364,7 +403,7 @@ fn evaluate(s: &mut Site, e: u32, warm: u32, generations: impl Fn(u32) -> u32) {
     };
     if let Some((mut t, w)) = best.filter(|_| rising) {
         let start = k - t.window;
-        s.working_set = working_set(&points[start..], t.slope_bytes_per_step);
+        s.working_set = s.with_working_set || working_set(&points[start..], t.slope_bytes_per_step);
         t.new_generations = gens_at_best;
         s.trend = Some(t);
         s.replaced = Some(Replaced {
@@ -416,6 +455,17 @@ fn working_set(window: &[Point], slope: f64) -> bool {
 
 /// The cause, by what the site allocates: tensors (`--torch`) or plain CUDA memory.
 fn hint(s: &Site, kind: Kind) -> (Cause, String) {
+    if s.with_working_set {
+        return (
+            Cause::WorkingSetGrowing,
+            "Not a leak: this line's tensors are replaced by larger ones every step while the \
+             step's inputs grow (another line's tensors grow and are all freed every step): a \
+             tensor derived from the input, or the step's output held until the next step \
+             makes its successor. It grows with the working set; cap or bucket the input \
+             sizes."
+                .into(),
+        );
+    }
     if s.working_set {
         return (
             Cause::WorkingSetGrowing,
@@ -544,6 +594,11 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             replaced
         ),
         (Kind::Leak, None) => format!("one buffer's bytes grow {rate}{replaced}; {end_text}"),
+        _ if s.with_working_set && !(s.resolved || s.bounded) => format!(
+            "grows with the working set {rate}: its tensors are replaced by larger ones every \
+             step (the largest {} in the last step); {end_text}",
+            fmt_bytes(s.series.back().map_or(0, |p| p.largest))
+        ),
         _ if s.working_set && !(s.resolved || s.bounded) => format!(
             "the working set grows {rate}: every step frees what it allocated here, but each \
              step needs more (the largest {} in the last step); {end_text}",
@@ -722,6 +777,47 @@ mod tests {
         assert!(f.message.contains("the working set grows"), "{}", f.message);
         assert!(!sim.a.site_growth.is_leak(SiteId(BUFFER), 0));
         // Live, it never said "leak" either.
+        assert!(
+            sim.a
+                .alerts
+                .list
+                .iter()
+                .all(|a| a.finding.kind != Kind::Leak),
+            "{:?}",
+            sim.a.alerts.list
+        );
+    }
+
+    /// A growing input freed with its step (BUFFER) and the step's output (stack 3), held
+    /// until the next step's larger one exists: the output grows with the working set.
+    #[test]
+    fn a_tensor_that_grows_with_the_working_set_is_not_a_leak() {
+        const OUTPUT: u32 = 3;
+        let mut sim = Sim::new(1_000_000);
+        let mut output: Option<u64> = None;
+        for i in 0..40u64 {
+            step(&mut sim);
+            let input = sim.alloc(BUFFER, MIB * (i + 1));
+            let new = sim.alloc(OUTPUT, 2 * MIB * (i + 1));
+            sim.mark();
+            sim.free(input);
+            if let Some(old) = output.replace(new) {
+                sim.free(old);
+            }
+        }
+        for site in [BUFFER, OUTPUT] {
+            let found = at(&sim, site);
+            assert_eq!(found.len(), 1, "{found:#?}");
+            assert_eq!(
+                (found[0].kind, found[0].cause),
+                (Kind::Growth, Cause::WorkingSetGrowing),
+                "{:#?}",
+                found[0]
+            );
+        }
+        assert!(at(&sim, OUTPUT)[0]
+            .message
+            .contains("grows with the working set"));
         assert!(
             sim.a
                 .alerts
