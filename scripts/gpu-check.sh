@@ -2,7 +2,7 @@
 # The check on a real NVIDIA GPU (docs/real-pytorch.md says what runs without one): PyTorch, nvcc and the driver, no Rust toolchain
 # and no network. The binaries are built elsewhere and carried over:
 #
-#   OOMTRACE_BIN=path/oomtrace OOMTRACE_LIB=path/liboomtrace.so OUT=dir scripts/gpu-check.sh [a] [b] [c] [d]
+#   OOMTRACE_BIN=path/oomtrace OOMTRACE_LIB=path/liboomtrace.so OUT=dir scripts/gpu-check.sh [a] [b] [c] [d] [e]
 #
 # Defaults: target/release/oomtrace and target/release/liboomtrace.so under the repository
 # root, OUT=./gpu-check-out, every check. Helpers live in scripts/gpu/.
@@ -17,6 +17,9 @@
 #   d  overhead: median step time untraced, under the shim with segments only
 #      (OOMTRACE_TORCH=segments), under --torch (tensors: the default) and with
 #      torch.cuda.memory._record_memory_history; ratios against untraced (docs/targets.md).
+#   e  fragmentation and whatif: tests/scenarios/torch/growing_shapes.py untraced under the
+#      default setting and expandable_segments:True (PyTorch's own max_memory_reserved()), once
+#      traced: a fragmentation finding, no leak, and `oomtrace whatif` within 10 % of each.
 # Writes OUT/summary.md (date, GPU, versions, one PASS/FAIL/SKIP/INFO line per check), one
 # directory per check (stdout, stderr, trace, report.json, the judge's account, and
 # stderr-tail.txt when it failed). Every command runs under `timeout` (GPU_CHECK_TIMEOUT s,
@@ -47,9 +50,9 @@ if [ -n "${OOMTRACE_BIN:-}" ]; then BIN=$(abspath "$OOMTRACE_BIN"); else BIN=$RE
 if [ -n "${OOMTRACE_LIB:-}" ]; then LIB=$(abspath "$OOMTRACE_LIB"); else LIB=$REPO/target/release/liboomtrace.so; fi
 OUT=$(abspath "${OUT:-./gpu-check-out}")
 
-CHECKS=${*:-a b c d}
+CHECKS=${*:-a b c d e}
 for c in $CHECKS; do
-    case $c in a | b | c | d) ;; *) die2 "unknown check '$c' (choose from a b c d)" ;; esac
+    case $c in a | b | c | d | e) ;; *) die2 "unknown check '$c' (choose from a b c d e)" ;; esac
 done
 
 # --- prerequisites: one line and exit 2 when this machine cannot run the checks -----------
@@ -294,6 +297,39 @@ case " $CHECKS " in *" d "*)
         fi
         result "$status" "$id" "$title" "$detail"
     done < <("$PY" "$GPU/bench_summary.py" "$dir" "$TORCH_STATE")
+    ;;
+esac
+
+# --- e: fragmentation and whatif -----------------------------------------------------------
+case " $CHECKS " in *" e "*)
+    title="growing_shapes.py: fragmentation, no leak, whatif within 10 % of the GPU's reserve"
+    dir=$OUT/e-whatif
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    SCEN=$REPO/tests/scenarios/torch
+    echo "gpu-check: e-whatif: $title ..." >&2
+    fail=""
+    run_in "$SCEN" untraced-default -- env -u PYTORCH_CUDA_ALLOC_CONF STEPS=40 "$PY" growing_shapes.py
+    [ "$RC" -eq 0 ] || fail="untraced default run: $(rc_note "$RC")"
+    mv "$SCEN"/untraced-default.*.txt "$dir"/ 2> /dev/null
+    run_in "$SCEN" untraced-expandable -- env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True STEPS=40 "$PY" growing_shapes.py
+    [ "$RC" -eq 0 ] || fail="untraced expandable run: $(rc_note "$RC")"
+    mv "$SCEN"/untraced-expandable.*.txt "$dir"/ 2> /dev/null
+    run_in "$SCEN" prog -- env -u PYTORCH_CUDA_ALLOC_CONF STEPS=40 "$BIN" run --output "$dir/trace.oomt" --json "$dir/report.json" -- "$PY" growing_shapes.py
+    [ "$RC" -eq 0 ] || fail="traced run: $(rc_note "$RC")"
+    mv "$SCEN"/prog.*.txt "$dir"/ 2> /dev/null
+    if [ -z "$fail" ]; then
+        timeout -k 10 "$T" "$BIN" whatif --json "$dir/trace.oomt" > "$dir/whatif-default.json" 2> "$dir/whatif.stderr.txt" &&
+            timeout -k 10 "$T" "$BIN" whatif --json --alloc-conf expandable_segments:True "$dir/trace.oomt" > "$dir/whatif-expandable.json" 2>> "$dir/whatif.stderr.txt" ||
+            fail="oomtrace whatif failed"
+    fi
+    if [ -n "$fail" ]; then
+        result FAIL e-whatif "$title" "$fail"
+    elif detail=$("$PY" "$GPU/check_whatif.py" "$dir" 2> "$dir/judge.txt"); then
+        result PASS e-whatif "$title" "$detail"
+    else
+        result FAIL e-whatif "$title" "$detail"
+    fi
     ;;
 esac
 
