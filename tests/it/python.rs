@@ -525,26 +525,13 @@ fn run_segments_reports_pytorchs_own_allocated_and_reserved_at_the_last_step() {
         .collect();
     let p = &processes(&r)[0];
     assert_eq!(p["steps"], 12, "{p:#}");
-    let device = p["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["device"] == 0)
-        .unwrap_or_else(|| panic!("no device 0: {p:#}"));
-    let m = &device["torch_memory"];
-    let read: Vec<u64> = ["allocated_bytes", "max_allocated_bytes", "reserved_bytes"]
-        .iter()
-        .map(|k| {
-            m[k].as_u64()
-                .unwrap_or_else(|| panic!("no {k}: {device:#}"))
-        })
-        .collect();
+    let (device, read) = torch_memory_of(p);
     assert_eq!(read, printed, "{device:#}");
     // The leak keeps 1 MiB a step: 12 of them and the 8 MiB of weights are allocated; the
     // cache holds more than that (every step's activations).
     assert_eq!(printed[0], 20 << 20, "{stdout}");
     assert!(printed[2] > printed[0], "{stdout}");
-    assert_eq!(m["step"], 12, "{m}");
+    assert_eq!(device["torch_memory"]["step"], 12, "{device:#}");
     // Without tensors traced the device has no tracker totals: the readings are all there is.
     assert!(device.get("tensors").is_none(), "{device:#}");
 }
@@ -1030,4 +1017,24 @@ fn the_header_reader_recognises_releases_and_refuses_changed_layouts() {
         "{stdout}"
     );
     assert!(stdout.contains("tests passed"), "{stdout}");
+}
+
+/// Device 0 of a process in a report, and its `torch_memory` reading: allocated, max allocated
+/// and reserved bytes (the step hook's last reading of PyTorch's counters).
+pub(crate) fn torch_memory_of(p: &Value) -> (&Value, Vec<u64>) {
+    let device = p["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == 0)
+        .unwrap_or_else(|| panic!("no device 0: {p:#}"));
+    let m = &device["torch_memory"];
+    let read = ["allocated_bytes", "max_allocated_bytes", "reserved_bytes"]
+        .iter()
+        .map(|k| {
+            m[k].as_u64()
+                .unwrap_or_else(|| panic!("no {k}: {device:#}"))
+        })
+        .collect();
+    (device, read)
 }

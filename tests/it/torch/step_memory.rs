@@ -28,20 +28,8 @@ fn check_readings(mode: Mode) {
     let printed = printed_stats(&r.stdout);
     let p = &processes(&r.report)[0];
     assert_eq!(p["steps"], STEPS, "{p:#}");
-    let device = p["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["device"] == 0)
-        .unwrap_or_else(|| panic!("no device 0: {p:#}"));
+    let (device, read) = crate::python::torch_memory_of(p);
     let m = &device["torch_memory"];
-    let read: Vec<u64> = ["allocated_bytes", "max_allocated_bytes", "reserved_bytes"]
-        .iter()
-        .map(|k| {
-            m[k].as_u64()
-                .unwrap_or_else(|| panic!("no {k}: {device:#}"))
-        })
-        .collect();
     assert_eq!(read, printed, "{device:#}\n{}", r.stdout);
     assert_eq!(m["step"], STEPS, "{m}");
     // The batch grows every step: the cache holds more than the tensors at the last step.
