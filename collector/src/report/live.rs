@@ -6,8 +6,7 @@ use super::hints::{fmt_python_lines, resolve_device_growth, torch_segments, trac
 use super::roles::backward_node;
 use super::symbolize::{culprit, runs_python, StackSymbolizer};
 use crate::analysis::device_growth::{DeviceGrowthEvidence, Events};
-use crate::analysis::growth::TRACE_TENSORS;
-use crate::analysis::{Alert, Change, Evidence, Kind};
+use crate::analysis::{Alert, Cause, Change, Evidence, Kind};
 use crate::model::{FrameInfo, Process};
 use crate::units::{fmt_bytes, fmt_rate};
 
@@ -33,12 +32,24 @@ fn place(frames: &[FrameInfo]) -> Option<String> {
     })
 }
 
+/// The largest allocation a growth finding's site made in its last step (its evidence's last
+/// sample: what the site held then).
+fn largest_in_last_step(f: &crate::analysis::Finding) -> u64 {
+    match &f.evidence {
+        Some(Evidence::Leak(e)) => e.samples.last().copied().unwrap_or(f.bytes),
+        _ => f.bytes,
+    }
+}
+
 /// The line for alert `a` of process `p`.
 pub fn line(p: &Process, a: &Alert, sym: &mut StackSymbolizer) -> String {
     let f = &a.finding;
+    let working_set = f.cause == Cause::WorkingSetGrowing;
     let tag = match (a.change, f.kind) {
         (Change::Resolved, _) => "resolved".to_string(),
+        (Change::Downgraded, _) if working_set => "downgraded: working set growth".to_string(),
         (Change::Downgraded, _) => "downgraded: bounded growth".to_string(),
+        (_, Kind::Growth) if working_set => format!("working set growth {}", f.level.name()),
         (_, Kind::Leak) => format!("{} leak", f.level.name()),
         (_, Kind::DeviceGrowth) => format!("{} device growth", f.level.name()),
         (_, kind) => format!("{} {}", kind.name(), f.level.name()),
@@ -66,6 +77,16 @@ pub fn line(p: &Process, a: &Alert, sym: &mut StackSymbolizer) -> String {
                 device_growth_tail(&mut text, p, e, sym);
             }
         }
+        // The cause in a few words: the message says more than a line has room for.
+        (Kind::Growth, Some(rate), _) if working_set => text.push_str(&format!(
+            "the working set grows {}, freed step by step, {} at the last step",
+            fmt_rate(rate, f.growth_bytes_per_s),
+            fmt_bytes(largest_in_last_step(f))
+        )),
+        (Kind::Fragmentation, _, _) => {
+            let device = format!("device {}: ", f.device);
+            text.push_str(f.message.strip_prefix(&device).unwrap_or(&f.message));
+        }
         _ => text.push_str(&f.message),
     }
     if f.site.0 != 0 {
@@ -91,20 +112,18 @@ fn device_growth_tail(
         text.push_str(&format!(
             "; {}: {}",
             e.events.grew_at(),
-            fmt_python_lines(&e.python_lines, e.events.unit(), 3)
+            fmt_python_lines(&e.python_lines, e.events.unit(), 2)
         ));
     }
     if e.events == Events::Segments && (e.tensors_traced || traces_tensors(p)) {
         // The tensors are traced: no advice to trace them, only what the segments are.
-        text.push_str(
-            "; these are PyTorch's cache segments (its reserve); its tensors are traced, and a \
-             line that keeps them has a leak finding of its own",
-        );
+        text.push_str("; PyTorch's cache (its reserve); its tensors are traced on their own");
     } else if e.events == Events::Segments {
+        // Short: the report has the whole advice (TRACE_TENSORS).
         text.push_str(match torch_segments(p.stacks(), &e.grew_at) {
-            Some(true) => "; these are PyTorch's cache segments, not tensors: ",
-            _ => "; if this is PyTorch, these are its cache segments, not tensors: ",
+            Some(true) => "; PyTorch's cache segments, not tensors: ",
+            _ => "; if PyTorch, its cache segments, not tensors: ",
         });
-        text.push_str(TRACE_TENSORS);
+        text.push_str("`oomtrace run` traces each tensor by default (not with --segments)");
     }
 }
