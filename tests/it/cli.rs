@@ -8,7 +8,7 @@ fn oomtrace(args: &[&str]) -> std::process::Output {
 }
 
 /// Bad input: exactly one line on stderr, starting "oomtrace:", a non-zero exit, no panic.
-fn assert_one_line_error(out: &std::process::Output, needle: &str) {
+pub(crate) fn assert_one_line_error(out: &std::process::Output, needle: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");

@@ -14,14 +14,10 @@ fn whatif(args: &[&str]) -> std::process::Output {
     output_within(cmd, crate::torch::TORCH_TIMEOUT)
 }
 
-/// Exactly one line on stderr naming `needle`, exit 2, no panic, nothing on stdout.
+/// Exactly one line on stderr naming `needle`, exit 2, no panic (the CLI's rule), and nothing
+/// on stdout.
 fn assert_one_line_error(out: &std::process::Output, needle: &str) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.starts_with("oomtrace: "), "{err}");
-    assert!(err.contains(needle), "{err:?} should mention {needle:?}");
-    assert!(!err.contains("panicked"), "{err}");
+    crate::cli::assert_one_line_error(out, needle);
     assert!(
         out.stdout.is_empty(),
         "{}",

@@ -295,7 +295,7 @@ impl SiteGrowthDetector {
             .filter(|(_, s)| s.working_set && !s.with_working_set && s.growing())
             .map(|(&(_, device), _)| device)
             .collect();
-        for (&key, s) in self.sites.iter_mut() {
+        for (&key, s) in self.sites.iter_mut().filter(|_| !growing_sets.is_empty()) {
             if growing_sets.contains(&key.1)
                 && !s.working_set
                 && s.replaced.is_some()

@@ -318,11 +318,8 @@ pub fn predict(path: &Path, confs: &[Option<AllocConf>]) -> Result<Vec<Predictio
             (EventKind::Alloc, Api::oomtrace_torch_alloc) => {
                 tensor_events += 1;
                 let device = ev.device;
-                let lim = {
-                    let dev = run.device(device);
-                    limit(p, dev, device)
-                };
                 let dev = run.device(device);
+                let lim = limit(p, dev, device);
                 for m in &mut dev.models {
                     m.requests += 1;
                     m.alloc.set_limit(lim.unwrap_or(u64::MAX));
@@ -350,11 +347,8 @@ pub fn predict(path: &Path, confs: &[Option<AllocConf>]) -> Result<Vec<Predictio
             (EventKind::AllocFailed, Api::oomtrace_torch_alloc) if ev.result == OUT_OF_MEMORY => {
                 tensor_events += 1;
                 let device = ev.device;
-                let lim = {
-                    let dev = run.device(device);
-                    limit(p, dev, device)
-                };
                 let dev = run.device(device);
+                let lim = limit(p, dev, device);
                 // A key no tensor of the trace has: addresses are never this high.
                 let key = u64::MAX - 1;
                 for m in &mut dev.models {
