@@ -71,6 +71,11 @@ const TARGETS: &[Target] = &[
         flags: &["-O2", "-l:libcudart.so.12", "-ldl"],
     },
     Target {
+        out: "two_sites",
+        sources: &["two_sites.c"],
+        flags: &["-O2", "-l:libcudart.so.12", "-ldl"],
+    },
+    Target {
         out: "bench_pairs",
         sources: &["bench_pairs.c"],
         flags: &["-O2", "-l:libcudart.so.12", "-ldl"],
