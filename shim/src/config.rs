@@ -33,7 +33,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "OOMTRACE_STACKS",
         default: "native",
-        doc: "`native`: record the native call stack of every allocation (DWARF unwinding, works without frame pointers); `off`: no stacks.",
+        doc: "`native`: record the native call stack of every allocation (DWARF unwinding, works without frame pointers; in a Python program it stops at the first interpreter frame, and the Python frames follow); `python`: the Python frames only, no native unwinding (the cheapest setting that still names the Python line; allocations from threads that run no Python get no stack); `off`: no stacks.",
     },
     Var {
         name: "OOMTRACE_PYTHON",
@@ -67,7 +67,9 @@ pub struct Config {
     pub socket: Option<String>,
     pub output: String,
     pub disabled: bool,
+    /// Native frames (`OOMTRACE_STACKS=native`).
     pub stacks: bool,
+    /// Python frames (`OOMTRACE_PYTHON`, or `OOMTRACE_STACKS=python`).
     pub python: bool,
     pub stack_depth: usize,
     pub buffer: usize,
@@ -126,14 +128,16 @@ fn number(name: &str, default: usize, min: usize, max: usize) -> usize {
 
 impl Config {
     pub fn from_env() -> Config {
-        let stacks = match getenv("OOMTRACE_STACKS").as_deref() {
-            None | Some("native") | Some("1") | Some("on") => true,
-            Some("off") | Some("0") | Some("none") => false,
+        // (native frames, Python frames allowed)
+        let (stacks, python_allowed) = match getenv("OOMTRACE_STACKS").as_deref() {
+            None | Some("native") | Some("1") | Some("on") => (true, true),
+            Some("python") => (false, true),
+            Some("off") | Some("0") | Some("none") => (false, false),
             Some(other) => {
                 log::warn(&format!(
-                    "ignoring OOMTRACE_STACKS={other:?} (expected native or off)"
+                    "ignoring OOMTRACE_STACKS={other:?} (expected native, python or off)"
                 ));
-                true
+                (true, true)
             }
         };
         Config {
@@ -141,7 +145,7 @@ impl Config {
             output: getenv("OOMTRACE_OUTPUT").unwrap_or_else(|| "oomtrace.%p.oomt".into()),
             disabled: flag("OOMTRACE_DISABLE", false),
             stacks,
-            python: flag("OOMTRACE_PYTHON", true),
+            python: python_allowed && flag("OOMTRACE_PYTHON", true),
             stack_depth: number("OOMTRACE_STACK_DEPTH", 64, 1, MAX_STACK_DEPTH),
             buffer: number("OOMTRACE_BUFFER", 65536, 1024, 1 << 22),
             collector: getenv("OOMTRACE_COLLECTOR"),

@@ -9,6 +9,7 @@ use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use crate::cache_line::CacheLine;
 use crate::log;
 use crate::once::OneShot;
 
@@ -19,7 +20,8 @@ pub const MODE_RECORDING: u8 = 1;
 /// Hooks only forward (disabled by config, after an internal error, or while exiting).
 pub const MODE_FORWARD: u8 = 2;
 
-pub static MODE: AtomicU8 = AtomicU8::new(MODE_UNINIT);
+/// Read by every hook, written a handful of times per process: on a line of its own.
+pub static MODE: CacheLine<AtomicU8> = CacheLine(AtomicU8::new(MODE_UNINIT));
 
 thread_local! {
     /// >0 while this thread is inside a recording hook. A `cudaMalloc` that reaches

@@ -25,6 +25,7 @@
 #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
 compile_error!("liboomtrace supports x86-64 Linux (the dlsym trampoline and unwinder start are x86-64 assembly)");
 
+pub mod cache_line;
 pub mod clock;
 pub mod config;
 pub mod cuda;

@@ -326,8 +326,8 @@ fn pitched_and_managed_allocations_count_their_real_size() {
     assert_eq!(apis, expected.into_iter().collect(), "{apis:?}");
 }
 
-#[test]
-fn python_ctypes_allocations_unwind_through_the_interpreter() {
+/// The live-at-exit stack of `scenarios/py_ctypes.py` run under `oomtrace run` with `env`.
+fn py_ctypes_stack(env: &[(&str, &str)]) -> (Vec<String>, serde_json::Value) {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/py_ctypes.py");
     let dir = scratch("py");
     let json = dir.join("r.json");
@@ -336,7 +336,8 @@ fn python_ctypes_allocations_unwind_through_the_interpreter() {
         .args(["run", "--json"])
         .arg(&json)
         .args(["-o", "py.oomt", "--", "python3"])
-        .arg(&script);
+        .arg(&script)
+        .envs(env.iter().copied());
     let out = output_within(cmd, TIMEOUT);
     assert!(
         out.status.success(),
@@ -350,12 +351,64 @@ fn python_ctypes_allocations_unwind_through_the_interpreter() {
     assert_eq!(live.len(), 1, "{live:#?}");
     assert_eq!(live[0]["bytes"], 3 * MIB);
     assert_eq!(live[0]["api"], "cuMemAlloc_v2");
-    let names = functions(live[0]);
+    (functions(live[0]), live[0]["stack"].clone())
+}
+
+#[test]
+fn python_ctypes_allocations_unwind_through_the_interpreter() {
+    // Native frames only: DWARF unwinding goes on through libffi and CPython's own frames.
+    let (names, _) = py_ctypes_stack(&[("OOMTRACE_PYTHON", "0")]);
     assert_eq!(names[0], "cudaMalloc");
     assert!(names.iter().any(|n| n == "ffi_call"), "{names:?}");
     assert!(
         names.iter().any(|n| n.starts_with("_PyEval_EvalFrame")),
         "{names:?}"
+    );
+}
+
+#[test]
+fn python_frames_take_over_from_the_native_ones_at_the_interpreter() {
+    // With Python frames (the default) the native unwind ends at the first interpreter frame:
+    // the extension's frames (libffi, _ctypes), then the Python lines, and none of CPython's.
+    let (names, stack) = py_ctypes_stack(&[]);
+    assert_eq!(names[0], "cudaMalloc");
+    let ffi = names
+        .iter()
+        .position(|n| n == "ffi_call")
+        .expect("ffi_call");
+    let py = names
+        .iter()
+        .position(|n| n == "allocate_activations")
+        .expect("the Python function");
+    assert!(ffi < py, "{names:?}");
+    assert_eq!(
+        &names[py..],
+        ["allocate_activations", "<listcomp>", "<module>"],
+        "{names:?}"
+    );
+    let interpreter = |m: &str| m.starts_with("libpython") || m.starts_with("python3");
+    for f in stack.as_array().unwrap() {
+        let module = f["module"].as_str().unwrap_or("");
+        assert!(!interpreter(module), "a frame of the interpreter: {f}");
+    }
+}
+
+#[test]
+fn stacks_python_records_the_python_frames_alone() {
+    // OOMTRACE_STACKS=python: no native unwinding at all, the Python lines still name it.
+    let (names, stack) = py_ctypes_stack(&[("OOMTRACE_STACKS", "python")]);
+    assert_eq!(
+        names,
+        ["allocate_activations", "<listcomp>", "<module>"],
+        "{stack:#}"
+    );
+    assert!(
+        stack
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["python"] == true),
+        "{stack:#}"
     );
 }
 

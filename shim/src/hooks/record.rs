@@ -92,7 +92,9 @@ fn first_sight_of_device(device: i16) -> bool {
         return false;
     }
     let bit = 1u64 << device;
-    SEEN_DEVICES.fetch_or(bit, Ordering::Relaxed) & bit == 0
+    // A load first: a read-modify-write on every allocation would own the line each time.
+    SEEN_DEVICES.load(Ordering::Relaxed) & bit == 0
+        && SEEN_DEVICES.fetch_or(bit, Ordering::Relaxed) & bit == 0
 }
 
 fn device_of(api: Api) -> i16 {

@@ -66,12 +66,26 @@ fn sym(name: &CStr) -> *mut c_void {
 /// The interpreter of this process, searched for again only when the loader's counters moved
 /// (an embedding program may load libpython late). `counts` is a fingerprint of those.
 pub fn interpreter(counts: u64) -> Option<&'static Interpreter> {
-    let p = INTERPRETER.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: set once below from a leaked Box, never freed.
-        let i = unsafe { &*p };
-        return (i.trust.load(Ordering::Relaxed) != BROKEN).then_some(i);
+    if let Some(i) = interpreter_if_found() {
+        return Some(i);
     }
+    if !INTERPRETER.load(Ordering::Acquire).is_null() {
+        return None; // found, and its frames did not look as expected
+    }
+    search(counts)
+}
+
+/// The interpreter if one was found and its frames can be read (one atomic load): for the
+/// hot path, which searches (`interpreter`) only when the loader's counters moved.
+#[inline]
+pub fn interpreter_if_found() -> Option<&'static Interpreter> {
+    let p = INTERPRETER.load(Ordering::Acquire);
+    // SAFETY: set once in `search` from a leaked Box, never freed.
+    let i = unsafe { p.as_ref() }?;
+    (i.trust.load(Ordering::Relaxed) != BROKEN).then_some(i)
+}
+
+fn search(counts: u64) -> Option<&'static Interpreter> {
     if SEARCHED_AT.swap(counts, Ordering::AcqRel) == counts {
         return None;
     }
@@ -153,6 +167,19 @@ fn find() -> Option<Interpreter> {
 
 pub mod debug_offsets;
 
+impl Interpreter {
+    /// An address in the interpreter's code: its module's frames are where the Python frames
+    /// take over from the native ones.
+    pub fn code_address(&self) -> u64 {
+        self.this_thread_state as usize as u64
+    }
+
+    /// False once a walk found the frames not as the layout says (stacks stay native).
+    pub fn readable(&self) -> bool {
+        self.trust.load(Ordering::Relaxed) != BROKEN
+    }
+}
+
 /// How the walk reads the target's memory: plain loads once the layout is trusted,
 /// `process_vm_readv` before, a fake memory image in tests.
 trait Mem {
@@ -212,17 +239,120 @@ pub struct CodeRegistry {
     next_id: std::sync::atomic::AtomicU32,
 }
 
-/// Per-thread cache of code ids, direct-mapped by address.
+/// Per-thread cache of code ids, direct-mapped by address, and the chain the last walk read.
 pub struct ThreadCodes {
     slots: Box<[(u64, u64, u32)]>,
+    last: LastChain,
+}
+
+/// What the last trusted walk of this thread read from each frame it visited (sentinels and
+/// frames of other executables included), and the thread state it started from. A loop
+/// allocates again and again from the same frames at the same instructions; when every frame
+/// reads the same, the frames the walk wrote last time are still the answer, and the code
+/// objects (a cache miss or two each: the interpreter seldom touches their headers) are not
+/// read again. A frame that reads the same holds the same code object: it keeps it alive.
+/// (Only a code object freed and another made at its address, run from a frame at the same
+/// address at the same instruction, would pass for the old one.)
+struct LastChain {
+    ts: u64,
+    /// Frames recorded (0: nothing to compare with).
+    len: usize,
+    frames: Box<[FrameRead]>,
+    /// What the walk returned.
+    n: usize,
+    /// The latest walk found the chain as the one before (and returned its frames).
+    same: bool,
+}
+
+/// Everything the walk reads from one frame (not from its code object).
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+struct FrameRead {
+    frame: u64,
+    back: u64,
+    code: u64,
+    lasti: u64,
+    /// `owner` and `is_entry` (3.11+).
+    kind: u16,
+}
+
+/// Frames visited at most per walk (Python frames, sentinels and skipped frames together).
+const MAX_VISITED: usize = 4 * MAX_PY_FRAMES;
+
+/// Reads one frame's fields the walk uses.
+fn read_frame<M: Mem>(m: &M, l: &Layout, frame: u64) -> Option<FrameRead> {
+    let back = m.u64(frame + l.frame_back as u64)?;
+    let code = m.u64(frame + l.frame_code as u64)?;
+    let (lasti, kind) = match l.model {
+        FrameModel::Object { .. } => (m.u32(frame + l.frame_lasti as u64)? as u64, 0),
+        FrameModel::Interpreter {
+            is_entry, owner, ..
+        } => {
+            let o = m.u8(frame + owner as u64)? as u16;
+            let e = match is_entry {
+                Some(off) => m.u8(frame + off as u64)? as u16,
+                None => 0,
+            };
+            (m.u64(frame + l.frame_lasti as u64)?, o | e << 8)
+        }
+    };
+    Some(FrameRead {
+        frame,
+        back,
+        code,
+        lasti,
+        kind,
+    })
+}
+
+/// The first frame of the chain from thread state `ts` (0: none).
+fn first_frame<M: Mem>(m: &M, l: &Layout, ts: u64) -> Option<u64> {
+    let frame = m.u64(ts + l.ts_frame as u64)?;
+    match l.cframe_current {
+        Some(_) if frame == 0 => Some(0),
+        Some(cur) => m.u64(frame + cur as u64),
+        None => Some(frame),
+    }
+}
+
+/// True if the chain from `ts` reads exactly as the last walk recorded it (plain loads: only
+/// once the layout is trusted).
+fn unchanged(l: &Layout, last: &LastChain, ts: u64) -> bool {
+    if last.len == 0 || last.ts != ts {
+        return false;
+    }
+    let m = &Direct;
+    let Some(mut frame) = first_frame(m, l, ts) else {
+        return false;
+    };
+    for want in &last.frames[..last.len] {
+        if frame != want.frame || read_frame(m, l, frame) != Some(*want) {
+            return false;
+        }
+        frame = want.back;
+    }
+    frame == 0 || last.len == MAX_VISITED
 }
 
 const CODE_SLOTS: usize = 1024;
+
+impl ThreadCodes {
+    /// True if the latest walk of this thread found the same frames as the walk before it.
+    pub fn same_as_before(&self) -> bool {
+        self.last.same
+    }
+}
 
 impl Default for ThreadCodes {
     fn default() -> Self {
         ThreadCodes {
             slots: vec![(0, 0, 0); CODE_SLOTS].into_boxed_slice(),
+            last: LastChain {
+                ts: 0,
+                len: 0,
+                frames: vec![FrameRead::default(); MAX_VISITED].into_boxed_slice(),
+                n: 0,
+                same: false,
+            },
         }
     }
 }
@@ -244,11 +374,24 @@ pub fn walk(
     }
     // SAFETY: reads this thread's thread-specific key; NULL when it has no thread state.
     let ts = unsafe { (py.this_thread_state)() } as u64;
+    cache.last.same = false;
     if ts == 0 {
         return 0;
     }
     match py.trust.load(Ordering::Relaxed) {
-        TRUSTED => walk_with(&Direct, ob, py, codes, cache, ts, out).unwrap_or(0),
+        TRUSTED => {
+            if unchanged(&py.layout, &cache.last, ts) {
+                cache.last.same = true;
+                return cache.last.n;
+            }
+            let n = walk_with(&Direct, ob, py, codes, cache, ts, out);
+            cache.last.ts = ts;
+            cache.last.n = n.unwrap_or(0);
+            if n.is_none() {
+                cache.last.len = 0;
+            }
+            n.unwrap_or(0)
+        }
         BROKEN => 0,
         _ => match walk_with(&Checked, ob, py, codes, cache, ts, out) {
             Some(0) => 0,
@@ -280,32 +423,30 @@ fn walk_with<M: Mem>(
     out: &mut [u64; MAX_PY_FRAMES],
 ) -> Option<usize> {
     let l = &py.layout;
-    let mut frame = m.u64(ts + l.ts_frame as u64)?;
-    if let Some(cur) = l.cframe_current {
-        if frame == 0 {
-            return Some(0);
-        }
-        frame = m.u64(frame + cur as u64)?;
-    }
+    let mut frame = first_frame(m, l, ts)?;
     let mut n = 0;
     let mut seen = 0;
-    while frame != 0 && n < MAX_PY_FRAMES && seen < 4 * MAX_PY_FRAMES {
+    cache.last.len = 0;
+    while frame != 0 && n < MAX_PY_FRAMES && seen < MAX_VISITED {
+        let read = read_frame(m, l, frame)?;
+        cache.last.frames[seen] = read;
         seen += 1;
-        let back = m.u64(frame + l.frame_back as u64)?;
-        let mut code = m.u64(frame + l.frame_code as u64)?;
+        cache.last.len = seen;
+        let back = read.back;
+        let mut code = read.code;
         let (offset, group_end) = match l.model {
             FrameModel::Object { lasti_in_units } => {
-                let lasti = (m.u32(frame + l.frame_lasti as u64)? as i32).max(0) as u32;
+                let lasti = (read.lasti as u32 as i32).max(0) as u32;
                 (if lasti_in_units { lasti * 2 } else { lasti }, true)
             }
             FrameModel::Interpreter {
                 is_entry,
-                owner,
                 owner_cstack,
                 tagged_code,
                 offset_of_code,
+                ..
             } => {
-                if m.u8(frame + owner as u64)? == owner_cstack {
+                if read.kind as u8 == owner_cstack {
                     // The sentinel at a loop entry: the frame before it (inner) ended a group.
                     end_group(out, n);
                     frame = back;
@@ -314,11 +455,8 @@ fn walk_with<M: Mem>(
                 if tagged_code {
                     code &= !7;
                 }
-                let entry = match is_entry {
-                    Some(o) => m.u8(frame + o as u64)? != 0,
-                    None => false,
-                };
-                let ip = m.u64(frame + l.frame_lasti as u64)?;
+                let entry = is_entry.is_some() && read.kind >> 8 != 0;
+                let ip = read.lasti;
                 let start = code + offset_of_code as u64;
                 let off = ip.saturating_sub(start).min(u32::MAX as u64) as u32;
                 (off, entry)

@@ -23,6 +23,7 @@ use framehop::{
 };
 use oomtrace_proto::StackId;
 
+use crate::cache_line::CacheLine;
 use crate::config::MAX_STACK_DEPTH;
 use crate::modules::{self, LoadCounts, LoadedModule};
 use crate::python::{self, CodeRegistry, Interpreter, ThreadCodes, MAX_PY_FRAMES};
@@ -313,9 +314,18 @@ struct ThreadStacks {
     intern_gen: u64,
     interned: Box<[(u64, u32)]>,
     verified: Vec<Verified>,
+    /// (sp, bp) of each entry of `verified`, side by side: scanning the entries themselves
+    /// (2 KiB apart) cost a cache miss each.
+    verified_keys: Vec<(u64, u64)>,
     next_verified: usize,
     stack_lo: u64,
     stack_hi: u64,
+    /// The interpreter's module while its Python frames are read: the native unwind ends at
+    /// its first frame, since the Python frames that follow say more, for less (libtorch's
+    /// and CPython's evaluation frames are most of a PyTorch stack's depth). (0, 0) if none.
+    stop: (u64, u64),
+    /// What `stop` was found for: the snapshot generation and whether Python frames are read.
+    stop_for: (u64, bool),
     py: PyThread,
 }
 
@@ -326,8 +336,17 @@ struct PyThread {
     looked_at_gen: u64,
     codes: ThreadCodes,
     interned: Box<[(u64, u32)]>,
+    /// The last few combinations met, checked before `interned`: a loop allocates from a
+    /// few lines, and a slot of the 64 KiB table is often a cache miss (measured ~12 ns).
+    recent: [(u64, u32); RECENT],
+    next_recent: usize,
+    /// (native id, combined id) of the latest capture: when the walk finds the same frames
+    /// as last time and the native stack is the same, the answer is too (no hashing).
+    last: (u32, u32),
     frames: Box<[u64; MAX_PY_FRAMES]>,
 }
+
+const RECENT: usize = 4;
 
 thread_local! {
     static THREAD: RefCell<Option<ThreadStacks>> = const { RefCell::new(None) };
@@ -364,14 +383,20 @@ impl ThreadStacks {
             intern_gen: cap.stacks().intern_gen.load(Ordering::Acquire),
             interned: vec![(0u64, 0u32); INTERN_SLOTS].into_boxed_slice(),
             verified: Vec::with_capacity(VERIFIED_ENTRIES),
+            verified_keys: Vec::with_capacity(VERIFIED_ENTRIES),
             next_verified: 0,
             stack_lo,
             stack_hi,
+            stop: (0, 0),
+            stop_for: (0, false),
             py: PyThread {
                 interpreter: None,
                 looked_at_gen: 0,
                 codes: ThreadCodes::default(),
                 interned: vec![(0u64, 0u32); INTERN_SLOTS].into_boxed_slice(),
+                recent: [(0, 0); RECENT],
+                next_recent: 0,
+                last: (0, 0),
                 frames: Box::new([0; MAX_PY_FRAMES]),
             },
         }
@@ -403,7 +428,7 @@ impl ThreadStacks {
             &self.snapshot,
             &mut self.cache,
             (pc, sp, bp),
-            depth,
+            (depth, self.stop),
             v,
             read,
         )
@@ -411,8 +436,8 @@ impl ThreadStacks {
 
     /// The id of a recent stack from (sp, bp) whose return addresses are all still in place.
     fn verified_hit(&self, sp: u64, bp: u64) -> Option<u32> {
-        'entry: for v in &self.verified {
-            if v.sp != sp || v.bp != bp || v.id == 0 {
+        'entry: for (k, v) in self.verified_keys.iter().zip(&self.verified) {
+            if *k != (sp, bp) || v.id == 0 {
                 continue;
             }
             for i in 1..v.n {
@@ -427,10 +452,18 @@ impl ThreadStacks {
         None
     }
 
+    fn forget_verified(&mut self) {
+        self.verified.clear();
+        self.verified_keys.clear();
+        self.next_verified = 0;
+    }
+
     fn remember(&mut self, v: Verified) {
         if self.verified.len() < VERIFIED_ENTRIES {
+            self.verified_keys.push((v.sp, v.bp));
             self.verified.push(v);
         } else {
+            self.verified_keys[self.next_verified] = (v.sp, v.bp);
             self.verified[self.next_verified] = v;
             self.next_verified = (self.next_verified + 1) % VERIFIED_ENTRIES;
         }
@@ -440,12 +473,13 @@ impl ThreadStacks {
 /// Unwinds from `regs` = (pc, sp, bp) with `snapshot`'s rules, reading the stack through
 /// `read` (the live stack in `ThreadStacks::unwind`, a fake memory image in tests): return
 /// addresses and their slots, innermost first, oomtrace's own frames included, stopping after
-/// `depth` frames of the caller's. Returns the number of frames.
+/// `depth` frames of the caller's or before the first caller's frame (after the first) that
+/// returns into `stop`. Returns the number of frames.
 fn unwind_with(
     snapshot: &Snapshot,
     cache: &mut NativeCache,
     (pc, sp, bp): (u64, u64, u64),
-    depth: usize,
+    (depth, stop): (usize, (u64, u64)),
     v: &mut Verified,
     mut read: impl FnMut(u64) -> Result<u64, ()>,
 ) -> usize {
@@ -465,6 +499,9 @@ fn unwind_with(
             Ok(Some(ra)) => {
                 // The stack must move up, or a corrupt frame could loop forever.
                 if regs.sp() <= prev_sp {
+                    break;
+                }
+                if callers > 0 && stop.0 <= ra && ra < stop.1 {
                     break;
                 }
                 v.raw[n] = ra;
@@ -543,11 +580,13 @@ static CURRENT: AtomicPtr<Capturer> = AtomicPtr::new(std::ptr::null_mut());
 impl Capturer {
     /// Makes stack capture send to `outbox` with `config` in this process from now on.
     pub fn publish(outbox: &'static Outbox, config: StackConfig) {
-        let cap: &'static Capturer = Box::leak(Box::new(Capturer {
+        // Alone on its cache lines: every capture reads its config.
+        let cap: &'static Capturer = &Box::leak(Box::new(CacheLine(Capturer {
             outbox,
             config,
             stacks: OnceLock::new(),
-        }));
+        })))
+        .0;
         CURRENT.store(cap as *const Capturer as *mut Capturer, Ordering::Release);
     }
 
@@ -573,7 +612,7 @@ pub fn capture() -> StackId {
     let Some(cap) = current() else {
         return StackId::NONE;
     };
-    if !cap.config.native {
+    if !cap.config.native && !cap.config.python {
         return StackId::NONE;
     }
     let (pc, sp, bp): (u64, u64, u64);
@@ -606,17 +645,70 @@ pub fn capture() -> StackId {
             }
             match slot.as_mut() {
                 Some(ts) => {
-                    let native = intern(cap, ts, pc, sp, bp);
-                    if cap.config.python && !native.is_none() {
-                        with_python(cap, ts, native)
+                    let py = if cap.config.python {
+                        interpreter(cap, ts)
                     } else {
-                        native
+                        None
+                    };
+                    let native = if cap.config.native {
+                        intern(cap, ts, pc, sp, bp)
+                    } else {
+                        StackId::NONE
+                    };
+                    match py {
+                        Some(py) => with_python(cap, ts, py, native),
+                        None => native,
                     }
                 }
                 None => StackId::NONE,
             }
         })
         .unwrap_or(StackId::NONE)
+}
+
+/// The interpreter whose frames this thread's stacks get, looked for again when the loaded
+/// modules changed (native stacks: on a new snapshot; Python frames only: every 1024th
+/// capture without one), and the module the native unwind stops at.
+fn interpreter(cap: &Capturer, ts: &mut ThreadStacks) -> Option<&'static Interpreter> {
+    if cap.config.native {
+        if ts.py.looked_at_gen != ts.snapshot_gen {
+            ts.py.looked_at_gen = ts.snapshot_gen;
+            let c = ts.snapshot.counts;
+            ts.py.interpreter = python::interpreter(c.adds.wrapping_mul(0x9E37_79B9) ^ c.subs);
+        }
+    } else if ts.py.interpreter.is_none() {
+        ts.py.interpreter = python::interpreter_if_found();
+        if ts.py.interpreter.is_none() {
+            ts.py.looked_at_gen = ts.py.looked_at_gen.wrapping_add(1);
+            if ts.py.looked_at_gen % 1024 == 1 {
+                let c = modules::load_counts();
+                ts.py.interpreter = python::interpreter(c.adds.wrapping_mul(0x9E37_79B9) ^ c.subs);
+            }
+        }
+    }
+    let py = ts.py.interpreter.filter(|i| i.readable());
+    if cap.config.native && ts.stop_for != (ts.snapshot_gen, py.is_some()) {
+        ts.stop_for = (ts.snapshot_gen, py.is_some());
+        let stop = match py {
+            Some(i) => {
+                let a = i.code_address();
+                let k = &ts.snapshot.known;
+                let at = k.partition_point(|r| r.0 <= a);
+                if at > 0 && a < k[at - 1].1 {
+                    k[at - 1]
+                } else {
+                    (0, 0)
+                }
+            }
+            None => (0, 0),
+        };
+        if stop != ts.stop {
+            // Stacks remembered with the other end point would be reused as they are.
+            ts.stop = stop;
+            ts.forget_verified();
+        }
+    }
+    py
 }
 
 fn intern(cap: &Capturer, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> StackId {
@@ -640,7 +732,7 @@ fn intern(cap: &Capturer, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> S
     let igen = stacks.intern_gen.load(Ordering::Acquire);
     if igen != ts.intern_gen {
         ts.interned.fill((0, 0));
-        ts.verified.clear();
+        ts.forget_verified();
         ts.intern_gen = igen;
     }
     let depth = cap.config.depth;
@@ -703,17 +795,15 @@ fn intern(cap: &Capturer, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> S
     StackId(id)
 }
 
-/// The native stack `native` with the calling thread's Python frames after it, interned on
-/// its own (the same native path runs many Python lines), or `native` if there are none.
-fn with_python(cap: &Capturer, ts: &mut ThreadStacks, native: StackId) -> StackId {
-    if ts.py.looked_at_gen != ts.snapshot_gen {
-        ts.py.looked_at_gen = ts.snapshot_gen;
-        let c = ts.snapshot.counts;
-        ts.py.interpreter = python::interpreter(c.adds.wrapping_mul(0x9E37_79B9) ^ c.subs);
-    }
-    let Some(py) = ts.py.interpreter else {
-        return native;
-    };
+/// The native stack `native` (none with Python frames only) with the calling thread's
+/// Python frames after it, interned on its own (the same native path runs many Python
+/// lines), or `native` if there are none.
+fn with_python(
+    cap: &Capturer,
+    ts: &mut ThreadStacks,
+    py: &'static Interpreter,
+    native: StackId,
+) -> StackId {
     let stacks = cap.stacks();
     let n = python::walk(
         cap.outbox,
@@ -723,22 +813,45 @@ fn with_python(cap: &Capturer, ts: &mut ThreadStacks, native: StackId) -> StackI
         &mut ts.py.frames,
     );
     if n == 0 {
+        ts.py.last = (0, 0);
         return native;
     }
+    if ts.py.codes.same_as_before() && ts.py.last.0 == native.0 && ts.py.last.1 != 0 {
+        return StackId(ts.py.last.1);
+    }
+    let id = combined(cap, ts, n, native);
+    if id.is_none() {
+        ts.py.last = (0, 0);
+        return native;
+    }
+    ts.py.last = (native.0, id.0);
+    id
+}
+
+/// The id of the native stack `native` followed by the `n` Python frames just walked (NONE
+/// if it could not be sent: the caller then gives the native stack alone).
+fn combined(cap: &Capturer, ts: &mut ThreadStacks, n: usize, native: StackId) -> StackId {
+    let stacks = cap.stacks();
     let py_frames = &ts.py.frames[..n];
     let h = hash_frames(py_frames) ^ (native.0 as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    if let Some(&(_, id)) = ts.py.recent.iter().find(|r| r.0 == h && r.1 != 0) {
+        return StackId(id);
+    }
     let slot = (h as usize) & (INTERN_SLOTS - 1);
     if ts.py.interned[slot].0 == h && ts.py.interned[slot].1 != 0 {
-        return StackId(ts.py.interned[slot].1);
+        let id = ts.py.interned[slot].1;
+        ts.py.remember_recent(h, id);
+        return StackId(id);
     }
     // New: send the native frames (still in the verified table under `native`) and these.
-    let own = ts.snapshot.own;
-    let depth = cap.config.depth;
-    let Some(v) = ts.verified.iter().find(|v| v.id == native.0) else {
-        return native;
-    };
-    let mut frames = caller_frames(v, own, depth).to_vec();
-    frames.extend_from_slice(py_frames);
+    let mut frames = Vec::with_capacity(MAX_STACK_DEPTH + n);
+    if !native.is_none() {
+        let Some(v) = ts.verified.iter().find(|v| v.id == native.0) else {
+            return StackId::NONE;
+        };
+        frames.extend_from_slice(caller_frames(v, ts.snapshot.own, cap.config.depth));
+    }
+    frames.extend_from_slice(&ts.py.frames[..n]);
     let id = stacks.next_stack_id.fetch_add(1, Ordering::Relaxed);
     let msg = Msg::Stack {
         id,
@@ -746,10 +859,18 @@ fn with_python(cap: &Capturer, ts: &mut ThreadStacks, native: StackId) -> StackI
     };
     if !cap.outbox.send_reliable(msg) {
         cap.outbox.count_lost_stack();
-        return native;
+        return StackId::NONE;
     }
     ts.py.interned[slot] = (h, id);
+    ts.py.remember_recent(h, id);
     StackId(id)
+}
+
+impl PyThread {
+    fn remember_recent(&mut self, h: u64, id: u32) {
+        self.recent[self.next_recent] = (h, id);
+        self.next_recent = (self.next_recent + 1) % RECENT;
+    }
 }
 
 #[cfg(test)]
@@ -816,7 +937,7 @@ mod tests {
             &snap,
             &mut cache,
             (0x1500, sp, bp0),
-            64,
+            (64, (0, 0)),
             &mut v,
             fake_read(&mem),
         );
@@ -829,7 +950,7 @@ mod tests {
             &snap,
             &mut cache,
             (0x1500, sp, bp0),
-            1,
+            (1, (0, 0)),
             &mut v,
             fake_read(&mem),
         );
@@ -849,7 +970,7 @@ mod tests {
             &snap,
             &mut cache,
             (0x40_0500, sp, bp0),
-            64,
+            (64, (0, 0)),
             &mut v,
             fake_read(&mem),
         );
@@ -861,7 +982,7 @@ mod tests {
             &snap,
             &mut cache,
             (0x40_0500, sp, bp0),
-            64,
+            (64, (0, 0)),
             &mut v,
             fake_read(&looping),
         );

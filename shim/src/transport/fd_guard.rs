@@ -32,6 +32,7 @@ use std::os::fd::{IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::cache_line::CacheLine;
 use crate::symbols;
 
 /// `WATCH` when the shim owns no descriptor.
@@ -53,8 +54,9 @@ static OWNED_MODE: AtomicU32 = AtomicU32::new(0);
 static OWNER_PID: AtomicU32 = AtomicU32::new(0);
 /// A window is open.
 static WINDOW: AtomicBool = AtomicBool::new(false);
-/// The guard's lock.
-static LOCKED: AtomicBool = AtomicBool::new(false);
+/// The guard's lock: taken by the drain thread around every write, so on a line of its own
+/// (beside the hooks' mode it made every hook wait for the line).
+static LOCKED: CacheLine<AtomicBool> = CacheLine(AtomicBool::new(false));
 
 thread_local! {
     /// This thread holds the lock (a close made inside a window, or by a signal handler that
