@@ -210,7 +210,7 @@ if os.path.exists(path("shim.rss")):
     b = int(open(path("base.rss")).read().split()[-1])
     s = int(open(path("shim.rss")).read().split()[-1])
     events = int(open(path("memory-events.txt")).read())
-    rows.append((f"shim: program peak RSS over {events:,} events (KiB, one run)", str(s), "-", f"{b} untraced",
+    rows.append((f"shim: program peak RSS over {events:,} events (KiB, one run)", str(s), "-", f"{b} untraced (flat in N)",
                  f"{s / b:.2f}x", "bounded (queue + stack tables)"))
 
 print("| figure | median | fastest | baseline (same run) | difference/ratio | target |")
