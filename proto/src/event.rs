@@ -283,6 +283,7 @@ impl Event {
         Api::from_u8(self.api)
     }
 
+    #[inline]
     pub fn encode(&self, out: &mut [u8; EVENT_SIZE]) {
         out[0..8].copy_from_slice(&self.seq.to_le_bytes());
         out[8..16].copy_from_slice(&self.ts_ns.to_le_bytes());

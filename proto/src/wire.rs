@@ -608,6 +608,7 @@ pub mod encode {
         at
     }
 
+    #[inline]
     pub fn push_event(buf: &mut Vec<u8>, e: &Event) {
         let mut raw = [0u8; EVENT_SIZE];
         e.encode(&mut raw);

@@ -741,7 +741,7 @@ mod tests {
         (m, ts)
     }
 
-    fn code_defs(rx: &crossbeam_channel::Receiver<Msg>) -> Vec<CodeDef> {
+    fn code_defs(rx: &crate::transport::Receiver) -> Vec<CodeDef> {
         rx.try_iter()
             .filter_map(|m| match m {
                 Msg::Code(def) => Some(*def),

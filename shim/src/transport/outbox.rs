@@ -11,14 +11,15 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use super::ring::{PushError, Receiver, Ring};
 use oomtrace_proto::counter_page::{CounterPage, PageFd};
 use oomtrace_proto::wire::{GoodbyeReason, Lost, ModuleDef, TorchMemory};
 use oomtrace_proto::{Event, EventKind};
 
 /// The queue and counters of one process image (a fork child makes its own).
 pub struct Outbox {
-    pub(super) tx: Sender<Msg>,
+    /// The queue (`ring.rs`); the drain thread holds its one `Receiver`.
+    pub(super) ring: Ring,
     /// The process this outbox belongs to: a (v)fork child that still sees it never waits.
     pub(super) pid: u32,
     pub(super) shared: Shared,
@@ -53,10 +54,12 @@ pub fn current() -> Option<&'static Outbox> {
 }
 
 impl Outbox {
-    /// A queue of `capacity` messages for process `pid`, and the receiving end for the drain
-    /// thread. The outbox is leaked: hooks on any thread may hold it until the process ends.
-    pub fn create(capacity: usize, pid: u32) -> (&'static Outbox, Receiver<Msg>) {
-        let (tx, rx) = crossbeam_channel::bounded(capacity);
+    /// A queue of `capacity` messages (rounded up to a power of two) for process `pid`, and
+    /// the receiving end for the drain thread. The outbox is leaked: hooks on any thread may
+    /// hold it until the process ends.
+    pub fn create(capacity: usize, pid: u32) -> (&'static Outbox, Receiver) {
+        let ring = Ring::new(capacity);
+        let capacity = ring.capacity();
         let (made, ending) = match CounterPage::create() {
             Ok((page, fd)) => {
                 if let Some(old) = PAGE_FD.try_lock().ok().and_then(|mut g| g.replace(fd)) {
@@ -73,14 +76,14 @@ impl Outbox {
                 (&words[0], &words[1])
             }
         };
-        let ob = Box::leak(Box::new(Outbox {
-            tx,
+        let ob: &'static Outbox = Box::leak(Box::new(Outbox {
+            ring,
             pid,
             shared: Shared::new(capacity),
             made,
             ending,
         }));
-        (ob, rx)
+        (ob, Receiver::new(&ob.ring))
     }
 
     /// Makes `ob` what [`current`] returns.
@@ -238,6 +241,10 @@ pub(super) struct Shared {
     pub(super) progress: AtomicU32,
     /// Hooks currently waiting on `progress`.
     pub(super) waiters: AtomicU32,
+    /// Sends that found the queue full and waited (or tried to), and the nanoseconds they
+    /// spent there: the program felt the collector (said at exit with `OOMTRACE_LOG=1`).
+    pub(super) waits: AtomicU64,
+    pub(super) waited_ns: AtomicU64,
     /// Bumped by the drain thread once per loop: it is alive (no wake-up).
     pub(super) heartbeat: AtomicU32,
     /// The collector took nothing for `STALL_WAIT` while data waited, or is gone: hooks do not
@@ -264,6 +271,8 @@ impl Shared {
             lost_by_device: std::array::from_fn(|_| AtomicU64::new(0)),
             progress: AtomicU32::new(0),
             waiters: AtomicU32::new(0),
+            waits: AtomicU64::new(0),
+            waited_ns: AtomicU64::new(0),
             heartbeat: AtomicU32::new(0),
             stalled: AtomicBool::new(false),
             draining: AtomicBool::new(false),
@@ -324,8 +333,8 @@ impl Shared {
     /// Wakes an idle drain thread once the queue is a quarter full. The length is read only
     /// when the drain thread sleeps: it lives on cache lines the drain thread is writing.
     #[inline]
-    fn nudge(&self, tx: &Sender<Msg>) {
-        if self.drainer_idle.load(Ordering::Relaxed) && tx.len() * 4 >= self.capacity {
+    fn nudge(&self, ring: &Ring) {
+        if self.drainer_idle.load(Ordering::Relaxed) && ring.len() * 4 >= self.capacity {
             self.wake();
         }
     }
@@ -428,11 +437,12 @@ fn wait_for_room(ob: &Outbox, mut msg: Msg, control: Option<Duration>) -> Result
     let mut seen = sh.progress.load(Ordering::SeqCst);
     let mut beat = sh.heartbeat.load(Ordering::Relaxed);
     let mut since = Instant::now();
+    let began = since;
     let result = loop {
-        match ob.tx.try_send(msg) {
+        match ob.ring.push(msg) {
             Ok(()) => break Ok(()),
-            Err(TrySendError::Disconnected(m)) => break Err(m),
-            Err(TrySendError::Full(m)) => msg = m,
+            Err(PushError::Closed(m)) => break Err(m),
+            Err(PushError::Full(m)) => msg = m,
         }
         futex_wait(&sh.progress, seen, WAIT_SLICE);
         if !allowed() {
@@ -456,6 +466,9 @@ fn wait_for_room(ob: &Outbox, mut msg: Msg, control: Option<Duration>) -> Result
         sh.wake();
     };
     sh.waiters.fetch_sub(1, Ordering::SeqCst);
+    sh.waits.fetch_add(1, Ordering::Relaxed);
+    sh.waited_ns
+        .fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
     result
 }
 
@@ -464,26 +477,26 @@ fn wait_for_room(ob: &Outbox, mut msg: Msg, control: Option<Duration>) -> Result
 #[inline]
 fn send_event(ob: &Outbox, ev: Event) {
     ob.made.fetch_add(1, Ordering::Relaxed);
-    match ob.tx.try_send(Msg::Event(ev)) {
-        Ok(()) => ob.shared.nudge(&ob.tx),
-        Err(TrySendError::Full(msg)) => {
+    match ob.ring.push(Msg::Event(ev)) {
+        Ok(()) => ob.shared.nudge(&ob.ring),
+        Err(PushError::Full(msg)) => {
             if wait_for_room(ob, msg, None).is_err() {
                 ob.shared.count_lost(&ev);
             }
         }
-        Err(TrySendError::Disconnected(_)) => ob.shared.count_lost(&ev),
+        Err(PushError::Closed(_)) => ob.shared.count_lost(&ev),
     }
 }
 
 /// Queues `msg`, waiting for room while the collector reads; false if it could not go.
 fn send_reliable(ob: &Outbox, msg: Msg) -> bool {
-    match ob.tx.try_send(msg) {
+    match ob.ring.push(msg) {
         Ok(()) => {
-            ob.shared.nudge(&ob.tx);
+            ob.shared.nudge(&ob.ring);
             true
         }
-        Err(TrySendError::Full(msg)) => wait_for_room(ob, msg, None).is_ok(),
-        Err(TrySendError::Disconnected(_)) => false,
+        Err(PushError::Full(msg)) => wait_for_room(ob, msg, None).is_ok(),
+        Err(PushError::Closed(_)) => false,
     }
 }
 
@@ -501,10 +514,10 @@ fn send_marker(ob: &Outbox, ev: Event, label: &str) {
 /// Queues a flush or shutdown request: waits for room even while stalled (the drain thread
 /// still takes messages then), up to `limit` with no progress.
 fn send_control(ob: &Outbox, msg: Msg, limit: Duration) -> bool {
-    match ob.tx.try_send(msg) {
+    match ob.ring.push(msg) {
         Ok(()) => true,
-        Err(TrySendError::Full(msg)) => wait_for_room(ob, msg, Some(limit)).is_ok(),
-        Err(TrySendError::Disconnected(_)) => false,
+        Err(PushError::Full(msg)) => wait_for_room(ob, msg, Some(limit)).is_ok(),
+        Err(PushError::Closed(_)) => false,
     }
 }
 
