@@ -43,6 +43,8 @@ pub const FILE_MAGIC: [u8; 8] = *b"OOMTRACE";
 pub const FILE_VERSION: u16 = 1;
 /// Largest record a reader accepts.
 pub const MAX_RECORD: u32 = 64 << 20;
+/// Chunk buffers a reader keeps for reuse.
+const MAX_SPARE: usize = 8;
 
 pub mod record_type {
     pub const CONN_OPEN: u8 = 1;
@@ -384,6 +386,10 @@ pub struct TraceReader<R: Read> {
     offset: u64,
     tail: Tail,
     pub header: FileHeader,
+    /// The current record's bytes, reused from record to record.
+    body: Vec<u8>,
+    /// Buffers given back ([`TraceReader::recycle`]) for the next chunks' frames.
+    spare: Vec<Vec<u8>>,
 }
 
 /// Reads as many bytes as are there, up to `buf.len()`; returns how many.
@@ -442,7 +448,17 @@ impl<R: Read> TraceReader<R> {
                 created_unix_ns,
                 producer,
             },
+            body: Vec::new(),
+            spare: Vec::new(),
         })
+    }
+
+    /// Gives back a chunk's `frames` once read, for a later chunk to decompress into: a
+    /// reader of a long trace then allocates (and faults in) no new buffer per chunk.
+    pub fn recycle(&mut self, frames: Vec<u8>) {
+        if self.spare.len() < MAX_SPARE {
+            self.spare.push(frames);
+        }
     }
 
     /// How the file ended; meaningful once `next_record` returned `Ok(None)`.
@@ -485,11 +501,27 @@ impl<R: Read> TraceReader<R> {
         }
         // Grown as the bytes arrive, never sized by the claim: a cut file claiming a 64 MiB
         // record costs what it holds.
-        let mut body = Vec::with_capacity((len as usize).min(1 << 20));
+        let mut body = std::mem::take(&mut self.body);
+        body.clear();
+        body.reserve((len as usize).min(1 << 20));
         let got = (&mut self.inner)
             .take(u64::from(len))
-            .read_to_end(&mut body)
-            .map_err(|e| Error::Io(e.to_string()))?;
+            .read_to_end(&mut body);
+        let rec = got
+            .map_err(|e| Error::Io(e.to_string()))
+            .and_then(|got| self.record(start, len, got, &body));
+        self.body = body;
+        rec
+    }
+
+    /// The record whose `got` of `len` bytes (after its length) are `body`, read at `start`.
+    fn record(
+        &mut self,
+        start: u64,
+        len: u32,
+        got: usize,
+        body: &[u8],
+    ) -> Result<Option<Record>, Error> {
         if got < len as usize {
             self.tail = Tail::Truncated {
                 offset: start,
@@ -517,7 +549,8 @@ impl<R: Read> TraceReader<R> {
                     let raw_len = r.u32()?;
                     let crc = r.u32()?;
                     let data = r.take(r.remaining())?;
-                    let frames = decompress_block(codec, data, raw_len)?;
+                    let mut frames = self.spare.pop().unwrap_or_default();
+                    decompress_block(codec, data, raw_len, &mut frames)?;
                     if crc32fast::hash(&frames) != crc {
                         return Err(Error::Malformed("chunk checksum mismatch"));
                     }
@@ -565,7 +598,8 @@ impl<R: Read> TraceReader<R> {
     }
 }
 
-fn decompress_block(codec: u8, data: &[u8], raw_len: u32) -> Result<Vec<u8>, Error> {
+/// Decompresses a chunk's `data` into `out` (its previous contents replaced).
+fn decompress_block(codec: u8, data: &[u8], raw_len: u32, out: &mut Vec<u8>) -> Result<(), Error> {
     if raw_len > MAX_RECORD {
         return Err(Error::Malformed("chunk claims more than 64 MiB"));
     }
@@ -574,7 +608,9 @@ fn decompress_block(codec: u8, data: &[u8], raw_len: u32) -> Result<Vec<u8>, Err
             if data.len() != raw_len as usize {
                 return Err(Error::Malformed("uncompressed chunk length mismatch"));
             }
-            Ok(data.to_vec())
+            out.clear();
+            out.extend_from_slice(data);
+            Ok(())
         }
         // LZ4 expands a byte to at most 255: a chunk claiming more than its bytes can hold
         // is garbage, refused before anything is allocated for the claim.
@@ -583,8 +619,17 @@ fn decompress_block(codec: u8, data: &[u8], raw_len: u32) -> Result<Vec<u8>, Err
             "lz4 chunk claims more than its bytes can hold",
         )),
         #[cfg(feature = "compress")]
-        CODEC_LZ4 => lz4_flex::block::decompress(data, raw_len as usize)
-            .map_err(|_| Error::Malformed("lz4 chunk does not decompress")),
+        CODEC_LZ4 => {
+            // A recycled buffer is only zeroed where it grows (decompression overwrites).
+            out.resize(raw_len as usize, 0);
+            match lz4_flex::block::decompress_into(data, out) {
+                Ok(n) => {
+                    out.truncate(n);
+                    Ok(())
+                }
+                Err(_) => Err(Error::Malformed("lz4 chunk does not decompress")),
+            }
+        }
         #[cfg(not(feature = "compress"))]
         CODEC_LZ4 => Err(Error::Malformed(
             "lz4 chunk, but this reader was built without compression",
