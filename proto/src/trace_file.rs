@@ -302,32 +302,57 @@ pub fn write_chunk<W: Write>(
     frames: &[u8],
     compress: bool,
 ) -> io::Result<()> {
-    let crc = crc32fast::hash(frames);
-    let (codec, data): (u8, std::borrow::Cow<[u8]>) = compress_block(frames, compress);
-    let mut p = Vec::with_capacity(13 + data.len());
-    let mut wr = Writer { buf: &mut p };
-    wr.u32(conn);
-    wr.u8(codec);
-    wr.u32(frames.len() as u32);
-    wr.u32(crc);
-    wr.bytes(&data);
-    write_record(w, record_type::CHUNK, &p)
+    let mut record = Vec::new();
+    append_chunk(&mut record, conn, frames, compress);
+    w.write_all(&record)
 }
 
+/// [`write_chunk`] onto the end of `out`: compressed in place, without a buffer of its own
+/// (a collector writes one per read of every connection).
+pub fn append_chunk(out: &mut Vec<u8>, conn: u32, frames: &[u8], compress: bool) {
+    let crc = crc32fast::hash(frames);
+    let start = out.len();
+    // len u32 | type u8 | conn u32 | codec u8 | raw_len u32 | crc u32, then the data.
+    out.extend_from_slice(&[0; 4]);
+    out.push(record_type::CHUNK);
+    out.extend_from_slice(&conn.to_le_bytes());
+    let codec_at = out.len();
+    out.push(CODEC_NONE);
+    out.extend_from_slice(&(frames.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc.to_le_bytes());
+    if compress_onto(out, frames, compress) {
+        out[codec_at] = CODEC_LZ4;
+    } else {
+        out.extend_from_slice(frames);
+    }
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// Appends `raw` LZ4-compressed to `out` when asked and when that is smaller; returns whether
+/// it did (`out` is unchanged otherwise).
 #[cfg(feature = "compress")]
-fn compress_block(raw: &[u8], compress: bool) -> (u8, std::borrow::Cow<'_, [u8]>) {
-    if compress && raw.len() >= 256 {
-        let c = lz4_flex::block::compress(raw);
-        if c.len() < raw.len() {
-            return (CODEC_LZ4, std::borrow::Cow::Owned(c));
+fn compress_onto(out: &mut Vec<u8>, raw: &[u8], compress: bool) -> bool {
+    if !compress || raw.len() < 256 {
+        return false;
+    }
+    let at = out.len();
+    out.resize(at + lz4_flex::block::get_maximum_output_size(raw.len()), 0);
+    match lz4_flex::block::compress_into(raw, &mut out[at..]) {
+        Ok(n) if n < raw.len() => {
+            out.truncate(at + n);
+            true
+        }
+        _ => {
+            out.truncate(at);
+            false
         }
     }
-    (CODEC_NONE, std::borrow::Cow::Borrowed(raw))
 }
 
 #[cfg(not(feature = "compress"))]
-fn compress_block(raw: &[u8], _compress: bool) -> (u8, std::borrow::Cow<'_, [u8]>) {
-    (CODEC_NONE, std::borrow::Cow::Borrowed(raw))
+fn compress_onto(_out: &mut Vec<u8>, _raw: &[u8], _compress: bool) -> bool {
+    false
 }
 
 pub fn write_conn_close<W: Write>(
@@ -778,7 +803,7 @@ mod tests {
         assert!(recs.is_empty());
         assert!(matches!(tail, Tail::Truncated { bytes: 7, .. }), "{tail:?}");
         assert_eq!(
-            decompress_block(CODEC_LZ4, &[0; 16], 64 << 20),
+            decompress_block(CODEC_LZ4, &[0; 16], 64 << 20, &mut Vec::new()),
             Err(if cfg!(feature = "compress") {
                 Error::Malformed("lz4 chunk claims more than its bytes can hold")
             } else {

@@ -503,7 +503,7 @@ impl EpochClock {
 
     /// Follows the (thread, site) candidate; returns whether the anchor allocated.
     fn follow(&mut self, site: SiteId, tid: u32, idx: u64, ts: u64, device_live: u64) -> bool {
-        if !self.threads.contains_key(&tid) && self.threads.len() >= MAX_THREADS {
+        if self.threads.len() >= MAX_THREADS && !self.threads.contains_key(&tid) {
             return false;
         }
         let thread = self.threads.entry(tid).or_default();
