@@ -694,6 +694,34 @@ mod tests {
         Ok((out, r.tail()))
     }
 
+    /// Chunks of falling and rising sizes, plain and compressed, each decompressed into the
+    /// buffer the previous one gave back: each comes out whole, nothing of an earlier one.
+    #[test]
+    fn recycled_buffers_hold_only_their_chunk() {
+        let mut f = Vec::new();
+        write_header(&mut f, 1, "test").unwrap();
+        let sizes = [5000usize, 300, 70_000, 10, 4096, 4095, 100_000];
+        let chunks: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|j| ((j / 7 + i) % 251) as u8).collect())
+            .collect();
+        for (i, c) in chunks.iter().enumerate() {
+            write_chunk(&mut f, 1, c, i % 3 != 0).unwrap();
+        }
+        let mut r = TraceReader::new(&f[..]).unwrap();
+        let mut got = Vec::new();
+        while let Some(rec) = r.next_record().unwrap() {
+            let Record::Chunk { frames, .. } = rec else {
+                panic!("{rec:?}")
+            };
+            got.push(frames.clone());
+            r.recycle(frames);
+        }
+        assert_eq!(got, chunks);
+        assert_eq!(r.tail(), Tail::Complete);
+    }
+
     #[test]
     fn numbered_paths() {
         use std::path::Path;

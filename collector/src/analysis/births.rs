@@ -152,6 +152,90 @@ impl Generation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+
+    /// The tree this deque replaced, as it was: the reference every answer must match.
+    #[derive(Default)]
+    struct Reference(BTreeMap<u32, (u32, u64, u32)>);
+
+    impl Reference {
+        fn add(&mut self, epoch: u32, size: u64) {
+            let g = self.0.entry(epoch).or_insert((0, 0, 1));
+            g.0 += 1;
+            g.1 += size;
+            while self.0.len() > MAX_GENERATIONS {
+                let mut it = self.0.keys();
+                let (a, b) = (*it.next().unwrap(), *it.next().unwrap());
+                let (o, n) = (self.0.remove(&a).unwrap(), self.0.remove(&b).unwrap());
+                self.0.insert(a, (o.0 + n.0, o.1 + n.1, o.2 + n.2));
+            }
+        }
+        fn remove(&mut self, birth: u32, size: u64) {
+            if let Some((&k, g)) = self.0.range_mut(..=birth).next_back() {
+                g.0 = g.0.saturating_sub(1);
+                g.1 = g.1.saturating_sub(size);
+                if g.0 == 0 {
+                    self.0.remove(&k);
+                }
+            }
+        }
+        fn generations(&self, from: u32, upto: u32) -> u32 {
+            self.0.range(from..=upto).map(|(_, g)| g.2.min(g.0)).sum()
+        }
+    }
+
+    /// Random births and deaths, mostly young, some out of order: the same buckets and
+    /// answers as the tree.
+    #[test]
+    fn the_deque_answers_as_the_tree_did() {
+        let mut b = Births::default();
+        let mut r = Reference::default();
+        let mut live: Vec<(u32, u64)> = Vec::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut epoch = 0u32;
+        for _ in 0..200_000 {
+            let roll = next() % 100;
+            if roll < 3 {
+                epoch += 1 + (next() % 3) as u32;
+            } else if roll < 50 || live.is_empty() {
+                let e = if next() % 50 == 0 {
+                    epoch.saturating_sub((next() % 200) as u32)
+                } else {
+                    epoch
+                };
+                let size = 1 + next() % 4096;
+                b.add(e, size);
+                r.add(e, size);
+                live.push((e, size));
+            } else {
+                let n = live.len();
+                let i = if next() % 4 == 0 {
+                    (next() as usize) % n
+                } else {
+                    n - 1
+                };
+                let (e, size) = live.swap_remove(i);
+                b.remove(e, size);
+                r.remove(e, size);
+            }
+            if next() % 64 == 0 {
+                let from = epoch.saturating_sub((next() % 300) as u32);
+                assert_eq!(b.generations(from, epoch), r.generations(from, epoch));
+                assert_eq!(b.buckets(), r.0.len());
+                assert_eq!(b.oldest(), r.0.keys().next().copied());
+                let born = r.0.range(from..=epoch).fold((0, 0), |(by, c), (_, g)| {
+                    (by + g.1, c + u64::from(g.0))
+                });
+                assert_eq!(b.born_between(from, epoch), born);
+            }
+        }
+    }
 
     #[test]
     fn generations_count_distinct_live_epochs_and_stay_bounded() {

@@ -779,6 +779,59 @@ impl EpochClock {
 mod tests {
     use super::*;
 
+    /// The tree the recency list replaced, as it was: every signature must match it.
+    #[test]
+    fn a_threads_signatures_are_the_ordered_maps() {
+        use std::collections::BTreeMap;
+        #[derive(Default)]
+        struct Reference {
+            idx: u64,
+            last: FxHashMap<SiteId, u64>,
+            by_last: BTreeMap<u64, SiteId>,
+        }
+        impl Reference {
+            fn observe(&mut self, site: SiteId) -> Option<u64> {
+                self.idx += 1;
+                let i = self.idx;
+                let Some(&prev) = self.last.get(&site) else {
+                    if self.last.len() < MAX_SITES_PER_THREAD {
+                        self.last.insert(site, i);
+                        self.by_last.insert(i, site);
+                    }
+                    return None;
+                };
+                let (mut sum, mut n) = (0u64, 0u64);
+                for (_, s) in self.by_last.range(prev + 1..).rev().take(SIGNATURE_SITES) {
+                    sum = sum.wrapping_add(mix(u64::from(s.0)));
+                    n += 1;
+                }
+                self.by_last.remove(&prev);
+                self.by_last.insert(i, site);
+                self.last.insert(site, i);
+                Some(if n == 0 {
+                    0
+                } else {
+                    sum.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1
+                })
+            }
+        }
+        let (mut t, mut r) = (Thread::default(), Reference::default());
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for step in 0..300_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Loops of a few sites, inner loops, and now and then one of thousands (past
+            // the per-thread limit).
+            let site = match x % 10 {
+                0 => SiteId((x >> 8) as u32 % 6000),
+                1..=3 => SiteId(1 + (step % 7) as u32),
+                _ => SiteId(100 + (x >> 16) as u32 % 60),
+            };
+            assert_eq!(t.observe(site), r.observe(site), "step {step}");
+        }
+    }
+
     /// One iteration: a layer loop of 12 allocations at one site, then 5 distinct sites.
     fn iteration(clock: &mut EpochClock, ts: &mut u64) -> u32 {
         let mut boundaries = 0;

@@ -60,7 +60,10 @@ pub fn since(series: &VecDeque<Sample>, since: u32) -> Cow<'_, [Sample]> {
 pub fn usual_gap(raise_gaps: &VecDeque<u32>) -> f64 {
     let mut g = [0.0f64; RAISE_GAPS];
     let n = raise_gaps.len().min(RAISE_GAPS);
-    for (d, &x) in g.iter_mut().zip(raise_gaps.iter().skip(raise_gaps.len() - n)) {
+    for (d, &x) in g
+        .iter_mut()
+        .zip(raise_gaps.iter().skip(raise_gaps.len() - n))
+    {
         *d = f64::from(x);
     }
     median(&mut g[..n])

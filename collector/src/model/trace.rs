@@ -128,12 +128,14 @@ impl<O: Observer + Default> Trace<O> {
         })?;
         let total = f.metadata().map_or(0, |m| m.len());
         let mut at = |done: u64| progress(done, total.max(done));
-        Trace::read_pipelined(BufReader::with_capacity(1 << 20, f), apply, &mut at).map_err(|e| match e {
-            Error::Format(inner) => Error::BadTrace {
-                path: path.to_path_buf(),
-                source: inner,
-            },
-            other => other,
+        Trace::read_pipelined(BufReader::with_capacity(1 << 20, f), apply, &mut at).map_err(|e| {
+            match e {
+                Error::Format(inner) => Error::BadTrace {
+                    path: path.to_path_buf(),
+                    source: inner,
+                },
+                other => other,
+            }
         })
     }
 
