@@ -645,8 +645,13 @@ fn decompress_block(codec: u8, data: &[u8], raw_len: u32, out: &mut Vec<u8>) -> 
         )),
         #[cfg(feature = "compress")]
         CODEC_LZ4 => {
-            // A recycled buffer is only zeroed where it grows (decompression overwrites).
-            out.resize(raw_len as usize, 0);
+            // A recycled buffer is only zeroed where it grows (decompression overwrites); a
+            // new one comes zeroed from the allocator (fresh pages, no memset).
+            if out.capacity() < raw_len as usize {
+                *out = vec![0; raw_len as usize];
+            } else {
+                out.resize(raw_len as usize, 0);
+            }
             match lz4_flex::block::decompress_into(data, out) {
                 Ok(n) => {
                     out.truncate(n);
