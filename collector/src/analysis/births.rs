@@ -229,9 +229,9 @@ mod tests {
                 assert_eq!(b.generations(from, epoch), r.generations(from, epoch));
                 assert_eq!(b.buckets(), r.0.len());
                 assert_eq!(b.oldest(), r.0.keys().next().copied());
-                let born = r.0.range(from..=epoch).fold((0, 0), |(by, c), (_, g)| {
-                    (by + g.1, c + u64::from(g.0))
-                });
+                let born =
+                    r.0.range(from..=epoch)
+                        .fold((0, 0), |(by, c), (_, g)| (by + g.1, c + u64::from(g.0)));
                 assert_eq!(b.born_between(from, epoch), born);
             }
         }
