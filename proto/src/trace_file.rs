@@ -43,6 +43,8 @@ pub const FILE_MAGIC: [u8; 8] = *b"OOMTRACE";
 pub const FILE_VERSION: u16 = 1;
 /// Largest record a reader accepts.
 pub const MAX_RECORD: u32 = 64 << 20;
+/// Chunk buffers a reader keeps for reuse.
+const MAX_SPARE: usize = 8;
 
 pub mod record_type {
     pub const CONN_OPEN: u8 = 1;
@@ -300,32 +302,57 @@ pub fn write_chunk<W: Write>(
     frames: &[u8],
     compress: bool,
 ) -> io::Result<()> {
-    let crc = crc32fast::hash(frames);
-    let (codec, data): (u8, std::borrow::Cow<[u8]>) = compress_block(frames, compress);
-    let mut p = Vec::with_capacity(13 + data.len());
-    let mut wr = Writer { buf: &mut p };
-    wr.u32(conn);
-    wr.u8(codec);
-    wr.u32(frames.len() as u32);
-    wr.u32(crc);
-    wr.bytes(&data);
-    write_record(w, record_type::CHUNK, &p)
+    let mut record = Vec::new();
+    append_chunk(&mut record, conn, frames, compress);
+    w.write_all(&record)
 }
 
+/// [`write_chunk`] onto the end of `out`: compressed in place, without a buffer of its own
+/// (a collector writes one per read of every connection).
+pub fn append_chunk(out: &mut Vec<u8>, conn: u32, frames: &[u8], compress: bool) {
+    let crc = crc32fast::hash(frames);
+    let start = out.len();
+    // len u32 | type u8 | conn u32 | codec u8 | raw_len u32 | crc u32, then the data.
+    out.extend_from_slice(&[0; 4]);
+    out.push(record_type::CHUNK);
+    out.extend_from_slice(&conn.to_le_bytes());
+    let codec_at = out.len();
+    out.push(CODEC_NONE);
+    out.extend_from_slice(&(frames.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc.to_le_bytes());
+    if compress_onto(out, frames, compress) {
+        out[codec_at] = CODEC_LZ4;
+    } else {
+        out.extend_from_slice(frames);
+    }
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// Appends `raw` LZ4-compressed to `out` when asked and when that is smaller; returns whether
+/// it did (`out` is unchanged otherwise).
 #[cfg(feature = "compress")]
-fn compress_block(raw: &[u8], compress: bool) -> (u8, std::borrow::Cow<'_, [u8]>) {
-    if compress && raw.len() >= 256 {
-        let c = lz4_flex::block::compress(raw);
-        if c.len() < raw.len() {
-            return (CODEC_LZ4, std::borrow::Cow::Owned(c));
+fn compress_onto(out: &mut Vec<u8>, raw: &[u8], compress: bool) -> bool {
+    if !compress || raw.len() < 256 {
+        return false;
+    }
+    let at = out.len();
+    out.resize(at + lz4_flex::block::get_maximum_output_size(raw.len()), 0);
+    match lz4_flex::block::compress_into(raw, &mut out[at..]) {
+        Ok(n) if n < raw.len() => {
+            out.truncate(at + n);
+            true
+        }
+        _ => {
+            out.truncate(at);
+            false
         }
     }
-    (CODEC_NONE, std::borrow::Cow::Borrowed(raw))
 }
 
 #[cfg(not(feature = "compress"))]
-fn compress_block(raw: &[u8], _compress: bool) -> (u8, std::borrow::Cow<'_, [u8]>) {
-    (CODEC_NONE, std::borrow::Cow::Borrowed(raw))
+fn compress_onto(_out: &mut Vec<u8>, _raw: &[u8], _compress: bool) -> bool {
+    false
 }
 
 pub fn write_conn_close<W: Write>(
@@ -384,6 +411,10 @@ pub struct TraceReader<R: Read> {
     offset: u64,
     tail: Tail,
     pub header: FileHeader,
+    /// The current record's bytes, reused from record to record.
+    body: Vec<u8>,
+    /// Buffers given back ([`TraceReader::recycle`]) for the next chunks' frames.
+    spare: Vec<Vec<u8>>,
 }
 
 /// Reads as many bytes as are there, up to `buf.len()`; returns how many.
@@ -442,7 +473,17 @@ impl<R: Read> TraceReader<R> {
                 created_unix_ns,
                 producer,
             },
+            body: Vec::new(),
+            spare: Vec::new(),
         })
+    }
+
+    /// Gives back a chunk's `frames` once read, for a later chunk to decompress into: a
+    /// reader of a long trace then allocates (and faults in) no new buffer per chunk.
+    pub fn recycle(&mut self, frames: Vec<u8>) {
+        if self.spare.len() < MAX_SPARE {
+            self.spare.push(frames);
+        }
     }
 
     /// How the file ended; meaningful once `next_record` returned `Ok(None)`.
@@ -485,11 +526,27 @@ impl<R: Read> TraceReader<R> {
         }
         // Grown as the bytes arrive, never sized by the claim: a cut file claiming a 64 MiB
         // record costs what it holds.
-        let mut body = Vec::with_capacity((len as usize).min(1 << 20));
+        let mut body = std::mem::take(&mut self.body);
+        body.clear();
+        body.reserve((len as usize).min(1 << 20));
         let got = (&mut self.inner)
             .take(u64::from(len))
-            .read_to_end(&mut body)
-            .map_err(|e| Error::Io(e.to_string()))?;
+            .read_to_end(&mut body);
+        let rec = got
+            .map_err(|e| Error::Io(e.to_string()))
+            .and_then(|got| self.record(start, len, got, &body));
+        self.body = body;
+        rec
+    }
+
+    /// The record whose `got` of `len` bytes (after its length) are `body`, read at `start`.
+    fn record(
+        &mut self,
+        start: u64,
+        len: u32,
+        got: usize,
+        body: &[u8],
+    ) -> Result<Option<Record>, Error> {
         if got < len as usize {
             self.tail = Tail::Truncated {
                 offset: start,
@@ -517,7 +574,8 @@ impl<R: Read> TraceReader<R> {
                     let raw_len = r.u32()?;
                     let crc = r.u32()?;
                     let data = r.take(r.remaining())?;
-                    let frames = decompress_block(codec, data, raw_len)?;
+                    let mut frames = self.spare.pop().unwrap_or_default();
+                    decompress_block(codec, data, raw_len, &mut frames)?;
                     if crc32fast::hash(&frames) != crc {
                         return Err(Error::Malformed("chunk checksum mismatch"));
                     }
@@ -565,7 +623,8 @@ impl<R: Read> TraceReader<R> {
     }
 }
 
-fn decompress_block(codec: u8, data: &[u8], raw_len: u32) -> Result<Vec<u8>, Error> {
+/// Decompresses a chunk's `data` into `out` (its previous contents replaced).
+fn decompress_block(codec: u8, data: &[u8], raw_len: u32, out: &mut Vec<u8>) -> Result<(), Error> {
     if raw_len > MAX_RECORD {
         return Err(Error::Malformed("chunk claims more than 64 MiB"));
     }
@@ -574,7 +633,9 @@ fn decompress_block(codec: u8, data: &[u8], raw_len: u32) -> Result<Vec<u8>, Err
             if data.len() != raw_len as usize {
                 return Err(Error::Malformed("uncompressed chunk length mismatch"));
             }
-            Ok(data.to_vec())
+            out.clear();
+            out.extend_from_slice(data);
+            Ok(())
         }
         // LZ4 expands a byte to at most 255: a chunk claiming more than its bytes can hold
         // is garbage, refused before anything is allocated for the claim.
@@ -583,8 +644,22 @@ fn decompress_block(codec: u8, data: &[u8], raw_len: u32) -> Result<Vec<u8>, Err
             "lz4 chunk claims more than its bytes can hold",
         )),
         #[cfg(feature = "compress")]
-        CODEC_LZ4 => lz4_flex::block::decompress(data, raw_len as usize)
-            .map_err(|_| Error::Malformed("lz4 chunk does not decompress")),
+        CODEC_LZ4 => {
+            // A recycled buffer is only zeroed where it grows (decompression overwrites); a
+            // new one comes zeroed from the allocator (fresh pages, no memset).
+            if out.capacity() < raw_len as usize {
+                *out = vec![0; raw_len as usize];
+            } else {
+                out.resize(raw_len as usize, 0);
+            }
+            match lz4_flex::block::decompress_into(data, out) {
+                Ok(n) => {
+                    out.truncate(n);
+                    Ok(())
+                }
+                Err(_) => Err(Error::Malformed("lz4 chunk does not decompress")),
+            }
+        }
         #[cfg(not(feature = "compress"))]
         CODEC_LZ4 => Err(Error::Malformed(
             "lz4 chunk, but this reader was built without compression",
@@ -622,6 +697,34 @@ mod tests {
             out.push(rec);
         }
         Ok((out, r.tail()))
+    }
+
+    /// Chunks of falling and rising sizes, plain and compressed, each decompressed into the
+    /// buffer the previous one gave back: each comes out whole, nothing of an earlier one.
+    #[test]
+    fn recycled_buffers_hold_only_their_chunk() {
+        let mut f = Vec::new();
+        write_header(&mut f, 1, "test").unwrap();
+        let sizes = [5000usize, 300, 70_000, 10, 4096, 4095, 100_000];
+        let chunks: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|j| ((j / 7 + i) % 251) as u8).collect())
+            .collect();
+        for (i, c) in chunks.iter().enumerate() {
+            write_chunk(&mut f, 1, c, i % 3 != 0).unwrap();
+        }
+        let mut r = TraceReader::new(&f[..]).unwrap();
+        let mut got = Vec::new();
+        while let Some(rec) = r.next_record().unwrap() {
+            let Record::Chunk { frames, .. } = rec else {
+                panic!("{rec:?}")
+            };
+            got.push(frames.clone());
+            r.recycle(frames);
+        }
+        assert_eq!(got, chunks);
+        assert_eq!(r.tail(), Tail::Complete);
     }
 
     #[test]
@@ -733,7 +836,7 @@ mod tests {
         assert!(recs.is_empty());
         assert!(matches!(tail, Tail::Truncated { bytes: 7, .. }), "{tail:?}");
         assert_eq!(
-            decompress_block(CODEC_LZ4, &[0; 16], 64 << 20),
+            decompress_block(CODEC_LZ4, &[0; 16], 64 << 20, &mut Vec::new()),
             Err(if cfg!(feature = "compress") {
                 Error::Malformed("lz4 chunk claims more than its bytes can hold")
             } else {

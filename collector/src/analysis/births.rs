@@ -4,32 +4,74 @@
 //! O(1) per event, bounded memory: at most [`MAX_GENERATIONS`] buckets; beyond, the two oldest
 //! merge (a long leak must not grow memory), remembering how many epochs they hold.
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 
 /// Birth-epoch buckets kept; older ones merge.
 pub const MAX_GENERATIONS: usize = 64;
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Generation {
+    /// The epoch it starts at (a merged bucket: its oldest).
+    epoch: u32,
     count: u32,
     bytes: u64,
     /// Epochs merged into this bucket (1 unless old buckets were coarsened).
     epochs: u32,
 }
 
-/// Live allocations by the epoch they were born in.
+/// Live allocations by the epoch they were born in: buckets in epoch order. A deque, not a
+/// tree: allocations are born in the current epoch (the newest bucket, or a new one at the
+/// back) and most die young (the newest buckets), so both ends are where the work is, and
+/// an epoch every few events (a tight loop found as the iteration) must cost no tree node.
 #[derive(Clone, Debug, Default)]
 pub struct Births {
-    by_epoch: BTreeMap<u32, Generation>,
+    by_epoch: VecDeque<Generation>,
 }
 
 impl Births {
+    /// The index of the bucket holding `epoch` (the last starting at or before it), if any.
+    fn bucket_of(&self, epoch: u32) -> Option<usize> {
+        // Births die young: look at the newest bucket before bisecting.
+        match self.by_epoch.back() {
+            Some(g) if g.epoch <= epoch => Some(self.by_epoch.len() - 1),
+            _ => self
+                .by_epoch
+                .partition_point(|g| g.epoch <= epoch)
+                .checked_sub(1),
+        }
+    }
+
+    /// The first bucket starting at or after `epoch`.
+    fn first_from(&self, epoch: u32) -> usize {
+        self.by_epoch.partition_point(|g| g.epoch < epoch)
+    }
+
+    /// The buckets starting in `from..=upto`.
+    fn range(&self, from: u32, upto: u32) -> impl Iterator<Item = &Generation> {
+        self.by_epoch
+            .range(self.first_from(from)..)
+            .take_while(move |g| g.epoch <= upto)
+    }
+
     /// An allocation of `size` born in `epoch`.
     pub fn add(&mut self, epoch: u32, size: u64) {
-        let g = self.by_epoch.entry(epoch).or_insert(Generation {
-            epochs: 1,
-            ..Default::default()
-        });
+        let i = match self.by_epoch.back() {
+            Some(g) if g.epoch == epoch => self.by_epoch.len() - 1,
+            Some(g) if g.epoch > epoch => {
+                // Not the newest epoch (never from the clock, which only moves forward): its
+                // own bucket, in order.
+                let i = self.first_from(epoch);
+                if self.by_epoch.get(i).is_none_or(|g| g.epoch != epoch) {
+                    self.by_epoch.insert(i, Generation::new(epoch));
+                }
+                i
+            }
+            _ => {
+                self.by_epoch.push_back(Generation::new(epoch));
+                self.by_epoch.len() - 1
+            }
+        };
+        let g = &mut self.by_epoch[i];
         g.count += 1;
         g.bytes = g.bytes.saturating_add(size);
         self.coarsen();
@@ -38,11 +80,12 @@ impl Births {
     /// A free of an allocation of `size` born in `birth`.
     pub fn remove(&mut self, birth: u32, size: u64) {
         // The bucket holding `birth` (a merged bucket starts at or before it).
-        if let Some((&k, g)) = self.by_epoch.range_mut(..=birth).next_back() {
+        if let Some(i) = self.bucket_of(birth) {
+            let g = &mut self.by_epoch[i];
             g.count = g.count.saturating_sub(1);
             g.bytes = g.bytes.saturating_sub(size);
             if g.count == 0 {
-                self.by_epoch.remove(&k);
+                self.by_epoch.remove(i);
             }
         }
     }
@@ -52,10 +95,7 @@ impl Births {
         if upto < from {
             return 0;
         }
-        self.by_epoch
-            .range(from..=upto)
-            .map(|(_, g)| g.epochs.min(g.count))
-            .sum()
+        self.range(from, upto).map(|g| g.epochs.min(g.count)).sum()
     }
 
     /// Live bytes and allocations born in `from..=upto`.
@@ -63,21 +103,19 @@ impl Births {
         if upto < from {
             return (0, 0);
         }
-        self.by_epoch
-            .range(from..=upto)
-            .fold((0u64, 0u64), |(b, c), (_, g)| {
-                (b.saturating_add(g.bytes), c + u64::from(g.count))
-            })
+        self.range(from, upto).fold((0u64, 0u64), |(b, c), g| {
+            (b.saturating_add(g.bytes), c + u64::from(g.count))
+        })
     }
 
     /// The oldest birth epoch with a live allocation.
     pub fn oldest(&self) -> Option<u32> {
-        self.by_epoch.keys().next().copied()
+        self.by_epoch.front().map(|g| g.epoch)
     }
 
     /// The oldest birth epoch at or after `from` with a live allocation.
     pub fn oldest_from(&self, from: u32) -> Option<u32> {
-        self.by_epoch.range(from..).next().map(|(&k, _)| k)
+        self.by_epoch.get(self.first_from(from)).map(|g| g.epoch)
     }
 
     /// Buckets kept (at most [`MAX_GENERATIONS`]).
@@ -87,20 +125,26 @@ impl Births {
 
     fn coarsen(&mut self) {
         while self.by_epoch.len() > MAX_GENERATIONS {
-            let mut it = self.by_epoch.keys();
-            let (Some(&a), Some(&b)) = (it.next(), it.next()) else {
+            let (Some(older), Some(newer)) = (self.by_epoch.pop_front(), self.by_epoch.pop_front())
+            else {
                 return;
             };
-            let older = self.by_epoch.remove(&a).unwrap_or_default();
-            let newer = self.by_epoch.remove(&b).unwrap_or_default();
-            self.by_epoch.insert(
-                a,
-                Generation {
-                    count: older.count.saturating_add(newer.count),
-                    bytes: older.bytes.saturating_add(newer.bytes),
-                    epochs: older.epochs + newer.epochs,
-                },
-            );
+            self.by_epoch.push_front(Generation {
+                epoch: older.epoch,
+                count: older.count.saturating_add(newer.count),
+                bytes: older.bytes.saturating_add(newer.bytes),
+                epochs: older.epochs + newer.epochs,
+            });
+        }
+    }
+}
+
+impl Generation {
+    fn new(epoch: u32) -> Generation {
+        Generation {
+            epoch,
+            epochs: 1,
+            ..Default::default()
         }
     }
 }
@@ -108,6 +152,90 @@ impl Births {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+
+    /// The tree this deque replaced, as it was: the reference every answer must match.
+    #[derive(Default)]
+    struct Reference(BTreeMap<u32, (u32, u64, u32)>);
+
+    impl Reference {
+        fn add(&mut self, epoch: u32, size: u64) {
+            let g = self.0.entry(epoch).or_insert((0, 0, 1));
+            g.0 += 1;
+            g.1 += size;
+            while self.0.len() > MAX_GENERATIONS {
+                let mut it = self.0.keys();
+                let (a, b) = (*it.next().unwrap(), *it.next().unwrap());
+                let (o, n) = (self.0.remove(&a).unwrap(), self.0.remove(&b).unwrap());
+                self.0.insert(a, (o.0 + n.0, o.1 + n.1, o.2 + n.2));
+            }
+        }
+        fn remove(&mut self, birth: u32, size: u64) {
+            if let Some((&k, g)) = self.0.range_mut(..=birth).next_back() {
+                g.0 = g.0.saturating_sub(1);
+                g.1 = g.1.saturating_sub(size);
+                if g.0 == 0 {
+                    self.0.remove(&k);
+                }
+            }
+        }
+        fn generations(&self, from: u32, upto: u32) -> u32 {
+            self.0.range(from..=upto).map(|(_, g)| g.2.min(g.0)).sum()
+        }
+    }
+
+    /// Random births and deaths, mostly young, some out of order: the same buckets and
+    /// answers as the tree.
+    #[test]
+    fn the_deque_answers_as_the_tree_did() {
+        let mut b = Births::default();
+        let mut r = Reference::default();
+        let mut live: Vec<(u32, u64)> = Vec::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut epoch = 0u32;
+        for _ in 0..200_000 {
+            let roll = next() % 100;
+            if roll < 3 {
+                epoch += 1 + (next() % 3) as u32;
+            } else if roll < 50 || live.is_empty() {
+                let e = if next() % 50 == 0 {
+                    epoch.saturating_sub((next() % 200) as u32)
+                } else {
+                    epoch
+                };
+                let size = 1 + next() % 4096;
+                b.add(e, size);
+                r.add(e, size);
+                live.push((e, size));
+            } else {
+                let n = live.len();
+                let i = if next() % 4 == 0 {
+                    (next() as usize) % n
+                } else {
+                    n - 1
+                };
+                let (e, size) = live.swap_remove(i);
+                b.remove(e, size);
+                r.remove(e, size);
+            }
+            if next() % 64 == 0 {
+                let from = epoch.saturating_sub((next() % 300) as u32);
+                assert_eq!(b.generations(from, epoch), r.generations(from, epoch));
+                assert_eq!(b.buckets(), r.0.len());
+                assert_eq!(b.oldest(), r.0.keys().next().copied());
+                let born =
+                    r.0.range(from..=epoch)
+                        .fold((0, 0), |(by, c), (_, g)| (by + g.1, c + u64::from(g.0)));
+                assert_eq!(b.born_between(from, epoch), born);
+            }
+        }
+    }
 
     #[test]
     fn generations_count_distinct_live_epochs_and_stay_bounded() {

@@ -48,7 +48,6 @@ use super::growth::{
     self, per_second, seconds, trace_tensors, warmup_end, AtDetection, GrewAt, GrowthDetector,
     LevelChange, Trend,
 };
-use super::stats;
 pub use super::window::Window;
 use super::window::{self, Sample};
 use super::{
@@ -188,21 +187,25 @@ impl DeviceSeries {
     }
 
     fn usual_gap(&self) -> f64 {
-        let mut g: Vec<f64> = self.raise_gaps.iter().map(|&x| f64::from(x)).collect();
-        stats::median(&mut g)
+        window::usual_gap(&self.raise_gaps)
     }
 
     /// The median of the last three samples since `stable_since`: one spike (an eval step) is
     /// not a new level.
     fn smoothed(&self, stable_since: u32) -> u64 {
-        let mut last: Vec<u64> = self
+        let mut last = [0u64; 3];
+        let mut n = 0;
+        for s in self
             .series
             .iter()
             .rev()
             .take_while(|s| s.epoch >= stable_since)
             .take(3)
-            .map(|s| s.live)
-            .collect();
+        {
+            last[n] = s.live;
+            n += 1;
+        }
+        let last = &mut last[..n];
         last.sort_unstable();
         last.get(last.len() / 2).copied().unwrap_or(0)
     }
@@ -280,7 +283,7 @@ impl DeviceGrowthDetector {
             let level_live = d.smoothed(d.stable_since);
             if level_live > d.hwm {
                 if d.hwm > 0 {
-                    if d.raise_gaps.len() == 8 {
+                    if d.raise_gaps.len() == window::RAISE_GAPS {
                         d.raise_gaps.pop_front();
                     }
                     d.raise_gaps.push_back(e.saturating_sub(d.hwm_epoch));
@@ -396,6 +399,7 @@ impl Detector for DeviceGrowthDetector {
 /// The rules of the module comment at the end of epoch `e`. Returns whether a window passed
 /// (the trend and its window are then fresh).
 fn evaluate(d: &mut DeviceSeries, e: u32, stable_since: u32) -> bool {
+    d.series.make_contiguous();
     let post = window::since(&d.series, stable_since);
     let k = post.len();
     if k < 6 {

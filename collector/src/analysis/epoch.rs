@@ -42,7 +42,7 @@
 //! epochs of a wrong first lock never make a leak. How sure the clock is of its steps is
 //! [`EpochClock::confidence`].
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
@@ -128,13 +128,40 @@ pub enum AnchorKind {
     Paced,
 }
 
-/// One thread's recent allocations: where each call site last allocated, in the thread's own
-/// count, to find the distinct sites between two allocations of one.
-#[derive(Debug, Default)]
+/// One thread's recent allocations: its call sites in the order they last allocated (a
+/// doubly linked list over `nodes`, newest at `newest`), to find the distinct sites between
+/// two allocations of one: those after it in that order. An allocation moves its site to the
+/// newest end in O(1), and the walk back from there stops at the site itself or after
+/// `SIGNATURE_SITES` sites, whatever the number of sites the thread has.
+#[derive(Debug)]
 struct Thread {
     idx: u64,
-    last: FxHashMap<SiteId, u64>,
-    by_last: BTreeMap<u64, SiteId>,
+    slot: FxHashMap<SiteId, u32>,
+    nodes: Vec<SiteNode>,
+    newest: u32,
+}
+
+/// A call site in its thread's recency list.
+#[derive(Clone, Copy, Debug)]
+struct SiteNode {
+    /// `mix` of the site's id: its share of a signature.
+    mixed: u64,
+    /// The next older and newer site, or `NONE`.
+    older: u32,
+    newer: u32,
+}
+
+const NONE: u32 = u32::MAX;
+
+impl Default for Thread {
+    fn default() -> Thread {
+        Thread {
+            idx: 0,
+            slot: FxHashMap::default(),
+            nodes: Vec::new(),
+            newest: NONE,
+        }
+    }
 }
 
 impl Thread {
@@ -143,31 +170,59 @@ impl Thread {
     /// the thread has too many sites to follow a new one).
     fn observe(&mut self, site: SiteId) -> Option<u64> {
         self.idx += 1;
-        let i = self.idx;
-        let prev = match self.last.get(&site) {
-            Some(&j) => j,
-            None => {
-                if self.last.len() < MAX_SITES_PER_THREAD {
-                    self.last.insert(site, i);
-                    self.by_last.insert(i, site);
-                }
-                return None;
+        let Some(&at) = self.slot.get(&site) else {
+            if self.slot.len() < MAX_SITES_PER_THREAD {
+                let at = self.nodes.len() as u32;
+                self.nodes.push(SiteNode {
+                    mixed: mix(u64::from(site.0)),
+                    older: NONE,
+                    newer: NONE,
+                });
+                self.slot.insert(site, at);
+                self.make_newest(at);
             }
+            return None;
         };
         let mut sum = 0u64;
         let mut n = 0u64;
-        for (_, s) in self.by_last.range(prev + 1..).rev().take(SIGNATURE_SITES) {
-            sum = sum.wrapping_add(mix(u64::from(s.0)));
+        let mut i = self.newest;
+        while i != at && (n as usize) < SIGNATURE_SITES {
+            let node = self.nodes[i as usize];
+            sum = sum.wrapping_add(node.mixed);
             n += 1;
+            i = node.older;
         }
-        self.by_last.remove(&prev);
-        self.by_last.insert(i, site);
-        self.last.insert(site, i);
+        if self.newest != at {
+            self.unlink(at);
+            self.make_newest(at);
+        }
         Some(if n == 0 {
             0
         } else {
             sum.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1
         })
+    }
+
+    fn unlink(&mut self, at: u32) {
+        let SiteNode { older, newer, .. } = self.nodes[at as usize];
+        if older != NONE {
+            self.nodes[older as usize].newer = newer;
+        }
+        if newer != NONE {
+            self.nodes[newer as usize].older = older;
+        } else {
+            self.newest = older;
+        }
+    }
+
+    fn make_newest(&mut self, at: u32) {
+        let old = self.newest;
+        self.nodes[at as usize].older = old;
+        self.nodes[at as usize].newer = NONE;
+        if old != NONE {
+            self.nodes[old as usize].newer = at;
+        }
+        self.newest = at;
     }
 }
 
@@ -230,14 +285,27 @@ impl Candidate {
     /// The signature of most of its last segments (at least `ANCHOR_MIN_SEGMENTS` of them),
     /// if not empty: an optional site in some iterations (an eval every third step) does
     /// not hide the iteration.
+    ///
+    /// `ANCHOR_MIN_SEGMENTS` of at most `RING` is more than half: such a signature is the
+    /// ring's majority, found in one pass (Boyer-Moore) and then counted, not by counting
+    /// every entry against every other (this runs at every allocation of a candidate).
     fn structural(&self) -> Option<u64> {
+        const _: () = assert!(2 * ANCHOR_MIN_SEGMENTS > RING);
         let s = self.filled(&self.sigs);
-        s.iter()
-            .filter(|&&x| x != 0)
-            .map(|&x| (s.iter().filter(|&&y| y == x).count(), x))
-            .filter(|&(count, _)| count >= ANCHOR_MIN_SEGMENTS)
-            .max()
-            .map(|(_, x)| x)
+        let mut major = 0;
+        let mut lead = 0usize;
+        for &x in s {
+            if lead == 0 {
+                major = x;
+                lead = 1;
+            } else if x == major {
+                lead += 1;
+            } else {
+                lead -= 1;
+            }
+        }
+        let count = s.iter().filter(|&&y| y == major).count();
+        (major != 0 && count >= ANCHOR_MIN_SEGMENTS).then_some(major)
     }
 
     fn paced(&self) -> bool {
@@ -245,6 +313,10 @@ impl Candidate {
             return false;
         }
         let per_step = self.filled(&self.local_gaps).iter().sum::<u64>() as f64 / RING as f64;
+        // The cheap test first: the median below sorts.
+        if per_step > PACED_MAX_ALLOCS {
+            return false;
+        }
         let (m, g, n) = self.pace();
         let off = g[..n]
             .iter()
@@ -431,7 +503,7 @@ impl EpochClock {
 
     /// Follows the (thread, site) candidate; returns whether the anchor allocated.
     fn follow(&mut self, site: SiteId, tid: u32, idx: u64, ts: u64, device_live: u64) -> bool {
-        if !self.threads.contains_key(&tid) && self.threads.len() >= MAX_THREADS {
+        if self.threads.len() >= MAX_THREADS && !self.threads.contains_key(&tid) {
             return false;
         }
         let thread = self.threads.entry(tid).or_default();
@@ -706,6 +778,59 @@ impl EpochClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The tree the recency list replaced, as it was: every signature must match it.
+    #[test]
+    fn a_threads_signatures_are_the_ordered_maps() {
+        use std::collections::BTreeMap;
+        #[derive(Default)]
+        struct Reference {
+            idx: u64,
+            last: FxHashMap<SiteId, u64>,
+            by_last: BTreeMap<u64, SiteId>,
+        }
+        impl Reference {
+            fn observe(&mut self, site: SiteId) -> Option<u64> {
+                self.idx += 1;
+                let i = self.idx;
+                let Some(&prev) = self.last.get(&site) else {
+                    if self.last.len() < MAX_SITES_PER_THREAD {
+                        self.last.insert(site, i);
+                        self.by_last.insert(i, site);
+                    }
+                    return None;
+                };
+                let (mut sum, mut n) = (0u64, 0u64);
+                for (_, s) in self.by_last.range(prev + 1..).rev().take(SIGNATURE_SITES) {
+                    sum = sum.wrapping_add(mix(u64::from(s.0)));
+                    n += 1;
+                }
+                self.by_last.remove(&prev);
+                self.by_last.insert(i, site);
+                self.last.insert(site, i);
+                Some(if n == 0 {
+                    0
+                } else {
+                    sum.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1
+                })
+            }
+        }
+        let (mut t, mut r) = (Thread::default(), Reference::default());
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for step in 0..300_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Loops of a few sites, inner loops, and now and then one of thousands (past
+            // the per-thread limit).
+            let site = match x % 10 {
+                0 => SiteId((x >> 8) as u32 % 6000),
+                1..=3 => SiteId(1 + (step % 7) as u32),
+                _ => SiteId(100 + (x >> 16) as u32 % 60),
+            };
+            assert_eq!(t.observe(site), r.observe(site), "step {step}");
+        }
+    }
 
     /// One iteration: a layer loop of 12 allocations at one site, then 5 distinct sites.
     fn iteration(clock: &mut EpochClock, ts: &mut u64) -> u32 {

@@ -29,7 +29,6 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use super::births::Births;
-use super::stats;
 use super::window::{self, Sample};
 use super::{
     Alert, Alerts, AllocObs, Cause, Change, Confidence, Context, Detector, Evidence, Finding, Kind,
@@ -219,8 +218,7 @@ impl Site {
     }
 
     fn usual_gap(&self) -> f64 {
-        let mut g: Vec<f64> = self.raise_gaps.iter().map(|&x| f64::from(x)).collect();
-        stats::median(&mut g)
+        window::usual_gap(&self.raise_gaps)
     }
 }
 
@@ -346,7 +344,7 @@ impl Detector for GrowthDetector {
             });
             if s.live > s.hwm {
                 if s.hwm > 0 {
-                    if s.raise_gaps.len() == 8 {
+                    if s.raise_gaps.len() == window::RAISE_GAPS {
                         s.raise_gaps.pop_front();
                     }
                     s.raise_gaps.push_back(e.saturating_sub(s.hwm_epoch));
@@ -435,6 +433,7 @@ impl Detector for GrowthDetector {
 
 /// The rules of the module comment, at the end of epoch `e`.
 fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
+    s.series.make_contiguous();
     let post = window::since(&s.series, stable_since);
     let k = post.len();
     if k < 5 {

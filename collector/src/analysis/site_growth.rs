@@ -149,8 +149,7 @@ impl Site {
     }
 
     fn usual_gap(&self) -> f64 {
-        let mut g: Vec<f64> = self.raise_gaps.iter().map(|&x| f64::from(x)).collect();
-        stats::median(&mut g)
+        window::usual_gap(&self.raise_gaps)
     }
 
     fn reported(&self) -> bool {
@@ -215,7 +214,7 @@ impl SiteGrowthDetector {
             });
             if s.live > s.hwm {
                 if s.hwm > 0 {
-                    if s.raise_gaps.len() == 8 {
+                    if s.raise_gaps.len() == window::RAISE_GAPS {
                         s.raise_gaps.pop_front();
                     }
                     s.raise_gaps.push_back(e.saturating_sub(s.hwm_epoch));

@@ -9,17 +9,20 @@
 //! (new surviving generations, or replaced allocations). The passing window with the smallest
 //! p-value is the trend.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 
 use serde::Serialize;
 
 use super::growth::{Trend, ALPHA_LIKELY, MIN_GROWTH, WINDOWS};
-use super::stats::{mann_kendall, theil_sen};
+use super::stats::{mann_kendall, median, theil_sen};
 
 /// Fewest samples a trend is tested on.
 pub const MIN_WINDOW: usize = 6;
 /// Samples over which growth is checked for slowing down (two halves).
 pub const HALVES: usize = 16;
+/// Gaps between raises of a high-water mark each detector keeps.
+pub const RAISE_GAPS: usize = 8;
 
 /// One epoch boundary's sample.
 #[derive(Clone, Copy, Debug)]
@@ -40,14 +43,30 @@ pub struct Window {
 }
 
 /// The samples taken at or after epoch `since`, oldest first (a series is in epoch order:
-/// found by bisection, as this runs for every series at every step).
-pub fn since(series: &VecDeque<Sample>, since: u32) -> Vec<Sample> {
+/// found by bisection, as this runs for every series at every step). Borrowed when the
+/// series is contiguous (its owner calls `make_contiguous` first: no copy at each step).
+pub fn since(series: &VecDeque<Sample>, since: u32) -> Cow<'_, [Sample]> {
     let start = series.partition_point(|x| x.epoch < since);
     let (a, b) = series.as_slices();
     match a.get(start..) {
-        Some(rest) => [rest, b].concat(),
-        None => b[start - a.len()..].to_vec(),
+        Some(rest) if b.is_empty() => Cow::Borrowed(rest),
+        Some(rest) => Cow::Owned([rest, b].concat()),
+        None => Cow::Borrowed(&b[start - a.len()..]),
     }
+}
+
+/// The median of a detector's recent gaps between raises of its high-water mark (at most
+/// [`RAISE_GAPS`] kept), without a heap allocation: it runs for every series at every step.
+pub fn usual_gap(raise_gaps: &VecDeque<u32>) -> f64 {
+    let mut g = [0.0f64; RAISE_GAPS];
+    let n = raise_gaps.len().min(RAISE_GAPS);
+    for (d, &x) in g
+        .iter_mut()
+        .zip(raise_gaps.iter().skip(raise_gaps.len() - n))
+    {
+        *d = f64::from(x);
+    }
+    median(&mut g[..n])
 }
 
 /// The passing window with the smallest p-value over `post`, the samples that count (oldest
@@ -113,7 +132,10 @@ pub fn halves(post: &[Sample]) -> Option<(f64, f64)> {
     if k < HALVES {
         return None;
     }
-    let x: Vec<f64> = post[k - HALVES..].iter().map(|s| s.live as f64).collect();
+    let mut x = [0.0f64; HALVES];
+    for (d, s) in x.iter_mut().zip(&post[k - HALVES..]) {
+        *d = s.live as f64;
+    }
     let slope = |h: &[f64]| {
         // Flat: every pairwise slope is 0, so the median is (what theil_sen would return,
         // without its quadratic work; most series are flat most of the time).

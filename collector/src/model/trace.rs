@@ -11,6 +11,7 @@ use oomtrace_proto::trace_file::{
     CloseReason, FileHeader, Record, Tail, TraceReader, WriteFailure,
 };
 use oomtrace_proto::wire::{self, Frame};
+use oomtrace_proto::Error as FormatError;
 use rustc_hash::FxHashMap;
 
 use super::{EndState, Error, Observer, Process};
@@ -121,38 +122,20 @@ impl<O: Observer + Default> Trace<O> {
         apply: &mut ApplyFrame<'_, O>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Trace<O>, Error> {
-        /// Counts the bytes read from the file (below the buffer: one call per refill).
-        struct Counted<'a> {
-            inner: File,
-            done: u64,
-            total: u64,
-            progress: &'a mut dyn FnMut(u64, u64),
-        }
-        impl Read for Counted<'_> {
-            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-                let n = self.inner.read(buf)?;
-                self.done += n as u64;
-                (self.progress)(self.done, self.total.max(self.done));
-                Ok(n)
-            }
-        }
         let f = open_regular(path).map_err(|e| Error::Open {
             path: path.to_path_buf(),
             source: e,
         })?;
         let total = f.metadata().map_or(0, |m| m.len());
-        let f = Counted {
-            inner: f,
-            done: 0,
-            total,
-            progress,
-        };
-        Trace::read_with(BufReader::with_capacity(1 << 20, f), apply).map_err(|e| match e {
-            Error::Format(inner) => Error::BadTrace {
-                path: path.to_path_buf(),
-                source: inner,
-            },
-            other => other,
+        let mut at = |done: u64| progress(done, total.max(done));
+        Trace::read_pipelined(BufReader::with_capacity(1 << 20, f), apply, &mut at).map_err(|e| {
+            match e {
+                Error::Format(inner) => Error::BadTrace {
+                    path: path.to_path_buf(),
+                    source: inner,
+                },
+                other => other,
+            }
         })
     }
 
@@ -165,9 +148,73 @@ impl<O: Observer + Default> Trace<O> {
         let mut reader = TraceReader::new(r)?;
         let mut trace = Trace::new(reader.header.clone());
         while let Some(rec) = reader.next_record()? {
-            trace.apply_record_with(rec, apply)?;
+            trace.apply_record_recycling(rec, apply, &mut |frames| reader.recycle(frames))?;
         }
-        trace.tail = reader.tail();
+        trace.finish(reader.tail())
+    }
+
+    /// [`Trace::read_with`], the file read, decompressed and checked on a thread of its own
+    /// while this one replays: on two cores a report takes the longer of the two, not their
+    /// sum. Records come in order, a few ahead at most (memory stays bounded); their
+    /// buffers go back to the reader once replayed.
+    /// `progress(bytes)` is told the bytes replayed so far, about every record.
+    fn read_pipelined<R: Read + Send>(
+        r: R,
+        apply: &mut ApplyFrame<'_, O>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Trace<O>, Error> {
+        /// Records read ahead of the replay.
+        const AHEAD: usize = 4;
+        let mut reader = TraceReader::new(r)?;
+        let mut trace = Trace::new(reader.header.clone());
+        let (tx, rx) = crossbeam_channel::bounded::<(Result<Record, FormatError>, u64)>(AHEAD);
+        let (give_back, taken_back) = crossbeam_channel::bounded::<Vec<u8>>(AHEAD + 2);
+        std::thread::scope(|scope| {
+            let read = std::thread::Builder::new()
+                .name("oomtrace-read".into())
+                .spawn_scoped(scope, move || {
+                    loop {
+                        for frames in taken_back.try_iter() {
+                            reader.recycle(frames);
+                        }
+                        let next = reader.next_record().transpose();
+                        let last = !matches!(next, Some(Ok(_)));
+                        // The replay stopped (an error): nobody reads on.
+                        if let Some(rec) = next {
+                            if tx.send((rec, reader.offset())).is_err() {
+                                break;
+                            }
+                        }
+                        if last {
+                            break;
+                        }
+                    }
+                    reader.tail()
+                })
+                .map_err(|e| FormatError::Io(format!("cannot start a thread to read: {e}")))?;
+            let replayed = (|| {
+                for (rec, offset) in &rx {
+                    trace.apply_record_recycling(rec?, apply, &mut |frames| {
+                        let _ = give_back.try_send(frames);
+                    })?;
+                    progress(offset);
+                }
+                Ok(())
+            })();
+            drop(rx);
+            let tail = read
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            replayed.map(|()| tail)
+        })
+        .and_then(|tail| trace.finish(tail))
+    }
+
+    /// The trace once its last record is replayed and the file ended with `tail`: the
+    /// warnings a reader should know.
+    fn finish(self, tail: Tail) -> Result<Trace<O>, Error> {
+        let mut trace = self;
+        trace.tail = tail;
         if let Tail::Truncated { offset, bytes } = trace.tail {
             trace.warnings.push(format!(
                 "the trace ends in the middle of a record at byte {offset} ({bytes} bytes of it present): \
@@ -214,9 +261,22 @@ impl<O: Observer + Default> Trace<O> {
         rec: Record,
         apply: &mut ApplyFrame<'_, O>,
     ) -> Result<(), Error> {
+        self.apply_record_recycling(rec, apply, &mut drop)
+    }
+
+    /// [`Trace::apply_record_with`], a chunk's buffer handed to `recycle` once replayed.
+    fn apply_record_recycling(
+        &mut self,
+        rec: Record,
+        apply: &mut ApplyFrame<'_, O>,
+        recycle: &mut dyn FnMut(Vec<u8>),
+    ) -> Result<(), Error> {
         match rec {
             Record::ConnOpen { .. } => {}
-            Record::Chunk { conn, frames } => self.apply_chunk_with(conn, &frames, apply)?,
+            Record::Chunk { conn, frames } => {
+                self.apply_chunk_with(conn, &frames, apply)?;
+                recycle(frames);
+            }
             Record::ConnClose {
                 conn,
                 reason,
