@@ -39,7 +39,7 @@
 //! findings on the same device grow at ≥ 80 % of the device's rate, they explain it: the
 //! message says so in a clause and the hint points to them instead of repeating their cause.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use serde::Serialize;
 
@@ -158,6 +158,9 @@ struct DeviceSeries {
     hwm: u64,
     hwm_epoch: u32,
     raise_gaps: VecDeque<u32>,
+    /// The epoch of the first sample of the latest run of equal samples: the series is flat
+    /// from there on (the epoch fast path in [`evaluate`]).
+    flat_from: u32,
     /// The highest sample, and its step.
     peak: (u64, u32),
     /// oomtrace_malloc allocations were seen: events are tensors, not segments.
@@ -233,17 +236,39 @@ impl DeviceSeries {
     }
 }
 
+/// The devices' series in device order: a sorted vector, not a tree, as it is looked up at
+/// every allocation and free and holds a handful of devices.
 #[derive(Debug, Default)]
 pub struct DeviceGrowthDetector {
-    devices: BTreeMap<i16, DeviceSeries>,
+    devices: Vec<(i16, DeviceSeries)>,
 }
 
 impl DeviceGrowthDetector {
+    fn series(&self, device: i16) -> Option<&DeviceSeries> {
+        let i = self.devices.binary_search_by_key(&device, |d| d.0).ok()?;
+        Some(&self.devices[i].1)
+    }
+
+    fn series_mut(&mut self, device: i16) -> Option<&mut DeviceSeries> {
+        let i = self.devices.binary_search_by_key(&device, |d| d.0).ok()?;
+        Some(&mut self.devices[i].1)
+    }
+
+    fn series_or_new(&mut self, device: i16) -> &mut DeviceSeries {
+        let i = match self.devices.binary_search_by_key(&device, |d| d.0) {
+            Ok(i) => i,
+            Err(i) => {
+                self.devices.insert(i, (device, DeviceSeries::default()));
+                i
+            }
+        };
+        &mut self.devices[i].1
+    }
+
     /// The call sites whose allocations made `device` grow over the latest trend window (empty
     /// unless its growth was reported).
     pub fn grew_at(&self, device: i16) -> &[GrewAt] {
-        self.devices
-            .get(&device)
+        self.series(device)
             .filter(|d| d.reported())
             .map_or(&[], |d| &d.grew_at)
     }
@@ -259,8 +284,12 @@ impl DeviceGrowthDetector {
     ) {
         let e = ctx.epoch;
         let warm = warmup_end(ctx);
-        for (&device, d) in self.devices.iter_mut() {
+        for (device, d) in self.devices.iter_mut() {
+            let device = *device;
             let live = ctx.devices.get(&device).map_or(0, |s| s.live_bytes);
+            if d.series.back().is_none_or(|s| s.live != live) {
+                d.flat_from = e;
+            }
             if d.series.len() == SERIES {
                 d.series.pop_front();
             }
@@ -367,7 +396,7 @@ impl Detector for DeviceGrowthDetector {
         if a.device < 0 {
             return;
         }
-        let d = self.devices.entry(a.device).or_default();
+        let d = self.series_or_new(a.device);
         if a.api.memory_class() == MemoryClass::Tensor {
             // The trace tracker's tensors sit inside the segments this series counts.
             d.traced_tensors = true;
@@ -381,7 +410,7 @@ impl Detector for DeviceGrowthDetector {
         if a.api.memory_class() == MemoryClass::Tensor {
             return;
         }
-        let Some(d) = self.devices.get_mut(&a.device) else {
+        let Some(d) = self.series_mut(a.device) else {
             return;
         };
         d.births.remove(birth, a.size);
@@ -391,7 +420,7 @@ impl Detector for DeviceGrowthDetector {
         self.devices
             .iter()
             .filter(|(_, d)| d.reported())
-            .map(|(&device, d)| finding(device, d, ctx))
+            .map(|(device, d)| finding(*device, d, ctx))
             .collect()
     }
 }
@@ -399,6 +428,13 @@ impl Detector for DeviceGrowthDetector {
 /// The rules of the module comment at the end of epoch `e`. Returns whether a window passed
 /// (the trend and its window are then fresh).
 fn evaluate(d: &mut DeviceSeries, e: u32, stable_since: u32) -> bool {
+    // The epoch fast path: an epoch ends every few events in a tight loop, and most devices
+    // are flat then. Every sample since `stable_since` equal: no window grows (no trend) and
+    // both halves' slopes are 0 (`bounded` stays); unreported, the level is and stays None
+    // and nothing else below changes.
+    if !d.reported() && d.flat_from <= stable_since {
+        return false;
+    }
     d.series.make_contiguous();
     let post = window::since(&d.series, stable_since);
     let k = post.len();
