@@ -791,6 +791,30 @@ mod tests {
     }
 
     #[test]
+    fn a_device_long_flat_is_judged_again_from_its_first_rise() {
+        // The epoch fast path skips a flat, unreported device: the first step that grows
+        // must end it, and the finding must date from the growth.
+        let mut sim = Sim::new(1_000_000);
+        sim.alloc(OTHER, 64 * MIB);
+        for _ in 0..60 {
+            sim.transient();
+            sim.mark();
+        }
+        assert!(sim.device_growth().is_empty());
+        for _ in 0..30 {
+            sim.transient();
+            sim.alloc(OTHER, 4 * MIB);
+            sim.mark();
+        }
+        let found = sim.device_growth();
+        assert_eq!(found.len(), 1, "{found:#?}");
+        let e = evidence(&found[0]);
+        assert_eq!(found[0].growth_bytes_per_step, Some(4.0 * MIB as f64));
+        let detected = e.detected_step.unwrap();
+        assert!((60..70).contains(&detected), "detected at {detected}");
+    }
+
+    #[test]
     fn silent_on_a_warm_up_that_grows_then_plateaus() {
         let mut sim = Sim::new(1_000_000);
         for i in 0..80 {
