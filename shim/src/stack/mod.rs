@@ -958,6 +958,70 @@ mod tests {
         assert_eq!(caller_frames(&v, own, 1), &[0x40_1000]);
     }
 
+    /// In a Python program the unwind ends before the first caller frame in the interpreter
+    /// (the Python frames take over there), but never before the first caller frame.
+    #[test]
+    fn the_unwind_ends_at_the_interpreter() {
+        let own = (0x1000, 0x2000);
+        let interpreter = (0x50_0000, 0x60_0000);
+        let (sp, bp0, bp1, bp2, bp3) = (
+            0x7000_0000u64,
+            0x7000_0100,
+            0x7000_0200,
+            0x7000_0300,
+            0x7000_0400,
+        );
+        let mem: std::collections::HashMap<u64, u64> = [
+            (bp0, bp1),
+            (bp0 + 8, 0x1800), // the hook's frame
+            (bp1, bp2),
+            (bp1 + 8, 0x40_1000), // an extension
+            (bp2, bp3),
+            (bp2 + 8, 0x50_1000), // the interpreter
+            (bp3, 0),
+            (bp3 + 8, 0x50_2000), // the interpreter again (its main)
+        ]
+        .into_iter()
+        .collect();
+        let snap = empty_snapshot(own);
+        let mut cache = NativeCache::new();
+        let mut v = verified();
+        let n = unwind_with(
+            &snap,
+            &mut cache,
+            (0x1500, sp, bp0),
+            (64, interpreter),
+            &mut v,
+            fake_read(&mem),
+        );
+        assert_eq!(&v.raw[..n], &[0x1500, 0x1800, 0x40_1000]);
+        // Called straight from the interpreter: its first frame is kept.
+        let direct: std::collections::HashMap<u64, u64> = [
+            (bp0, bp2),
+            (bp0 + 8, 0x1800),
+            (bp2, bp3),
+            (bp2 + 8, 0x50_1000),
+            (bp3, 0),
+            (bp3 + 8, 0x50_2000),
+        ]
+        .into_iter()
+        .collect();
+        let n = unwind_with(
+            &snap,
+            &mut cache,
+            (0x1500, sp, bp0),
+            (64, interpreter),
+            &mut v,
+            fake_read(&direct),
+        );
+        assert_eq!(
+            caller_frames(&v, own, 64),
+            &[0x50_1000],
+            "{:x?}",
+            &v.raw[..n]
+        );
+    }
+
     #[test]
     fn an_unreadable_or_looping_chain_stops_the_walk() {
         let (sp, bp0) = (0x7000_0000u64, 0x7000_0100);
