@@ -343,6 +343,13 @@ fn under_ld_preload_the_programs_descriptors_stay_its_own() {
         spawn_program(cmd, dir, variant(i))
     });
     assert_all_unharmed("LD_PRELOAD", &runs);
+    // The shim's own collector outlives the program: it finishes the trace (writes it under
+    // a temporary name, then gives it its name) after the end of the stream arrives.
+    wait_until(
+        "each run's collector finishes its trace",
+        std::time::Duration::from_secs(20),
+        || runs.iter().all(|r| !traces_in(&r.dir).is_empty()),
+    );
     let traces: Vec<PathBuf> = runs.iter().flat_map(|r| traces_in(&r.dir)).collect();
     assert_eq!(traces.len(), runs.len(), "one trace per run");
     let paths: Vec<&Path> = traces.iter().map(PathBuf::as_path).collect();

@@ -808,18 +808,29 @@ impl<S: Sink> Drainer<S> {
             }
             None => return,
         };
+        // Connect and send the stream's first bytes (Hello, counter page) in one window of the
+        // descriptor guard: a program closing every descriptor in between would take a
+        // connection the collector never heard a word on (no process in its trace, and a
+        // detached collector waiting a minute for a first one).
+        let window = fd_guard::hold();
         match S::connect(&path) {
-            Ok(stream) => self.connected(stream),
-            // Our fork parent's collector has gone: start our own.
-            Err(_) if source == SocketSource::Inherited => {
-                *socket = None;
-                *next_try = now;
+            Ok(stream) => {
+                self.connected(stream);
+                drop(window);
             }
-            Err(e) if finishing || now >= *deadline => {
-                let why = format!("cannot connect to the collector at {}: {e}", path.display());
-                self.fall_back(&why);
+            Err(e) => {
+                drop(window);
+                if source == SocketSource::Inherited {
+                    // Our fork parent's collector has gone: start our own.
+                    *socket = None;
+                    *next_try = now;
+                } else if finishing || now >= *deadline {
+                    let why = format!("cannot connect to the collector at {}: {e}", path.display());
+                    self.fall_back(&why);
+                } else {
+                    *next_try = now + Duration::from_millis(20);
+                }
             }
-            Err(_) => *next_try = now + Duration::from_millis(20),
         }
     }
 

@@ -385,6 +385,12 @@ impl Drop for Window {
     }
 }
 
+/// A window held until the value is dropped (None when the lock could not be had): for a
+/// span of the drain thread's own code that `transient` cannot wrap in a closure.
+pub(super) fn hold() -> Option<impl Drop> {
+    Window::open()
+}
+
 /// Runs `f`, which opens and closes descriptors of its own (reads a `/proc` file), so that the
 /// program cannot close one of them and have the shim then read or close the program's.
 /// None when the lock could not be had.
