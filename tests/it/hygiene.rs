@@ -348,3 +348,35 @@ fn a_json_report_that_cannot_be_written_is_one_line_and_keeps_the_programs_code(
     assert!(said[0].starts_with("oomtrace: cannot write"), "{said:?}");
     assert!(dir.join("t.oomt").is_file(), "the trace itself is written");
 }
+
+#[test]
+fn a_collector_stopped_the_moment_it_listens_leaves_nothing() {
+    // `run` starts the program once the collector listens and stops the collector when the
+    // program exits: with `true` that is a millisecond later. A SIGTERM before the collector
+    // had its handler killed it with the trace's temporary file still there (CI, once).
+    let dir = scratch("collect-stopped-at-once");
+    let socket = dir.join("s.sock");
+    for round in 0..30 {
+        let mut collector = base_command(oomtrace_bin())
+            .current_dir(&dir)
+            .args(["collect", "--quiet", "--socket"])
+            .arg(&socket)
+            .args(["-o", "t.oomt"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Polled without sleeping: the signal lands as close to the bind as a test can get.
+        let start = std::time::Instant::now();
+        while !socket.exists() && start.elapsed() < TIMEOUT {
+            std::hint::spin_loop();
+        }
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(collector.id() as i32, libc::SIGTERM) };
+        let status = collector.wait().unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut collector.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!(status.code(), Some(0), "round {round}: {status} {err}");
+        assert_eq!(names_in(&dir), Vec::<String>::new(), "round {round}");
+    }
+}

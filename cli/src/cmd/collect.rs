@@ -72,6 +72,11 @@ impl Console for Stderr {
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
+    // Before anything is created: `run` may stop us the moment the socket listens (its
+    // program can exit a millisecond after starting), and a SIGTERM's default action then
+    // would leave the trace's temporary file behind. A stop asked for this early is seen by
+    // the serving loop at once, which finishes (and removes the unused file) as usual.
+    signals::install_stop_flag();
     let output = args
         .output
         .unwrap_or_else(|| PathBuf::from(format!("oomtrace.{}.oomt", std::process::id())));
@@ -135,7 +140,6 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         }
         _ => None,
     };
-    signals::install_stop_flag();
     if let Some(parent) = args.parent_pid {
         watch_parent(parent);
     }
