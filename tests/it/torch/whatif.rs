@@ -1,7 +1,8 @@
 //! `oomtrace whatif` against real PyTorch: each `tests/scenarios/torch/whatif_*.py` script runs
 //! untraced under several `PYTORCH_CUDA_ALLOC_CONF` settings (PyTorch's own
 //! `max_memory_reserved()` and `max_memory_allocated()`, and whether it ran out of memory, are
-//! the ground truth), then once under `oomtrace run` with the default setting; `oomtrace whatif`
+//! the ground truth; each setting a process of its own, forked after one `import torch` by
+//! `whatif_settings.py`), then once under `oomtrace run` with the default setting; `oomtrace whatif`
 //! replays that one trace under each setting and must land within 10 % of PyTorch's own peak
 //! reserve, reproduce the recorded reserve without `--alloc-conf`, and say of a recorded OOM
 //! whether it would still happen exactly when PyTorch's own run under that setting did. See
@@ -94,25 +95,43 @@ fn run_to_end(what: &str, mut make: impl FnMut() -> Command) -> String {
     unreachable!()
 }
 
-/// PyTorch's own peaks for `script` untraced under `conf` (empty: the variable unset).
-fn untraced(script: &str, conf: &str) -> Peaks {
-    let what = format!("{script} untraced under '{conf}'");
+/// PyTorch's own peaks for `script` untraced under each of `settings` (empty: the variable
+/// unset), in that order: one process per setting, forked after one `import torch`
+/// (`whatif_settings.py`), so that the tier pays for the import once per script.
+fn untraced(script: &str, settings: &[&str]) -> Vec<(String, Peaks)> {
+    let what = format!("{script} untraced under {settings:?}");
     let dir = scratch("torch-whatif-untraced");
     let stdout = run_to_end(&what, || {
         let mut cmd = base_command(python());
-        cmd.arg(super::script(script)).current_dir(&dir);
+        cmd.arg(super::script("whatif_settings.py"))
+            .arg(super::script(script))
+            .args(settings)
+            .current_dir(&dir);
         torch_env(&mut cmd, &dir);
         cmd.env_remove("PYTORCH_CUDA_ALLOC_CONF");
-        if !conf.is_empty() {
-            cmd.env("PYTORCH_CUDA_ALLOC_CONF", conf);
-        }
         for (k, v) in script_env(script) {
             cmd.env(k, v);
         }
         without_aslr(&mut cmd);
         cmd
     });
-    peaks_of(&stdout, &what)
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
+    assert_eq!(
+        lines.len(),
+        settings.len(),
+        "{what}: one JSON line per setting:\n{stdout}"
+    );
+    settings
+        .iter()
+        .zip(lines)
+        .map(|(&conf, line)| {
+            // Each line names the setting its child ran under: the order is checked, not assumed.
+            let v: Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("{what}: {e}: {line}"));
+            assert_eq!(v["alloc_conf"], conf, "{what}: {line}");
+            (conf.to_string(), peaks_of(line, &what))
+        })
+        .collect()
 }
 
 /// `oomtrace run -o trace.oomt -- python script` (the tracker on PyTorch's own allocator) with
@@ -241,10 +260,7 @@ fn recorded_oom(device: &Value) -> &Value {
 /// Every check on one script: untraced under each of `settings`, traced once under the
 /// default, and `whatif` under each; returns the measured peaks by setting (for more checks).
 fn validate(script: &str, settings: &[&str]) -> Vec<(String, Peaks)> {
-    let measured: Vec<(String, Peaks)> = settings
-        .iter()
-        .map(|&conf| (conf.to_string(), untraced(script, conf)))
-        .collect();
+    let measured = untraced(script, settings);
     // The script is deterministic: its default run under the tracker asks for what the
     // untraced one did (the tracker never changes what the allocator does).
     let dir = scratch("torch-whatif-traced");
