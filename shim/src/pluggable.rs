@@ -151,9 +151,7 @@ fn initialize() -> Result<(), Failed> {
 
 /// `device`'s primary context, retained (once per device for the first [`KEPT_DEVICES`]).
 fn primary_context(device: c_int) -> Result<CUcontext, Failed> {
-    let kept = usize::try_from(device)
-        .ok()
-        .and_then(|d| PRIMARY.get(d));
+    let kept = usize::try_from(device).ok().and_then(|d| PRIMARY.get(d));
     if let Some(p) = kept.map(|k| k.load(Ordering::Acquire)).filter(|&p| p != 0) {
         return Ok(p as CUcontext);
     }
@@ -162,7 +160,9 @@ fn primary_context(device: c_int) -> Result<CUcontext, Failed> {
     // SAFETY: the driver's cuDevicePrimaryCtxRetain writing one handle. The primary context
     // stays retained: PyTorch keeps it for the life of the process too. Two threads racing
     // here both retain, which only raises a count that is never released.
-    check("cuDevicePrimaryCtxRetain", unsafe { retain(&mut ctx, device) })?;
+    check("cuDevicePrimaryCtxRetain", unsafe {
+        retain(&mut ctx, device)
+    })?;
     if let Some(k) = kept {
         k.store(ctx as usize, Ordering::Release);
     }
