@@ -214,6 +214,11 @@ fn unknown_options_are_refused_and_errors_point_at_the_subcommands_help() {
         ),
         (&["diff", "a.oomt"], "<AFTER>", "oomtrace diff --help"),
         (
+            &["export", "t.oomt", "-f", "json", "--at", "peak"],
+            "--at is for",
+            "oomtrace export --help",
+        ),
+        (
             &["--color", "never", "view"],
             "<FILE>",
             "oomtrace view --help",

@@ -56,17 +56,20 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     };
     if args.max_entries.is_some() && args.format != Format::MemoryViz {
         return Err(Failure::new(
-            "--max-entries is for --format memory-viz (the other formats stream every event)",
+            "--max-entries is for --format memory-viz (the other formats stream every event; \
+             see `oomtrace export --help`)",
         ));
     }
     if args.at.is_some() && args.format != Format::Folded {
         return Err(Failure::new(
-            "--at is for --format folded (the other formats show the whole history)",
+            "--at is for --format folded (the other formats show the whole history; see \
+             `oomtrace export --help`)",
         ));
     }
     if args.all_samples && args.format != Format::Chrome {
         return Err(Failure::new(
-            "--all-samples is for --format chrome (the other formats do not coalesce samples)",
+            "--all-samples is for --format chrome (the other formats do not coalesce samples; \
+             see `oomtrace export --help`)",
         ));
     }
     if !named {
