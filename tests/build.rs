@@ -173,6 +173,12 @@ const TARGETS: &[Target] = &[
         flags: &["-ldl"],
     },
     Target {
+        out: "pluggable_init",
+        sources: &["pluggable_init.c"],
+        // The driver is dlopened by the program, never linked: nothing initialises it first.
+        flags: &["-ldl"],
+    },
+    Target {
         out: "dlsym_caller",
         sources: &["dlsym_caller.c"],
         flags: &["-L$BIN", "-lwrap_puts", "-Wl,-rpath,$ORIGIN", "-ldl"],

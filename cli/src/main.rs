@@ -1,7 +1,8 @@
 //! `oomtrace`: run a program under the tracer, collect traces, report culprits.
 //!
-//! One file per subcommand in `cmd/`; `render.rs` is the text report. Errors print as one line
-//! (`oomtrace: ...`) with a non-zero exit; `run` exits with the traced program's own code.
+//! One file per subcommand in `cmd/`; `render.rs` is the text report, `style.rs` its colour.
+//! Errors print as one line (`oomtrace: ...`) with a non-zero exit; an argument error points at
+//! the subcommand's `--help`; `run` exits with the traced program's own code.
 
 mod cmd;
 mod export;
@@ -10,11 +11,12 @@ mod output;
 mod progress;
 mod render;
 mod signals;
+mod style;
 mod view;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -26,6 +28,16 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Colour the report and run's summary: auto (on a terminal, unless NO_COLOR is set),
+    /// always, never.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t = style::ColorChoice::Auto,
+        value_name = "WHEN"
+    )]
+    color: style::ColorChoice,
 }
 
 #[derive(Subcommand)]
@@ -75,6 +87,56 @@ impl<E: std::error::Error> From<E> for Failure {
     }
 }
 
+/// The subcommand the command line names (its canonical name, an alias resolved), if any: the
+/// first argument that is not an option (or `--color`'s value).
+fn subcommand_named(args: &[std::ffi::OsString]) -> Option<String> {
+    let mut args = args.iter().skip(1);
+    while let Some(arg) = args.next() {
+        let arg = arg.to_str()?;
+        if arg == "--color" {
+            args.next();
+            continue;
+        }
+        if arg.starts_with('-') {
+            continue;
+        }
+        return Cli::command()
+            .find_subcommand(arg)
+            .map(|c| c.get_name().to_string());
+    }
+    None
+}
+
+/// An argument error as one line, pointing at the help that lists what is accepted: the
+/// subcommand's when one was named.
+fn argument_error(e: &clap::Error, args: &[std::ffi::OsString]) -> String {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let help = match subcommand_named(args) {
+        Some(name) => format!("oomtrace {name} --help"),
+        None => "oomtrace --help".to_string(),
+    };
+    // An unknown option: named as such, with clap's suggestion of a similar one, but not its
+    // tip to put it after `--` (for `run` that would make it the command to trace).
+    if e.kind() == ErrorKind::UnknownArgument {
+        if let Some(ContextValue::String(flag)) = e.get(ContextKind::InvalidArg) {
+            let similar = match e.get(ContextKind::SuggestedArg) {
+                Some(ContextValue::String(s)) => format!("; a similar one: '{s}'"),
+                Some(ContextValue::Strings(v)) if !v.is_empty() => {
+                    format!("; similar ones: '{}'", v.join("', '"))
+                }
+                _ => String::new(),
+            };
+            let what = if flag.starts_with('-') {
+                "unknown option"
+            } else {
+                "unexpected argument"
+            };
+            return format!("{what} '{flag}'{similar} (see `{help}`)");
+        }
+    }
+    format!("{} (see `{help}`)", one_line(e))
+}
+
 /// A clap error as one line: its message with the details clap puts on the lines below it
 /// (which arguments are missing, which values are allowed), without "error: ", the usage and
 /// the "For more information" tail.
@@ -103,7 +165,8 @@ fn main() -> ExitCode {
     std::panic::set_hook(Box::new(|info| {
         eprintln!("oomtrace: internal error: {info} (please report this)");
     }));
-    let cli = match Cli::try_parse() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind;
@@ -120,10 +183,11 @@ fn main() -> ExitCode {
                     ExitCode::SUCCESS
                 };
             }
-            eprintln!("oomtrace: {} (see `oomtrace --help`)", one_line(&e));
+            eprintln!("oomtrace: {}", argument_error(&e, &args));
             return ExitCode::from(2);
         }
     };
+    style::set_choice(cli.color);
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),
         Command::Collect(a) => cmd::collect::run(a),

@@ -17,6 +17,10 @@
 //! - Anything else that exists (a character device such as `/dev/null`, a FIFO): written
 //!   straight into, as asked, and never removed: it is not ours (as root, removing
 //!   `/dev/full` after a failed write deleted the device node).
+//! - A name oomtrace chose itself (`view` and `export` without `-o`): [`Output::create_new`]
+//!   writes it only if nothing is there, at the start and at the end (the temporary file is
+//!   linked to the name, which fails if something appeared meanwhile): oomtrace never replaces
+//!   a file it was not told to.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
@@ -52,6 +56,8 @@ enum Sink {
         file: Option<BufWriter<File>>,
         tmp: PathBuf,
         dest: PathBuf,
+        /// Whether an existing `dest` may be replaced (false for a name oomtrace chose).
+        replace: bool,
     },
     /// An existing file that is not a regular one (a device, a FIFO), written in place.
     Direct {
@@ -174,11 +180,31 @@ impl Output {
                     file: Some(BufWriter::with_capacity(1 << 20, f)),
                     tmp,
                     dest: path.to_path_buf(),
+                    replace: true,
                 }
             }
         };
         Ok(Output {
             sink,
+            what: "the output",
+            error: None,
+        })
+    }
+
+    /// Opens `path`, a name oomtrace chose (a default beside the input), for writing only if
+    /// nothing is there: an existing file, link or anything else is refused in one line, now
+    /// and when the output is finished.
+    pub fn create_new(path: &Path) -> Result<Output, Failure> {
+        ensure_free(path)?;
+        let (f, tmp) = create_temp(path, None)
+            .map_err(|e| Failure::new(format!("cannot write {}: {e}", path.display())))?;
+        Ok(Output {
+            sink: Sink::Temp {
+                file: Some(BufWriter::with_capacity(1 << 20, f)),
+                tmp,
+                dest: path.to_path_buf(),
+                replace: false,
+            },
             what: "the output",
             error: None,
         })
@@ -218,26 +244,85 @@ impl Output {
         let r = match &mut self.sink {
             Sink::Stdout(w) => w.flush(),
             Sink::Direct { file, .. } => file.flush(),
-            Sink::Temp { file, tmp, dest } => match file.take() {
+            Sink::Temp {
+                file,
+                tmp,
+                dest,
+                replace,
+            } => match file.take() {
                 None => Ok(()),
-                Some(w) => commit(w, tmp, dest).map(|()| {
+                Some(w) => commit(w, tmp, dest, *replace).map(|()| {
                     // Renamed: the name is no longer ours to remove.
                     *tmp = PathBuf::new();
                 }),
             },
         };
-        r.map_err(|e| self.failed(&e))
+        r.map_err(|e| {
+            if e.kind() == io::ErrorKind::AlreadyExists {
+                if let Sink::Temp { dest, .. } = &self.sink {
+                    return exists(dest);
+                }
+            }
+            self.failed(&e)
+        })
     }
 }
 
+/// The default output of a command reading `input` (a trace): beside it, its name without
+/// `.oomt`, then `suffix` (`run.oomt`, `.html`: `run.html`).
+pub fn beside(input: &Path, suffix: &str) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let name = input.file_name().unwrap_or(input.as_os_str()).as_bytes();
+    let stem = name.strip_suffix(b".oomt").unwrap_or(name);
+    let mut file = std::ffi::OsStr::from_bytes(stem).to_os_string();
+    file.push(suffix);
+    input.with_file_name(file)
+}
+
+/// Ok if nothing is at `path` (a default output name oomtrace chose), else the one line that
+/// refuses it.
+pub fn ensure_free(path: &Path) -> Result<(), Failure> {
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => Err(exists(path)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Failure::new(format!(
+            "cannot write {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+/// A default output name that is taken.
+fn exists(path: &Path) -> Failure {
+    Failure::new(format!(
+        "{} exists: oomtrace does not replace a file it was not told to (`-o {}` replaces it, \
+         `-o OUT` writes elsewhere)",
+        path.display(),
+        path.display()
+    ))
+}
+
 /// Flush, sync (a full disk or an I/O error may only show here) and rename into place; the
-/// temporary file is removed by `Output`'s drop if any step fails.
-fn commit(w: BufWriter<File>, tmp: &Path, dest: &Path) -> io::Result<()> {
+/// temporary file is removed by `Output`'s drop if any step fails. Without `replace`, the
+/// temporary file is linked to `dest` (which fails if anything is there) and then removed.
+fn commit(w: BufWriter<File>, tmp: &Path, dest: &Path, replace: bool) -> io::Result<()> {
     let f = w.into_inner().map_err(|e| e.into_error())?;
     f.sync_all()?;
     drop(f);
-    std::fs::rename(tmp, dest)?;
-    Ok(())
+    if replace {
+        return std::fs::rename(tmp, dest);
+    }
+    match std::fs::hard_link(tmp, dest) {
+        Ok(()) => {
+            // The name holds the file now; the temporary name goes (Drop would try too).
+            let _ = std::fs::remove_file(tmp);
+            Ok(())
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(e),
+        // A file system without hard links: the check at the start stands.
+        Err(_) if std::fs::symlink_metadata(dest).is_err() => std::fs::rename(tmp, dest),
+        Err(_) => Err(io::ErrorKind::AlreadyExists.into()),
+    }
 }
 
 impl Write for Output {
@@ -330,6 +415,21 @@ fn create_temp(dest: &Path, mode: Option<u32>) -> io::Result<(File, PathBuf)> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_default_output_goes_beside_the_trace() {
+        use std::path::Path;
+        let beside = super::beside;
+        assert_eq!(beside(Path::new("t.oomt"), ".html"), Path::new("t.html"));
+        assert_eq!(
+            beside(Path::new("/runs/a.b.oomt"), ".chrome.json"),
+            Path::new("/runs/a.b.chrome.json")
+        );
+        assert_eq!(
+            beside(Path::new("dir/trace"), ".html"),
+            Path::new("dir/trace.html")
+        );
+    }
+
     use super::*;
 
     fn dir(name: &str) -> PathBuf {

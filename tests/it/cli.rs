@@ -177,3 +177,357 @@ fn the_demo_finds_its_planted_leak_and_blames_the_oom_on_it() {
     assert_eq!(functions(leaks[0])[0], "keep_history");
     assert_eq!(leaks[0]["growth_bytes_per_step"], 16.0 * 1048576.0);
 }
+
+/// An unknown option before the command is refused in one line that names it and points at
+/// the subcommand's help (exit 2), never taken as the command to trace; every argument error
+/// points at the help of the subcommand it was given to.
+#[test]
+fn unknown_options_are_refused_and_errors_point_at_the_subcommands_help() {
+    let dir = scratch("unknown-option");
+    let program = scenario("runtime_basic");
+    let program = program.to_str().unwrap();
+    let in_dir = |args: &[&str]| {
+        let mut cmd = base_command(oomtrace_bin());
+        cmd.current_dir(&dir).args(args);
+        output_within(cmd, TIMEOUT)
+    };
+    let out = in_dir(&["run", "--simulate", "2GiB", "--", program]);
+    assert_one_line_error(&out, "unknown option '--simulate'");
+    assert_one_line_error(&out, "(see `oomtrace run --help`)");
+    assert!(out.stdout.is_empty(), "the program ran");
+    assert!(traces_in(&dir).is_empty(), "a refused run leaves no trace");
+    // A similar option is suggested; clap's tip to put it after `--` is not (for `run` that
+    // would make it the program).
+    let out = in_dir(&["run", "--outptu", "t.oomt", "--", program]);
+    assert_one_line_error(&out, "a similar one: '--output'");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("-- --outptu"));
+    for (args, needle, help) in [
+        (
+            &["report", "--bogus", "x"][..],
+            "'--bogus'",
+            "oomtrace report --help",
+        ),
+        (
+            &["export", "t.oomt", "-f", "svg"],
+            "svg",
+            "oomtrace export --help",
+        ),
+        (&["diff", "a.oomt"], "<AFTER>", "oomtrace diff --help"),
+        (
+            &["export", "t.oomt", "-f", "json", "--at", "peak"],
+            "--at is for",
+            "oomtrace export --help",
+        ),
+        (
+            &["--color", "never", "view"],
+            "<FILE>",
+            "oomtrace view --help",
+        ),
+        (&["lib-path", "--bogus"], "'--bogus'", "oomtrace lib --help"),
+        (&["run"], "no command to trace", "oomtrace run --help"),
+        (&["frobnicate"], "frobnicate", "(see `oomtrace --help`)"),
+        (
+            &["--color", "sometimes", "lib"],
+            "sometimes",
+            "oomtrace lib --help",
+        ),
+    ] {
+        let out = in_dir(args);
+        assert_one_line_error(&out, needle);
+        assert_one_line_error(&out, help);
+    }
+}
+
+/// The command keeps its own options, after `--` or without it (as memray and py-spy accept):
+/// everything from the command's first word on is the command's.
+#[test]
+fn the_command_keeps_its_options_with_or_without_the_separator() {
+    let dir = scratch("command-options");
+    let in_dir = |args: &[&str]| {
+        let mut cmd = base_command(oomtrace_bin());
+        cmd.current_dir(&dir).args(args);
+        output_within(cmd, TIMEOUT)
+    };
+    for args in [
+        &[
+            "run",
+            "-o",
+            "echo.oomt",
+            "--",
+            "echo",
+            "--flag",
+            "-o",
+            "x",
+            "--",
+            "y",
+        ][..],
+        &[
+            "run",
+            "-o",
+            "echo.oomt",
+            "echo",
+            "--flag",
+            "-o",
+            "x",
+            "--",
+            "y",
+        ],
+    ] {
+        let out = in_dir(args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "--flag -o x -- y\n");
+    }
+    assert!(!dir.join("x").exists());
+    // A CUDA program named without `--` is traced as with it.
+    let program = scenario("runtime_basic");
+    let out = in_dir(&[
+        "run",
+        "--json",
+        "r.json",
+        "-o",
+        "t.oomt",
+        program.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("r.json")).unwrap()).unwrap();
+    assert_eq!(processes(&r).len(), 1, "{r:#}");
+}
+
+/// `view` and `export` without `-o` write beside the trace (its name without `.oomt`, then
+/// the format's ending), say where in one line, and never replace a file already there;
+/// `-f` is `--format`, and `perfetto` names the chrome format.
+#[test]
+fn view_and_export_write_beside_the_trace_without_o() {
+    let dir = scratch("default-output");
+    let traces = dir.join("runs");
+    std::fs::create_dir(&traces).unwrap();
+    let trace = traces.join("t.oomt");
+    std::fs::write(&trace, good_trace()).unwrap();
+    let t = trace.to_str().unwrap();
+    // Run from another directory: the files go beside the trace, not into the working one.
+    let elsewhere = dir.join("cwd");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let in_cwd = |args: &[&str]| {
+        let mut cmd = base_command(oomtrace_bin());
+        cmd.current_dir(&elsewhere).args(args);
+        output_within(cmd, TIMEOUT)
+    };
+    for (args, file) in [
+        (&["view", t][..], "t.html"),
+        (&["export", t, "-f", "perfetto"], "t.chrome.json"),
+        (&["export", t, "--format", "json"], "t.jsonl"),
+        (&["export", t, "-f", "folded"], "t.folded"),
+        (&["export", t, "-f", "memory-viz"], "t.pickle"),
+    ] {
+        let out = in_cwd(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {err}");
+        let path = traces.join(file);
+        assert!(
+            std::fs::metadata(&path).is_ok_and(|m| m.len() > 0),
+            "{args:?}: no {}",
+            path.display()
+        );
+        let wrote = err
+            .lines()
+            .filter(|l| l.starts_with(&format!("oomtrace: wrote {}", path.display())))
+            .count();
+        assert_eq!(wrote, 1, "{args:?} should say where it wrote: {err}");
+        // Again: the file (now as if the user's) is left exactly as it is.
+        std::fs::write(&path, "mine").unwrap();
+        let out = in_cwd(args);
+        assert_one_line_error(&out, &format!("{} exists", path.display()));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "mine");
+    }
+    let mut names = names_in(&traces);
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "t.chrome.json",
+            "t.folded",
+            "t.html",
+            "t.jsonl",
+            "t.oomt",
+            "t.pickle"
+        ],
+        "nothing else is left beside the trace"
+    );
+    assert_eq!(names_in(&elsewhere), Vec::<String>::new());
+    // The chrome format under its Perfetto name is the same document.
+    let out = in_cwd(&["export", t, "--format", "chrome", "-o", "-"]);
+    let perfetto = in_cwd(&["export", t, "--format", "perfetto", "-o", "-"]);
+    assert!(out.status.success() && perfetto.status.success());
+    assert_eq!(out.stdout, perfetto.stdout);
+}
+
+/// Every command that lists call sites has the same `--top` default.
+#[test]
+fn one_top_default_across_commands() {
+    for command in ["report", "diff"] {
+        let out = oomtrace(&[command, "--help"]);
+        let help = String::from_utf8_lossy(&out.stdout);
+        let top = help
+            .split("--top <N>")
+            .nth(1)
+            .and_then(|rest| rest.split("[default: ").nth(1))
+            .and_then(|rest| rest.split(']').next());
+        assert_eq!(top, Some("10"), "{command}: {help}");
+    }
+}
+
+/// Colour only on a terminal (headings bold, a finding's level in its colour), never with
+/// `NO_COLOR` or `TERM=dumb` there, never into a pipe; `--color always|never` decides
+/// anywhere (`always` wins over `NO_COLOR`); JSON is never coloured.
+#[test]
+fn colour_on_a_terminal_only_and_as_asked() {
+    let dir = scratch("colour");
+    let demo = oomtrace_in_dir(&dir, &["demo", "-o", "d.oomt"], &[]);
+    assert!(
+        demo.status.success(),
+        "{}",
+        String::from_utf8_lossy(&demo.stderr)
+    );
+    let plain = String::from_utf8_lossy(&demo.stdout).into_owned();
+    assert!(!plain.contains('\x1b'), "colour into a pipe: {plain}");
+    assert!(plain.contains("[confirmed leak]"), "{plain}");
+
+    const HEADING: &str = "\x1b[1mFindings (";
+    const CONFIRMED: &str = "\x1b[31m[confirmed leak]\x1b[0m";
+    let report = ["report", "d.oomt"];
+    let on_tty = |env: &[(&str, &str)], flags: &[&str]| {
+        let args: Vec<&str> = report.iter().chain(flags).copied().collect();
+        on_terminal(&dir, &args, env)
+    };
+    let coloured = on_tty(&[], &[]);
+    assert!(coloured.contains(HEADING), "{coloured:?}");
+    assert!(coloured.contains(CONFIRMED), "{coloured:?}");
+    // The same text under the escapes (a terminal turns "\n" into "\r\n").
+    let stripped = coloured
+        .replace("\r\n", "\n")
+        .replace("\x1b[1;31m", "")
+        .replace("\x1b[31m", "")
+        .replace("\x1b[1m", "")
+        .replace("\x1b[0m", "");
+    let piped = oomtrace_in_dir(&dir, &report, &[]);
+    assert_eq!(stripped, String::from_utf8_lossy(&piped.stdout));
+    assert!(on_tty(&[("NO_COLOR", "")], &[]).contains(HEADING));
+    for env in [&[("NO_COLOR", "1")][..], &[("TERM", "dumb")]] {
+        let text = on_tty(env, &[]);
+        assert!(!text.contains('\x1b'), "{env:?}: {text:?}");
+    }
+    let text = on_tty(&[], &["--color", "never"]);
+    assert!(!text.contains('\x1b'), "{text:?}");
+    let text = on_tty(&[], &["--json"]);
+    assert!(!text.contains('\x1b'), "{text:?}");
+
+    // Into a pipe as asked, NO_COLOR or not; the subcommand's option or the global one.
+    for args in [
+        &["report", "d.oomt", "--color", "always"][..],
+        &["--color=always", "report", "d.oomt"],
+    ] {
+        let out = oomtrace_in_dir(&dir, args, &[("NO_COLOR", "1")]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(HEADING) && text.contains(CONFIRMED),
+            "{text:?}"
+        );
+    }
+    // run's summary, on stderr.
+    let program = scenario("runtime_basic");
+    let program = program.to_str().unwrap();
+    let out = oomtrace_in_dir(
+        &dir,
+        &["run", "--color", "always", "-o", "r.oomt", program],
+        &[],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("\x1b[1moomtrace summary\x1b[0m"), "{err:?}");
+    let out = oomtrace_in_dir(&dir, &["run", "-o", "r2.oomt", program], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\noomtrace summary\n") && !err.contains('\x1b'),
+        "{err:?}"
+    );
+}
+
+fn oomtrace_in_dir(
+    dir: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.current_dir(dir).args(args).env_remove("NO_COLOR");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    output_within(cmd, TIMEOUT)
+}
+
+/// What `oomtrace args` writes to its standard output when that is a terminal (a new
+/// pseudo-terminal); `TERM` is `xterm` and `NO_COLOR` unset unless `env` says otherwise.
+fn on_terminal(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> String {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    // SAFETY: posix_openpt returns a new descriptor (or -1), owned by `master` below.
+    let fd = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY) };
+    assert!(fd >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
+    // SAFETY: fd is ours and open; the File closes it.
+    let mut master = unsafe { std::fs::File::from_raw_fd(fd) };
+    let mut name = [0 as libc::c_char; 128];
+    // SAFETY: grantpt/unlockpt on our master; ptsname_r writes at most name.len() bytes.
+    let ok = unsafe {
+        libc::grantpt(fd) == 0
+            && libc::unlockpt(fd) == 0
+            && libc::ptsname_r(fd, name.as_mut_ptr(), name.len()) == 0
+    };
+    assert!(ok, "pseudo-terminal: {}", std::io::Error::last_os_error());
+    // SAFETY: ptsname_r wrote a NUL-terminated path.
+    let slave_path = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let slave = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&slave_path)
+        .unwrap();
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.current_dir(dir)
+        .args(args)
+        .env("TERM", "xterm")
+        .env_remove("NO_COLOR")
+        .stdin(std::process::Stdio::null())
+        .stdout(slave)
+        .stderr(std::process::Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    // Our copy of the slave is gone with `cmd`: the master reads EIO once the child is done.
+    drop(cmd);
+    let reader = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = master.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            text.extend_from_slice(&buf[..n]);
+        }
+        text
+    });
+    let status = wait_within(&mut child, TIMEOUT, "oomtrace on a terminal");
+    let text = String::from_utf8(reader.join().unwrap()).unwrap();
+    assert!(status.success(), "{args:?}: {text}");
+    text
+}

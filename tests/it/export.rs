@@ -752,7 +752,6 @@ fn bad_input_is_one_line() {
         "corrupt",
     );
     assert_one_line_error(&oomtrace(&["export", t, "--format", "svg", "-o", o]), "svg");
-    assert_one_line_error(&oomtrace(&["export", t, "--format", "json"]), "--output");
     assert_one_line_error(
         &oomtrace(&[
             "export",

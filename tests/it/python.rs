@@ -698,6 +698,68 @@ fn pluggable_entry_points_load_the_driver_themselves() {
     );
 }
 
+/// `oomtrace_malloc` called first thing, before anything initialised CUDA, does what the
+/// runtime would (tests/scenarios/pluggable_init.c): the driver, which says
+/// CUDA_ERROR_NOT_INITIALIZED until then, is initialised, the device's primary context is made
+/// current and stays so, the memory is usable and traced; a tensor that cannot be had names
+/// the driver call that failed and its real code, never "no CUDA driver".
+#[test]
+fn pluggable_entry_points_initialise_cuda_as_the_runtime_does() {
+    let t = run_traced("pluggable_init", &[], &[]);
+    assert!(t.status.success(), "{}\n{}", t.stdout, t.stderr);
+    assert_eq!(
+        t.stdout,
+        "before: 3\nalloc: ok\ncontext: current\nround trip: ok\ndevice 7: NULL\n\
+         huge: NULL\nkept: ok\n",
+        "{}",
+        t.stderr
+    );
+    assert!(
+        t.stderr.contains(
+            "oomtrace_malloc: 1048576 bytes on device 7 failed (cuDevicePrimaryCtxRetain \
+             failed: CUDA_ERROR_INVALID_DEVICE, error 101)"
+        ),
+        "{}",
+        t.stderr
+    );
+    assert!(
+        t.stderr
+            .contains("oomtrace_malloc: 1125899906842624 bytes on device 0 failed (out of memory)"),
+        "{}",
+        t.stderr
+    );
+    assert!(!t.stderr.contains("no CUDA driver"), "{}", t.stderr);
+    let p = &processes(&t.report)[0];
+    let d = device(p, 0);
+    assert_eq!(d["allocations"], 2, "{p:#}");
+    assert_eq!(d["frees"], 1, "{p:#}");
+    assert_eq!(d["peak_bytes"], 4 * MIB, "{p:#}");
+    let live = findings(&t.report, "live_at_exit");
+    assert_eq!(live.len(), 1, "{live:#?}");
+    assert_eq!(live[0]["api"], "oomtrace_malloc");
+    assert_eq!(live[0]["bytes"], 2 * MIB);
+    assert!(
+        functions(live[0]).iter().any(|f| f == "keep_tensor"),
+        "{:?}",
+        functions(live[0])
+    );
+
+    // A driver that loads but has no device: cuInit's own error, in the message and in the
+    // trace's failed allocation.
+    let t = run_traced("pluggable_init", &["nodevice"], &[("SIMCUDA_DEVICES", "0")]);
+    assert!(t.status.success(), "{}\n{}", t.stdout, t.stderr);
+    assert_eq!(t.stdout, "before: 3\nalloc: NULL\n", "{}", t.stderr);
+    assert!(
+        t.stderr.contains(
+            "oomtrace_malloc: 4194304 bytes on device 0 failed (cuInit failed: \
+             CUDA_ERROR_NO_DEVICE, error 100)"
+        ),
+        "{}",
+        t.stderr
+    );
+    assert!(!t.stderr.contains("no CUDA driver"), "{}", t.stderr);
+}
+
 /// Every place the text report (and `run`'s summary) shows a call site with Python frames
 /// shows all of them, in the JSON's order: the OOM, each holder at the OOM, the failed
 /// allocation and what was live at exit.

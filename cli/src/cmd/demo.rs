@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use crate::cmd::run::{trace_command, Session};
-use crate::{locate, render, Failure};
+use crate::{locate, render, style, Failure};
 
 /// The demo workload, built from `cli/demo/train_demo.c` against the simulated CUDA.
 const DEMO_APP: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/train_demo"));
@@ -217,7 +217,11 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let outcome = trace_command(&[app.into_os_string()], &session)?;
     let report = outcome.report?;
     println!();
-    print!("{}", render::full(&report));
+    let text = render::full(&report);
+    print!(
+        "{}",
+        style::paint(&text, style::enabled(style::Stream::Stdout))
+    );
     println!(
         "\nThe trace is in {}: `oomtrace report {}` prints this again, `--json` as JSON.",
         outcome.trace_path.display(),

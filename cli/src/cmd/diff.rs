@@ -60,7 +60,7 @@ pub struct Args {
     #[arg(long, default_value = "10%", value_name = "LIMIT")]
     pub threshold: Threshold,
     /// Call sites listed (the most changed first); regressions are looked for in all.
-    #[arg(long, default_value_t = 20, value_name = "N")]
+    #[arg(long, default_value_t = super::DEFAULT_TOP, value_name = "N")]
     pub top: usize,
 }
 

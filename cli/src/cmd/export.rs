@@ -11,19 +11,20 @@ use crate::Failure;
 
 /// Write a trace in another tool's format: memory-viz, chrome, folded or json.
 ///
-/// memory-viz: a pickle for pytorch.org/memory_viz (one process); chrome: trace-event JSON
-/// for ui.perfetto.dev; folded: flamegraph stacks weighted by bytes; json: every event as
+/// memory-viz: a pickle for pytorch.org/memory_viz (one process); chrome (or perfetto):
+/// trace-event JSON for ui.perfetto.dev; folded: flamegraph stacks weighted by bytes; json: every event as
 /// JSON lines with symbolized call sites.
 #[derive(clap::Args)]
 pub struct Args {
     /// A .oomt trace file.
     pub file: PathBuf,
     /// Output format.
-    #[arg(long, value_enum, value_name = "FORMAT")]
+    #[arg(short = 'f', long, value_enum, value_name = "FORMAT")]
     pub format: Format,
-    /// Output file (required); `-` writes to standard output. An existing file is replaced
-    /// only once the export is complete; a symlink is refused; a device or FIFO is written
-    /// into.
+    /// Output file; `-` writes to standard output. An existing file is replaced only once the
+    /// export is complete; a symlink is refused; a device or FIFO is written into. [default:
+    /// beside the trace, its name without .oomt then .pickle, .chrome.json, .folded or .jsonl
+    /// (never replacing a file there)]
     #[arg(short = 'o', long = "output", value_name = "OUT")]
     pub output: Option<PathBuf>,
     /// Export only this process (memory-viz: default the first process with GPU memory events).
@@ -46,25 +47,34 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
-    let Some(output) = args.output.clone() else {
-        return Err(Failure::new(
-            "export needs --output OUT (-o OUT): a file, or - for standard output",
-        ));
+    let (output, named) = match args.output.clone() {
+        Some(o) => (o, true),
+        None => (
+            crate::output::beside(&args.file, args.format.default_suffix()),
+            false,
+        ),
     };
     if args.max_entries.is_some() && args.format != Format::MemoryViz {
         return Err(Failure::new(
-            "--max-entries is for --format memory-viz (the other formats stream every event)",
+            "--max-entries is for --format memory-viz (the other formats stream every event; \
+             see `oomtrace export --help`)",
         ));
     }
     if args.at.is_some() && args.format != Format::Folded {
         return Err(Failure::new(
-            "--at is for --format folded (the other formats show the whole history)",
+            "--at is for --format folded (the other formats show the whole history; see \
+             `oomtrace export --help`)",
         ));
     }
     if args.all_samples && args.format != Format::Chrome {
         return Err(Failure::new(
-            "--all-samples is for --format chrome (the other formats do not coalesce samples)",
+            "--all-samples is for --format chrome (the other formats do not coalesce samples; \
+             see `oomtrace export --help`)",
         ));
+    }
+    if !named {
+        // Said before the trace is read, which can take a while.
+        crate::output::ensure_free(&output)?;
     }
     let to_stdout = output.as_os_str() == "-";
     if to_stdout && args.format.binary() && io::stdout().is_terminal() {
@@ -100,7 +110,12 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     };
 
     // Nothing at OUT changes before this point, and a failure below leaves it as it was.
-    let mut out = Output::create(&output)?.named("the export");
+    let out = if named {
+        Output::create(&output)?
+    } else {
+        Output::create_new(&output)?
+    };
+    let mut out = out.named("the export");
     progress.pass(format!("exporting {}", file_name(&args.file)));
     let path: &Path = &args.file;
     let mut dropped = 0;

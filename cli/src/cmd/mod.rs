@@ -10,3 +10,7 @@ pub mod report;
 pub mod run;
 pub mod view;
 pub mod whatif;
+
+/// `--top`'s default, the same in every command that lists call sites (`report`, `diff`, and
+/// `run`'s report for `--json`).
+pub const DEFAULT_TOP: usize = 10;

@@ -14,7 +14,7 @@ use oomtrace_collector::report::{self, merge, Report, ReportOptions, Skipped};
 
 use crate::output::Output;
 use crate::progress::Progress;
-use crate::{render, Failure};
+use crate::{render, style, Failure};
 
 /// The exit code when the report was written but files of a directory could not be read.
 pub const SKIPPED_EXIT: u8 = 1;
@@ -31,7 +31,7 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Call sites listed per process and device.
-    #[arg(long, default_value_t = 10, value_name = "N")]
+    #[arg(long, default_value_t = super::DEFAULT_TOP, value_name = "N")]
     pub top: usize,
     /// Order of the call-site table in each process and device's sections: peak (most held
     /// at once), end (most live at exit, the default), count (most allocations) or growth
@@ -301,7 +301,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         let opts = render::TextOptions {
             native: args.native,
         };
-        let _ = out.write_all(render::full_with(&report, &opts).as_bytes());
+        let text = render::full_with(&report, &opts);
+        let text = style::paint(&text, style::enabled(style::Stream::Stdout));
+        let _ = out.write_all(text.as_bytes());
     }
     // A write error was kept by `out`; `finish` says it in one line.
     out.finish()?;

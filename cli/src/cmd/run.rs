@@ -13,7 +13,7 @@ use oomtrace_collector::report::{self, Kind, Level, Report, ReportOptions};
 use oomtrace_proto::collector_spawn::{self, NotListening, TraceSaid};
 use oomtrace_proto::socket_dir;
 
-use crate::{locate, render, signals, Failure};
+use crate::{locate, render, signals, style, Failure};
 
 /// Run a command with the tracer preloaded; print findings and a summary on stderr.
 // Doc comments here are clap help text, where `<pid>` is a placeholder, not an HTML tag.
@@ -66,12 +66,13 @@ pub struct Args {
     /// --metrics-textfile`).
     #[arg(long, value_name = "PATH")]
     pub metrics_textfile: Option<PathBuf>,
-    /// The command to trace, after `--`.
-    #[arg(
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "CMD"
-    )]
+    /// The command to trace and its arguments: after `--` (`oomtrace run -- python train.py
+    /// --lr 1`), or from the first argument that is not an option of `run` (`oomtrace run
+    /// python train.py --lr 1`). Options of `run` come before it; an unknown one is an error,
+    /// never taken as the command.
+    // No allow_hyphen_values: an unknown option before the command must be refused, not run.
+    // trailing_var_arg alone takes everything after the command's first word as its own.
+    #[arg(trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
 
@@ -174,7 +175,11 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     }
     match &outcome.report {
         Ok(r) => {
-            eprint!("{}", render::summary(r));
+            let summary = render::summary(r);
+            eprint!(
+                "{}",
+                style::paint(&summary, style::enabled(style::Stream::Stderr))
+            );
             if r.trace.complete {
                 eprintln!(
                     "oomtrace: trace written to {}; details: oomtrace report {}",
@@ -238,7 +243,7 @@ fn empty_report(why: String) -> Report {
     report::build(
         &empty,
         &ReportOptions {
-            top: 10,
+            top: super::DEFAULT_TOP,
             path: String::new(),
             symbolize: false,
         },
@@ -431,7 +436,8 @@ impl Drop for SocketDir {
 pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome, Failure> {
     let Some((program, rest)) = command.split_first() else {
         return Err(Failure::new(
-            "no command to trace (usage: oomtrace run [OPTIONS] -- CMD [ARGS]...)",
+            "no command to trace (usage: oomtrace run [OPTIONS] [--] CMD [ARGS]...; see \
+             `oomtrace run --help`)",
         ));
     };
     // Absolute from the start: the program may change or remove its working directory, and
@@ -504,7 +510,7 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
             let mut r = report::build(
                 &trace,
                 &ReportOptions {
-                    top: 10,
+                    top: super::DEFAULT_TOP,
                     path: output.display().to_string(),
                     symbolize: true,
                 },

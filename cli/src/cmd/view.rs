@@ -15,19 +15,19 @@ use crate::Failure;
 pub struct Args {
     /// A .oomt trace file.
     pub file: PathBuf,
-    /// The HTML file to write (required); `-` writes to standard output. An existing file is
-    /// replaced only once the page is complete.
+    /// The HTML file to write; `-` writes to standard output. An existing file is replaced
+    /// only once the page is complete. [default: the trace's name with .html, beside it
+    /// (never replacing a file there)]
     #[arg(short = 'o', long = "output", value_name = "OUT")]
     pub output: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
-    let Some(output) = args.output else {
-        return Err(Failure::new(
-            "view needs --output OUT (-o OUT): an .html file, or - for standard output",
-        ));
+    let (output, chosen) = match args.output {
+        Some(o) => (o, true),
+        None => (crate::output::beside(&args.file, ".html"), false),
     };
-    write_page(&args.file, &output)?;
+    write_page_to(&args.file, &output, chosen)?;
     if output.as_os_str() != "-" {
         eprintln!(
             "oomtrace: wrote {} (open it in a browser; it needs no network)",
@@ -40,6 +40,15 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
 /// Builds the page of the trace at `trace` and writes it to `output` (`-`: standard output).
 /// Nothing at `output` changes when the trace cannot be read.
 pub fn write_page(trace: &Path, output: &Path) -> Result<(), Failure> {
+    write_page_to(trace, output, true)
+}
+
+/// `write_page`; `named` false: `output` is a default name, written only if nothing is there.
+fn write_page_to(trace: &Path, output: &Path, named: bool) -> Result<(), Failure> {
+    if !named {
+        // Said before the trace is read, which can take a while.
+        crate::output::ensure_free(output)?;
+    }
     let mut progress = Progress::new();
     let page = model::build(trace, &mut progress)?;
     drop(progress);
@@ -47,7 +56,12 @@ pub fn write_page(trace: &Path, output: &Path) -> Result<(), Failure> {
         eprintln!("oomtrace: warning: {w}");
     }
     let data = page.data;
-    let mut out = Output::create(output)?.named("the view");
+    let out = if named {
+        Output::create(output)?
+    } else {
+        Output::create_new(output)?
+    };
+    let mut out = out.named("the view");
     let result = html::write(&data, &mut out).and_then(|()| out.flush());
     if result.is_err() && out.reader_gone() {
         return Ok(());

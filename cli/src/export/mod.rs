@@ -33,7 +33,8 @@ use view::{Frame, ProcessView, Trace};
 pub enum Format {
     /// Pickle for pytorch.org/memory_viz (one process).
     MemoryViz,
-    /// Chrome trace-event JSON for Perfetto / chrome://tracing.
+    /// Chrome trace-event JSON for Perfetto / chrome://tracing (also named `perfetto`).
+    #[value(alias = "perfetto")]
     Chrome,
     /// Flamegraph folded stacks (`frame;frame bytes`).
     Folded,
@@ -44,6 +45,16 @@ pub enum Format {
 impl Format {
     pub fn binary(self) -> bool {
         self == Format::MemoryViz
+    }
+
+    /// The end of the default output's name, after the trace's name without `.oomt`.
+    pub fn default_suffix(self) -> &'static str {
+        match self {
+            Format::MemoryViz => ".pickle",
+            Format::Chrome => ".chrome.json",
+            Format::Folded => ".folded",
+            Format::Json => ".jsonl",
+        }
     }
 }
 
