@@ -843,10 +843,15 @@ fn bucket_text(min: u64, max: u64) -> String {
 fn site_row_text(out: &mut String, r: &SiteRow) {
     let _ = writeln!(
         out,
-        "    peak {:>10}  end {:>10}  {:>7} allocs  {:>7} temporary  {:>16}  {}{}",
+        "    peak {:>10}  end {:>10}  {:>7} {}  {:>7} temporary  {:>16}  {}{}",
         fmt_bytes(r.peak_bytes),
         fmt_bytes(r.live_at_exit_bytes),
         r.allocations,
+        if r.allocations == 1 {
+            "alloc "
+        } else {
+            "allocs"
+        },
         r.temporary,
         fmt_rate(r.growth_per_step, None),
         site_text(&r.stack),

@@ -711,4 +711,5 @@ fn report_text_says_1_allocation() {
         "{text}"
     );
     assert!(!text.contains(" 1 allocations"), "{text}");
+    assert!(!text.contains(" 1 allocs"), "{text}");
 }
