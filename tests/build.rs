@@ -61,6 +61,11 @@ const TARGETS: &[Target] = &[
         flags: CUDART,
     },
     Target {
+        out: "leak_then_eval",
+        sources: &["leak_then_eval.c"],
+        flags: CUDART,
+    },
+    Target {
         out: "rank_job",
         sources: &["rank_job.c"],
         flags: CUDART,

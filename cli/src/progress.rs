@@ -19,7 +19,30 @@ pub struct Progress {
     /// Standard error is a terminal.
     enabled: bool,
     bar: Option<ProgressBar>,
+    /// The template the bar is drawn with now.
+    template: &'static str,
     label: String,
+}
+
+/// The bar with the time left, once there is a rate to project it from.
+const WITH_ETA: &str = "oomtrace: {msg} [{bar:30}] {bytes}/{total_bytes} ({eta} left)";
+/// The bar before its first byte (or with nothing to read): indicatif's estimate is then
+/// "0s", which reads as almost done.
+const WITHOUT_ETA: &str = "oomtrace: {msg} [{bar:30}] {bytes}/{total_bytes}";
+
+/// The template for `done` of `total` bytes read.
+fn template(done: u64, total: u64) -> &'static str {
+    if done == 0 || done >= total {
+        WITHOUT_ETA
+    } else {
+        WITH_ETA
+    }
+}
+
+fn style(template: &str) -> ProgressStyle {
+    ProgressStyle::with_template(template)
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
 }
 
 impl Progress {
@@ -29,6 +52,7 @@ impl Progress {
             start: Instant::now(),
             enabled: std::io::stderr().is_terminal(),
             bar: None,
+            template: WITHOUT_ETA,
             label: String::new(),
         }
     }
@@ -50,16 +74,17 @@ impl Progress {
             }
             let bar =
                 ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr_with_hz(8));
-            let style = ProgressStyle::with_template(
-                "oomtrace: {msg} [{bar:30}] {bytes}/{total_bytes} ({eta} left)",
-            )
-            .map(|s| s.progress_chars("=> "))
-            .unwrap_or_else(|_| ProgressStyle::default_bar());
-            bar.set_style(style);
+            self.template = template(done, total);
+            bar.set_style(style(self.template));
             bar.set_message(self.label.clone());
             self.bar = Some(bar);
         }
         if let Some(bar) = &self.bar {
+            let wanted = template(done, total);
+            if wanted != self.template {
+                self.template = wanted;
+                bar.set_style(style(wanted));
+            }
             bar.set_length(total.max(done));
             bar.set_position(done);
         }
@@ -76,5 +101,24 @@ impl Progress {
 impl Drop for Progress {
     fn drop(&mut self) {
         self.end_pass();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Nothing read yet (a trace of 0 B, or the first pass before its first byte): no time
+    /// left is shown, never "0s left"; in between, it is.
+    #[test]
+    fn the_time_left_shows_only_once_there_is_a_rate() {
+        assert_eq!(template(0, 0), WITHOUT_ETA);
+        assert_eq!(template(0, 1 << 30), WITHOUT_ETA);
+        assert_eq!(template(1, 1 << 30), WITH_ETA);
+        assert_eq!(template(1 << 30, 1 << 30), WITHOUT_ETA);
+        assert!(!WITHOUT_ETA.contains("left"));
+        for t in [WITH_ETA, WITHOUT_ETA] {
+            assert!(ProgressStyle::with_template(t).is_ok(), "{t}");
+        }
     }
 }

@@ -19,7 +19,7 @@ use oomtrace_collector::report::thread_kind;
 use oomtrace_collector::report::{
     fmt_python_lines, EpochReport, Finding, Held, Kind, Level, ProcessReport, Report,
 };
-use oomtrace_collector::units::{fmt_bytes, fmt_duration};
+use oomtrace_collector::units::{fmt_bytes, fmt_count, fmt_duration, fmt_rate};
 
 /// Native frames shown per stack in text (the JSON has them all; Python frames are always
 /// shown in full).
@@ -323,7 +323,7 @@ fn process_text(out: &mut String, p: &ProcessReport) {
         String::new()
     };
     let steps = if p.steps > 0 {
-        format!(", {} steps", p.steps)
+        format!(", {}", fmt_count(p.steps, "step"))
     } else {
         String::new()
     };
@@ -335,12 +335,12 @@ fn process_text(out: &mut String, p: &ProcessReport) {
     };
     let _ = writeln!(
         out,
-        "  pid {}{rank}  {}\n      {}, {}{steps}, {} events{lost}",
+        "  pid {}{rank}  {}\n      {}, {}{steps}, {}{lost}",
         p.pid,
         p.command,
         p.status,
         fmt_duration(p.duration_s),
-        p.events
+        fmt_count(p.events, "event")
     );
     let _ = writeln!(out, "      {}", epochs_line(&p.epochs));
     for d in &p.devices {
@@ -412,8 +412,12 @@ fn process_text(out: &mut String, p: &ProcessReport) {
     if p.unmatched_frees > 0 {
         let _ = writeln!(
             out,
-            "      {} frees of pointers never seen allocated (allocated before tracing, or lost)",
-            p.unmatched_frees
+            "      {} never seen allocated (allocated before tracing, or lost)",
+            if p.unmatched_frees == 1 {
+                "1 free of a pointer".to_string()
+            } else {
+                format!("{} frees of pointers", p.unmatched_frees)
+            }
         );
     }
 }
@@ -659,6 +663,24 @@ pub fn full(r: &Report) -> String {
     full_with(r, &TextOptions::default())
 }
 
+/// The text of separate runs (`all`, the document of every trace; `runs`, each run's own
+/// report): what was done with the traces, then each run's report in turn.
+pub fn side_by_side(all: &Report, runs: &[Report], opts: &TextOptions) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "oomtrace report: {}", all.trace.path);
+    for s in &all.skipped {
+        let _ = writeln!(out, "  (skipped {}: {})", s.path, s.reason);
+    }
+    if let Some(c) = &all.combined {
+        let _ = writeln!(out, "  ({})", c.message);
+    }
+    for (i, r) in runs.iter().enumerate() {
+        let _ = writeln!(out, "\n=== run {} of {} ===", i + 1, runs.len());
+        out.push_str(&full_with(r, opts));
+    }
+    fit(&out, MAX_LINE)
+}
+
 /// The whole text report. OOMs open it: after a crash that is the first question.
 pub fn full_with(r: &Report, opts: &TextOptions) -> String {
     let mut out = String::new();
@@ -681,6 +703,9 @@ pub fn full_with(r: &Report, opts: &TextOptions) -> String {
     for s in &r.skipped {
         let _ = writeln!(out, "  (skipped {}: {})", s.path, s.reason);
     }
+    if let Some(c) = &r.combined {
+        let _ = writeln!(out, "  ({})", c.message);
+    }
     if let Some(ranks) = &r.ranks {
         ranks_text(&mut out, ranks);
     }
@@ -702,9 +727,11 @@ pub fn full_with(r: &Report, opts: &TextOptions) -> String {
             detected_text(&mut out, f, TEXT_FRAMES, opts);
         }
     }
-    let _ = writeln!(out, "\nProcesses ({})", r.processes.len());
-    for p in &r.processes {
-        process_text(&mut out, p);
+    if !r.processes.is_empty() {
+        let _ = writeln!(out, "\nProcesses ({})", r.processes.len());
+        for p in &r.processes {
+            process_text(&mut out, p);
+        }
     }
     let live: Vec<&Finding> = r
         .findings
@@ -816,12 +843,17 @@ fn bucket_text(min: u64, max: u64) -> String {
 fn site_row_text(out: &mut String, r: &SiteRow) {
     let _ = writeln!(
         out,
-        "    peak {:>10}  end {:>10}  {:>7} allocs  {:>7} temporary  {:>+12.0} B/step  {}{}",
+        "    peak {:>10}  end {:>10}  {:>7} {}  {:>7} temporary  {:>16}  {}{}",
         fmt_bytes(r.peak_bytes),
         fmt_bytes(r.live_at_exit_bytes),
         r.allocations,
+        if r.allocations == 1 {
+            "alloc "
+        } else {
+            "allocs"
+        },
         r.temporary,
-        r.growth_per_step,
+        fmt_rate(r.growth_per_step, None),
         site_text(&r.stack),
         outside(r.held)
     );
@@ -841,10 +873,18 @@ fn outside(held: Option<Held>) -> &'static str {
 fn sections_text(out: &mut String, s: &DeviceSections) {
     let t = &s.totals;
     let tensors = s.lists_of == ListsOf::Tensors;
-    let (unit, of) = if tensors {
-        ("tensors", " (tensors; --segments lists PyTorch's segments)")
+    let (noun, of) = if tensors {
+        ("tensor", " (tensors; --segments lists PyTorch's segments)")
     } else {
-        ("allocations", "")
+        ("allocation", "")
+    };
+    // A count in a column: the noun keeps its width ("1 allocation ", "2 allocations").
+    let column = |n: u64| {
+        if n == 1 {
+            format!("{noun} ")
+        } else {
+            format!("{noun}s")
+        }
     };
     let _ = writeln!(
         out,
@@ -854,83 +894,100 @@ fn sections_text(out: &mut String, s: &DeviceSections) {
     );
     let _ = writeln!(
         out,
-        "  totals: {} {unit}, {} frees ({} temporary), {} allocated in total, peak {} at \
-         {}, {} in {} live at exit, {} steps",
-        t.allocations,
-        t.frees,
+        "  totals: {}, {} ({} temporary), {} allocated in total, peak {} at \
+         {}, {} in {} live at exit, {}",
+        fmt_count(t.allocations, noun),
+        fmt_count(t.frees, "free"),
         t.temporary,
         fmt_bytes(t.bytes_allocated),
         fmt_bytes(t.peak_bytes),
         fmt_duration(t.peak_time_s),
         fmt_bytes(t.live_at_exit_bytes),
         t.live_at_exit_count,
-        t.steps
+        fmt_count(t.steps, "step")
     );
     if let Some(o) = s.outside_torch.as_ref().filter(|o| o.allocations > 0) {
         let _ = writeln!(
             out,
-            "  outside PyTorch's allocator: {} allocations, {} allocated in total, {} in {} live \
+            "  outside PyTorch's allocator: {}, {} allocated in total, {} in {} live \
              at exit",
-            o.allocations,
+            fmt_count(o.allocations, "allocation"),
             fmt_bytes(o.bytes_allocated),
             fmt_bytes(o.live_at_exit_bytes),
             o.live_at_exit_count
         );
     }
-    let _ = writeln!(
-        out,
-        "  peak consumers (held at the {}peak):",
-        if tensors { "tensors' " } else { "" }
-    );
-    for c in &s.peak_consumers {
+    if !s.peak_consumers.is_empty() {
         let _ = writeln!(
             out,
-            "    {:>10} in {:>5}  {}{}",
-            fmt_bytes(c.bytes),
-            c.count,
-            site_text(&c.stack),
-            outside(c.held)
+            "  peak consumers (held at the {}peak):",
+            if tensors { "tensors' " } else { "" }
         );
+        for c in &s.peak_consumers {
+            let _ = writeln!(
+                out,
+                "    {:>10} in {:>5}  {}{}",
+                fmt_bytes(c.bytes),
+                c.count,
+                site_text(&c.stack),
+                outside(c.held)
+            );
+        }
     }
-    let _ = writeln!(out, "  most allocations:");
-    for r in &s.most_allocations {
+    if !s.most_allocations.is_empty() {
+        let _ = writeln!(out, "  most allocations:");
+        for r in &s.most_allocations {
+            let _ = writeln!(
+                out,
+                "    {:>7} {:<12} {:>10} in total  {}{}",
+                r.allocations,
+                if r.allocations == 1 {
+                    "allocation,"
+                } else {
+                    "allocations,"
+                },
+                fmt_bytes(r.bytes_allocated),
+                site_text(&r.stack),
+                outside(r.held)
+            );
+        }
+    }
+    if !s.most_temporary.is_empty() {
+        let _ = writeln!(out, "  most temporary allocations (freed in their step):");
+        for r in &s.most_temporary {
+            let _ = writeln!(
+                out,
+                "    {:>7} of {:>7} allocation{}  {}{}",
+                r.temporary,
+                r.allocations,
+                if r.allocations == 1 { " " } else { "s" },
+                site_text(&r.stack),
+                outside(r.held)
+            );
+        }
+    }
+    if !s.size_histogram.is_empty() {
         let _ = writeln!(
             out,
-            "    {:>7} allocations, {:>10} in total  {}{}",
-            r.allocations,
-            fmt_bytes(r.bytes_allocated),
-            site_text(&r.stack),
-            outside(r.held)
+            "  {} sizes:",
+            if tensors { "tensor" } else { "allocation" }
         );
+        for b in &s.size_histogram {
+            let _ = writeln!(
+                out,
+                "    {:>22}  {:>7} {}  {:>10}",
+                bucket_text(b.min_bytes, b.max_bytes),
+                b.count,
+                column(b.count),
+                fmt_bytes(b.bytes)
+            );
+        }
     }
-    let _ = writeln!(out, "  most temporary allocations (freed in their step):");
-    for r in &s.most_temporary {
-        let _ = writeln!(
-            out,
-            "    {:>7} of {:>7} allocations  {}{}",
-            r.temporary,
-            r.allocations,
-            site_text(&r.stack),
-            outside(r.held)
-        );
-    }
-    let _ = writeln!(
-        out,
-        "  {} sizes:",
-        if tensors { "tensor" } else { "allocation" }
-    );
-    for b in &s.size_histogram {
-        let _ = writeln!(
-            out,
-            "    {:>22}  {:>7} {unit}  {:>10}",
-            bucket_text(b.min_bytes, b.max_bytes),
-            b.count,
-            fmt_bytes(b.bytes)
-        );
-    }
-    let _ = writeln!(out, "  call sites (by {}):", s.sort);
-    for r in &s.sites {
-        site_row_text(out, r);
+    if !s.sites.is_empty() {
+        let _ = writeln!(out, "  call sites (by {}):", s.sort);
+        for r in &s.sites {
+            site_row_text(out, r);
+        }
     }
 }
 

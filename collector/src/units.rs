@@ -17,6 +17,15 @@ pub fn fmt_bytes(b: u64) -> String {
     }
 }
 
+/// "1 allocation", "2 allocations", "0 allocations": a count with its noun, singular for one.
+pub fn fmt_count(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 /// "250 ms", "3.20 s", "4 min 12 s".
 pub fn fmt_duration(secs: f64) -> String {
     if secs < 1.0 {
@@ -47,6 +56,13 @@ mod tests {
         assert_eq!(fmt_bytes(512), "512 B");
         assert_eq!(fmt_bytes(1536), "1.50 KiB");
         assert_eq!(fmt_bytes(3 << 30), "3.00 GiB");
+    }
+
+    #[test]
+    fn counts_agree_with_their_noun() {
+        assert_eq!(fmt_count(1, "allocation"), "1 allocation");
+        assert_eq!(fmt_count(0, "step"), "0 steps");
+        assert_eq!(fmt_count(2, "free"), "2 frees");
     }
 
     #[test]

@@ -222,6 +222,8 @@ fn two_ranks(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Vec<PathBuf> {
                 .arg(scenario("rank_job"))
                 .args(args)
                 .env("RANK", rank.to_string())
+                // One job: its traces merge into one report with a rank table.
+                .env("SLURM_JOB_ID", "7")
                 .env("SIMCUDA_MEMORY", "4GiB");
             for (k, v) in env {
                 cmd.env(k, v);
@@ -468,11 +470,19 @@ fn the_chrome_export_is_coalesced_unless_all_samples() {
 #[test]
 fn a_directory_names_each_member_it_cannot_read() {
     let dir = scratch("bounds_dir");
-    let good = std::fs::read(run_traced("runtime_basic", &[], &[]).trace).unwrap();
-    const GOOD: usize = 24;
+    // Traces of one job (copies of one trace would be refused: the same processes twice).
+    const GOOD: usize = 6;
     for i in 0..GOOD {
-        std::fs::write(dir.join(format!("good{i:02}.oomt")), &good).unwrap();
+        let rank = i.to_string();
+        let env = [
+            ("SLURM_JOB_ID", "4243"),
+            ("SLURM_PROCID", rank.as_str()),
+            ("SLURM_NTASKS", "6"),
+        ];
+        let t = run_traced("runtime_basic", &[], &env);
+        std::fs::copy(&t.trace, dir.join(format!("good{i:02}.oomt"))).unwrap();
     }
+    let good = std::fs::read(dir.join("good00.oomt")).unwrap();
     let mut bad = good.clone();
     let n = bad.len();
     for b in &mut bad[n / 2..n / 2 + 64] {

@@ -189,6 +189,49 @@ fn collect_touches_an_existing_output_only_when_a_process_connects() {
     assert_eq!(names_in(&dir), ["t.oomt"]);
 }
 
+/// `collect` says where it wrote the trace when it stops, as `run` does: with `--no-clobber`
+/// beside an existing file that is a name the user did not give.
+#[test]
+fn collect_says_where_it_wrote_the_trace() {
+    let dir = scratch("collect-says-where");
+    let socket = dir.join("c.sock");
+    let trace = dir.join("t.oomt");
+    std::fs::write(&trace, b"the previous trace").unwrap();
+    let child = base_command(oomtrace_bin())
+        .args(["collect", "--no-clobber", "--exit-when-idle", "--socket"])
+        .arg(&socket)
+        .arg("--output")
+        .arg(&trace)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the collector");
+    let mut c = Guard(child);
+    let start = std::time::Instant::now();
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(start.elapsed() < TIMEOUT, "the collector did not listen");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let mut app = base_command(scenario("runtime_basic"));
+    app.env("LD_PRELOAD", shim())
+        .env("OOMTRACE_SOCKET", &socket);
+    assert!(output_within(app, TIMEOUT).status.success());
+    let status = wait_within(&mut c.0, TIMEOUT, "the collector");
+    assert!(status.success());
+    let mut err = String::new();
+    use std::io::Read;
+    c.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let written = dir.join("t.1.oomt");
+    let line = format!(
+        "oomtrace: trace written to {}; details: oomtrace report {}",
+        written.display(),
+        written.display()
+    );
+    assert!(err.lines().any(|l| l == line), "{line:?} not in:\n{err}");
+    assert_eq!(processes(&report_json(&written)).len(), 1);
+    assert_eq!(std::fs::read(&trace).unwrap(), b"the previous trace");
+}
+
 #[test]
 fn oomtrace_output_that_is_a_device_is_refused_in_one_line_and_nothing_is_written_beside_it() {
     let dir = scratch("output-device");

@@ -18,6 +18,8 @@ fn torchrun_env(rank: u32) -> Vec<(&'static str, String)> {
         ("WORLD_SIZE", WORLD.to_string()),
         ("LOCAL_WORLD_SIZE", "2".into()),
         ("GROUP_RANK", (rank / 2).to_string()),
+        // torchrun names the run (its rendezvous id): the traces of its ranks are one job.
+        ("TORCHELASTIC_RUN_ID", "run-17".into()),
     ]
 }
 

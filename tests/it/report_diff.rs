@@ -120,10 +120,18 @@ fn report_sections_have_the_numbers_of_a_known_program() {
             (8 * MIB, 16 * MIB - 1, 3, 24 * MIB),
         ]
     );
-    // Every site row carries a stable key and its stack.
-    for row in s["sites"].as_array().unwrap() {
-        assert!(row["key"].as_str().unwrap().starts_with("keep_"), "{row}");
-    }
+    // Every site row carries a stable key and its stack; the table sorted by what is live
+    // at exit still lists every site, those with nothing left last.
+    let keys: Vec<&str> = s["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    assert!(keys[0].starts_with("keep_weights <- "), "{keys:?}");
+    assert!(keys[1].starts_with("keep_cache <- "), "{keys:?}");
+    assert!(keys[2].starts_with("temporaries <- "), "{keys:?}");
 
     let text = report_text(&t.trace);
     for needle in [
@@ -147,9 +155,10 @@ fn report_sections_have_the_numbers_of_a_known_program() {
 fn sort_orders_the_call_site_table() {
     let t = run_traced("runtime_basic", &[], &[]);
     let by_end = site_order(&t.trace, None);
+    // Sorting never filters: `temporaries` holds nothing at exit and comes last.
     assert_eq!(
         by_end,
-        ["keep_weights", "keep_cache"],
+        ["keep_weights", "keep_cache", "temporaries"],
         "default: live at exit"
     );
     assert_eq!(site_order(&t.trace, Some("end")), by_end);
@@ -159,6 +168,11 @@ fn sort_orders_the_call_site_table() {
     );
     assert_eq!(
         site_order(&t.trace, Some("peak")),
+        ["keep_weights", "keep_cache", "temporaries"]
+    );
+    // No step markers: every growth is 0, so ties go by peak, and nothing is left out.
+    assert_eq!(
+        site_order(&t.trace, Some("growth")),
         ["keep_weights", "keep_cache", "temporaries"]
     );
     let text = stdout_of(&oomtrace(&[
@@ -352,4 +366,350 @@ fn growth_per_step_is_measured_between_markers() {
         .expect("history_append in the table");
     assert_eq!(history["growth_per_step"].as_f64(), Some((2 * MIB) as f64));
     assert_eq!(history["live_at_exit_bytes"], 120 * MIB);
+}
+
+/// leak_then_eval on a 1 GiB device (see the scenario): `args` are its leak and evaluation
+/// sizes in MiB.
+fn leak_then_eval(args: &[&str]) -> Traced {
+    let t = run_traced("leak_then_eval", args, &[("SIMCUDA_MEMORY", "1GiB")]);
+    assert!(t.trace.is_file(), "{args:?}: no trace\n{}", t.stderr);
+    t
+}
+
+/// The demo's story: the leak left too little room for the evaluation buffer (an OOM); the
+/// fix lets it fit, and the device's peak goes up. That is the work the fix made possible:
+/// the leak and the OOM are gone (improvements), the peaks are not compared (one line says
+/// why), and `--fail-on-regression` passes. The other way round, the new leak and OOM are
+/// regressions.
+#[test]
+fn diff_knows_a_fix_that_raised_the_peak() {
+    let before = leak_then_eval(&["2", "768"]);
+    let after = leak_then_eval(&["0", "768"]);
+    assert!(before.stdout.contains("out of memory"), "{}", before.stdout);
+    assert!(after.stdout.contains("allocated"), "{}", after.stdout);
+    let (b, a) = (
+        before.trace.to_str().unwrap(),
+        after.trace.to_str().unwrap(),
+    );
+
+    let d = json_of(&oomtrace(&["diff", "--json", b, a]));
+    assert_eq!(d["regression"], false, "{d}");
+    assert!(d["regressions"].as_array().unwrap().is_empty(), "{d}");
+    let dev = &d["devices"][0];
+    assert!(
+        dev["after_peak_bytes"].as_u64() > dev["before_peak_bytes"].as_u64(),
+        "the fix raised the peak: {dev}"
+    );
+    assert_eq!(dev["regression"], false);
+    assert_eq!(d["peaks_compared"], false);
+    assert_eq!(d["live_at_exit_compared"], false);
+    assert_eq!(d["before_work"]["steps"], 60);
+    assert_eq!(d["after_work"]["steps"], 60);
+    assert_eq!(d["before_work"]["out_of_memory"], 1);
+    assert_eq!(d["after_work"]["out_of_memory"], 0);
+    let why = d["not_compared"].as_str().expect("a reason");
+    assert!(why.contains("BEFORE ran out of memory"), "{why}");
+    let improvements: Vec<&str> = d["improvements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_str().unwrap())
+        .collect();
+    assert!(
+        improvements.contains(&"leak at keep_history (device 0) is gone"),
+        "{improvements:?}"
+    );
+    assert!(
+        improvements.contains(&"oom at evaluate (device 0) is gone"),
+        "{improvements:?}"
+    );
+    let eval = d["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "evaluate")
+        .expect("evaluate among the sites");
+    assert_eq!(eval["regression"], false, "{eval}");
+
+    let out = oomtrace(&["diff", "--fail-on-regression", b, a]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout_of(&out));
+    let text = stdout_of(&out);
+    assert!(!text.contains("REGRESSION"), "{text}");
+    assert!(text.contains("No regression."), "{text}");
+    assert!(text.contains("\nImprovements (2)\n"), "{text}");
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("not compared"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one line says why: {text}");
+    assert!(lines[0].contains("BEFORE ran out of memory"), "{text}");
+    // Growth is a rate with a unit: the leak's site gave up 2 MiB a step.
+    assert!(text.contains("growth -2.00 MiB/step"), "{text}");
+    assert!(!text.contains("2097152"), "{text}");
+
+    // Undoing the fix brings back the leak and the OOM: regressions, exit 3.
+    let back = json_of(&oomtrace(&["diff", "--json", a, b]));
+    assert_eq!(back["regression"], true, "{back}");
+    let reasons = back["regressions"].to_string();
+    assert!(
+        reasons.contains("new leak finding at keep_history"),
+        "{reasons}"
+    );
+    assert!(reasons.contains("new oom finding at evaluate"), "{reasons}");
+    assert_eq!(
+        oomtrace(&["diff", "--fail-on-regression", a, b])
+            .status
+            .code(),
+        Some(3)
+    );
+}
+
+/// A run that crashed after 30 steps (killed) against the fixed one that made all 60 and
+/// evaluated, with a higher peak: BEFORE stopped early, so the sizes are not compared and the
+/// reason names the crash and the steps; not a regression.
+#[test]
+fn diff_does_not_compare_sizes_of_a_run_that_stopped_early() {
+    let before = leak_then_eval(&["2", "768", "30"]);
+    assert!(!before.status.success(), "{}", before.stderr);
+    let after = leak_then_eval(&["0", "768"]);
+    let (b, a) = (
+        before.trace.to_str().unwrap(),
+        after.trace.to_str().unwrap(),
+    );
+    let d = json_of(&oomtrace(&["diff", "--json", b, a]));
+    assert_eq!(d["regression"], false, "{d}");
+    // Killed: the markers still in the shim's buffer died with it.
+    let steps = d["before_work"]["steps"].as_u64().unwrap();
+    assert!((1..=30).contains(&steps), "{d}");
+    assert_eq!(d["after_work"]["steps"], 60);
+    assert!(d["before_work"]["stopped_early"].is_string(), "{d}");
+    assert_eq!(d["after_work"]["stopped_early"], Value::Null, "{d}");
+    let why = d["not_compared"].as_str().unwrap();
+    assert!(why.contains("BEFORE stopped early (pid "), "{why}");
+    assert!(
+        why.contains(&format!("BEFORE made {steps} steps and AFTER 60")),
+        "{why}"
+    );
+    assert!(
+        d["devices"][0]["after_peak_bytes"].as_u64()
+            > d["devices"][0]["before_peak_bytes"].as_u64(),
+        "{d}"
+    );
+    assert_eq!(
+        oomtrace(&["diff", "--fail-on-regression", b, a])
+            .status
+            .code(),
+        Some(0)
+    );
+}
+
+/// The same work (60 steps, no OOM) with a bigger evaluation buffer: the peaks are compared
+/// and the growth is a regression, by a percentage and by a byte threshold; a threshold above
+/// it passes.
+#[test]
+fn diff_still_finds_a_higher_peak_of_the_same_work() {
+    let before = leak_then_eval(&["0", "512"]);
+    let after = leak_then_eval(&["0", "768"]);
+    let (b, a) = (
+        before.trace.to_str().unwrap(),
+        after.trace.to_str().unwrap(),
+    );
+    let d = json_of(&oomtrace(&["diff", "--json", b, a]));
+    assert_eq!(d["peaks_compared"], true, "{d}");
+    assert_eq!(d["not_compared"], Value::Null, "{d}");
+    assert_eq!(d["regression"], true, "{d}");
+    assert_eq!(d["devices"][0]["regression"], true, "{d}");
+    let eval = d["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "evaluate")
+        .expect("evaluate among the sites");
+    assert_eq!(eval["regression"], true, "{eval}");
+    assert_eq!(eval["peak_delta_bytes"], 256 * MIB);
+    let text = stdout_of(&oomtrace(&["diff", b, a]));
+    assert!(text.contains("REGRESSION"), "{text}");
+    assert!(!text.contains("not compared"), "{text}");
+    assert_eq!(
+        oomtrace(&["diff", "--fail-on-regression", b, a])
+            .status
+            .code(),
+        Some(3)
+    );
+    let loose = json_of(&oomtrace(&[
+        "diff",
+        "--json",
+        "--threshold",
+        "300MiB",
+        b,
+        a,
+    ]));
+    assert_eq!(loose["regression"], false, "{loose}");
+}
+
+/// The same trace twice, by the same path, by another path to the same file, through its
+/// directory, or as a copy: refused in one line, exit 2, nothing on stdout.
+#[test]
+fn report_refuses_the_same_trace_twice() {
+    let t = run_traced("runtime_basic", &[], &[]);
+    let dir = scratch("report-twice");
+    let copy = dir.join("copy.oomt");
+    std::fs::copy(&t.trace, &copy).unwrap();
+    let link = dir.join("link.oomt");
+    std::fs::hard_link(&copy, &link).unwrap();
+    let trace = t.trace.to_str().unwrap();
+    let other_path = format!("{}/./trace.oomt", t.trace.parent().unwrap().display());
+    for (args, says) in [
+        (vec![trace, trace], "are the same trace file"),
+        (vec![trace, other_path.as_str()], "are the same trace file"),
+        (
+            vec![copy.to_str().unwrap(), link.to_str().unwrap()],
+            "are the same trace file",
+        ),
+        (vec![dir.to_str().unwrap()], "are the same trace file"),
+        (
+            vec![trace, copy.to_str().unwrap()],
+            "are the same trace (the same processes)",
+        ),
+    ] {
+        let mut all = vec!["report"];
+        all.extend(&args);
+        let out = oomtrace(&all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("oomtrace: ") && err.contains(says),
+            "{args:?}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
+
+/// Two runs of unrelated programs (no launcher job id): reported side by side, each its own
+/// report, with a line saying so; `--merge` makes one report of them and says that instead.
+/// Two traces of one Slurm job are merged without asking, and the line names the job.
+#[test]
+fn report_merges_only_traces_of_one_job() {
+    let a = run_traced("runtime_basic", &[], &[]);
+    let b = run_traced("leak_history", &[], &[("CORPUS_STEPS", "20")]);
+    let (ta, tb) = (a.trace.to_str().unwrap(), b.trace.to_str().unwrap());
+    let text = stdout_of(&oomtrace(&["report", ta, tb]));
+    assert!(
+        text.contains("2 traces of 2 separate runs (no launcher job id in common), reported one after another; --merge makes one report of them"),
+        "{text}"
+    );
+    assert!(
+        text.contains("=== run 1 of 2 ===") && text.contains("=== run 2 of 2 ==="),
+        "{text}"
+    );
+    assert_eq!(text.matches("Processes (1)").count(), 2, "{text}");
+    assert!(!text.contains("Processes (2)"), "{text}");
+    let r = json_of(&oomtrace(&["report", "--json", ta, tb]));
+    assert_eq!(r["combined"]["how"], "separate_runs", "{}", r["combined"]);
+    assert_eq!(r["combined"]["runs"], 2);
+    assert_eq!(r["runs"].as_array().unwrap().len(), 2);
+    assert_eq!(r["runs"][0]["traces"][0], ta);
+    assert_eq!(
+        r["processes"].as_array().unwrap().len(),
+        2,
+        "every process is listed"
+    );
+
+    let merged = stdout_of(&oomtrace(&["report", "--merge", ta, tb]));
+    assert!(
+        merged.contains("2 traces of 2 separate runs (no launcher job id in common), merged into one report as asked (--merge)"),
+        "{merged}"
+    );
+    assert!(merged.contains("Processes (2)"), "{merged}");
+    assert!(!merged.contains("=== run "), "{merged}");
+    let m = json_of(&oomtrace(&["report", "--json", "--merge", ta, tb]));
+    assert_eq!(m["combined"]["how"], "merged_on_request");
+    assert!(m.get("runs").is_none(), "{m}");
+
+    let job = |rank: &str| {
+        run_traced(
+            "runtime_basic",
+            &[],
+            &[
+                ("SLURM_JOB_ID", "777"),
+                ("SLURM_PROCID", rank),
+                ("SLURM_NTASKS", "2"),
+            ],
+        )
+    };
+    let (r0, r1) = (job("0"), job("1"));
+    let (t0, t1) = (r0.trace.to_str().unwrap(), r1.trace.to_str().unwrap());
+    let text = stdout_of(&oomtrace(&["report", t0, t1]));
+    assert!(
+        text.contains("2 traces of one job (777), merged into one report"),
+        "{text}"
+    );
+    assert!(text.contains("Ranks (2 of 2)"), "{text}");
+    let j = json_of(&oomtrace(&["report", "--json", t0, t1]));
+    assert_eq!(j["combined"]["how"], "one_job");
+    assert_eq!(j["processes"][0]["job"], "777");
+    assert_eq!(j["ranks"]["rows"].as_array().unwrap().len(), 2);
+}
+
+/// A leak that ran the device out of memory: no "at this rate the device is full in ..."
+/// after it did (text or JSON); the counts read "1 allocation", not "1 allocations"; a list
+/// with nothing in it has no heading; growth is a size per step.
+#[test]
+fn a_report_after_an_oom_forecasts_nothing_and_counts_right() {
+    let t = leak_then_eval(&["16", "768"]);
+    assert_eq!(t.status.code(), Some(90), "{}", t.stderr);
+    let r = report_json(&t.trace);
+    let leaks = findings(&r, "leak");
+    assert!(!leaks.is_empty(), "{r}");
+    for f in leaks.iter().chain(findings(&r, "device_growth").iter()) {
+        let e = &f["evidence"];
+        assert!(
+            e["time_to_oom_s"].is_null() && e["steps_to_oom"].is_null(),
+            "{e}"
+        );
+    }
+    let text = report_text(&t.trace);
+    assert!(!text.contains("device is full in"), "{text}");
+    // The evaluation never ran: its site did not allocate. A single allocation reads as one.
+    assert!(!text.contains(" 1 allocations"), "{text}");
+    assert!(!text.contains(" 1 steps"), "{text}");
+    assert!(!text.contains("16777216"), "{text}");
+    assert!(text.contains("16.00 MiB/step"), "{text}");
+    // Every heading of a section is followed by a row of it.
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, l) in lines.iter().enumerate() {
+        if l.starts_with("  ") && !l.starts_with("   ") && l.ends_with(':') {
+            let next = lines.get(i + 1).copied().unwrap_or("");
+            assert!(next.starts_with("    "), "empty heading {l:?}:\n{text}");
+        }
+    }
+
+    // Without the OOM (a 4 GiB device), the same leak's forecast is there.
+    let roomy = run_traced(
+        "leak_then_eval",
+        &["16", "768"],
+        &[("SIMCUDA_MEMORY", "4GiB")],
+    );
+    let r = report_json(&roomy.trace);
+    assert!(
+        findings(&r, "leak")
+            .iter()
+            .any(|f| f["evidence"]["time_to_oom_s"].as_f64().is_some()),
+        "{r}"
+    );
+}
+
+/// runtime_basic's keep_cache makes one allocation: "1 allocation," in the list of most
+/// allocations, never "1 allocations".
+#[test]
+fn report_text_says_1_allocation() {
+    let t = run_traced("runtime_basic", &[], &[]);
+    let text = report_text(&t.trace);
+    assert!(
+        text.contains("      1 allocation,    4.00 MiB in total  keep_cache"),
+        "{text}"
+    );
+    assert!(!text.contains(" 1 allocations"), "{text}");
+    assert!(!text.contains(" 1 allocs"), "{text}");
 }

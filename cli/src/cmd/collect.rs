@@ -200,6 +200,20 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
                 output.display(),
                 i.sentence(trace.header.created_unix_ns)
             );
+            eprintln!(
+                "oomtrace: the trace in {} is incomplete (see above); what it holds: \
+                 oomtrace report {}",
+                output.display(),
+                output.display()
+            );
+        } else {
+            // Where it went, as `run` says it: with --no-clobber or the default name the
+            // user may not know.
+            eprintln!(
+                "oomtrace: trace written to {}; details: oomtrace report {}",
+                output.display(),
+                output.display()
+            );
         }
     }
     let _ = signals::STOP.load(Ordering::Relaxed);

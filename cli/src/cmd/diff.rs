@@ -11,6 +11,13 @@
 //! in it is `unmatched`, never `gone` or `new`, a finding there that the other trace lacks is
 //! `unmatched` rather than appeared or disappeared, and neither is a regression: a missing
 //! partner says nothing about the code.
+//!
+//! Sizes are compared only between runs that did the same work ([`Work`]): a fix that lets a
+//! run finish (its leak gone, the evaluation buffer that ran out of memory now fits) makes it
+//! reach a higher peak, and that is the work the fix made possible, not a regression. Peaks
+//! compare only when both runs made the same number of steps and neither ran out of memory;
+//! bytes live at exit only when neither ran out of memory nor stopped early. A leak or OOM
+//! finding that disappeared is an improvement.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -18,13 +25,16 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::str::FromStr;
 
-use oomtrace_collector::analysis::Analysis;
+use oomtrace_collector::analysis::{Analysis, Cause};
 use oomtrace_collector::model::trace::Trace;
+use oomtrace_collector::model::EndState;
 use oomtrace_collector::report::module_file::StaleModule;
-use oomtrace_collector::report::sections::{self, site_key, site_name, SectionOptions, SiteOrder};
+use oomtrace_collector::report::sections::{
+    self, site_key, site_name, SectionOptions, SiteOrder, NO_STACK,
+};
 use oomtrace_collector::report::symbolize::FrameInfo;
 use oomtrace_collector::report::{self, Kind, ReportOptions};
-use oomtrace_collector::units::fmt_bytes;
+use oomtrace_collector::units::{fmt_bytes, fmt_rate};
 use serde::Serialize;
 
 use crate::output::Output;
@@ -52,7 +62,8 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Exit 3 when AFTER regressed: a new leak or OOM finding, or a call site's or device's
-    /// peak or live-at-exit bytes grew by more than --threshold.
+    /// peak or live-at-exit bytes grew by more than --threshold (peaks only between runs
+    /// that did the same work: same steps, neither ran out of memory).
     #[arg(long)]
     pub fail_on_regression: bool,
     /// How much a peak or live-at-exit may grow: a percentage (`10%`, of the BEFORE value, and
@@ -179,6 +190,20 @@ pub struct DiffStaleModule {
     pub module: StaleModule,
 }
 
+/// What one trace's run did, to tell whether its sizes compare with the other's.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Work {
+    /// Step markers, all processes.
+    pub steps: u64,
+    /// Allocations refused for want of memory and not recovered by a retry (its OOM
+    /// findings).
+    pub out_of_memory: u64,
+    /// Why the run ended before its end, when it did (a process killed or crashed, a trace
+    /// cut short); absent when it finished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_early: Option<String>,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Diff {
     pub version: u32,
@@ -194,6 +219,19 @@ pub struct Diff {
     /// Each reason AFTER counts as a regression, one sentence each.
     pub regressions: Vec<String>,
     pub regression: bool,
+    /// What each run did (steps, out of memory, stopped early).
+    pub before_work: Work,
+    pub after_work: Work,
+    /// Peaks were compared (for regressions): both runs made the same number of steps and
+    /// neither ran out of memory or stopped early.
+    pub peaks_compared: bool,
+    /// Bytes live at exit were compared: neither run ran out of memory or stopped early.
+    pub live_at_exit_compared: bool,
+    /// Why sizes were not compared, in one sentence; absent when they were.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_compared: Option<String>,
+    /// Each leak or OOM finding of BEFORE that AFTER no longer has, one sentence each.
+    pub improvements: Vec<String>,
     /// Modules whose files changed since a trace was taken (their frames are `module+offset`).
     pub stale_modules: Vec<DiffStaleModule>,
     /// File names of the modules whose call sites cannot be compared: changed since one trace
@@ -216,6 +254,7 @@ struct Side {
     /// Each finding, with the modules of its frames.
     findings: BTreeMap<FindingKey, BTreeSet<String>>,
     stale: Vec<StaleModule>,
+    work: Work,
 }
 
 /// The modules (file names) that `stack`'s native frames are in.
@@ -243,6 +282,7 @@ fn load(path: &Path) -> Result<Side, Failure> {
         devices: BTreeMap::new(),
         findings: BTreeMap::new(),
         stale: Vec::new(),
+        work: Work::default(),
     };
     for s in sections::build(
         &trace,
@@ -298,8 +338,102 @@ fn load(path: &Path) -> Result<Side, Failure> {
             .or_default()
             .extend(modules_of(&f.stack));
     }
+    side.work = Work {
+        steps: trace.processes.iter().map(|p| p.markers).sum(),
+        out_of_memory: report
+            .findings
+            .iter()
+            .filter(|f| f.kind == Kind::Oom && f.cause != Cause::RetriedAfterFree)
+            .count() as u64,
+        stopped_early: stopped_early(&trace, &report),
+    };
     side.stale = report.stale_modules;
     Ok(side)
+}
+
+/// Why the run of `trace` ended before its end, if it did: a trace cut short, or a process
+/// that ended without exiting (killed, crashed, still running when the trace ended).
+fn stopped_early(trace: &Trace<Analysis>, report: &report::Report) -> Option<String> {
+    if let Some(i) = &report.trace.incomplete {
+        return Some(format!("its trace is cut short ({})", i.cause));
+    }
+    if report.trace.truncated {
+        return Some("its trace ends inside a record".into());
+    }
+    trace
+        .processes
+        .iter()
+        .zip(&report.processes)
+        .find_map(|(p, r)| {
+            let ended = match p.end {
+                // It exited (the end of its stream may be lost, not its work).
+                EndState::Exited(_) | EndState::Unheard(_) => false,
+                // An image replaced by exec goes on in the next one.
+                EndState::Abrupt => r.status != report::REPLACED_BY_EXEC,
+                EndState::Running | EndState::ProtocolError => true,
+            };
+            ended.then(|| format!("pid {} {}", r.pid, r.status))
+        })
+}
+
+/// Whether the two runs did the same work, and if not why, in one sentence: peaks compare
+/// only between runs with the same steps where neither ran out of memory or stopped early;
+/// live at exit where neither ran out of memory or stopped early.
+fn comparable(before: &Work, after: &Work) -> (bool, bool, Option<String>) {
+    let mut why = Vec::new();
+    for (name, w) in [("BEFORE", before), ("AFTER", after)] {
+        if w.out_of_memory > 0 {
+            let n = w.out_of_memory;
+            why.push(format!(
+                "{name} ran out of memory ({n} failed allocation{})",
+                plural(n)
+            ));
+        }
+        if let Some(s) = &w.stopped_early {
+            why.push(format!("{name} stopped early ({s})"));
+        }
+    }
+    let live = why.is_empty();
+    if before.steps != after.steps {
+        why.push(format!(
+            "BEFORE made {} step{} and AFTER {}",
+            before.steps,
+            plural(before.steps),
+            after.steps
+        ));
+    }
+    let peaks = why.is_empty();
+    let not_compared = (!peaks).then(|| {
+        format!(
+            "{} not compared: {}; the runs did not do the same work (a fix that lets a run \
+             finish raises its peak)",
+            if live {
+                "peaks"
+            } else {
+                "peaks and live-at-exit bytes"
+            },
+            why.join("; ")
+        )
+    });
+    (peaks, live, not_compared)
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// Where a finding is, for reading: `at its site (device 0)`, or `on device 0` for one
+/// without a stack (a device's threshold or growth).
+fn finding_place(f: &FindingKey) -> String {
+    if f.key == NO_STACK {
+        format!("on {}", device_name(f.device))
+    } else {
+        format!("at {} ({})", f.name, device_name(f.device))
+    }
 }
 
 /// The modules (file names) whose call sites the two traces cannot compare: changed since
@@ -330,6 +464,8 @@ fn delta(before: u64, after: u64) -> i64 {
 
 fn compare(before: &Side, after: &Side, args: &Args) -> Diff {
     let mut regressions = Vec::new();
+    let (peaks_compared, live_compared, not_compared) = comparable(&before.work, &after.work);
+    let grew = |b: u64, a: u64, compared: bool| compared && args.threshold.exceeded(b, a);
     let mut sites = Vec::new();
     let unmatched = unmatched_modules(before, after);
     let keys: BTreeSet<&(String, i16)> = before.sites.keys().chain(after.sites.keys()).collect();
@@ -346,10 +482,8 @@ fn compare(before: &Side, after: &Side, args: &Args) -> Diff {
             .chain(a)
             .any(|e| !e.modules.is_disjoint(&unmatched));
         let regression = !in_unmatched
-            && (args.threshold.exceeded(bs.peak_bytes, as_.peak_bytes)
-                || args
-                    .threshold
-                    .exceeded(bs.live_at_exit_bytes, as_.live_at_exit_bytes));
+            && (grew(bs.peak_bytes, as_.peak_bytes, peaks_compared)
+                || grew(bs.live_at_exit_bytes, as_.live_at_exit_bytes, live_compared));
         if regression {
             regressions.push(format!(
                 "{name} on {}: peak {} -> {}, live at exit {} -> {}",
@@ -407,7 +541,7 @@ fn compare(before: &Side, after: &Side, args: &Args) -> Diff {
     for d in dev_keys {
         let b = before.devices.get(&d).copied().unwrap_or_default();
         let a = after.devices.get(&d).copied().unwrap_or_default();
-        let regression = args.threshold.exceeded(b.0, a.0) || args.threshold.exceeded(b.1, a.1);
+        let regression = grew(b.0, a.0, peaks_compared) || grew(b.1, a.1, live_compared);
         if regression {
             regressions.push(format!(
                 "{}: peak {} -> {}, live at exit {} -> {}",
@@ -446,17 +580,24 @@ fn compare(before: &Side, after: &Side, args: &Args) -> Diff {
     };
     let appeared = only_in(after, before);
     let disappeared = only_in(before, after);
-    for f in appeared
-        .iter()
-        .filter(|f| f.kind == Kind::Leak.name() || f.kind == Kind::Oom.name())
-    {
-        regressions.push(format!(
-            "new {} finding at {} on {}",
-            f.kind,
-            f.name,
-            device_name(f.device)
-        ));
+    let leak_or_oom = |f: &&FindingKey| f.kind == Kind::Leak.name() || f.kind == Kind::Oom.name();
+    for f in appeared.iter().filter(leak_or_oom) {
+        regressions.push(if f.key == NO_STACK {
+            format!("new {} finding on {}", f.kind, device_name(f.device))
+        } else {
+            format!(
+                "new {} finding at {} on {}",
+                f.kind,
+                f.name,
+                device_name(f.device)
+            )
+        });
     }
+    let improvements = disappeared
+        .iter()
+        .filter(leak_or_oom)
+        .map(|f| format!("{} {} is gone", f.kind, finding_place(f)))
+        .collect();
     Diff {
         version: DIFF_VERSION,
         before: args.before.display().to_string(),
@@ -472,6 +613,12 @@ fn compare(before: &Side, after: &Side, args: &Args) -> Diff {
         },
         regression: !regressions.is_empty(),
         regressions,
+        before_work: before.work.clone(),
+        after_work: after.work.clone(),
+        peaks_compared,
+        live_at_exit_compared: live_compared,
+        not_compared,
+        improvements,
         stale_modules: stale_modules(before, after, args),
         unmatched_modules: unmatched.into_iter().collect(),
     }
@@ -529,6 +676,9 @@ fn text(d: &Diff) -> String {
             if v.regression { "  REGRESSION" } else { "" }
         );
     }
+    if let Some(why) = &d.not_compared {
+        let _ = writeln!(out, "  {why}");
+    }
     let _ = writeln!(
         out,
         "\nFindings: {} appeared, {} disappeared",
@@ -536,30 +686,17 @@ fn text(d: &Diff) -> String {
         d.findings.disappeared.len()
     );
     for f in &d.findings.appeared {
-        let _ = writeln!(
-            out,
-            "  + {} at {} ({})",
-            f.kind,
-            f.name,
-            device_name(f.device)
-        );
+        let _ = writeln!(out, "  + {} {}", f.kind, finding_place(f));
     }
     for f in &d.findings.disappeared {
-        let _ = writeln!(
-            out,
-            "  - {} at {} ({})",
-            f.kind,
-            f.name,
-            device_name(f.device)
-        );
+        let _ = writeln!(out, "  - {} {}", f.kind, finding_place(f));
     }
     for f in &d.findings.unmatched {
         let _ = writeln!(
             out,
-            "  ? {} at {} ({}): in one trace only, in an unmatched module",
+            "  ? {} {}: in one trace only, in an unmatched module",
             f.kind,
-            f.name,
-            device_name(f.device)
+            finding_place(f)
         );
     }
     let _ = writeln!(
@@ -586,7 +723,7 @@ fn text(d: &Diff) -> String {
         };
         let _ = writeln!(
             out,
-            "  {:<7} {} ({}): {} -> {}; peak {}, end {}, growth {:+.0} B/step{}",
+            "  {:<7} {} ({}): {} -> {}; peak {}, end {}, growth {}{}",
             s.status,
             s.name,
             device_name(s.device),
@@ -594,9 +731,15 @@ fn text(d: &Diff) -> String {
             side(&s.after),
             signed_bytes(s.peak_delta_bytes),
             signed_bytes(s.live_at_exit_delta_bytes),
-            s.growth_per_step_delta,
+            fmt_rate(s.growth_per_step_delta, None),
             if s.regression { "  REGRESSION" } else { "" }
         );
+    }
+    if !d.improvements.is_empty() {
+        let _ = writeln!(out, "\nImprovements ({})", d.improvements.len());
+        for i in &d.improvements {
+            let _ = writeln!(out, "  {i}");
+        }
     }
     if d.regression {
         let _ = writeln!(out, "\nRegressions ({})", d.regressions.len());
@@ -663,6 +806,7 @@ mod tests {
             devices: BTreeMap::new(),
             findings: BTreeMap::new(),
             stale,
+            work: Work::default(),
         }
     }
 

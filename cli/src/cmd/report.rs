@@ -8,6 +8,7 @@ use std::sync::Mutex;
 
 use oomtrace_collector::analysis::Analysis;
 use oomtrace_collector::model::trace::Trace;
+use oomtrace_collector::report::merge::{Combined, How};
 use oomtrace_collector::report::sections::{self, SectionOptions, SiteOrder};
 use oomtrace_collector::report::symbolize::StackSymbolizer;
 use oomtrace_collector::report::{self, merge, Report, ReportOptions, Skipped};
@@ -20,13 +21,19 @@ use crate::{render, style, Failure};
 pub const SKIPPED_EXIT: u8 = 1;
 
 /// Report peak, live-at-exit memory and the call sites that hold it, from a trace file (or
-/// several: the traces of one job's nodes, merged into one report with a table of ranks).
+/// several: the traces of one job's nodes, merged into one report with a table of ranks;
+/// traces of separate runs side by side, unless --merge).
 #[derive(clap::Args)]
 pub struct Args {
     /// .oomt trace files (from `oomtrace run`, `collect`, or a plain LD_PRELOAD run), or
-    /// directories: every *.oomt file directly inside. Several are merged into one report.
+    /// directories: every *.oomt file directly inside. Traces of one job (a launcher job id
+    /// in common) are merged into one report; traces of separate runs are reported side by
+    /// side. The same trace twice is refused.
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
+    /// Merge traces of separate runs into one report too (one table of ranks across them).
+    #[arg(long)]
+    pub merge: bool,
     /// Print the stable JSON document instead of text.
     #[arg(long)]
     pub json: bool,
@@ -238,9 +245,61 @@ fn read_all(files: &[TraceFile], args: &Args) -> Vec<Result<Report, Unreadable>>
         .collect()
 }
 
+/// Refuses a trace file named twice (directly, through a directory, or by another path to
+/// it): its processes would be counted twice.
+fn refuse_same_file(files: &[TraceFile]) -> Result<(), Failure> {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen: Vec<((u64, u64), &Path)> = Vec::new();
+    for f in files {
+        let Ok(m) = std::fs::metadata(&f.path) else {
+            continue;
+        };
+        let id = (m.dev(), m.ino());
+        if let Some((_, first)) = seen.iter().find(|(s, _)| *s == id) {
+            return Err(Failure::new(format!(
+                "{} and {} are the same trace file: give each trace once",
+                first.display(),
+                f.path.display()
+            )));
+        }
+        seen.push((id, &f.path));
+    }
+    Ok(())
+}
+
+/// Refuses two traces of the same processes (a copy of a trace): counted twice they would
+/// double every number. A process is its host, pid and start time.
+fn refuse_same_trace(reports: &[Report]) -> Result<(), Failure> {
+    fn identity(r: &Report) -> Vec<(&str, u32, u64)> {
+        let mut v: Vec<(&str, u32, u64)> = r
+            .processes
+            .iter()
+            .map(|p| (p.host.as_str(), p.pid, p.start_unix_ns))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+    let ids: Vec<_> = reports.iter().map(identity).collect();
+    for (i, a) in ids.iter().enumerate() {
+        if a.is_empty() {
+            continue;
+        }
+        if let Some(j) = ids[..i].iter().position(|b| b == a) {
+            return Err(Failure::new(format!(
+                "{} and {} are the same trace (the same processes): give each trace once",
+                reports[j].trace.path, reports[i].trace.path
+            )));
+        }
+    }
+    Ok(())
+}
+
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let files = trace_files(&args.files)?;
+    refuse_same_file(&files)?;
     let mut skipped = Vec::new();
+    // The reports of separate runs, each on its own (text); empty when there is one report.
+    let mut runs: Vec<Report> = Vec::new();
     let report = if let [one] = files.as_slice() {
         if let Some(why) = not_a_file(&one.path).filter(|_| one.in_dir) {
             return Err(Failure::new(format!("{}: {why}", one.path.display())));
@@ -271,15 +330,57 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
                 Err(e) => return Err(Failure::new(e.message)),
             }
         }
-        match reports.len() {
-            0 => {
-                return Err(Failure::new(format!(
-                    "none of the {} trace files could be read (each named above)",
-                    files.len()
-                )))
+        if reports.is_empty() {
+            return Err(Failure::new(format!(
+                "none of the {} trace files could be read (each named above)",
+                files.len()
+            )));
+        }
+        refuse_same_trace(&reports)?;
+        if reports.len() == 1 {
+            reports.pop().expect("one report")
+        } else {
+            let groups = merge::runs(&reports);
+            let n = reports.len();
+            let (how, message) = match groups.len() {
+                1 => {
+                    let members: Vec<&Report> = reports.iter().collect();
+                    let job = merge::job_of(&members).unwrap_or_default();
+                    (
+                        How::OneJob,
+                        format!("{n} traces of one job ({job}), merged into one report"),
+                    )
+                }
+                k if args.merge => (
+                    How::MergedOnRequest,
+                    format!(
+                        "{n} traces of {k} separate runs (no launcher job id in common), merged \
+                         into one report as asked (--merge)"
+                    ),
+                ),
+                k => (
+                    How::SeparateRuns,
+                    format!(
+                        "{n} traces of {k} separate runs (no launcher job id in common), \
+                         reported one after another; --merge makes one report of them"
+                    ),
+                ),
+            };
+            let combined = Combined {
+                how,
+                runs: groups.len(),
+                message,
+            };
+            if how == How::SeparateRuns {
+                let (mut all, per_run) = merge::separate(reports, &groups);
+                all.combined = Some(combined);
+                runs = per_run;
+                all
+            } else {
+                let mut all = merge::merge(reports);
+                all.combined = Some(combined);
+                all
             }
-            1 => reports.pop().expect("one report"),
-            _ => merge::merge(reports),
         }
     };
     let mut report = report;
@@ -301,7 +402,11 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         let opts = render::TextOptions {
             native: args.native,
         };
-        let text = render::full_with(&report, &opts);
+        let text = if runs.is_empty() {
+            render::full_with(&report, &opts)
+        } else {
+            render::side_by_side(&report, &runs, &opts)
+        };
         let text = style::paint(&text, style::enabled(style::Stream::Stdout));
         let _ = out.write_all(text.as_bytes());
     }

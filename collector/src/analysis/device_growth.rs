@@ -126,6 +126,7 @@ pub struct DeviceGrowthEvidence {
     pub onset_step: u32,
     pub detected_step: Option<u32>,
     pub detected_s: Option<f64>,
+    /// When the device would be full at this rate; none once it ran out of memory.
     pub steps_to_oom: Option<f64>,
     pub time_to_oom_s: Option<f64>,
     /// Live bytes on the device at the last step boundaries, oldest first.

@@ -132,6 +132,7 @@ pub struct LeakEvidence {
     pub onset_s: Option<f64>,
     pub detected_step: Option<u32>,
     pub detected_s: Option<f64>,
+    /// When the device would be full at this rate; none once it ran out of memory.
     pub steps_to_oom: Option<f64>,
     pub time_to_oom_s: Option<f64>,
     /// Live bytes at the last epoch boundaries, oldest first.

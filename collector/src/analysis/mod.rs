@@ -533,6 +533,23 @@ impl Analysis {
         v.extend(self.device_growth.findings(&ctx));
         v.extend(self.fragmentation.findings(&ctx));
         v.extend(self.threshold.findings(&ctx));
+        // "At this rate the device is full in ..." once the device has run out of memory
+        // (an allocation refused and not recovered by a retry) is a forecast of the past.
+        for f in &mut v {
+            let ran_out = self
+                .oom
+                .records
+                .iter()
+                .any(|r| r.device == f.device && r.recovered.is_none());
+            if !ran_out {
+                continue;
+            }
+            match f.evidence.as_mut() {
+                Some(Evidence::Leak(e)) => (e.steps_to_oom, e.time_to_oom_s) = (None, None),
+                Some(Evidence::DeviceGrowth(e)) => (e.steps_to_oom, e.time_to_oom_s) = (None, None),
+                _ => {}
+            }
+        }
         v
     }
 

@@ -4,8 +4,14 @@
 //! Merged from the per-trace reports, not from the traces: each trace is replayed and
 //! analysed alone (a process never spans two traces), so the merge only concatenates and
 //! re-orders, and the rank comparison ([`super::ranks`]) runs on the result.
+//!
+//! Only traces of one job are one report by default ([`runs`]: a launcher job id in common);
+//! traces of separate runs are reported side by side ([`separate`]), each with its own rank
+//! table, unless the user asks to merge them.
 
 use std::cmp::Ordering;
+
+use serde::Serialize;
 
 use super::{order, ranks, Kind, Report, TraceInfo, REPORT_VERSION};
 
@@ -68,7 +74,122 @@ pub fn merge(reports: Vec<Report>) -> Report {
         sections,
         ranks,
         traces,
+        combined: None,
+        runs: Vec::new(),
         stale_modules,
         skipped: Vec::new(),
     }
+}
+
+/// How the traces of a report of several were put together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum How {
+    /// Every trace is of one job (their processes name a launcher job id in common): one
+    /// report, ranks compared.
+    OneJob,
+    /// Traces of separate runs, merged because the user asked (`oomtrace report --merge`).
+    MergedOnRequest,
+    /// Traces of separate runs, reported side by side: each its own report and rank table.
+    SeparateRuns,
+}
+
+/// What a report of several traces did with them, and the line that says so.
+#[derive(Clone, Debug, Serialize)]
+pub struct Combined {
+    pub how: How,
+    /// How many runs (jobs) the traces are of.
+    pub runs: usize,
+    /// The sentence the text report opens with.
+    pub message: String,
+}
+
+/// One run (one job) among the separate runs of a report.
+#[derive(Clone, Debug, Serialize)]
+pub struct Run {
+    /// Its trace files.
+    pub traces: Vec<String>,
+    /// The launcher job id its processes share; absent for a run of one trace without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    /// Its own rank table, when it holds two ranks or more.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<ranks::Ranks>,
+}
+
+/// The job ids of a report's processes. torchrun's run id when none was given (`none`)
+/// names no job: unrelated runs all have it.
+fn job_ids(r: &Report) -> Vec<&str> {
+    let mut ids: Vec<&str> = r
+        .processes
+        .iter()
+        .filter_map(|p| p.job.as_deref())
+        .filter(|j| !j.is_empty() && *j != "none")
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// The runs among `reports` (one per trace), as indices into it in the order given, runs in
+/// the order of their first trace: traces whose processes name a launcher job id in common
+/// are one job (transitively); a trace that names none is a run of its own (a collector
+/// writes one trace: processes of one collector are already in one).
+pub fn runs(reports: &[Report]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(Vec<usize>, Vec<&str>)> = Vec::new();
+    for (i, r) in reports.iter().enumerate() {
+        let ids = job_ids(r);
+        let mut mine = (vec![i], ids.clone());
+        let mut k = 0;
+        while k < groups.len() {
+            if groups[k].1.iter().any(|j| ids.contains(j)) {
+                let (members, jobs) = groups.remove(k);
+                mine.0.extend(members);
+                mine.1.extend(jobs);
+            } else {
+                k += 1;
+            }
+        }
+        mine.0.sort_unstable();
+        mine.1.sort_unstable();
+        mine.1.dedup();
+        groups.push(mine);
+    }
+    groups.sort_by_key(|g| g.0[0]);
+    groups.into_iter().map(|g| g.0).collect()
+}
+
+/// The job id a run's traces share, if any.
+pub fn job_of(reports: &[&Report]) -> Option<String> {
+    let first = job_ids(reports.first()?);
+    first
+        .into_iter()
+        .find(|j| reports.iter().all(|r| job_ids(r).contains(j)))
+        .map(str::to_string)
+}
+
+/// The reports of separate runs side by side: one document with every process and finding
+/// (each process says its `trace`), no rank table across runs, and `runs` listing each run
+/// with its own; and each run's own report (merged from its traces), for the text.
+pub fn separate(reports: Vec<Report>, groups: &[Vec<usize>]) -> (Report, Vec<Report>) {
+    let mut per_run = Vec::with_capacity(groups.len());
+    let mut runs = Vec::with_capacity(groups.len());
+    for g in groups {
+        let members: Vec<&Report> = g.iter().map(|&i| &reports[i]).collect();
+        let job = job_of(&members);
+        let run = match members.as_slice() {
+            [one] => (*one).clone(),
+            _ => merge(members.iter().map(|&r| r.clone()).collect()),
+        };
+        runs.push(Run {
+            traces: members.iter().map(|r| r.trace.path.clone()).collect(),
+            job,
+            ranks: run.ranks.clone(),
+        });
+        per_run.push(run);
+    }
+    let mut all = merge(reports);
+    all.ranks = None;
+    all.runs = runs;
+    (all, per_run)
 }

@@ -38,6 +38,10 @@ use symbolize::{culprit, StackSymbolizer};
 
 pub const REPORT_VERSION: u32 = 1;
 
+/// `processes[].status` of a process image whose stream ended at an exec (the next image
+/// goes on).
+pub const REPLACED_BY_EXEC: &str = "replaced by exec";
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     pub version: u32,
@@ -55,6 +59,14 @@ pub struct Report {
     /// Each trace file of a report merged from several ([`merge`]); `trace` then sums them up.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub traces: Vec<TraceInfo>,
+    /// How a report of several traces put them together ([`merge::Combined`]); absent for
+    /// one trace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub combined: Option<merge::Combined>,
+    /// The separate runs of a report of several traces that are not one job, each with its
+    /// own rank table (`ranks` then compares nothing across runs); absent otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<merge::Run>,
     /// Modules whose files changed since the trace was taken ([`module_file`]): their frames
     /// have no names, only `module` and `offset`. Empty when every file matched (or the
     /// report was built without symbols).
@@ -125,6 +137,10 @@ pub struct ProcessReport {
     /// The trace file it came from, when a report reads several.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace: Option<String>,
+    /// The job its launcher named (Slurm's `SLURM_JOB_ID`, torchrun's
+    /// `TORCHELASTIC_RUN_ID`); absent without one. Traces of one job merge into one report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
     /// exited | exited (_exit) | detached | replaced by exec | ended without goodbye |
     /// exited (end of stream lost) | running | protocol error
     pub status: String,
@@ -560,6 +576,7 @@ pub fn build_with_segments(
             host: p.hello.host.clone(),
             start_unix_ns: p.hello.start_unix_ns,
             trace: None,
+            job: p.launch.job.clone(),
             status: if p.end == EndState::Abrupt
                 && trace
                     .processes
@@ -567,7 +584,7 @@ pub fn build_with_segments(
                     .any(|q| q.pid() == p.pid() && q.hello.ppid == p.hello.ppid && q.conn > p.conn)
             {
                 // A later image of the same process: the stream ended at an exec.
-                "replaced by exec".into()
+                REPLACED_BY_EXEC.into()
             } else {
                 status(p, trace)
             },
@@ -777,6 +794,8 @@ pub fn build_with_segments(
         sections: Vec::new(),
         ranks,
         traces: Vec::new(),
+        combined: None,
+        runs: Vec::new(),
         stale_modules: if opts.symbolize {
             module_file::stale_modules(trace.processes.iter().map(crate::model::Stacks::from))
         } else {

@@ -31,7 +31,8 @@ use super::symbolize::{culprit, StackSymbolizer};
 pub enum SiteOrder {
     /// Most bytes at the site's own peak first.
     Peak,
-    /// Most bytes live at exit first (the report's order of live-at-exit call sites).
+    /// Most bytes live at exit first (the report's order of live-at-exit call sites); those
+    /// with none at exit follow, by their peak.
     #[default]
     End,
     /// Most allocations first.
@@ -114,7 +115,8 @@ pub struct DeviceSections {
     pub most_temporary: Vec<SiteRow>,
     /// Allocations by size; only non-empty buckets.
     pub size_histogram: Vec<SizeBucket>,
-    /// Call sites in the order asked for (`sort`), at most `--top`.
+    /// Call sites in the order asked for (`sort`), at most `--top`: every call site that
+    /// allocated (an order never filters), ties by peak.
     pub sites: Vec<SiteRow>,
     /// The order of `sites`: peak | end | count | growth.
     pub sort: &'static str,
@@ -187,6 +189,10 @@ pub struct SizeBucket {
     pub bytes: u64,
 }
 
+/// The key and name of a call site without a recorded stack (and of a finding that has
+/// none: a device's threshold or growth).
+pub const NO_STACK: &str = "(no stack)";
+
 /// A call site's identity across runs: its symbolized frames, innermost first, each as
 /// `function` (native, symbolized), `module+offset` (native, no symbol) or
 /// `file:line function` (Python), joined by ` <- `. Raw addresses and site ids differ from
@@ -206,7 +212,7 @@ pub fn site_key(stack: &[FrameInfo]) -> String {
         parts.push(part);
     }
     if parts.is_empty() {
-        "(no stack)".into()
+        NO_STACK.into()
     } else {
         parts.join(" <- ")
     }
@@ -215,7 +221,7 @@ pub fn site_key(stack: &[FrameInfo]) -> String {
 /// A short name for a key's site: its culprit frame, as the text report names it.
 pub fn site_name(stack: &[FrameInfo]) -> String {
     match culprit(stack).or(stack.first()) {
-        None => "(no stack)".into(),
+        None => NO_STACK.into(),
         Some(f) if f.python => format!(
             "{}:{} {}",
             f.file.rsplit('/').next().unwrap_or(&f.file),
@@ -303,12 +309,18 @@ pub fn build_with(
                     stack,
                 }
             };
+            // Ties (every site at 0 B at exit, say) by the most held at once: an order only
+            // sorts, it never leaves a site out (`skip_zero` is for the lists of one kind).
             let mut top_by = |key: &dyn Fn(&SiteStats) -> f64, skip_zero: bool| {
                 let mut v: Vec<&(SiteId, &SiteStats)> = stats
                     .iter()
                     .filter(|(_, s)| !skip_zero || key(s) > 0.0)
                     .collect();
-                v.sort_by(|a, b| key(b.1).total_cmp(&key(a.1)));
+                v.sort_by(|a, b| {
+                    key(b.1)
+                        .total_cmp(&key(a.1))
+                        .then(b.1.peak_bytes.cmp(&a.1.peak_bytes))
+                });
                 v.truncate(opts.top);
                 v.into_iter()
                     .map(|&(site, s)| row(p, site, s))
@@ -318,7 +330,7 @@ pub fn build_with(
             let most_temporary = top_by(&|s| s.temporary as f64, true);
             let sites = match opts.order {
                 SiteOrder::Peak => top_by(&|s| s.peak_bytes as f64, false),
-                SiteOrder::End => top_by(&|s| s.live_bytes as f64, true),
+                SiteOrder::End => top_by(&|s| s.live_bytes as f64, false),
                 SiteOrder::Count => top_by(&|s| s.allocations as f64, false),
                 SiteOrder::Growth => top_by(&|s| growth_per_step(p, s), false),
             };
