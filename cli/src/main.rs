@@ -10,6 +10,7 @@ mod output;
 mod progress;
 mod render;
 mod signals;
+mod simulated_gpu;
 mod view;
 
 use std::process::ExitCode;
