@@ -11,6 +11,7 @@ mod output;
 mod progress;
 mod render;
 mod signals;
+mod simulated_gpu;
 mod style;
 mod view;
 

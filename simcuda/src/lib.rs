@@ -15,7 +15,8 @@
 //! `dlsym` for `cuGetProcAddress_v2`, everything else through that.
 //!
 //! Run a program against them by putting [`LIB_DIR`] (or a directory filled by
-//! [`install`]) on `LD_LIBRARY_PATH`.  Behaviour is configured with
+//! [`install`], or by [`install_driver`] for a program that brings its own
+//! runtime) on `LD_LIBRARY_PATH`.  Behaviour is configured with
 //! environment variables read at `cuInit`:
 //!
 //! | variable | meaning | default |
@@ -57,14 +58,37 @@ pub const LIBNVML: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lib/libnvid
 /// unversioned symlinks into `dir` (created if missing), replacing whatever
 /// is there under those names.
 pub fn install(dir: &Path) -> io::Result<()> {
+    install_files(
+        dir,
+        &[
+            ("libcuda.so.1", LIBCUDA, "libcuda.so"),
+            ("libcudart.so.12", LIBCUDART, "libcudart.so"),
+            ("libnvidia-ml.so.1", LIBNVML, "libnvidia-ml.so"),
+        ],
+    )
+}
+
+/// Writes what a machine's driver provides, `libcuda.so.1` and
+/// `libnvidia-ml.so.1` (and their unversioned symlinks), into `dir` (created
+/// if missing), replacing whatever is there under those names. No runtime: a
+/// program run on the simulated driver keeps its own (PyTorch's wheel, a
+/// statically linked one), as it would on a real machine.
+pub fn install_driver(dir: &Path) -> io::Result<()> {
+    install_files(
+        dir,
+        &[
+            ("libcuda.so.1", LIBCUDA, "libcuda.so"),
+            ("libnvidia-ml.so.1", LIBNVML, "libnvidia-ml.so"),
+        ],
+    )
+}
+
+/// Each `(name, bytes, link)`: the file `name` and the symlink `link` to it.
+fn install_files(dir: &Path, files: &[(&str, &[u8], &str)]) -> io::Result<()> {
     use std::os::unix::fs::{symlink, PermissionsExt};
 
     std::fs::create_dir_all(dir)?;
-    for (name, bytes, link) in [
-        ("libcuda.so.1", LIBCUDA, "libcuda.so"),
-        ("libcudart.so.12", LIBCUDART, "libcudart.so"),
-        ("libnvidia-ml.so.1", LIBNVML, "libnvidia-ml.so"),
-    ] {
+    for &(name, bytes, link) in files {
         let path = dir.join(name);
         // Write beside and rename: a process may have the old file mapped.
         let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));

@@ -83,6 +83,11 @@ mod output;
 /// own file (also in the collector's health metrics).
 mod durability;
 
+/// `oomtrace run --simulate SIZE`: a CUDA program with no driver of its own runs on the
+/// simulated GPU the binary carries, of that size (its allocations, an OOM where that size
+/// runs out, its own exit code); the summary and the report say so; bad sizes.
+mod simulate;
+
 /// Which frame names a call site: the extension's own code past a static CUDA runtime.
 mod attribution;
 
@@ -98,7 +103,7 @@ mod stale_symbols;
 /// `--segments`, `--torch=swap` and the user's own pluggable allocator; what must hold on
 /// every release (`torch::every_version`); the report's words (`torch::words`); `oomtrace
 /// whatif`'s predictions against PyTorch's own peaks under each allocator setting
-/// (`torch::whatif`).
+/// (`torch::whatif`); `run --simulate` from the venv with no driver set (`torch::simulate`).
 mod torch;
 
 /// `oomtrace report`'s sections (peak consumers, most allocations, temporaries, sizes,

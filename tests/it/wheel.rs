@@ -4,8 +4,9 @@
 //! CUDA that the binary carries (compiled by the same zig cc), needs a glibc symbol newer than
 //! 2.28. Installed with `pip install --no-index` into a fresh venv, the installed `oomtrace`
 //! finds the installed liboomtrace.so with nothing set, runs the demo, traces a Python program
-//! down to its file:line, traces real PyTorch with `--torch` (the torch venv's python, the
-//! fresh venv's `oomtrace`), and `import oomtrace` in the fresh venv finds the library too.
+//! down to its file:line, traces real PyTorch with `--torch` on the simulated GPU it carries
+//! (`--simulate`: the torch venv's python, the fresh venv's `oomtrace`, no driver on the
+//! library path), and `import oomtrace` in the fresh venv finds the library too.
 //!
 //! The wheel is built once, in release, into its own target directory beside this one
 //! (`<target>/wheel`: another glibc and C compiler, and no fight over the outer build's lock).
@@ -391,8 +392,10 @@ fn import_oomtrace(venv: &Path, dir: &Path) {
     );
 }
 
-/// `oomtrace run --torch` from the venv on real PyTorch (the pinned torch venv's python): the
-/// activation leak of `leak_activations.py` named at its line, live and in the report.
+/// `oomtrace run --torch --simulate 16GiB` from the venv on real PyTorch (the pinned torch
+/// venv's python), with no driver on the library path: the simulated GPU the wheel's binary
+/// carries; the activation leak of `leak_activations.py` named at its line, live and in the
+/// report. The driver it wrote into the cache needs no glibc newer than 2.28 either.
 fn torch_leak(exe: &Path, dir: &Path) {
     let script = repo().join("tests/scenarios/torch/leak_activations.py");
     let (file, line) = ("leak_activations.py", 10);
@@ -401,6 +404,7 @@ fn torch_leak(exe: &Path, dir: &Path) {
         let mut cmd = clean_command(exe, dir);
         cmd.arg("run")
             .arg("--torch")
+            .args(["--simulate", "16GiB"])
             .arg("--json")
             .arg(&json)
             .arg("-o")
@@ -410,7 +414,9 @@ fn torch_leak(exe: &Path, dir: &Path) {
             .arg(&script)
             .env("STEPS", "40");
         torch::torch_env(&mut cmd, dir);
-        torch::without_aslr(&mut cmd);
+        // What `--simulate` sets up itself.
+        cmd.env_remove("LD_LIBRARY_PATH")
+            .env_remove("CUDA_MODULE_LOADING");
         let out = output_within(cmd, torch::TORCH_TIMEOUT);
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         if attempt == 0 && torch::pytorch_exit_abort(&out.status, &stderr) {
@@ -440,6 +446,28 @@ fn torch_leak(exe: &Path, dir: &Path) {
             .unwrap_or_else(|| panic!("no leak at {file}:{line}: {:#}", r["findings"]));
         assert_eq!(leak["level"], "confirmed", "{leak:#}");
         assert_eq!(leak["api"], "oomtrace_torch_alloc", "{leak:#}");
+        assert_eq!(
+            r["trace"]["simulated"]["device_memory_bytes"].as_u64(),
+            Some(16 << 30),
+            "{:#}",
+            r["trace"]
+        );
+        let cache = dir.join("cache/oomtrace");
+        let driver_dir = std::fs::read_dir(&cache)
+            .expect("the cache")
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .contains("-simcuda-")
+            })
+            .unwrap_or_else(|| panic!("no simulated driver in {}", cache.display()));
+        assert_glibc_at_most_2_28(&[
+            driver_dir.join("libcuda.so.1"),
+            driver_dir.join("libnvidia-ml.so.1"),
+        ]);
         return;
     }
     unreachable!()

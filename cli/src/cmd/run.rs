@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use oomtrace_collector::analysis::{Analysis, Confidence};
 use oomtrace_collector::model::trace::Trace;
-use oomtrace_collector::report::{self, Kind, Level, Report, ReportOptions};
+use oomtrace_collector::report::{self, Kind, Level, Report, ReportOptions, SimulatedDevice};
 use oomtrace_proto::collector_spawn::{self, NotListening, TraceSaid};
 use oomtrace_proto::socket_dir;
 
+use crate::simulated_gpu::{self, DeviceMemory};
 use crate::{locate, render, signals, style, Failure};
 
 /// Run a command with the tracer preloaded; print findings and a summary on stderr.
@@ -66,6 +67,13 @@ pub struct Args {
     /// --metrics-textfile`).
     #[arg(long, value_name = "PATH")]
     pub metrics_textfile: Option<PathBuf>,
+    /// Run CMD on the simulated GPU this binary carries, of SIZE device memory (1MiB to 1TiB,
+    /// e.g. 16GiB, 80GiB), with no GPU: its driver and NVML stand-in on CMD's library path
+    /// (CMD keeps its own CUDA runtime, e.g. PyTorch's). Kernels do not run, so values are
+    /// meaningless; allocation sizes and lifetimes are those of a real GPU for programs whose
+    /// shapes do not depend on data.
+    #[arg(long, value_name = "SIZE", value_parser = parse_simulated_memory)]
+    pub simulate: Option<DeviceMemory>,
     /// The command to trace and its arguments: after `--` (`oomtrace run -- python train.py
     /// --lr 1`), or from the first argument that is not an option of `run` (`oomtrace run
     /// python train.py --lr 1`). Options of `run` come before it; an unknown one is an error,
@@ -85,14 +93,23 @@ pub enum TorchMode {
     Swap,
 }
 
+/// `--simulate SIZE`: what simcuda models, with a floor that catches a forgotten unit
+/// (`--simulate 16` is 16 bytes).
+fn parse_simulated_memory(text: &str) -> Result<DeviceMemory, String> {
+    DeviceMemory::parse(text, 1 << 20, "the simulated GPU takes 1MiB to 1TiB")
+}
+
 /// Everything a traced run needs besides the command.
 pub struct Session {
     pub lib: PathBuf,
     pub output: PathBuf,
-    /// Extra environment for the command (the demo's simulated device).
+    /// Extra environment for the command (the simulated device, the Python hooks).
     pub env: Vec<(OsString, OsString)>,
     /// Extra arguments for the collector (`--metrics ...`).
     pub collector_args: Vec<OsString>,
+    /// The command runs with address-space randomisation off (on the simulated GPU, see
+    /// `simulated_gpu::without_address_randomization`).
+    pub without_address_randomization: bool,
 }
 
 pub struct Outcome {
@@ -118,6 +135,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             .unwrap_or_else(|| PathBuf::from(format!("oomtrace.{}.oomt", std::process::id()))),
         env: Vec::new(),
         collector_args: Vec::new(),
+        without_address_randomization: args.simulate.is_some(),
     };
     // The collector serves the metrics: the same code as `collect`.
     if let Some(addr) = &args.metrics {
@@ -149,7 +167,26 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             f.message
         ),
     }
+    // Installed (or found in the cache) before anything starts; kept until the program is
+    // done (a temporary copy is removed with it).
+    let simulated = match &args.simulate {
+        Some(memory) => {
+            let installed = simulated_gpu::driver()?;
+            session.env.extend(installed.environment(memory));
+            eprintln!(
+                "oomtrace: running on a simulated {} GPU (no GPU used)",
+                memory.text
+            );
+            Some((installed, memory))
+        }
+        None => None,
+    };
+    let simulated_info = simulated.as_ref().map(|(_, memory)| SimulatedDevice {
+        device_memory: memory.text.clone(),
+        device_memory_bytes: memory.bytes,
+    });
     let outcome = trace_command(&args.command, &session)?;
+    drop(simulated);
     if let Some(why) = &outcome.collector_died {
         eprintln!("oomtrace: the collector died ({why}); the trace stops where it did");
     }
@@ -157,7 +194,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     if let Some(why) = &outcome.trace_lost {
         // The collector said why on stderr; a script asking for JSON gets the same.
         if let Some(path) = &args.json {
-            write_json(path, &empty_report(why.clone()));
+            write_json(path, &empty_report(why.clone(), &simulated_info));
         }
         return Ok(exit_code_of(outcome.status));
     }
@@ -169,17 +206,24 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         eprintln!("oomtrace: {said}");
         if let Some(path) = &args.json {
             // Asked for a report: an empty one says the same to a script.
-            write_json(path, &empty_report(said));
+            write_json(path, &empty_report(said, &simulated_info));
         }
         return Ok(exit_code_of(outcome.status));
     }
-    match &outcome.report {
+    let mut report = outcome.report;
+    if let Ok(r) = &mut report {
+        r.trace.simulated = simulated_info.clone();
+    }
+    match &report {
         Ok(r) => {
             let summary = render::summary(r);
             eprint!(
                 "{}",
                 style::paint(&summary, style::enabled(style::Stream::Stderr))
             );
+            if let Some(memory) = &args.simulate {
+                eprint!("{}", simulated_gpu::caveat(memory));
+            }
             if r.trace.complete {
                 eprintln!(
                     "oomtrace: trace written to {}; details: oomtrace report {}",
@@ -211,7 +255,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         }
     }
     if args.fail_on_leak && outcome.status.success() {
-        if let Ok(r) = &outcome.report {
+        if let Ok(r) = &report {
             let confirmed = r
                 .findings
                 .iter()
@@ -232,7 +276,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
 }
 
 /// A report of no process, saying `why` (for `--json` when there is no trace to report from).
-fn empty_report(why: String) -> Report {
+fn empty_report(why: String, simulated: &Option<SimulatedDevice>) -> Report {
     let mut empty = Trace::new(oomtrace_proto::trace_file::FileHeader {
         version: oomtrace_proto::trace_file::FILE_VERSION,
         created_unix_ns: 0,
@@ -240,14 +284,16 @@ fn empty_report(why: String) -> Report {
     });
     empty.complete = true;
     empty.warnings.push(why);
-    report::build(
+    let mut r = report::build(
         &empty,
         &ReportOptions {
             top: super::DEFAULT_TOP,
             path: String::new(),
             symbolize: false,
         },
-    )
+    );
+    r.trace.simulated = simulated.clone();
+    r
 }
 
 /// `--json FILE`: the report as the JSON contract. A report that cannot be written is said in
@@ -459,6 +505,9 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
         .env("OOMTRACE_SOCKET", &socket);
     for (k, v) in &session.env {
         cmd.env(k, v);
+    }
+    if session.without_address_randomization {
+        simulated_gpu::without_address_randomization(&mut cmd);
     }
     let mut child = match cmd.spawn() {
         Ok(c) => c,

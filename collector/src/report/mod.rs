@@ -98,6 +98,21 @@ pub struct TraceInfo {
     /// early, for that reason.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub incomplete: Option<IncompleteInfo>,
+    /// Present when the program ran on oomtrace's simulated GPU (`oomtrace run --simulate`):
+    /// kernels did not run, so values computed on the device are meaningless; allocation
+    /// sizes and lifetimes are those of a real GPU for programs whose shapes do not depend on
+    /// data. Set by `run`, which knows; absent in reports built later from the trace file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub simulated: Option<SimulatedDevice>,
+}
+
+/// The simulated GPU a program ran on (`oomtrace run --simulate SIZE`).
+#[derive(Clone, Debug, Serialize)]
+pub struct SimulatedDevice {
+    /// SIZE as given (`16GiB`).
+    pub device_memory: String,
+    /// SIZE in bytes: each simulated device's capacity.
+    pub device_memory_bytes: u64,
 }
 
 /// Why a trace stops early, as its writer recorded it.
@@ -788,6 +803,7 @@ pub fn build_with_segments(
                 oomtrace_proto::trace_file::Tail::Truncated { .. }
             ),
             warnings: trace.warnings.clone(),
+            simulated: None,
         },
         processes,
         findings,
