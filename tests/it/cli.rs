@@ -191,8 +191,9 @@ fn unknown_options_are_refused_and_errors_point_at_the_subcommands_help() {
         cmd.current_dir(&dir).args(args);
         output_within(cmd, TIMEOUT)
     };
-    let out = in_dir(&["run", "--simulate", "2GiB", "--", program]);
-    assert_one_line_error(&out, "unknown option '--simulate'");
+    // An option of another command (`demo`'s), with its value: once run as the program.
+    let out = in_dir(&["run", "--device-memory", "2GiB", "--", program]);
+    assert_one_line_error(&out, "unknown option '--device-memory'");
     assert_one_line_error(&out, "(see `oomtrace run --help`)");
     assert!(out.stdout.is_empty(), "the program ran");
     assert!(traces_in(&dir).is_empty(), "a refused run leaves no trace");
