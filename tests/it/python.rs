@@ -26,13 +26,8 @@ fn repo() -> PathBuf {
 }
 
 /// The 1-based line of `script` that contains `marker`.
-fn line_of(name: &str, marker: &str) -> u64 {
-    let text = std::fs::read_to_string(script(name)).unwrap();
-    let i = text
-        .lines()
-        .position(|l| l.contains(marker))
-        .unwrap_or_else(|| panic!("{marker} not in {name}"));
-    i as u64 + 1
+fn script_line(name: &str, marker: &str) -> u64 {
+    line_of(&script(name), marker)
 }
 
 /// `oomtrace run [flags] --json J -o T -- python3 SCRIPT args` in a scratch dir, with the
@@ -125,9 +120,9 @@ fn python_frames_appear_with_the_gil_released_and_held() {
             .find(|f| f["bytes"] == b)
             .unwrap_or_else(|| panic!("no site of {b} bytes: {live:#?}"))
     };
-    let released = line_of("gil.py", "# RELEASED");
-    let held = line_of("gil.py", "# HELD");
-    let caller = line_of("gil.py", "# CALLER");
+    let released = script_line("gil.py", "# RELEASED");
+    let held = script_line("gil.py", "# HELD");
+    let caller = script_line("gil.py", "# CALLER");
     // GIL released (CDLL), two calls through a method: one site, Python stack in order.
     let py = python_frames(by_bytes(2 * MIB));
     assert_eq!(
@@ -137,7 +132,7 @@ fn python_frames_appear_with_the_gil_released_and_held() {
             frame(
                 "Model.layer",
                 "gil.py",
-                line_of("gil.py", "alloc_released(1 << 20)")
+                script_line("gil.py", "alloc_released(1 << 20)")
             ),
             frame("<module>", "gil.py", caller),
         ],
@@ -178,7 +173,7 @@ fn assert_names_the_leaking_line(r: &Value) {
         frame(
             "forward",
             "train_leak.py",
-            line_of("train_leak.py", "# ALLOC HERE")
+            script_line("train_leak.py", "# ALLOC HERE")
         ),
         "{py:#?}"
     );
@@ -187,7 +182,7 @@ fn assert_names_the_leaking_line(r: &Value) {
         frame(
             "<module>",
             "train_leak.py",
-            line_of("train_leak.py", "output = forward(step)")
+            script_line("train_leak.py", "output = forward(step)")
         ),
         "{py:#?}"
     );
@@ -662,7 +657,7 @@ fn pluggable_allocator_abi_capture_and_oom() {
         frame(
             "<module>",
             "pluggable.py",
-            line_of("pluggable.py", "# KEPT")
+            script_line("pluggable.py", "# KEPT")
         )
     );
     let p = &processes(&r)[0];
@@ -911,8 +906,8 @@ fn plain_run_reports_device_growth_and_the_lines_that_made_the_cache_grow() {
             )
         })
         .collect();
-    let output_line = line_of("cache_growth.py", "# OUTPUT HERE");
-    let activations_line = line_of("cache_growth.py", "# ACTIVATIONS HERE");
+    let output_line = script_line("cache_growth.py", "# OUTPUT HERE");
+    let activations_line = script_line("cache_growth.py", "# ACTIVATIONS HERE");
     assert_eq!(
         lines,
         [
@@ -1003,7 +998,7 @@ fn a_line_whose_call_the_interpreter_specialises_stays_one_site() {
         trace.processes.iter().any(|p| p.merged_stacks > 0),
         "no stack differed inside the interpreter: the test no longer shows a specialised call"
     );
-    let line = line_of("specialised_call.py", "# ALLOC HERE");
+    let line = script_line("specialised_call.py", "# ALLOC HERE");
     let at_line = |f: &&Value| {
         python_frames(f)
             .first()

@@ -839,12 +839,7 @@ fn plain_preload_sets_up_tensors_and_steps_only_in_python() {
 
 /// The 1-based line of `tests/scenarios/torch/<name>` that contains `marker`.
 fn torch_line_of(name: &str, marker: &str) -> u64 {
-    let text = std::fs::read_to_string(script(name)).unwrap();
-    let i = text
-        .lines()
-        .position(|l| l.contains(marker))
-        .unwrap_or_else(|| panic!("{marker} not in {name}"));
-    i as u64 + 1
+    line_of(&script(name), marker)
 }
 
 /// `leak_backward.py` keeps each step's input gradient, which `AddmmBackward0` allocates on

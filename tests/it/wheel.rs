@@ -320,16 +320,6 @@ fn python_frames(venv: &Path, dir: &Path) {
     assert_eq!(first_python["line"], released, "{site:#}");
 }
 
-/// The 1-based line of `file` that contains `marker`.
-fn line_of(file: &Path, marker: &str) -> u64 {
-    let source = std::fs::read_to_string(file).unwrap();
-    let i = source
-        .lines()
-        .position(|l| l.contains(marker))
-        .unwrap_or_else(|| panic!("{marker} not in {}", file.display()));
-    i as u64 + 1
-}
-
 /// `import oomtrace` in the fresh venv (not activated: bin/ is not on PATH) is the installed
 /// package, and it finds the installed library. A program that calls `oomtrace.install()`
 /// itself, with no `oomtrace run` and nothing set, is traced through them: the library

@@ -651,3 +651,14 @@ impl Drop for Guard {
         }
     }
 }
+
+/// The 1-based line of `file` that contains `marker` (where a test expects a frame).
+pub fn line_of(file: &Path, marker: &str) -> u64 {
+    let text = std::fs::read_to_string(file)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()));
+    let i = text
+        .lines()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("{marker} not in {}", file.display()));
+    i as u64 + 1
+}

@@ -7,15 +7,6 @@
 
 use super::*;
 
-fn line_of(file: &Path, marker: &str) -> u64 {
-    let source = std::fs::read_to_string(file).unwrap();
-    let i = source
-        .lines()
-        .position(|l| l.contains(marker))
-        .unwrap_or_else(|| panic!("{marker} not in {}", file.display()));
-    i as u64 + 1
-}
-
 /// The user's command line, in `dir`: only what any Python program gets here (no bytecode in
 /// the repository, PyTorch's cache in `dir`) and the cache where the simulated driver goes.
 fn user_command(dir: &Path) -> Command {
