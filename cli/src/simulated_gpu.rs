@@ -24,7 +24,7 @@ impl DeviceMemory {
     /// `text` as a size from `min` to [`MAX_BYTES`]; `range` names that range in the error
     /// (`the simulated GPU takes 1MiB to 1TiB`).
     pub fn parse(text: &str, min: u64, range: &str) -> Result<DeviceMemory, String> {
-        let bytes = parse_size(text)?;
+        let bytes = oomtrace_collector::units::parse_bytes(text)?;
         if !(min..=MAX_BYTES).contains(&bytes) {
             return Err(format!("{text} is out of range: {range}"));
         }
@@ -33,25 +33,6 @@ impl DeviceMemory {
             bytes,
         })
     }
-}
-
-/// `4GiB`, `512 MiB`, `2g`, `1073741824`: a whole number with an optional binary unit.
-fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let bad = || format!("{text:?} is not a size (expected e.g. 4GiB, 512MiB)");
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => return Err(bad()),
-    };
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{text} is out of range"))
 }
 
 /// What a directory of the cache holds, and how to fill it.

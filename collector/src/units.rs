@@ -17,6 +17,27 @@ pub fn fmt_bytes(b: u64) -> String {
     }
 }
 
+/// A size as people write it: `4GiB`, `512 MiB`, `2g`, `64KiB`, `1073741824` (a whole number
+/// with an optional binary unit, any case: B, K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB; a KB is
+/// 1024 bytes, as `nvidia-smi` and PyTorch count). The error names the text and an example.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let bad = || format!("{text:?} is not a size (expected e.g. 4GiB, 512MiB)");
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{text} is out of range"))
+}
+
 /// "1 allocation", "2 allocations", "0 allocations": a count with its noun, singular for one.
 pub fn fmt_count(n: u64, noun: &str) -> String {
     if n == 1 {
@@ -72,5 +93,24 @@ mod tests {
             "+1.00 MiB/step (2.00 MiB/s)"
         );
         assert_eq!(fmt_rate(-1024.0, None), "-1.00 KiB/step");
+    }
+
+    #[test]
+    fn sizes_parse_as_people_write_them() {
+        assert_eq!(parse_bytes("4GiB"), Ok(4 << 30));
+        assert_eq!(parse_bytes(" 512 MiB "), Ok(512 << 20));
+        assert_eq!(parse_bytes("2g"), Ok(2 << 30));
+        assert_eq!(parse_bytes("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("1TiB"), Ok(1 << 40));
+        for bad in ["", "GiB", "-1GiB", "1.5GiB", "4 parsecs"] {
+            assert!(
+                parse_bytes(bad).unwrap_err().contains("is not a size"),
+                "{bad}"
+            );
+        }
+        assert!(parse_bytes("99999999999TiB")
+            .unwrap_err()
+            .contains("out of range"));
     }
 }

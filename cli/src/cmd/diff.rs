@@ -96,20 +96,9 @@ impl FromStr for Threshold {
                 Err(bad())
             };
         }
-        let units: [(&str, u64); 5] = [
-            ("GiB", 1 << 30),
-            ("MiB", 1 << 20),
-            ("KiB", 1 << 10),
-            ("B", 1),
-            ("", 1),
-        ];
-        for (suffix, scale) in units {
-            if let Some(n) = t.strip_suffix(suffix) {
-                let n: u64 = n.trim().parse().map_err(|_| bad())?;
-                return n.checked_mul(scale).map(Threshold::Bytes).ok_or_else(bad);
-            }
-        }
-        Err(bad())
+        oomtrace_collector::units::parse_bytes(t)
+            .map(Threshold::Bytes)
+            .map_err(|_| bad())
     }
 }
 
