@@ -427,9 +427,9 @@ struct Shared {
     tell_processes: bool,
     /// A collector that exits when idle (the one a preloaded shim starts for itself) keeps a
     /// cleanly ended connection open until the trace file is finished: the shim waits for
-    /// that close at exit, so "the program returned" means "its trace is complete", as the
-    /// README promises. (A collector that keeps running closes at once: its trace is
-    /// finished only when it stops.)
+    /// that close at exit, so "the program returned" means "its trace is complete", as
+    /// docs/cli.md ("Three ways in") promises. (A collector that keeps running closes at
+    /// once: its trace is finished only when it stops.)
     hold_until_written: bool,
     held: Mutex<Vec<UnixStream>>,
     metrics: Option<Arc<Registry>>,

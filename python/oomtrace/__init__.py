@@ -14,7 +14,7 @@ each step marker, once PyTorch has initialised CUDA, PyTorch's own memory statis
 device it used (`torch.cuda.memory_allocated()`, `max_memory_allocated()`,
 `memory_reserved()`) go with it (`oomtrace_torch_memory`), whatever traces the tensors.
 The trace goes where the library sends it: the collector of `oomtrace run`, or one the library
-starts itself (see OOMTRACE_SOCKET and OOMTRACE_OUTPUT in the README).
+starts itself (see OOMTRACE_SOCKET and OOMTRACE_OUTPUT in docs/configuration.md).
 
 Two ways to see tensors (`allocator=`):
 - "tracker" (the default): oomtrace's allocator trace tracker is attached to PyTorch's own
@@ -24,7 +24,7 @@ Two ways to see tensors (`allocator=`):
 - "swap": PyTorch allocates through oomtrace's pluggable-allocator entry points
   `oomtrace_malloc` / `oomtrace_free` (memory from CUDA's stream-ordered pool). Caveats of the
   pluggable allocator (PyTorch's, not ours): torch.cuda.memory_stats() and friends raise, and
-  cudnn.benchmark, CUDA IPC and cudagraph trees are not supported (README, "PyTorch"). Only
+  cudnn.benchmark, CUDA IPC and cudagraph trees are not supported (docs/pytorch.md). Only
   for PyTorch builds the tracker cannot attach to.
 
 Nothing here takes the GIL from a CUDA call or changes what PyTorch computes.
@@ -249,7 +249,7 @@ def _install_allocator(torch):
 
 # PyTorch releases whose caching allocator oomtrace's tracker was checked against: their
 # exported symbols, and their TraceEntry layout compiled against their own headers
-# (docs/pytorch-releases.md; the README's table says where each was tested end to end).
+# (docs/pytorch-releases.md, whose table says where each was tested end to end).
 _CHECKED_RELEASES = frozenset((2, minor) for minor in range(4, 16))
 _CHECKED_SPAN = "2.4 to 2.15"
 

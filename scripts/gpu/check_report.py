@@ -5,7 +5,7 @@
     check_report.py REPORT --expect noleak
 
 Prints one line (the verdict's detail) on stdout, a longer account of every leak finding on
-stderr, and exits 0 (PASS) or 1 (FAIL). Field names: README "CLI" (frames are
+stderr, and exits 0 (PASS) or 1 (FAIL). Field names: docs/json-report.md (frames are
 innermost first; unknown parts are "" / 0).
 
 --expect leak: PASS when some finding has kind "leak" (any level; the level is reported) and
@@ -16,7 +16,7 @@ innermost first; unknown parts are "" / 0).
   --require-vmm: the VMM path of expandable segments was traced: a leak finding's api is
     cuMemCreate/cuMemMap, or some device still reports reserved_va_bytes > 0.
 --expect noleak: FAIL when a leak finding has level likely or confirmed (the levels oomtrace
-  reports); `suspected` ones are counted in the detail (README: on its own, that is what a
+  reports); `suspected` ones are counted in the detail (docs/findings.md: on its own, that is what a
   cache filling up looks like).
 """
 

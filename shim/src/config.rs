@@ -6,14 +6,14 @@ use std::ffi::CStr;
 
 use crate::log;
 
-/// One environment variable: its name, default and the line the README shows for it.
+/// One environment variable: its name, default and the line docs/configuration.md shows for it.
 pub struct Var {
     pub name: &'static str,
     pub default: &'static str,
     pub doc: &'static str,
 }
 
-/// The shim's variables. `tests/it` checks that the README documents each of them.
+/// The shim's variables. The test below checks that docs/configuration.md documents each of them.
 pub const VARS: &[Var] = &[
     Var {
         name: "OOMTRACE_SOCKET",
@@ -171,14 +171,16 @@ mod tests {
         }
     }
 
-    /// The README documents every variable (and mentions no other), and CI runs the README's
-    /// test command. (That simcuda defines every hooked function is checked in `hooks`.)
+    /// docs/configuration.md documents every variable, it and the README mention no other, and
+    /// CI runs the README's test command. (That simcuda defines every hooked function is checked
+    /// in `hooks`.)
     #[test]
-    fn readme_and_ci_agree_with_the_table() {
+    fn docs_and_ci_agree_with_the_table() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .parent()
             .unwrap();
         let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        let configuration = std::fs::read_to_string(root.join("docs/configuration.md")).unwrap();
         // OOMTRACE_LIB is the CLI's own (cli/src/locate.rs); OOMTRACE_TORCH is what `run`
         // tells its Python sitecustomize (cli/src/cmd/run.rs, python/boot/sitecustomize.py).
         let known: Vec<&str> = VARS
@@ -187,11 +189,19 @@ mod tests {
             .chain(["OOMTRACE_LIB", "OOMTRACE_TORCH"])
             .collect();
         for name in &known {
-            assert!(readme.contains(name), "README lacks {name}");
+            assert!(
+                configuration.contains(name),
+                "docs/configuration.md lacks {name}"
+            );
         }
-        for word in readme.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
-            if word.starts_with("OOMTRACE_") {
-                assert!(known.contains(&word), "README mentions unknown {word}");
+        for (doc, text) in [
+            ("README", &readme),
+            ("docs/configuration.md", &configuration),
+        ] {
+            for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.starts_with("OOMTRACE_") {
+                    assert!(known.contains(&word), "{doc} mentions unknown {word}");
+                }
             }
         }
         let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();

@@ -1,4 +1,4 @@
-//! The report: the `--json` contract (README "CLI", version 1), built from a replayed
+//! The report: the `--json` contract (docs/json-report.md, version 1), built from a replayed
 //! `Trace<Analysis>`: the model's accounting, the analysis's findings, completed from the
 //! stacks ([`hints`]) and symbolized ([`symbolize`]). The live line ([`live`]) is the same
 //! findings as they happen.

@@ -5,7 +5,7 @@ Releases' own headers (copies in torch-headers/<version>/, from the PyPI wheels:
 layouts' oldest and newest tested releases, and 2.8.0) must be recognised with the right
 layout; mutated copies must be rejected with a reason naming what differed; comments and
 whitespace must not matter. Every release from 2.4 to 2.15 was checked the same way against
-its wheel's full headers when the table in the README was made; the real-PyTorch tier checks
+its wheel's full headers when the table in docs/pytorch-releases.md was made; the real-PyTorch tier checks
 the installed release's headers (tests/it/torch/every_version.rs).
 """
 
