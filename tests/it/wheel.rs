@@ -631,9 +631,10 @@ fn installed_package_works(wheel: &Path, dir: &Path) {
 }
 
 /// The ways Python users install from source: `pip wheel python/` (what `pip install ./python`
-/// builds and installs) and `python -m build python/` (an sdist, then a wheel built from that
-/// sdist unpacked outside the repository) each give a package with the stripped `oomtrace` and
-/// the liboomtrace.so the same build compiled, no script needed, and it works installed.
+/// builds and installs) and `python -m build --sdist python/` then a wheel built by pip from
+/// that sdist unpacked outside the repository (what `pip install SDIST` does) each give a
+/// package with the stripped `oomtrace` and the liboomtrace.so the same build compiled, no
+/// script needed, and it works installed.
 #[test]
 fn pip_and_build_make_packages_that_carry_the_library() {
     let Some(tools_bin) = tools_bin() else { return };
@@ -658,24 +659,20 @@ fn pip_and_build_make_packages_that_carry_the_library() {
     assert_wheel_carries_the_library(&tools_bin, &wheel, &built);
     installed_package_works(&wheel, &dir.join("pip"));
 
-    // python -m build python/: the sdist holds the shim's sources and the backend; the wheel
-    // is built from it.
+    // python -m build --sdist python/: the sdist holds the shim's sources and the backend. A
+    // wheel is built from it unpacked outside the repository, as `pip install SDIST` does, but
+    // in a fixed directory (`sync_sdist`) so that cargo reuses the last run's build.
     let dist = dir.join("build-dist");
     let mut build = package_build(tools_bin.join("python"), &tools_bin, &target);
     build
-        .args(["-m", "build", "--no-isolation", "--outdir"])
+        .args(["-m", "build", "--sdist", "--no-isolation", "--outdir"])
         .arg(&dist)
         .arg(repo().join("python"));
-    let started = std::time::Instant::now();
     let out = output_within(build, BUILD_TIMEOUT);
     assert!(
         out.status.success(),
         "python -m build failed:\n{}",
         text(&out)
-    );
-    eprintln!(
-        "python -m build: sdist and wheel built in {:.0} s",
-        started.elapsed().as_secs_f64()
     );
     let sdist = only_file(&dist, ".tar.gz");
     let list = Command::new(tools_bin.join("python"))
@@ -691,6 +688,8 @@ fn pip_and_build_make_packages_that_carry_the_library() {
         "shim/Cargo.toml",
         "shim/src/lib.rs",
         "build_backend/oomtrace_backend.py",
+        "boot/sitecustomize.py",
+        "oomtrace/__init__.py",
         "pyproject.toml",
     ] {
         let name = format!("oomtrace-{VERSION}/{expected}");
@@ -700,7 +699,70 @@ fn pip_and_build_make_packages_that_carry_the_library() {
         !names.lines().any(|n| n.ends_with(".so")),
         "no built library in the sdist:\n{names}"
     );
+    let unpacked = sync_sdist(&tools_bin, &sdist, &wheel_target_dir().join("sdist"));
+    let mut pip = package_build(tools_bin.join("pip"), &tools_bin, &target);
+    pip.args(["wheel", "--no-build-isolation", "--no-deps", "--wheel-dir"])
+        .arg(&dist)
+        .arg(&unpacked)
+        .current_dir(&unpacked);
+    let started = std::time::Instant::now();
+    let out = output_within(pip, BUILD_TIMEOUT);
+    assert!(
+        out.status.success(),
+        "pip wheel SDIST failed:\n{}",
+        text(&out)
+    );
+    eprintln!(
+        "pip wheel of the sdist: built in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
     let wheel = only_file(&dist, ".whl");
     assert_wheel_carries_the_library(&tools_bin, &wheel, &built);
     installed_package_works(&wheel, &dir.join("sdist"));
+}
+
+/// Unpacks `sdist` into `dest` (its top directory, returned) the way cargo can build again
+/// without starting over: a file whose content is unchanged since the last run is left as it
+/// is (its old mtime says "built already"), a changed or new one is written (now: "rebuild"),
+/// one no longer in the sdist is removed. maturin's sdists give every file one fixed date, so
+/// unpacking them as they are would hide changes from cargo.
+fn sync_sdist(tools_bin: &Path, sdist: &Path, dest: &Path) -> PathBuf {
+    const SYNC: &str = r#"
+import os, sys, tarfile
+sdist, dest = sys.argv[1], sys.argv[2]
+with tarfile.open(sdist) as tar:
+    members = [m for m in tar.getmembers() if m.isfile()]
+    top = members[0].name.split("/")[0]
+    root = os.path.join(dest, top)
+    wanted = set()
+    for m in members:
+        relative = m.name[len(top) + 1:]
+        assert m.name.startswith(top + "/") and ".." not in relative.split("/"), m.name
+        wanted.add(relative)
+        path = os.path.join(root, relative)
+        data = tar.extractfile(m).read()
+        try:
+            with open(path, "rb") as f:
+                if f.read() == data:
+                    continue
+        except FileNotFoundError:
+            pass
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+for directory, _, files in os.walk(root):
+    for name in files:
+        path = os.path.join(directory, name)
+        if os.path.relpath(path, root) not in wanted:
+            os.remove(path)
+print(root)
+"#;
+    let out = Command::new(tools_bin.join("python"))
+        .args(["-c", SYNC])
+        .arg(sdist)
+        .arg(dest)
+        .output()
+        .expect("unpack the sdist");
+    assert!(out.status.success(), "{}", text(&out));
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
