@@ -700,7 +700,11 @@ fn pip_and_build_make_packages_that_carry_the_library() {
         "no built library in the sdist:\n{names}"
     );
     let unpacked = sync_sdist(&tools_bin, &sdist, &wheel_target_dir().join("sdist"));
-    let mut pip = package_build(tools_bin.join("pip"), &tools_bin, &target);
+    // Its own target directory: cargo gives the sdist's crates the same unit names as the
+    // repository's (the same packages at another path), and in one directory the two builds
+    // would rebuild each other's every time.
+    let sdist_target = wheel_target_dir().join("pip-sdist");
+    let mut pip = package_build(tools_bin.join("pip"), &tools_bin, &sdist_target);
     pip.args(["wheel", "--no-build-isolation", "--no-deps", "--wheel-dir"])
         .arg(&dist)
         .arg(&unpacked)
@@ -717,7 +721,11 @@ fn pip_and_build_make_packages_that_carry_the_library() {
         started.elapsed().as_secs_f64()
     );
     let wheel = only_file(&dist, ".whl");
-    assert_wheel_carries_the_library(&tools_bin, &wheel, &built);
+    assert_wheel_carries_the_library(
+        &tools_bin,
+        &wheel,
+        &sdist_target.join("release/liboomtrace.so"),
+    );
     installed_package_works(&wheel, &dir.join("sdist"));
 }
 
