@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Builds the `oomtrace` wheel (the binary, liboomtrace.so beside it, the Python package) into
-# OUT_DIR and prints the wheel's path on stdout. Manylinux 2.28: everything is compiled and
-# linked by zig against glibc 2.28's symbols (docs/PACKAGING.md says why and how).
+# Builds the `oomtrace` manylinux wheel (the binary, liboomtrace.so beside it, the Python
+# package) into OUT_DIR and prints the wheel's path on stdout. Manylinux 2.28: everything is
+# compiled and linked by zig against glibc 2.28's symbols (docs/PACKAGING.md says why and how).
+# `pip install ./python` builds the same package for this machine's glibc without zig.
 #
-# The tools (maturin, ziglang, cargo-zigbuild, auditwheel; pinned below) live in a venv outside
-# the clone, shared by every clone and CI run on the machine, made on first use:
+# The tools (maturin, ziglang, cargo-zigbuild, auditwheel, and `build` for the sdist test;
+# pinned below) live in a venv outside the clone, shared by every clone and CI run on the
+# machine, made on first use:
 #   $WHEEL_TOOLS_DIR                  if set, or
 #   ${XDG_CACHE_HOME:-~/.cache}/oomtrace-wheel-tools/<pins>-py<major.minor>
 # Cargo builds into $WHEEL_TARGET_DIR (default: target/wheel in the clone), never the usual
@@ -22,6 +24,7 @@ MATURIN_VERSION=1.16.0
 ZIGLANG_VERSION=0.15.2
 CARGO_ZIGBUILD_VERSION=0.24.1
 AUDITWHEEL_VERSION=6.8.2
+BUILD_VERSION=1.6.1
 # The oldest glibc the wheel runs on (manylinux_2_28: RHEL 8, Debian 10, Ubuntu 18.10 and newer).
 GLIBC=2.28
 TARGET=x86_64-unknown-linux-gnu
@@ -32,7 +35,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 tools() {
     local pyver pins dir ready
     pyver=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
-    pins="maturin-$MATURIN_VERSION-zig-$ZIGLANG_VERSION-zigbuild-$CARGO_ZIGBUILD_VERSION-auditwheel-$AUDITWHEEL_VERSION"
+    pins="maturin-$MATURIN_VERSION-zig-$ZIGLANG_VERSION-zigbuild-$CARGO_ZIGBUILD_VERSION-auditwheel-$AUDITWHEEL_VERSION-build-$BUILD_VERSION"
     dir=${WHEEL_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/oomtrace-wheel-tools/$pins-py$pyver}
     ready="$dir/.oomtrace-ready"
     if [ -f "$ready" ] && [ -x "$dir/bin/maturin" ]; then
@@ -60,7 +63,8 @@ tools() {
     touch "$dir/.oomtrace-env"
     "$dir/bin/python" -m pip install --quiet --disable-pip-version-check \
         "maturin==$MATURIN_VERSION" "ziglang==$ZIGLANG_VERSION" \
-        "cargo-zigbuild==$CARGO_ZIGBUILD_VERSION" "auditwheel==$AUDITWHEEL_VERSION" >&2
+        "cargo-zigbuild==$CARGO_ZIGBUILD_VERSION" "auditwheel==$AUDITWHEEL_VERSION" \
+        "build==$BUILD_VERSION" >&2
     touch "$ready"
     echo "$dir/bin"
 }
@@ -119,12 +123,6 @@ unset RUSTFLAGS CARGO_ENCODED_RUSTFLAGS CARGO_BUILD_RUSTFLAGS CC CFLAGS
 # 1. liboomtrace.so, against glibc 2.28 (cargo-zigbuild: zig cc links it).
 cargo-zigbuild zigbuild --release --locked --quiet -p oomtrace-shim \
     --manifest-path "$repo/Cargo.toml" --target "$TARGET.$GLIBC" --target-dir "$target_dir/shim" >&2
-# Staged where maturin takes the wheel's data from (python/oomtrace.data/, ignored by git):
-# .data/scripts/ is installed into the environment's bin/, beside the binary.
-stage="$repo/python/oomtrace.data/scripts"
-mkdir -p "$stage"
-cp "$target_dir/shim/$TARGET/release/liboomtrace.so" "$stage/liboomtrace.so.tmp"
-mv "$stage/liboomtrace.so.tmp" "$stage/liboomtrace.so"
 
 # 2. The binary and the wheel (maturin's zig mode compiles the binary's C parts, the demo and
 #    the simulated CUDA it carries, with the same zig cc). `--auditwheel check` fails the build
@@ -134,5 +132,10 @@ trap 'rm -rf "$before"' EXIT
 (cd "$repo/python" && CARGO_TARGET_DIR="$target_dir/cli" maturin build --release --locked --quiet \
     --zig --compatibility "manylinux_${GLIBC/./_}" --auditwheel check --out "$before") >&2
 wheel=$(ls "$before"/oomtrace-*.whl)
+
+# 3. The library into the wheel's .data/scripts/ (installed into the environment's bin/, beside
+#    the binary), as the Python build backend adds it to the wheels pip builds.
+"$bin/python" "$repo/python/build_backend/oomtrace_backend.py" add-library "$wheel" \
+    "$target_dir/shim/$TARGET/release/liboomtrace.so"
 mv -f "$wheel" "$out/"
 echo "$out/$(basename "$wheel")"

@@ -29,14 +29,20 @@ fn fingerprint(bytes: &[u8]) -> u64 {
     })
 }
 
-/// The `oomtrace` Python package.
-pub const PY_PACKAGE: &[u8] = include_bytes!("../../python/oomtrace/__init__.py");
+/// The `oomtrace` Python package (python/oomtrace/; build.rs says where it is in an sdist).
+pub const PY_PACKAGE: &[u8] = include_bytes!(concat!(
+    env!("OOMTRACE_PYTHON_DIR"),
+    "/oomtrace/__init__.py"
+));
 /// Its reader of a PyTorch release's allocator headers (for a release oomtrace was not checked
 /// against).
-pub const PY_ABI: &[u8] = include_bytes!("../../python/oomtrace/_abi.py");
+pub const PY_ABI: &[u8] = include_bytes!(concat!(env!("OOMTRACE_PYTHON_DIR"), "/oomtrace/_abi.py"));
 /// The sitecustomize that, when the program imports torch, installs what `OOMTRACE_TORCH` asks
 /// for (the optimizer step hook, the allocator) and then runs the user's own sitecustomize.
-pub const PY_BOOT: &[u8] = include_bytes!("../../python/boot/sitecustomize.py");
+pub const PY_BOOT: &[u8] = include_bytes!(concat!(
+    env!("OOMTRACE_PYTHON_DIR"),
+    "/boot/sitecustomize.py"
+));
 
 /// Writes the Python files into their cache directory (once: a file already there with the
 /// same bytes is kept; each is written under a temporary name and renamed, and only that

@@ -122,14 +122,15 @@ fn assert_glibc_at_most_2_28(files: &[PathBuf]) {
     }
 }
 
-#[test]
-fn the_wheel_installs_into_a_fresh_venv_and_traces_from_there() {
+/// The tools venv's bin/ (`scripts/wheel.sh --tools`), or None where python3's venv or the
+/// tools are missing (a `precondition`: under CI that fails the test).
+fn tools_bin() -> Option<PathBuf> {
     let python_ok = Command::new("python3")
         .args(["-c", "import venv, ensurepip"])
         .output()
         .is_ok_and(|o| o.status.success());
     if !precondition(python_ok, "python3 with venv and ensurepip (python3-venv)") {
-        return;
+        return None;
     }
     let tools = Command::new(repo().join("scripts/wheel.sh"))
         .arg("--tools")
@@ -137,12 +138,19 @@ fn the_wheel_installs_into_a_fresh_venv_and_traces_from_there() {
     let tools_ok = tools.as_ref().is_ok_and(|o| o.status.success());
     if !precondition(
         tools_ok,
-        "the wheel's build tools (scripts/wheel.sh --tools: maturin, ziglang, cargo-zigbuild and \
-         auditwheel from PyPI)",
+        "the wheel's build tools (scripts/wheel.sh --tools: maturin, ziglang, cargo-zigbuild, \
+         auditwheel and build from PyPI)",
     ) {
-        return;
+        return None;
     }
-    let tools_bin = PathBuf::from(String::from_utf8_lossy(&tools.unwrap().stdout).trim());
+    Some(PathBuf::from(
+        String::from_utf8_lossy(&tools.unwrap().stdout).trim(),
+    ))
+}
+
+#[test]
+fn the_wheel_installs_into_a_fresh_venv_and_traces_from_there() {
+    let Some(tools_bin) = tools_bin() else { return };
     let dir = scratch("wheel");
 
     // Build.
@@ -238,24 +246,7 @@ fn the_wheel_installs_into_a_fresh_venv_and_traces_from_there() {
 /// `oomtrace demo` from the venv finds its planted leak; the program and the simulated CUDA
 /// it wrote into the cache need no glibc newer than 2.28 either.
 fn demo(exe: &Path, dir: &Path) {
-    let trace = dir.join("demo.oomt");
-    let mut cmd = clean_command(exe, dir);
-    cmd.arg("demo").arg("--output").arg(&trace);
-    let out = output_within(cmd, TIMEOUT);
-    let said = text(&out);
-    assert!(out.status.success(), "{said}");
-    assert!(
-        said.lines()
-            .any(|l| l.contains("[confirmed leak]") && l.contains("keep_history")),
-        "{said}"
-    );
-    let r = report(exe, dir, &trace);
-    assert_eq!(r["findings"][0]["kind"], "oom", "{:#}", r["findings"]);
-    let leaks = findings(&r, "leak");
-    assert_eq!(leaks.len(), 1, "{leaks:?}");
-    assert_eq!(leaks[0]["level"], "confirmed");
-    assert_eq!(functions(leaks[0])[0], "keep_history");
-
+    demo_finds_its_leak(exe, dir);
     let cache = dir.join("cache/oomtrace");
     let demo_dir = std::fs::read_dir(&cache)
         .expect("the demo's cache")
@@ -273,6 +264,28 @@ fn demo(exe: &Path, dir: &Path) {
     .map(|n| demo_dir.join(n))
     .collect();
     assert_glibc_at_most_2_28(&elfs);
+}
+
+/// `oomtrace demo` (the installed `exe`, nothing set) confirms its planted leak at
+/// `keep_history` and its OOM.
+fn demo_finds_its_leak(exe: &Path, dir: &Path) {
+    let trace = dir.join("demo.oomt");
+    let mut cmd = clean_command(exe, dir);
+    cmd.arg("demo").arg("--output").arg(&trace);
+    let out = output_within(cmd, TIMEOUT);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.lines()
+            .any(|l| l.contains("[confirmed leak]") && l.contains("keep_history")),
+        "{said}"
+    );
+    let r = report(exe, dir, &trace);
+    assert_eq!(r["findings"][0]["kind"], "oom", "{:#}", r["findings"]);
+    let leaks = findings(&r, "leak");
+    assert_eq!(leaks.len(), 1, "{leaks:?}");
+    assert_eq!(leaks[0]["level"], "confirmed");
+    assert_eq!(functions(leaks[0])[0], "keep_history");
 }
 
 fn report(exe: &Path, dir: &Path, trace: &Path) -> Value {
@@ -461,4 +474,293 @@ fn torch_leak(exe: &Path, dir: &Path) {
         return;
     }
     unreachable!()
+}
+
+/// What a wheel holds, read by the tools venv's python: its names, the RECORD lines whose hash
+/// does not match their entry, the binary's DWARF sections (`.debug_gdb_scripts`, rustc's
+/// pointer to its pretty-printers, is no debug info), and whether its one liboomtrace.so is
+/// byte for byte `built` (the file cargo made in this build).
+const INSPECT_WHEEL: &str = r#"
+import base64, hashlib, io, json, sys, zipfile
+from elftools.elf.elffile import ELFFile
+
+def digest(data):
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+wheel = zipfile.ZipFile(sys.argv[1])
+names = wheel.namelist()
+record = [n for n in names if n.endswith(".dist-info/RECORD")][0]
+hashes = dict(l.split(",")[:2] for l in wheel.read(record).decode().splitlines() if l)
+binary = [n for n in names if n.endswith(".data/scripts/oomtrace")][0]
+elf = ELFFile(io.BytesIO(wheel.read(binary)))
+libraries = [n for n in names if n.endswith("/liboomtrace.so")]
+built = open(sys.argv[2], "rb").read()
+print(json.dumps({
+    "names": names,
+    "record_mismatches": [n for n in names if n != record and hashes.get(n) != digest(wheel.read(n))],
+    "binary_dwarf_sections": [s.name for s in elf.iter_sections()
+                              if s.name.startswith(".debug_") and s.name != ".debug_gdb_scripts"],
+    "library_is_the_build's": [wheel.read(n) == built for n in libraries],
+}))
+"#;
+
+/// A command that builds the package as a user's `pip` or `python -m build` would, with the
+/// pinned tools (maturin from the tools venv: `--no-build-isolation`, nothing from an index)
+/// and cargo building into `target` (CARGO_TARGET_DIR, which the backend and maturin honour:
+/// a second build reuses the first's dependencies).
+fn package_build(program: PathBuf, tools_bin: &Path, target: &Path) -> Command {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs = vec![tools_bin.to_path_buf()];
+    dirs.extend(std::env::split_paths(&path));
+    let mut c = Command::new(program);
+    c.current_dir(repo())
+        .env("PATH", std::env::join_paths(dirs).expect("PATH"))
+        .env("CARGO_TARGET_DIR", target)
+        .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+        .env_remove("MATURIN_PEP517_ARGS")
+        .stdin(std::process::Stdio::null());
+    c
+}
+
+/// The one file in `dir` whose name ends with `suffix`.
+fn only_file(dir: &Path, suffix: &str) -> PathBuf {
+    let found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("the build's output directory")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .collect();
+    assert_eq!(found.len(), 1, "{suffix} in {}: {found:?}", dir.display());
+    found.into_iter().next().unwrap()
+}
+
+/// The wheel holds the binary without debug info, the Python package, and exactly one
+/// liboomtrace.so: the one cargo built for it (`built`), not one left from another build; its
+/// RECORD matches every entry (the backend rewrote it when it added the library).
+fn assert_wheel_carries_the_library(tools_bin: &Path, wheel: &Path, built: &Path) {
+    let out = Command::new(tools_bin.join("python"))
+        .args(["-c", INSPECT_WHEEL])
+        .arg(wheel)
+        .arg(built)
+        .output()
+        .expect("inspect the wheel");
+    assert!(out.status.success(), "{}", text(&out));
+    let facts: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let names: Vec<&str> = facts["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    for expected in [
+        format!("oomtrace-{VERSION}.data/scripts/oomtrace"),
+        format!("oomtrace-{VERSION}.data/scripts/liboomtrace.so"),
+        "oomtrace/__init__.py".to_string(),
+    ] {
+        assert!(names.contains(&expected.as_str()), "{expected}: {names:?}");
+    }
+    assert_eq!(
+        facts["library_is_the_build's"],
+        serde_json::json!([true]),
+        "{facts:#}"
+    );
+    assert_eq!(
+        facts["record_mismatches"],
+        serde_json::json!([]),
+        "{facts:#}"
+    );
+    assert_eq!(
+        facts["binary_dwarf_sections"],
+        serde_json::json!([]),
+        "{facts:#}"
+    );
+}
+
+/// Installed into a fresh venv with nothing from an index: `oomtrace lib` names the venv's
+/// library, `oomtrace demo` finds its leak, and `import oomtrace` finds the library too.
+fn installed_package_works(wheel: &Path, dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let venv = dir.join("venv");
+    let out = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .output()
+        .expect("python3 -m venv");
+    assert!(out.status.success(), "{}", text(&out));
+    let mut pip = Command::new(venv.join("bin/pip"));
+    pip.args([
+        "install",
+        "--quiet",
+        "--no-index",
+        "--disable-pip-version-check",
+    ])
+    .arg(wheel);
+    let out = output_within(pip, BUILD_TIMEOUT);
+    assert!(out.status.success(), "{}", text(&out));
+    let lib = std::fs::canonicalize(venv.join("bin/liboomtrace.so")).expect("the library");
+
+    let exe = venv.join("bin/oomtrace");
+    let mut cmd = clean_command(&exe, dir);
+    cmd.arg("lib");
+    let out = output_within(cmd, TIMEOUT);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()),
+        lib
+    );
+    demo_finds_its_leak(&exe, dir);
+
+    let mut cmd = clean_command(venv.join("bin/python"), dir);
+    cmd.args(["-c", "import oomtrace; print(oomtrace.library_path())"]);
+    let out = output_within(cmd, TIMEOUT);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        std::fs::canonicalize(String::from_utf8_lossy(&out.stdout).trim()).unwrap(),
+        lib
+    );
+}
+
+/// The ways Python users install from source: `pip wheel python/` (what `pip install ./python`
+/// builds and installs) and `python -m build --sdist python/` then a wheel built by pip from
+/// that sdist unpacked outside the repository (what `pip install SDIST` does) each give a
+/// package with the stripped `oomtrace` and the liboomtrace.so the same build compiled, no
+/// script needed, and it works installed.
+#[test]
+fn pip_and_build_make_packages_that_carry_the_library() {
+    let Some(tools_bin) = tools_bin() else { return };
+    let dir = scratch("pip-wheel");
+    let target = wheel_target_dir().join("pip");
+    let built = target.join("release/liboomtrace.so");
+
+    // pip wheel python/
+    let dist = dir.join("pip-dist");
+    let mut pip = package_build(tools_bin.join("pip"), &tools_bin, &target);
+    pip.args(["wheel", "--no-build-isolation", "--no-deps", "--wheel-dir"])
+        .arg(&dist)
+        .arg(repo().join("python"));
+    let started = std::time::Instant::now();
+    let out = output_within(pip, BUILD_TIMEOUT);
+    assert!(out.status.success(), "pip wheel failed:\n{}", text(&out));
+    eprintln!(
+        "pip wheel: built in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    let wheel = only_file(&dist, ".whl");
+    assert_wheel_carries_the_library(&tools_bin, &wheel, &built);
+    installed_package_works(&wheel, &dir.join("pip"));
+
+    // python -m build --sdist python/: the sdist holds the shim's sources and the backend. A
+    // wheel is built from it unpacked outside the repository, as `pip install SDIST` does, but
+    // in a fixed directory (`sync_sdist`) so that cargo reuses the last run's build.
+    let dist = dir.join("build-dist");
+    let mut build = package_build(tools_bin.join("python"), &tools_bin, &target);
+    build
+        .args(["-m", "build", "--sdist", "--no-isolation", "--outdir"])
+        .arg(&dist)
+        .arg(repo().join("python"));
+    let out = output_within(build, BUILD_TIMEOUT);
+    assert!(
+        out.status.success(),
+        "python -m build failed:\n{}",
+        text(&out)
+    );
+    let sdist = only_file(&dist, ".tar.gz");
+    let list = Command::new(tools_bin.join("python"))
+        .args([
+            "-c",
+            "import sys, tarfile; print('\\n'.join(tarfile.open(sys.argv[1]).getnames()))",
+        ])
+        .arg(&sdist)
+        .output()
+        .expect("list the sdist");
+    let names = String::from_utf8_lossy(&list.stdout);
+    for expected in [
+        "shim/Cargo.toml",
+        "shim/src/lib.rs",
+        "build_backend/oomtrace_backend.py",
+        "boot/sitecustomize.py",
+        "oomtrace/__init__.py",
+        "pyproject.toml",
+    ] {
+        let name = format!("oomtrace-{VERSION}/{expected}");
+        assert!(names.lines().any(|n| n == name), "{name}:\n{names}");
+    }
+    assert!(
+        !names.lines().any(|n| n.ends_with(".so")),
+        "no built library in the sdist:\n{names}"
+    );
+    let unpacked = sync_sdist(&tools_bin, &sdist, &wheel_target_dir().join("sdist"));
+    // Its own target directory: cargo gives the sdist's crates the same unit names as the
+    // repository's (the same packages at another path), and in one directory the two builds
+    // would rebuild each other's every time.
+    let sdist_target = wheel_target_dir().join("pip-sdist");
+    let mut pip = package_build(tools_bin.join("pip"), &tools_bin, &sdist_target);
+    pip.args(["wheel", "--no-build-isolation", "--no-deps", "--wheel-dir"])
+        .arg(&dist)
+        .arg(&unpacked)
+        .current_dir(&unpacked);
+    let started = std::time::Instant::now();
+    let out = output_within(pip, BUILD_TIMEOUT);
+    assert!(
+        out.status.success(),
+        "pip wheel SDIST failed:\n{}",
+        text(&out)
+    );
+    eprintln!(
+        "pip wheel of the sdist: built in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    let wheel = only_file(&dist, ".whl");
+    assert_wheel_carries_the_library(
+        &tools_bin,
+        &wheel,
+        &sdist_target.join("release/liboomtrace.so"),
+    );
+    installed_package_works(&wheel, &dir.join("sdist"));
+}
+
+/// Unpacks `sdist` into `dest` (its top directory, returned) the way cargo can build again
+/// without starting over: a file whose content is unchanged since the last run is left as it
+/// is (its old mtime says "built already"), a changed or new one is written (now: "rebuild"),
+/// one no longer in the sdist is removed. maturin's sdists give every file one fixed date, so
+/// unpacking them as they are would hide changes from cargo.
+fn sync_sdist(tools_bin: &Path, sdist: &Path, dest: &Path) -> PathBuf {
+    const SYNC: &str = r#"
+import os, sys, tarfile
+sdist, dest = sys.argv[1], sys.argv[2]
+with tarfile.open(sdist) as tar:
+    members = [m for m in tar.getmembers() if m.isfile()]
+    top = members[0].name.split("/")[0]
+    root = os.path.join(dest, top)
+    wanted = set()
+    for m in members:
+        relative = m.name[len(top) + 1:]
+        assert m.name.startswith(top + "/") and ".." not in relative.split("/"), m.name
+        wanted.add(relative)
+        path = os.path.join(root, relative)
+        data = tar.extractfile(m).read()
+        try:
+            with open(path, "rb") as f:
+                if f.read() == data:
+                    continue
+        except FileNotFoundError:
+            pass
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+for directory, _, files in os.walk(root):
+    for name in files:
+        path = os.path.join(directory, name)
+        if os.path.relpath(path, root) not in wanted:
+            os.remove(path)
+print(root)
+"#;
+    let out = Command::new(tools_bin.join("python"))
+        .args(["-c", SYNC])
+        .arg(sdist)
+        .arg(dest)
+        .output()
+        .expect("unpack the sdist");
+    assert!(out.status.success(), "{}", text(&out));
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }

@@ -102,8 +102,11 @@ fn build_oomtrace() -> PathBuf {
 /// Whether a test whose precondition (`ok`) does not hold here may go on. Under CI (`CI` set,
 /// as `.ci/run` does) a missing precondition fails the test, so CI never counts a test that
 /// checked nothing as passed; elsewhere the test prints one line naming what it `needs` and
-/// returns early.
+/// returns early, and is counted: when the test binary exits, after libtest's own summary,
+/// one line says how many tests were skipped for want of what (docs/prerequisites.md), so a
+/// skip never reads as a pass.
 pub fn precondition(ok: bool, needs: &str) -> bool {
+    skips::report_at_exit();
     if ok {
         return true;
     }
@@ -112,7 +115,116 @@ pub fn precondition(ok: bool, needs: &str) -> bool {
         "this test needs {needs}, and CI must run it"
     );
     eprintln!("skipped: needs {needs}");
+    skips::skipped(needs);
     false
+}
+
+/// The tests `precondition` skipped in this process, printed in one line at its exit.
+///
+/// libtest runs every test of a binary in this one process, each on a thread named after the
+/// test, and offers no hook after the last one; so the first `precondition` registers a C
+/// `atexit` handler. It runs after libtest has printed its summary and flushed stdout: a
+/// passing run returns from `main` and a failing one calls `std::process::exit`, and both end
+/// in libc's `exit`, which runs the handlers once every test thread is done.
+mod skips {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::io::Write;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{Mutex, Once, PoisonError};
+
+    /// What was missing -> the tests skipped for want of it (libtest names each test's thread
+    /// after the test).
+    type Skipped = BTreeMap<String, BTreeSet<String>>;
+
+    static SKIPPED: Mutex<Skipped> = Mutex::new(BTreeMap::new());
+    static AT_EXIT: Once = Once::new();
+
+    /// The running test's name: libtest names each test's thread after it. A test run on the
+    /// main thread (a harness that does not name threads) gets a number of its own: a test
+    /// stops at its first missing prerequisite, so it is counted once all the same.
+    fn test_name() -> String {
+        static UNNAMED: AtomicU32 = AtomicU32::new(0);
+        match std::thread::current().name() {
+            Some(name) if name != "main" => name.to_string(),
+            _ => format!("#{}", UNNAMED.fetch_add(1, Ordering::Relaxed)),
+        }
+    }
+
+    /// Registers the line at exit: whenever a test asked for a prerequisite, the run ends
+    /// with the count, also when it is 0.
+    pub(super) fn report_at_exit() {
+        AT_EXIT.call_once(|| {
+            // SAFETY: atexit only stores the pointer of a function that lives as long as the
+            // process; `print` takes no arguments and never unwinds (it cannot panic: a
+            // poisoned lock is taken as is and write errors are ignored).
+            let rc = unsafe { libc::atexit(print) };
+            assert_eq!(rc, 0, "atexit");
+        });
+    }
+
+    pub(super) fn skipped(needs: &str) {
+        SKIPPED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(needs.to_string())
+            .or_default()
+            .insert(test_name());
+    }
+
+    /// `skipped for a missing prerequisite: N tests (WHAT: K, ...); see docs/prerequisites.md`
+    pub(super) fn line(skipped: &Skipped) -> String {
+        let tests: BTreeSet<&String> = skipped.values().flatten().collect();
+        let mut line = format!(
+            "skipped for a missing prerequisite: {} {}",
+            tests.len(),
+            if tests.len() == 1 { "test" } else { "tests" }
+        );
+        if !skipped.is_empty() {
+            let what: Vec<String> = skipped
+                .iter()
+                .map(|(needs, tests)| format!("{needs}: {}", tests.len()))
+                .collect();
+            line += &format!(" ({}); see docs/prerequisites.md", what.join(", "));
+        }
+        line
+    }
+
+    extern "C" fn print() {
+        // Every test thread is done by now; try_lock all the same, so that exit never waits.
+        let skipped = match SKIPPED.try_lock() {
+            Ok(s) => s,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        let _ = writeln!(std::io::stderr(), "{}", line(&skipped));
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn the_line_counts_tests_and_names_what_they_needed() {
+            let mut skipped = BTreeMap::new();
+            assert_eq!(
+                line(&skipped),
+                "skipped for a missing prerequisite: 0 tests"
+            );
+            skipped.insert(
+                "chromium".to_string(),
+                BTreeSet::from(["view::a".to_string(), "view::b".to_string()]),
+            );
+            skipped.insert(
+                "prometheus".to_string(),
+                BTreeSet::from(["metrics::a".to_string()]),
+            );
+            assert_eq!(
+                line(&skipped),
+                "skipped for a missing prerequisite: 3 tests (chromium: 2, prometheus: 1); see \
+                 docs/prerequisites.md"
+            );
+        }
+    }
 }
 
 pub fn scenario(name: &str) -> PathBuf {
