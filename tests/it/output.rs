@@ -430,9 +430,9 @@ fn incomplete_traces_say_why_in_the_report_itself() {
 
 /// A trace big enough that reading it takes well over the progress delay (1 s) in a debug
 /// build (the tests' build): about 3-4 s for `report` (250,000 events once took only 1.44 s).
-fn big_trace(dir: &Path) -> PathBuf {
+fn big_trace(dir: &Path, events: u64) -> PathBuf {
     let p = dir.join("big.oomt");
-    synthetic_trace(&p, 400_000, 1000, false, Ending::Complete);
+    synthetic_trace(&p, events, 1000, false, Ending::Complete);
     p
 }
 
@@ -443,19 +443,30 @@ fn progress_only_on_a_terminal() {
         "this test needs script(1) from util-linux (bsdutils) for a pseudo-terminal"
     );
     let dir = scratch("progress");
-    let big = big_trace(&dir);
-    let b = big.to_str().unwrap();
-
-    // Standard error not a terminal: nothing but what the command always says.
-    let start = Instant::now();
-    let o = oomtrace_to(&["report", "--json", b], Stdio::null());
-    let took = start.elapsed();
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).is_empty(), "{:?}", stderr(&o));
+    // The bar shows after 1 s: the trace must take longer than that to read. How long a
+    // trace takes depends on the machine and on `report`'s speed (which only grows), so it is
+    // made larger until reading it takes over 1.5 s.
+    let mut events = 400_000;
+    let (big, took) = loop {
+        let big = big_trace(&dir, events);
+        let b = big.to_str().unwrap();
+        // Standard error not a terminal: nothing but what the command always says.
+        let start = Instant::now();
+        let o = oomtrace_to(&["report", "--json", b], Stdio::null());
+        let took = start.elapsed();
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(stderr(&o).is_empty(), "{:?}", stderr(&o));
+        if took.as_secs_f64() > 1.5 || events >= 12_800_000 {
+            break (big, took);
+        }
+        events *= 2;
+    };
     assert!(
         took.as_secs_f64() > 1.5,
-        "the trace must take longer than the progress delay to read (took {took:?})"
+        "the trace must take longer than the progress delay to read (took {took:?} for \
+         {events} events)"
     );
+    let b = big.to_str().unwrap();
     let out = dir.join("out.folded");
     let o = oomtrace(&export_args(b, "folded", out.to_str().unwrap()));
     assert!(o.status.success(), "{}", stderr(&o));
