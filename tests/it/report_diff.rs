@@ -596,7 +596,7 @@ fn report_merges_only_traces_of_one_job() {
     let (ta, tb) = (a.trace.to_str().unwrap(), b.trace.to_str().unwrap());
     let text = stdout_of(&oomtrace(&["report", ta, tb]));
     assert!(
-        text.contains("2 traces of 2 separate runs (no launcher job id in common), reported one after another; --merge makes one report of them"),
+        text.contains("2 traces of 2 separate runs (no launcher job id or world of ranks in common), reported one after another; --merge makes one report of them"),
         "{text}"
     );
     assert!(
@@ -618,7 +618,7 @@ fn report_merges_only_traces_of_one_job() {
 
     let merged = stdout_of(&oomtrace(&["report", "--merge", ta, tb]));
     assert!(
-        merged.contains("2 traces of 2 separate runs (no launcher job id in common), merged into one report as asked (--merge)"),
+        merged.contains("2 traces of 2 separate runs (no launcher job id or world of ranks in common), merged into one report as asked (--merge)"),
         "{merged}"
     );
     assert!(merged.contains("Processes (2)"), "{merged}");
@@ -642,7 +642,7 @@ fn report_merges_only_traces_of_one_job() {
     let (t0, t1) = (r0.trace.to_str().unwrap(), r1.trace.to_str().unwrap());
     let text = stdout_of(&oomtrace(&["report", t0, t1]));
     assert!(
-        text.contains("2 traces of one job (777), merged into one report"),
+        text.contains("2 traces of one job (job 777), merged into one report"),
         "{text}"
     );
     assert!(text.contains("Ranks (2 of 2)"), "{text}");
@@ -650,6 +650,40 @@ fn report_merges_only_traces_of_one_job() {
     assert_eq!(j["combined"]["how"], "one_job");
     assert_eq!(j["processes"][0]["job"], "777");
     assert_eq!(j["ranks"]["rows"].as_array().unwrap().len(), 2);
+
+    // No job id (RANK and WORLD_SIZE set by hand, a torchrun without --rdzv-id): ranks of one
+    // world that no two traces both hold are one job; two runs of the same rank are two.
+    let ranked = |rank: &str| {
+        run_traced(
+            "runtime_basic",
+            &[],
+            &[
+                ("RANK", rank),
+                ("WORLD_SIZE", "2"),
+                ("TORCHELASTIC_RUN_ID", "none"),
+            ],
+        )
+    };
+    let (q0, q1, again) = (ranked("0"), ranked("1"), ranked("0"));
+    let paths = |ts: &[&Traced]| -> Vec<String> {
+        ts.iter().map(|t| t.trace.display().to_string()).collect()
+    };
+    let mut args = vec!["report".to_string()];
+    args.extend(paths(&[&q0, &q1]));
+    let text = stdout_of(&oomtrace(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    assert!(
+        text.contains("2 traces of one job (ranks of one world, no launcher job id), merged"),
+        "{text}"
+    );
+    assert!(text.contains("Ranks (2 of 2)"), "{text}");
+    let mut args = vec!["report".to_string()];
+    args.extend(paths(&[&q0, &again]));
+    let text = stdout_of(&oomtrace(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    assert!(text.contains("2 traces of 2 separate runs"), "{text}");
 }
 
 /// A leak that ran the device out of memory: no "at this rate the device is full in ..."

@@ -345,7 +345,10 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             let (how, message) = match groups.len() {
                 1 => {
                     let members: Vec<&Report> = reports.iter().collect();
-                    let job = merge::job_of(&members).unwrap_or_default();
+                    let job = match merge::job_of(&members) {
+                        Some(id) => format!("job {id}"),
+                        None => "ranks of one world, no launcher job id".to_string(),
+                    };
                     (
                         How::OneJob,
                         format!("{n} traces of one job ({job}), merged into one report"),
@@ -354,15 +357,15 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
                 k if args.merge => (
                     How::MergedOnRequest,
                     format!(
-                        "{n} traces of {k} separate runs (no launcher job id in common), merged \
-                         into one report as asked (--merge)"
+                        "{n} traces of {k} separate runs (no launcher job id or world of ranks in \
+                         common), merged into one report as asked (--merge)"
                     ),
                 ),
                 k => (
                     How::SeparateRuns,
                     format!(
-                        "{n} traces of {k} separate runs (no launcher job id in common), \
-                         reported one after another; --merge makes one report of them"
+                        "{n} traces of {k} separate runs (no launcher job id or world of ranks in \
+                         common), reported one after another; --merge makes one report of them"
                     ),
                 ),
             };

@@ -132,28 +132,77 @@ fn job_ids(r: &Report) -> Vec<&str> {
     ids
 }
 
+/// What ties a group of traces to one job: the launcher job ids its processes name, and the
+/// ranks they hold with the world size they say.
+#[derive(Default)]
+struct Ties<'a> {
+    jobs: Vec<&'a str>,
+    /// Each world size said (one, in a consistent job).
+    worlds: Vec<u32>,
+    ranks: Vec<u32>,
+}
+
+impl<'a> Ties<'a> {
+    fn of(r: &'a Report) -> Ties<'a> {
+        let mut worlds: Vec<u32> = r.processes.iter().filter_map(|p| p.world_size).collect();
+        worlds.sort_unstable();
+        worlds.dedup();
+        Ties {
+            jobs: job_ids(r),
+            worlds,
+            ranks: r.processes.iter().filter_map(|p| p.rank).collect(),
+        }
+    }
+
+    /// One job: a launcher job id in common; or, where neither names one, ranks of one world
+    /// size that no two traces both hold (the per-rank traces of a job whose launcher gave no
+    /// id: `RANK`/`WORLD_SIZE` set by hand, a multi-node torchrun without `--rdzv-id`). Two
+    /// runs of the same ranks (each its own job) share a rank, so they stay apart.
+    fn same_job(&self, other: &Ties<'_>) -> bool {
+        if self.jobs.iter().any(|j| other.jobs.contains(j)) {
+            return true;
+        }
+        self.jobs.is_empty()
+            && other.jobs.is_empty()
+            && self.worlds.len() == 1
+            && self.worlds == other.worlds
+            && !self.ranks.is_empty()
+            && !other.ranks.is_empty()
+            && !self.ranks.iter().any(|r| other.ranks.contains(r))
+    }
+
+    fn absorb(&mut self, other: Ties<'a>) {
+        self.jobs.extend(other.jobs);
+        self.jobs.sort_unstable();
+        self.jobs.dedup();
+        self.worlds.extend(other.worlds);
+        self.worlds.sort_unstable();
+        self.worlds.dedup();
+        self.ranks.extend(other.ranks);
+    }
+}
+
 /// The runs among `reports` (one per trace), as indices into it in the order given, runs in
-/// the order of their first trace: traces whose processes name a launcher job id in common
-/// are one job (transitively); a trace that names none is a run of its own (a collector
-/// writes one trace: processes of one collector are already in one).
+/// the order of their first trace: traces of one job ([`Ties::same_job`], transitively) are
+/// one run; a trace tied to no other is a run of its own (a collector writes one trace:
+/// processes of one collector are already in one).
 pub fn runs(reports: &[Report]) -> Vec<Vec<usize>> {
-    let mut groups: Vec<(Vec<usize>, Vec<&str>)> = Vec::new();
+    let mut groups: Vec<(Vec<usize>, Ties<'_>)> = Vec::new();
     for (i, r) in reports.iter().enumerate() {
-        let ids = job_ids(r);
-        let mut mine = (vec![i], ids.clone());
+        let mut mine = (vec![i], Ties::of(r));
         let mut k = 0;
         while k < groups.len() {
-            if groups[k].1.iter().any(|j| ids.contains(j)) {
-                let (members, jobs) = groups.remove(k);
+            if groups[k].1.same_job(&mine.1) {
+                let (members, ties) = groups.remove(k);
                 mine.0.extend(members);
-                mine.1.extend(jobs);
+                mine.1.absorb(ties);
+                // What joined may tie to a group passed over already: look again.
+                k = 0;
             } else {
                 k += 1;
             }
         }
         mine.0.sort_unstable();
-        mine.1.sort_unstable();
-        mine.1.dedup();
         groups.push(mine);
     }
     groups.sort_by_key(|g| g.0[0]);
