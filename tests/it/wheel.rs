@@ -206,23 +206,7 @@ fn the_wheel_installs_into_a_fresh_venv_and_traces_from_there() {
     );
 
     // A fresh venv, the wheel installed with nothing from an index.
-    let venv = dir.join("venv");
-    let out = Command::new("python3")
-        .args(["-m", "venv"])
-        .arg(&venv)
-        .output()
-        .expect("python3 -m venv");
-    assert!(out.status.success(), "{}", text(&out));
-    let mut pip = Command::new(venv.join("bin/pip"));
-    pip.args([
-        "install",
-        "--quiet",
-        "--no-index",
-        "--disable-pip-version-check",
-    ])
-    .arg(&wheel);
-    let out = output_within(pip, BUILD_TIMEOUT);
-    assert!(out.status.success(), "{}", text(&out));
+    let venv = venv_with(&wheel, &dir);
     let exe = venv.join("bin/oomtrace");
     let lib = venv.join("bin/liboomtrace.so");
     assert_glibc_at_most_2_28(&[exe.clone(), lib.clone()]);
@@ -576,10 +560,8 @@ fn assert_wheel_carries_the_library(tools_bin: &Path, wheel: &Path, built: &Path
     );
 }
 
-/// Installed into a fresh venv with nothing from an index: `oomtrace lib` names the venv's
-/// library, `oomtrace demo` finds its leak, and `import oomtrace` finds the library too.
-fn installed_package_works(wheel: &Path, dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
+/// A fresh venv in `dir/venv` with `wheel` installed, nothing from an index.
+fn venv_with(wheel: &Path, dir: &Path) -> PathBuf {
     let venv = dir.join("venv");
     let out = Command::new("python3")
         .args(["-m", "venv"])
@@ -597,6 +579,14 @@ fn installed_package_works(wheel: &Path, dir: &Path) {
     .arg(wheel);
     let out = output_within(pip, BUILD_TIMEOUT);
     assert!(out.status.success(), "{}", text(&out));
+    venv
+}
+
+/// Installed into a fresh venv with nothing from an index: `oomtrace lib` names the venv's
+/// library, `oomtrace demo` finds its leak, and `import oomtrace` finds the library too.
+fn installed_package_works(wheel: &Path, dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let venv = venv_with(wheel, dir);
     let lib = std::fs::canonicalize(venv.join("bin/liboomtrace.so")).expect("the library");
 
     let exe = venv.join("bin/oomtrace");
