@@ -667,16 +667,10 @@ fn pluggable_allocator_abi_capture_and_oom() {
 /// PyTorch may call `oomtrace_malloc` for its first tensor before anything loaded the driver:
 /// the entry points load `libcuda.so.1` themselves (tests/scenarios/pluggable_first.c links
 /// no CUDA library and makes no CUDA call), and the tensors are recorded.
-#[test]
-fn pluggable_entry_points_load_the_driver_themselves() {
-    let t = run_traced("pluggable_first", &[], &[]);
-    assert!(t.status.success(), "{}\n{}", t.stdout, t.stderr);
-    assert_eq!(
-        t.stdout, "driver before: absent\nalloc: ok\ndriver after: loaded\nkept: ok\n",
-        "{}",
-        t.stderr
-    );
-    assert!(!t.stderr.contains("no CUDA driver"), "{}", t.stderr);
+/// The pluggable-allocator scenarios' tensors, as the trace has them: two allocated through
+/// `oomtrace_malloc` on device 0 (4 MiB at the peak), one freed, the 2 MiB one that
+/// `keep_tensor` keeps live at exit.
+fn two_tensors_one_kept(t: &Traced) {
     let p = &processes(&t.report)[0];
     let d = device(p, 0);
     assert_eq!(d["allocations"], 2, "{p:#}");
@@ -691,6 +685,19 @@ fn pluggable_entry_points_load_the_driver_themselves() {
         "{:?}",
         functions(live[0])
     );
+}
+
+#[test]
+fn pluggable_entry_points_load_the_driver_themselves() {
+    let t = run_traced("pluggable_first", &[], &[]);
+    assert!(t.status.success(), "{}\n{}", t.stdout, t.stderr);
+    assert_eq!(
+        t.stdout, "driver before: absent\nalloc: ok\ndriver after: loaded\nkept: ok\n",
+        "{}",
+        t.stderr
+    );
+    assert!(!t.stderr.contains("no CUDA driver"), "{}", t.stderr);
+    two_tensors_one_kept(&t);
 }
 
 /// `oomtrace_malloc` called first thing, before anything initialised CUDA, does what the
@@ -724,20 +731,7 @@ fn pluggable_entry_points_initialise_cuda_as_the_runtime_does() {
         t.stderr
     );
     assert!(!t.stderr.contains("no CUDA driver"), "{}", t.stderr);
-    let p = &processes(&t.report)[0];
-    let d = device(p, 0);
-    assert_eq!(d["allocations"], 2, "{p:#}");
-    assert_eq!(d["frees"], 1, "{p:#}");
-    assert_eq!(d["peak_bytes"], 4 * MIB, "{p:#}");
-    let live = findings(&t.report, "live_at_exit");
-    assert_eq!(live.len(), 1, "{live:#?}");
-    assert_eq!(live[0]["api"], "oomtrace_malloc");
-    assert_eq!(live[0]["bytes"], 2 * MIB);
-    assert!(
-        functions(live[0]).iter().any(|f| f == "keep_tensor"),
-        "{:?}",
-        functions(live[0])
-    );
+    two_tensors_one_kept(&t);
 
     // A driver that loads but has no device: cuInit's own error, in the message and in the
     // trace's failed allocation.
