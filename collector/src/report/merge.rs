@@ -183,9 +183,9 @@ impl<'a> Ties<'a> {
 }
 
 /// The runs among `reports` (one per trace), as indices into it in the order given, runs in
-/// the order of their first trace: traces of one job ([`Ties::same_job`], transitively) are
-/// one run; a trace tied to no other is a run of its own (a collector writes one trace:
-/// processes of one collector are already in one).
+/// the order of their first trace: traces of one job (the same launcher job id, the same
+/// collector, or ranks of one world; transitively) are one run; a trace tied to no other is a
+/// run of its own (a collector writes one trace: processes of one collector are already in one).
 pub fn runs(reports: &[Report]) -> Vec<Vec<usize>> {
     let mut groups: Vec<(Vec<usize>, Ties<'_>)> = Vec::new();
     for (i, r) in reports.iter().enumerate() {
