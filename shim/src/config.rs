@@ -56,6 +56,11 @@ pub const VARS: &[Var] = &[
         doc: "The `oomtrace` binary the shim starts when no socket is set (default: next to liboomtrace.so, then `PATH`).",
     },
     Var {
+        name: "OOMTRACE_TORCH_ENTRY",
+        default: "methods",
+        doc: "How PyTorch's tensors are seen in its caching allocator: `methods` (its own methods `allocate`, `raw_alloc`, `raw_delete` and its deleter, wrapped: PyTorch does no extra work), with its allocator trace tracker as the fallback when they cannot be wrapped; `tracker`: the trace tracker only (PyTorch builds a trace entry per event for it: about half as much again per tensor).",
+    },
+    Var {
         name: "OOMTRACE_LOG",
         default: "0",
         doc: "`1`: the shim says on stderr what it does (collector, fallback file, losses). Default: only warnings, at most one per kind.",
@@ -123,6 +128,21 @@ fn number(name: &str, default: usize, min: usize, max: usize) -> usize {
                 default
             }
         },
+    }
+}
+
+/// `OOMTRACE_TORCH_ENTRY=tracker`: PyTorch's trace tracker, not its allocator's methods. Read
+/// when the Python side attaches (once), not at lazy init: it concerns PyTorch only.
+pub fn torch_entry_is_tracker() -> bool {
+    match getenv("OOMTRACE_TORCH_ENTRY").as_deref() {
+        None | Some("methods") => false,
+        Some("tracker") => true,
+        Some(other) => {
+            log::warn(&format!(
+                "ignoring OOMTRACE_TORCH_ENTRY={other:?} (expected methods or tracker)"
+            ));
+            false
+        }
     }
 }
 

@@ -41,6 +41,9 @@ pub mod python;
 pub mod python_env;
 pub mod stack;
 pub mod symbols;
+pub mod torch_abi;
+pub mod torch_allocator;
+pub mod torch_reserve;
 pub mod torch_tracker;
 pub mod transport;
 

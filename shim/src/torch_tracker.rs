@@ -1,21 +1,16 @@
-//! Tensor-level tracing that keeps PyTorch's own caching allocator: an *allocator trace
-//! tracker* attached to it (`oomtrace_torch_attach`, called by `oomtrace run --torch` and
-//! `oomtrace.install()` right after PyTorch initialised CUDA).
+//! Tensor-level tracing that keeps PyTorch's own caching allocator through an *allocator trace
+//! tracker* attached to it: the way in when the allocator's methods cannot be hooked
+//! (`torch_allocator.rs`, which decides), or when `OOMTRACE_TORCH_ENTRY=tracker` asks for it.
 //!
 //! PyTorch's native caching allocator calls every attached tracker from `record_trace`, with
 //! its mutex held, on the allocating thread (autograd threads included), for each tensor
 //! allocation and free, each segment it takes from or gives back to CUDA, and each OOM. It
-//! has no Python binding, so the tracker is attached through the C++ ABI:
-//!
-//! - `c10::cuda::CUDACachingAllocator::allocator` (exported by libc10_cuda) holds the current
-//!   `CUDAAllocator*`; its first word is the vtable pointer.
-//! - `attachAllocatorTraceTracker` is virtual. Its slot is found by scanning the exported
-//!   vtable of `CUDAPluggableAllocator` (the same base class; exported by libtorch_cuda, by
-//!   libtorch_python in 2.4) for the exported address of that class's override: no slot
-//!   number is compiled in (it moved from 28 in 2.4 to 50 in 2.15).
-//! - The argument is a `std::function<void(const TraceEntry&)>` passed by value; libstdc++'s
-//!   layout (`_Any_data`, manager, invoker) is built here ([`StdFunction`]) around a stateless
-//!   functor.
+//! has no Python binding, so the tracker is attached through the C++ ABI (`torch_abi.rs`):
+//! `attachAllocatorTraceTracker` is virtual, its slot read from the pluggable allocator's
+//! vtable. The argument is a `std::function<void(const TraceEntry&)>` passed by value;
+//! libstdc++'s layout (`_Any_data`, manager, invoker) is built here ([`StdFunction`]) around a
+//! stateless functor. Every entry costs PyTorch a `TraceEntry` (with a string) before the
+//! tracker sees it, three per tensor: why it is no longer the first way in.
 //!
 //! Anything unexpected (a symbol missing, no slot or two, no allocator, PyTorch's allocator
 //! swapped for a pluggable one) attaches nothing and returns why. The Python side attaches
@@ -30,23 +25,12 @@
 //! unknown release's headers before attaching, are in the Python package
 //! (`python/oomtrace/__init__.py`: `_CHECKED_RELEASES`; `python/oomtrace/_abi.py`).
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_int, CStr};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use crate::hooks::record;
+use crate::torch_abi::{current_allocator, Pluggable};
 use crate::{guard, log, symbols};
-
-/// `TraceEntry::Action` values (torch 2.4 to 2.15).
-pub mod action {
-    pub const ALLOC: u32 = 0;
-    pub const FREE_REQUESTED: u32 = 1;
-    pub const FREE_COMPLETED: u32 = 2;
-    pub const SEGMENT_ALLOC: u32 = 3;
-    pub const SEGMENT_FREE: u32 = 4;
-    pub const SEGMENT_MAP: u32 = 5;
-    pub const SEGMENT_UNMAP: u32 = 6;
-    pub const OOM: u32 = 8;
-}
 
 /// Byte offsets of the `TraceEntry` fields read here (torch 2.4 to 2.15, x86-64 libstdc++).
 pub mod offset {
@@ -157,13 +141,6 @@ pub fn tracker() -> StdFunction {
     }
 }
 
-const C10_CUDA: &CStr = c"libc10_cuda.so";
-/// Where `CUDAPluggableAllocator`'s vtable and methods are exported: libtorch_cuda from torch
-/// 2.5 on, libtorch_python in 2.4.
-const PLUGGABLE_LIBRARIES: [&CStr; 2] = [c"libtorch_cuda.so", c"libtorch_python.so"];
-const ALLOCATOR: &CStr = c"_ZN3c104cuda20CUDACachingAllocator9allocatorE";
-const PLUGGABLE_VTABLE: &CStr =
-    c"_ZTVN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocatorE";
 /// `CUDAPluggableAllocator::attachAllocatorTraceTracker(std::function<void(const
 /// TraceEntry&)>)`, one name per namespace `TraceEntry` has had: only the parameter's type
 /// differs, the method and its slot are the same.
@@ -181,57 +158,14 @@ const IDLE: u8 = 0;
 const ATTACHING: u8 = 1;
 const ATTACHED: u8 = 2;
 
-/// An already loaded library (never loads one).
-fn loaded(name: &CStr) -> *mut c_void {
-    // SAFETY: RTLD_NOLOAD only looks the name up among loaded objects.
-    unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) }
-}
-
-/// The slot of `method` in `vtable` (an exported vtable symbol, so its size is known):
-/// `Some(i)` when exactly one slot holds it.
-///
-/// # Safety
-/// `vtable` is the start of a vtable object of `len` bytes.
-pub unsafe fn slot_of(vtable: *const usize, len: usize, method: usize) -> Option<usize> {
-    // Itanium ABI: offset-to-top and typeinfo come first, then the slots.
-    let words = len / std::mem::size_of::<usize>();
-    let mut found = None;
-    for i in 2..words {
-        // SAFETY: i < words, inside the object.
-        if unsafe { vtable.add(i).read() } == method {
-            if found.is_some() {
-                return None;
-            }
-            found = Some(i - 2);
-        }
-    }
-    found
-}
-
-/// dlfcn.h: `dladdr1` returns the symbol table entry.
-const RTLD_DL_SYMENT: c_int = 1;
-
-/// Size of the object the dynamic symbol at `p` names, from its symbol table entry.
-fn symbol_size(p: *const c_void) -> Option<usize> {
-    // SAFETY: Dl_info is pointers and integers; all-zero is a valid value.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    let mut sym: *const libc::Elf64_Sym = std::ptr::null();
-    // SAFETY: dladdr1 only reads p; both out-parameters are valid.
-    let ok = unsafe {
-        libc::dladdr1(
-            p,
-            &mut info,
-            &mut sym as *mut *const libc::Elf64_Sym as *mut *mut c_void,
-            RTLD_DL_SYMENT,
-        )
-    };
-    // SAFETY: dladdr1 set sym to the loader's symbol entry when it returned non-zero.
-    (ok != 0 && !sym.is_null() && std::ptr::eq(info.dli_saddr, p))
-        .then(|| unsafe { (*sym).st_size } as usize)
+/// True once the tracker is attached (then the allocator's methods must not be hooked too:
+/// every tensor would be recorded twice).
+pub fn attached() -> bool {
+    STATE.load(Ordering::Acquire) == ATTACHED
 }
 
 /// Attaches the tracker once. Returns why not, or `None` (attached now or before).
-fn attach() -> Option<&'static CStr> {
+pub fn attach() -> Option<&'static CStr> {
     match STATE.compare_exchange(IDLE, ATTACHING, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {}
         Err(ATTACHED) => return None,
@@ -247,48 +181,17 @@ fn attach() -> Option<&'static CStr> {
 
 /// Attaches the tracker to PyTorch's current CUDA allocator. Returns why not, or `None`.
 fn attach_now() -> Option<&'static CStr> {
-    let c10 = loaded(C10_CUDA);
-    if c10.is_null() {
-        return Some(c"libc10_cuda.so is not loaded");
-    }
-    let global = symbols::real_dlsym(c10, ALLOCATOR) as *const AtomicUsize;
-    // The vtable and the method from the same library: the method's address is what the
-    // vtable holds.
-    let (vtable, method) = PLUGGABLE_LIBRARIES
-        .iter()
-        .map(|name| loaded(name))
-        .filter(|lib| !lib.is_null())
-        .find_map(|lib| {
-            let vtable = symbols::real_dlsym(lib, PLUGGABLE_VTABLE) as *const usize;
-            let method = PLUGGABLE_ATTACH
-                .iter()
-                .map(|name| symbols::real_dlsym(lib, name) as usize)
-                .find(|&p| p != 0)?;
-            (!vtable.is_null()).then_some((vtable, method))
-        })
-        .unwrap_or((std::ptr::null(), 0));
-    if global.is_null() || vtable.is_null() || method == 0 {
-        return Some(c"this PyTorch does not export the allocator symbols oomtrace needs");
-    }
-    let Some(len) = symbol_size(vtable as *const c_void) else {
-        return Some(c"the pluggable allocator's vtable has no size");
+    let pluggable = match Pluggable::find() {
+        Ok(p) => p,
+        Err(why) => return Some(why),
     };
-    // SAFETY: vtable is the exported vtable object, len its size from the symbol table.
-    let Some(slot) = (unsafe { slot_of(vtable, len, method) }) else {
+    let Some(slot) = pluggable.slot(&PLUGGABLE_ATTACH) else {
         return Some(c"attachAllocatorTraceTracker is not in the allocator's vtable once");
     };
-    // SAFETY: the exported std::atomic<CUDAAllocator*>; an atomic of one pointer is a word.
-    let object = unsafe { (*global).load(Ordering::Acquire) };
-    if object == 0 {
-        return Some(c"PyTorch has no CUDA allocator yet");
-    }
-    // SAFETY: a live polymorphic C++ object: its first word is its vtable pointer.
-    let vptr = unsafe { (object as *const *const usize).read() };
-    // The pluggable allocator's vptr points past offset-to-top and typeinfo.
-    // SAFETY: pointer arithmetic inside the vtable object.
-    if vptr == unsafe { vtable.add(2) } {
-        return Some(c"PyTorch allocates through a pluggable allocator");
-    }
+    let (object, vptr) = match current_allocator(&pluggable) {
+        Ok(found) => found,
+        Err(why) => return Some(why),
+    };
     // SAFETY: the object's vtable has the same base-class slots as the pluggable one.
     let target = unsafe { vptr.add(slot).read() };
     if target == 0 {
@@ -312,30 +215,10 @@ fn attach_now() -> Option<&'static CStr> {
     None
 }
 
-/// Attaches oomtrace's allocator trace tracker to PyTorch's CUDA caching allocator. Call it
-/// after PyTorch initialised CUDA (`torch.cuda.is_initialized()`, or from
-/// `torch.cuda._lazy_call` as `oomtrace.install()` does): the allocator object exists from
-/// `import torch` on, but it hands a tracker only to the device allocators it already has, so
-/// an earlier call attaches to nothing and no later call attaches again.
-/// Returns NULL once attached (or already), otherwise why not (a static C string).
-#[unsafe(no_mangle)]
-pub extern "C" fn oomtrace_torch_attach() -> *const c_char {
-    match guard::catch(attach) {
-        Some(None) => std::ptr::null(),
-        Some(Some(why)) => {
-            log::info(&format!(
-                "no allocator trace tracker: {}",
-                why.to_string_lossy()
-            ));
-            why.as_ptr()
-        }
-        None => c"internal error".as_ptr(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::torch_abi::action;
 
     #[test]
     fn std_function_is_libstdcxx_sized() {
@@ -381,20 +264,5 @@ mod tests {
                 size: 2 << 20
             }
         );
-    }
-
-    #[test]
-    fn slot_is_found_once_or_not_at_all() {
-        let vt = [0usize, 0, 10, 20, 30, 40];
-        // SAFETY: the array is the "vtable".
-        unsafe {
-            assert_eq!(slot_of(vt.as_ptr(), 48, 30), Some(2));
-            assert_eq!(slot_of(vt.as_ptr(), 48, 99), None);
-            // The header words are never slots.
-            assert_eq!(slot_of(vt.as_ptr(), 48, 0), None);
-        }
-        let twice = [0usize, 0, 30, 30];
-        // SAFETY: as above.
-        assert_eq!(unsafe { slot_of(twice.as_ptr(), 32, 30) }, None);
     }
 }

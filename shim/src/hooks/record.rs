@@ -84,6 +84,7 @@ pub fn tid() -> u32 {
 pub fn reset_after_fork() {
     let _ = TID.try_with(|t| t.set(0));
     SEEN_DEVICES.store(0, Ordering::Relaxed);
+    crate::torch_reserve::deactivate_after_fork();
 }
 
 /// True the first time `device` is seen in this process.
@@ -127,7 +128,34 @@ fn first_sight(device: i16) {
 }
 
 fn alloc_done(api: Api, rc: c_int, ptr: u64, size: u64, aux: u64, extra: u64) {
-    alloc_event(api, rc, ptr, size, aux, extra, device_of(api));
+    let device = device_of(api);
+    alloc_event(api, rc, ptr, size, aux, extra, device);
+    if api.memory_class() == MemoryClass::Device {
+        segment_taken(rc, ptr, size, device);
+    }
+}
+
+/// Device memory taken (or refused) inside a method of PyTorch's allocator is a segment of its
+/// reserve (torch_reserve.rs): recorded as its trace tracker would have, after the allocation.
+fn segment_taken(rc: c_int, ptr: u64, size: u64, device: i16) {
+    if crate::torch_reserve::device_alloc(rc, ptr, size, device) {
+        let mut ev = Event::new(EventKind::Segment, Api::oomtrace_torch_segment);
+        ev.ptr = ptr;
+        ev.size = size;
+        ev.device = device;
+        emit(ev);
+    }
+}
+
+/// A segment of PyTorch's reserve given back (freed or unmapped), before the real call.
+fn segment_given_back(ptr: u64) {
+    if let Some((size, device)) = crate::torch_reserve::device_free(ptr) {
+        let mut ev = Event::new(EventKind::SegmentFree, Api::oomtrace_torch_segment);
+        ev.ptr = ptr;
+        ev.size = size;
+        ev.device = device;
+        emit(ev);
+    }
 }
 
 fn alloc_event(api: Api, rc: c_int, ptr: u64, size: u64, aux: u64, extra: u64, device: i16) {
@@ -256,6 +284,9 @@ impl Recorder for Release {
         if self.ptr == 0 {
             return;
         }
+        if matches!(self.kind, EventKind::Free | EventKind::Unmap) {
+            segment_given_back(self.ptr);
+        }
         let mut ev = Event::new(self.kind, self.api);
         ev.ptr = self.ptr;
         ev.size = self.size;
@@ -322,6 +353,8 @@ impl Recorder for PhysCreate {
         emit(ev);
         if rc != 0 {
             record_mem_info(device);
+            // Expandable segments: the physical memory PyTorch's allocator could not get.
+            crate::torch_reserve::device_alloc(rc, 0, self.size, device);
         }
     }
 }
@@ -381,6 +414,10 @@ impl Recorder for Mapped {
             ev.aux = self.handle;
             ev.extra = self.offset;
             emit(ev);
+            // Expandable segments grow by mapping: each mapping is reserve, as a segment.
+            if crate::torch_reserve::active() {
+                segment_taken(0, self.va, self.size, driver_query::current_device());
+            }
         }
     }
 }
@@ -524,12 +561,13 @@ pub fn tensor_free_failed(ptr: u64, rc: c_int) {
     emit(ev);
 }
 
-/// One entry of PyTorch's caching allocator, from oomtrace's trace tracker
-/// (`torch_tracker.rs`): tensors (with their stacks), segments (the allocator's reserve), and
-/// the allocator's own OOM. Frees that are only requested are not recorded: the block stays
-/// the tensor's until the free completes (after the streams that used it are done).
+/// One entry of PyTorch's caching allocator, seen through its methods (`torch_allocator.rs`)
+/// or from oomtrace's trace tracker (`torch_tracker.rs`): tensors (with their stacks),
+/// segments (the allocator's reserve), and the allocator's own OOM. The tracker's frees that
+/// are only requested are not recorded: the block stays the tensor's until the free completes
+/// (after the streams that used it are done).
 pub fn torch_trace(action: u32, device: i16, addr: u64, size: u64, stream: u64) {
-    use crate::torch_tracker::action as a;
+    use crate::torch_abi::action as a;
     match action {
         a::ALLOC => alloc_event(Api::oomtrace_torch_alloc, 0, addr, size, stream, 0, device),
         a::FREE_COMPLETED => {

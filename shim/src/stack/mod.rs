@@ -532,6 +532,17 @@ fn caller_frames(v: &Verified, own: (u64, u64), depth: usize) -> &[u64] {
     &v.raw[skip..end]
 }
 
+/// The frames the collector is sent: oomtrace's own frames dropped wherever they are (past the
+/// leading ones, which `caller_frames` skips: a wrapper of PyTorch's allocator methods sits
+/// between PyTorch's frames, and is no frame of the program's).
+fn without_own(frames: &[u64], own: (u64, u64)) -> Box<[u64]> {
+    frames
+        .iter()
+        .copied()
+        .filter(|&a| !(own.0 <= a && a < own.1))
+        .collect()
+}
+
 /// Mixes the return addresses in four independent lanes (a single dependent multiply chain
 /// was measurably slower in the prototype), then avalanches.
 fn hash_frames(frames: &[u64]) -> u64 {
@@ -777,7 +788,7 @@ fn intern(cap: &Capturer, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> S
         let id = stacks.next_stack_id.fetch_add(1, Ordering::Relaxed);
         let msg = Msg::Stack {
             id,
-            frames: frames.to_vec().into_boxed_slice(),
+            frames: without_own(frames, own),
         };
         if !cap.outbox.send_reliable(msg) {
             // Not remembered: the next occurrence tries again rather than pointing at a stack
@@ -849,7 +860,10 @@ fn combined(cap: &Capturer, ts: &mut ThreadStacks, n: usize, native: StackId) ->
         let Some(v) = ts.verified.iter().find(|v| v.id == native.0) else {
             return StackId::NONE;
         };
-        frames.extend_from_slice(caller_frames(v, ts.snapshot.own, cap.config.depth));
+        frames.extend(without_own(
+            caller_frames(v, ts.snapshot.own, cap.config.depth),
+            ts.snapshot.own,
+        ));
     }
     frames.extend_from_slice(&ts.py.frames[..n]);
     let id = stacks.next_stack_id.fetch_add(1, Ordering::Relaxed);

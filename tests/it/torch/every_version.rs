@@ -53,11 +53,13 @@ fn torch_include_dirs(dir: &Path) -> (PathBuf, Vec<PathBuf>) {
 }
 
 /// What `trace_entry_layout.cpp` prints, compiled against the torch under test's own headers,
-/// is what the shim's tracker reads: field offsets, action values, std::function's size. A
-/// release that moves a field fails here.
+/// is what the shim reads: the tracker's field offsets, action values, std::function's size;
+/// the allocator wrappers' `DataPtr` words and `CUDAStream`. A release that moves a field
+/// fails here.
 #[test]
 fn trace_entry_layout_matches_the_release_headers() {
-    use oomtrace::torch_tracker::{action, offset, StdFunction};
+    use oomtrace::torch_abi::action;
+    use oomtrace::torch_tracker::{offset, StdFunction};
     let dir = scratch("torch-layout");
     let (include, cuda) = torch_include_dirs(&dir);
     // The header that declares TraceEntry, and its namespace, moved in 2.11.
@@ -76,18 +78,29 @@ fn trace_entry_layout_matches_the_release_headers() {
         };
     let exe = dir.join("layout");
     let mut cc = Command::new("c++");
-    cc.args(["-std=c++17", "-w", "-I"])
+    // C++20: 2.15's headers use std::bit_width. NDEBUG: as torch's own build, so that inline
+    // debug-only checks do not reference libc10 functions of the other C++ ABI (2.4's).
+    cc.args(["-std=c++20", "-w", "-DNDEBUG", "-I"])
         .arg(&include)
         .arg("-I")
         .arg(include.join("torch/csrc/api/include"));
     for d in &cuda {
         cc.arg("-I").arg(d);
     }
+    // libc10 for the Device the DataPtr is built with (its check is not inline).
+    let lib = include
+        .parent()
+        .expect("torch/include's parent")
+        .join("lib");
+    cc.arg("-L")
+        .arg(&lib)
+        .arg(format!("-Wl,-rpath,{}", lib.display()));
     cc.arg(format!("-DTE_HEADER={header}"))
         .arg(format!("-DTE_NS={namespace}"))
         .arg("-o")
         .arg(&exe)
-        .arg(script("trace_entry_layout.cpp"));
+        .arg(script("trace_entry_layout.cpp"))
+        .arg("-lc10");
     let built = cc
         .output()
         .expect("c++ (g++) is needed to check the tracker against torch's headers");
@@ -114,6 +127,24 @@ fn trace_entry_layout_matches_the_release_headers() {
     assert_eq!(value("size"), offset::SIZE);
     assert_eq!(value("function"), std::mem::size_of::<StdFunction>());
     assert_eq!(value("tracker_is_function"), 1);
+    // The allocator wrappers: a DataPtr is {data, then the context and its deleter in either
+    // order, then the device (type CUDA = 1, index 3)}, 32 bytes; a CUDAStream is returned in
+    // two registers.
+    assert_eq!(value("data_ptr_size"), 32);
+    let deleter = text
+        .lines()
+        .find_map(|l| l.strip_prefix("deleter "))
+        .expect("deleter");
+    let words = text
+        .lines()
+        .find_map(|l| l.strip_prefix("data_ptr_words "))
+        .expect("data_ptr_words");
+    assert!(
+        words == format!("1000 {deleter} 2000 301") || words == format!("1000 2000 {deleter} 301"),
+        "{text}"
+    );
+    assert_eq!(value("cuda_stream_size"), 16);
+    assert_eq!(value("cuda_stream_trivial"), 1);
     // The reader of headers that gates a release oomtrace was not checked against
     // (python/oomtrace/_abi.py) recognises this one, as the layout its namespace says.
     let mut py = base_command(python());
@@ -149,10 +180,26 @@ fn trace_entry_layout_matches_the_release_headers() {
     }
 }
 
-/// `oomtrace_torch_attach` called by hand after PyTorch initialised CUDA attaches once (a
-/// second call attaches nothing more), and says which vtable slot it used.
+/// `oomtrace_torch_attach` called by hand after PyTorch initialised CUDA hooks the allocator's
+/// methods once (a second call changes nothing more), and says which vtable slots it used;
+/// with `OOMTRACE_TORCH_ENTRY=tracker` it attaches the trace tracker instead, once.
 #[test]
-fn tracker_attaches_once() {
+fn attaches_once() {
+    for (entry, said) in [
+        (
+            "",
+            "tracing PyTorch's tensors through its allocator's methods (vtable slots [",
+        ),
+        (
+            "tracker",
+            "attached an allocator trace tracker to PyTorch (vtable slot ",
+        ),
+    ] {
+        attach_twice(entry, said);
+    }
+}
+
+fn attach_twice(entry: &str, said: &str) {
     let dir = scratch("torch-attach");
     let mut cmd = base_command(python());
     cmd.arg("-c")
@@ -168,6 +215,7 @@ fn tracker_attaches_once() {
         .env("LD_PRELOAD", shim())
         .env("OOMTRACE_COLLECTOR", oomtrace_bin())
         .env("OOMTRACE_TORCH", "")
+        .env("OOMTRACE_TORCH_ENTRY", entry)
         .env("OOMTRACE_LOG", "1");
     torch_env(&mut cmd, &dir);
     without_aslr(&mut cmd);
@@ -177,11 +225,10 @@ fn tracker_attaches_once() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("after None"), "{stdout}\n{stderr}");
     assert!(stdout.contains("again None"), "{stdout}");
+    assert_eq!(stderr.matches(said).count(), 1, "{stderr}");
     assert_eq!(
-        stderr
-            .matches("attached an allocator trace tracker to PyTorch (vtable slot ")
-            .count(),
-        1,
+        stderr.matches("PyTorch's tensors are not traced").count(),
+        0,
         "{stderr}"
     );
 }

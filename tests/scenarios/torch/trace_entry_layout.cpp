@@ -1,10 +1,14 @@
 // Prints the layout of PyTorch's allocator TraceEntry and of the std::function that carries
 // it, from the torch under test's own headers: the real-PyTorch tier compares these with what
 // liboomtrace's trace tracker reads (shim/src/torch_tracker.rs), so that a release that moves
-// a field fails a test instead of recording garbage. TE_HEADER is the header that declares
+// a field fails a test instead of recording garbage. Also what the wrappers of the allocator's
+// methods read (shim/src/torch_allocator.rs): a DataPtr's four words, and the CUDAStream that
+// getCurrentCUDAStream returns in registers. TE_HEADER is the header that declares
 // TraceEntry in that release, TE_NS its namespace (c10::cuda::CUDACachingAllocator up to 2.10,
 // c10::CachingDeviceAllocator from 2.11 on).
 #include TE_HEADER
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include <cstddef>
 #include <cstdio>
@@ -12,6 +16,8 @@
 #include <type_traits>
 
 using TE_NS::TraceEntry;
+
+static void deleter(void*) {}
 
 int main() {
   std::printf("action %zu\n", offsetof(TraceEntry, action_));
@@ -33,5 +39,16 @@ int main() {
   std::printf("SEGMENT_MAP %d\n", static_cast<int>(TraceEntry::SEGMENT_MAP));
   std::printf("SEGMENT_UNMAP %d\n", static_cast<int>(TraceEntry::SEGMENT_UNMAP));
   std::printf("OOM %d\n", static_cast<int>(TraceEntry::OOM));
+  {
+    c10::DataPtr p(reinterpret_cast<void*>(0x1000), reinterpret_cast<void*>(0x2000), &deleter,
+                   c10::Device(c10::DeviceType::CUDA, 3));
+    const unsigned long* w = reinterpret_cast<const unsigned long*>(&p);
+    std::printf("data_ptr_size %zu\n", sizeof(c10::DataPtr));
+    std::printf("data_ptr_words %lx %lx %lx %lx\n", w[0], w[1], w[2], w[3] & 0xffff);
+    std::printf("deleter %lx\n", reinterpret_cast<unsigned long>(&deleter));
+  }
+  std::printf("cuda_stream_size %zu\n", sizeof(c10::cuda::CUDAStream));
+  std::printf("cuda_stream_trivial %d\n",
+              static_cast<int>(std::is_trivially_copyable<c10::cuda::CUDAStream>::value));
   return 0;
 }

@@ -1,0 +1,180 @@
+//! PyTorch's reserve as the CUDA hooks see it, when tensors are traced through the methods of
+//! PyTorch's allocator (`torch_allocator.rs`) rather than its trace tracker, which would have
+//! said which CUDA allocations are the allocator's segments.
+//!
+//! A device allocation (`cuMemAlloc`, or a `cuMemMap` of expandable segments) made while this
+//! thread is inside one of the allocator's methods is a segment of its reserve; a free or
+//! unmap of a segment's base address, from any thread (`empty_cache()`, the retry before an
+//! OOM), gives it back. The hooks ask here and record the segment events themselves: this
+//! module keeps state only and records nothing.
+//!
+//! Also kept: the last device allocation that failed inside the method (what PyTorch's OOM
+//! asked the driver for), and the devices tensors were seen on, so that a free, which PyTorch
+//! hands over as a bare pointer, is put on its device without a lookup in a one-device process.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use oomtrace_proto::DEVICE_UNKNOWN;
+
+/// Set once the allocator's methods are hooked: until then (and in programs without PyTorch)
+/// the hooks skip all of this with one load.
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+/// Segments by base address: (size, device).
+static SEGMENTS: Mutex<BTreeMap<u64, (u64, i16)>> = Mutex::new(BTreeMap::new());
+
+/// Devices tensors were allocated on (bit per device 0..63).
+static DEVICES: AtomicU64 = AtomicU64::new(0);
+
+/// A device allocation that failed inside an allocator method: its CUDA result, size, device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Failed {
+    pub rc: i32,
+    pub size: u64,
+    pub device: i16,
+}
+
+thread_local! {
+    /// >0 while this thread runs one of the allocator's methods. `const`, no `Drop`: usable
+    /// while the thread is torn down.
+    static INSIDE: Cell<u32> = const { Cell::new(0) };
+    /// The last failed device allocation of the outermost method running on this thread.
+    static FAILED: Cell<Option<Failed>> = const { Cell::new(None) };
+}
+
+pub fn activate() {
+    ACTIVE.store(true, Ordering::Release);
+}
+
+/// In a fork child: PyTorch's CUDA is unusable there, and another thread of the parent may
+/// have held the lock: nothing here is touched again.
+pub fn deactivate_after_fork() {
+    ACTIVE.store(false, Ordering::Release);
+}
+
+#[inline]
+pub fn active() -> bool {
+    ACTIVE.load(Ordering::Relaxed)
+}
+
+/// Entering an allocator method on this thread.
+pub fn enter() {
+    let _ = INSIDE.try_with(|d| {
+        if d.get() == 0 {
+            let _ = FAILED.try_with(|f| f.set(None));
+        }
+        d.set(d.get() + 1);
+    });
+}
+
+/// Leaving it (returned or unwound); the failure seen inside, if any.
+pub fn leave() -> Option<Failed> {
+    let _ = INSIDE.try_with(|d| d.set(d.get().saturating_sub(1)));
+    FAILED.try_with(|f| f.get()).ok().flatten()
+}
+
+fn inside() -> bool {
+    INSIDE.try_with(|d| d.get() != 0).unwrap_or(false)
+}
+
+/// A device allocation (or mapping) of `size` bytes at `ptr` on `device` that succeeded (`rc`
+/// 0) or failed. True when it is a new segment of PyTorch's reserve (the caller records it).
+pub fn device_alloc(rc: i32, ptr: u64, size: u64, device: i16) -> bool {
+    if !active() || !inside() {
+        return false;
+    }
+    if rc != 0 {
+        let _ = FAILED.try_with(|f| f.set(Some(Failed { rc, size, device })));
+        return false;
+    }
+    if ptr == 0 {
+        return false;
+    }
+    if let Ok(mut s) = SEGMENTS.lock() {
+        s.insert(ptr, (size, device));
+        true
+    } else {
+        false
+    }
+}
+
+/// A device free (or unmap) of `ptr`, before the real call: the segment it gives back.
+pub fn device_free(ptr: u64) -> Option<(u64, i16)> {
+    if !active() || ptr == 0 {
+        return None;
+    }
+    SEGMENTS.lock().ok()?.remove(&ptr)
+}
+
+/// A tensor was allocated on `device`.
+#[inline]
+pub fn tensor_device(device: i16) {
+    if (0..64).contains(&device) {
+        let bit = 1u64 << device;
+        if DEVICES.load(Ordering::Relaxed) & bit == 0 {
+            DEVICES.fetch_or(bit, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The device of the tensor at `ptr`: the only device tensors were seen on, else the device
+/// of the segment that holds it.
+pub fn device_of(ptr: u64) -> i16 {
+    let seen = DEVICES.load(Ordering::Relaxed);
+    if seen.count_ones() == 1 {
+        return seen.trailing_zeros() as i16;
+    }
+    if !active() {
+        return DEVICE_UNKNOWN;
+    }
+    let Ok(s) = SEGMENTS.lock() else {
+        return DEVICE_UNKNOWN;
+    };
+    match s.range(..=ptr).next_back() {
+        Some((&base, &(size, device))) if ptr - base < size => device,
+        _ => DEVICE_UNKNOWN,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // One test: the state is process-wide.
+    #[test]
+    fn segments_are_taken_inside_methods_and_given_back_from_anywhere() {
+        activate();
+        assert!(
+            !device_alloc(0, 0x1000, 0x100, 0),
+            "outside a method: not a segment"
+        );
+        enter();
+        assert!(device_alloc(0, 0x1000_0000, 2 << 20, 1));
+        assert!(!device_alloc(2, 0, 20 << 20, 1));
+        let failed = leave();
+        assert_eq!(
+            failed,
+            Some(Failed {
+                rc: 2,
+                size: 20 << 20,
+                device: 1
+            })
+        );
+        enter();
+        assert_eq!(leave(), None, "a new method starts with no failure");
+        assert!(
+            !device_alloc(0, 0x3000_0000, 1, 1),
+            "after the method: not a segment"
+        );
+        tensor_device(1);
+        assert_eq!(device_of(0x1000_0040), 1, "one device seen");
+        tensor_device(3);
+        assert_eq!(device_of(0x1000_0040), 1, "inside the segment");
+        assert_eq!(device_of(0x2000_0000), DEVICE_UNKNOWN);
+        assert_eq!(device_free(0x1000_0000), Some((2 << 20, 1)));
+        assert_eq!(device_free(0x1000_0000), None);
+    }
+}
