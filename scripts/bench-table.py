@@ -113,13 +113,16 @@ if torch:
     history = "`_record_memory_history(stacks=\"python\")`"
     cost_rows(torch, "per tensor (alloc+free, host cost), real PyTorch on simcuda", "untraced", "untraced",
               [("untraced", "untraced"),
-               ("tracker", "`oomtrace run` (the tracker, the default)"),
+               ("tracker", "`oomtrace run` (the default: the allocator's methods wrapped)"),
+               ("trace-tracker", "`oomtrace run`, OOMTRACE_TORCH_ENTRY=tracker (PyTorch's trace tracker)"),
                ("tracker-python", "`oomtrace run`, OOMTRACE_STACKS=python (no native frames)"),
                ("history-python", history),
                ("history-all", "`_record_memory_history(stacks=\"all\")`")],
               "ns_per_tensor", "fastest_ns_per_tensor",
               {"tracker": "<= +300 ns over untraced (issue 24)"})
-    share_row(torch, f"per tensor: the tracker's added cost / {history}'s", "tracker",
+    share_row(torch, f"per tensor: OOMTRACE_TORCH_ENTRY=tracker's added cost / {history}'s", "trace-tracker",
+              "history-python", "untraced", "ns_per_tensor", "fastest_ns_per_tensor", "-")
+    share_row(torch, f"per tensor: the default's added cost / {history}'s", "tracker",
               "history-python", "untraced", "ns_per_tensor", "fastest_ns_per_tensor", "<= 0.25x (issue 24)")
     share_row(torch, f"per tensor: OOMTRACE_STACKS=python's added cost / {history}'s", "tracker-python",
               "history-python", "untraced", "ns_per_tensor", "fastest_ns_per_tensor", "-")

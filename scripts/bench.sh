@@ -21,12 +21,13 @@
 #   INGEST=1 (0: skip)  EVENTS BIG_EVENTS ...   tests/benches/ingest.rs (its own knobs pass through)
 #   PAIRS_FOR_MEMORY=16700000 (0: skip)   shim RSS over 3 passes of that many pairs
 #   HOOK_ROUNDS=0                  >0: also tests/benches/hook.rs (collector in-process), in details
+#   INSTRUCTIONS=1 (0: skip)       per-tensor instructions (scripts/bench-instructions.sh, valgrind)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 # The knobs this run was given, for the document's command line.
 KNOBS="RUNS TORCH_RUNS TORCH_N TORCH_ROUNDS NATIVE_RUNS NATIVE_PAIRS NATIVE_ROUNDS PYTHON_RUNS PYTHON_PAIRS
-    PYTHON_ROUNDS E2E_RUNS E2E_EVENTS SOAK_SECONDS INGEST EVENTS BIG_EVENTS PROCESSES LIVE PAIRS_FOR_MEMORY HOOK_ROUNDS"
+    PYTHON_ROUNDS E2E_RUNS E2E_EVENTS SOAK_SECONDS INGEST EVENTS BIG_EVENTS PROCESSES LIVE PAIRS_FOR_MEMORY HOOK_ROUNDS INSTRUCTIONS"
 SET=$(for k in $KNOBS; do [ -z "${!k+x}" ] || printf '%s=%s ' "$k" "${!k}"; done)
 RUNS=${RUNS:-5}
 cargo build --release -q
@@ -56,6 +57,7 @@ if [ "$TORCH_RUNS" -gt 0 ] && TORCH_PY=$(scripts/torch-env.sh 2>/dev/null); then
     alternate --runs "$TORCH_RUNS" --json "$WORK/torch.json" \
         --mode untraced "$T $B" \
         --mode tracker "rm -f $WORK/t1.oomt; $T $RUN -o $WORK/t1.oomt -- $B" \
+        --mode trace-tracker "rm -f $WORK/t3.oomt; $T env OOMTRACE_TORCH_ENTRY=tracker $RUN -o $WORK/t3.oomt -- $B" \
         --mode tracker-python "rm -f $WORK/t2.oomt; $T env OOMTRACE_STACKS=python $RUN -o $WORK/t2.oomt -- $B" \
         --mode history-python "$T env BENCH_RECORD_HISTORY=python $B" \
         --mode history-all "$T env BENCH_RECORD_HISTORY=all $B"
@@ -136,6 +138,12 @@ if [ "${HOOK_ROUNDS:-0}" -gt 0 ]; then
     ROUNDS=$HOOK_ROUNDS PAIRS=${NATIVE_PAIRS:-1000000} cargo bench -q -p oomtrace-tests --bench hook > "$WORK/hook.txt" 2>/dev/null
 fi
 
+# Instructions per tensor (callgrind: independent of the machine's load), 0 to skip (about 16
+# minutes; needs valgrind).
+if [ "${INSTRUCTIONS:-1}" != 0 ] && command -v valgrind >/dev/null 2>&1; then
+    scripts/bench-instructions.sh > "$WORK/instructions.md"
+fi
+
 # Shim memory over ~10^8 events: bench_pairs (3 passes of N pairs, 2 events each) traced,
 # against the same program untraced; max RSS of the program from /usr/bin/time. Untraced, each
 # pair frees what it allocated and nothing grows with N: 10^6 pairs give its RSS in a
@@ -160,3 +168,9 @@ echo "of all runs; a difference is the median over rounds of (mode - baseline) i
 echo "then fastest - fastest. Thread CPU: the allocating thread's own CPU time."
 echo
 python3 scripts/bench-table.py "$WORK"
+if [ -s "$WORK/instructions.md" ]; then
+    echo
+    echo "Instructions per tensor on real PyTorch (scripts/bench-instructions.sh, valgrind's callgrind):"
+    echo
+    cat "$WORK/instructions.md"
+fi
