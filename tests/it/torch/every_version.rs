@@ -374,6 +374,29 @@ fn clean_loops_are_silent() {
 /// A script that logs torch.cuda.memory_allocated(), memory_reserved() and
 /// max_memory_allocated() every step and prints memory_summary() runs unchanged under the
 /// default (PyTorch's allocator stays in place), and its leak is named at its line.
+/// The wrappers of the allocator's methods change nothing PyTorch sees (its deleter check,
+/// raw allocations, side streams, its byte count), and every tensor freed is seen freed.
+#[test]
+fn allocator_methods_behave_as_untraced() {
+    let r = run_torch("allocator_methods.py", Mode::Run, &[]);
+    assert_ran(&r, 0);
+    assert_torch_said_nothing(&r);
+    for line in ["raw True 8192", "allocated 0"] {
+        assert!(r.stdout.contains(line), "{line}: {}", r.stdout);
+    }
+    assert!(
+        r.stdout.contains("std_deleter True") || r.stdout.contains("std_deleter n/a"),
+        "{}",
+        r.stdout
+    );
+    let d0 = device(processes(&r.report)[0], 0);
+    assert!(
+        d0["tensors"]["peak_bytes"].as_u64() >= Some(4 * MIB),
+        "{d0:#}"
+    );
+    assert_eq!(d0["tensors"]["live_at_exit_bytes"].as_u64(), Some(0), "{d0:#}");
+}
+
 #[test]
 fn pytorch_statistics_work_under_the_default() {
     let r = run_torch("leak_logged.py", Mode::Run, &[]);

@@ -1,0 +1,17 @@
+# What oomtrace's wrappers of PyTorch's allocator methods must leave as they were: PyTorch's
+# own deleter check (CUDA graph trees rely on it), raw allocations (cuDNN/Thrust workspaces,
+# caching_allocator_alloc), a tensor made and freed on a side stream, and PyTorch's count of
+# allocated bytes; every tensor is freed by the end.
+import torch
+
+x = torch.empty(1000, device="cuda")
+check = getattr(torch._C, "_has_Standard_Deleter", None)
+print("std_deleter", check(x.untyped_storage()._cdata) if check else "n/a", flush=True)
+p = torch.cuda.caching_allocator_alloc(4096)
+print("raw", p != 0, torch.cuda.memory_allocated(), flush=True)
+torch.cuda.caching_allocator_delete(p)
+s = torch.cuda.Stream()
+with torch.cuda.stream(s):
+    y = torch.empty(1 << 20, device="cuda")
+del y, x
+print("allocated", torch.cuda.memory_allocated(), flush=True)
