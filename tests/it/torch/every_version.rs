@@ -394,7 +394,11 @@ fn allocator_methods_behave_as_untraced() {
         d0["tensors"]["peak_bytes"].as_u64() >= Some(4 * MIB),
         "{d0:#}"
     );
-    assert_eq!(d0["tensors"]["live_at_exit_bytes"].as_u64(), Some(0), "{d0:#}");
+    assert_eq!(
+        d0["tensors"]["live_at_exit_bytes"].as_u64(),
+        Some(0),
+        "{d0:#}"
+    );
 }
 
 #[test]
