@@ -296,6 +296,21 @@ fn plain_preload_names_the_leaking_line() {
     check_activation_leak(&r, Mode::Preload, "leak_activations.py", 10);
 }
 
+/// The fallback way in, PyTorch's trace tracker (`OOMTRACE_TORCH_ENTRY=tracker`), still sees
+/// every tensor: the same leak at the same line, and PyTorch's reserve.
+#[test]
+fn the_trace_tracker_names_the_leaking_line_too() {
+    let r = run_torch(
+        "leak_activations.py",
+        Mode::Run,
+        &[("OOMTRACE_TORCH_ENTRY", "tracker")],
+    );
+    assert_ran(&r, 0);
+    assert_done(&r);
+    assert_torch_said_nothing(&r);
+    check_activation_leak(&r, Mode::Run, "leak_activations.py", 10);
+}
+
 /// The leak finding at `file:line` (Python frame), or a panic that shows the report.
 fn leak_at<'a>(r: &'a TorchRun, file: &str, line: u64) -> &'a Value {
     growth_findings(&r.report)
