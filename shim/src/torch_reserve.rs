@@ -76,14 +76,16 @@ pub fn leave() -> Option<Failed> {
     FAILED.try_with(|f| f.get()).ok().flatten()
 }
 
-fn inside() -> bool {
-    INSIDE.try_with(|d| d.get() != 0).unwrap_or(false)
+/// True while this thread runs one of the allocator's methods (after they were hooked): what
+/// a hook checks before asking anything for a segment (its device, say).
+pub fn inside_method() -> bool {
+    active() && INSIDE.try_with(|d| d.get() != 0).unwrap_or(false)
 }
 
 /// A device allocation (or mapping) of `size` bytes at `ptr` on `device` that succeeded (`rc`
 /// 0) or failed. True when it is a new segment of PyTorch's reserve (the caller records it).
 pub fn device_alloc(rc: i32, ptr: u64, size: u64, device: i16) -> bool {
-    if !active() || !inside() {
+    if !inside_method() {
         return false;
     }
     if rc != 0 {

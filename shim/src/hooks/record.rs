@@ -139,22 +139,20 @@ fn alloc_done(api: Api, rc: c_int, ptr: u64, size: u64, aux: u64, extra: u64) {
 /// reserve (torch_reserve.rs): recorded as its trace tracker would have, after the allocation.
 fn segment_taken(rc: c_int, ptr: u64, size: u64, device: i16) {
     if crate::torch_reserve::device_alloc(rc, ptr, size, device) {
-        let mut ev = Event::new(EventKind::Segment, Api::oomtrace_torch_segment);
-        ev.ptr = ptr;
-        ev.size = size;
-        ev.device = device;
-        emit(ev);
+        torch_trace(
+            crate::torch_abi::action::SEGMENT_ALLOC,
+            device,
+            ptr,
+            size,
+            0,
+        );
     }
 }
 
 /// A segment of PyTorch's reserve given back (freed or unmapped), before the real call.
 fn segment_given_back(ptr: u64) {
     if let Some((size, device)) = crate::torch_reserve::device_free(ptr) {
-        let mut ev = Event::new(EventKind::SegmentFree, Api::oomtrace_torch_segment);
-        ev.ptr = ptr;
-        ev.size = size;
-        ev.device = device;
-        emit(ev);
+        torch_trace(crate::torch_abi::action::SEGMENT_FREE, device, ptr, size, 0);
     }
 }
 
@@ -415,7 +413,7 @@ impl Recorder for Mapped {
             ev.extra = self.offset;
             emit(ev);
             // Expandable segments grow by mapping: each mapping is reserve, as a segment.
-            if crate::torch_reserve::active() {
+            if crate::torch_reserve::inside_method() {
                 segment_taken(0, self.va, self.size, driver_query::current_device());
             }
         }
