@@ -44,6 +44,7 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use crate::hooks::record;
 use crate::torch_abi::{action, current_allocator, loaded, Pluggable, C10_CUDA};
+use crate::transport::fd_guard;
 use crate::{config, driver_query, guard, log, symbols, torch_reserve, torch_tracker};
 
 const ALLOCATE: [&CStr; 1] =
@@ -300,9 +301,10 @@ unsafe extern "C-unwind" fn raw_deleter(_this: *const c_void) -> Option<Deleter>
     Some(delete)
 }
 
-/// The protection of the mapping that holds `addr` (`/proc/self/maps`).
+/// The protection of the mapping that holds `addr` (`/proc/self/maps`, read in a window in
+/// which the program's close calls wait: the descriptor read and closed is the shim's own).
 fn protection_of(addr: usize) -> Option<c_int> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let maps = fd_guard::transient(|| std::fs::read_to_string("/proc/self/maps"))?.ok()?;
     maps.lines().find_map(|line| {
         let (range, rest) = line.split_once(' ')?;
         let (lo, hi) = range.split_once('-')?;

@@ -394,7 +394,7 @@ pub(super) fn hold() -> Option<impl Drop> {
 /// Runs `f`, which opens and closes descriptors of its own (reads a `/proc` file), so that the
 /// program cannot close one of them and have the shim then read or close the program's.
 /// None when the lock could not be had.
-pub(super) fn transient<R>(f: impl FnOnce() -> R) -> Option<R> {
+pub(crate) fn transient<R>(f: impl FnOnce() -> R) -> Option<R> {
     let _w = Window::open()?;
     Some(f())
 }

@@ -71,7 +71,7 @@
 //!   trace file, and collectors that got no page).
 
 mod drain;
-mod fd_guard;
+pub(crate) mod fd_guard;
 mod file;
 pub mod outbox;
 mod ring;
