@@ -37,12 +37,19 @@ pub struct Failed {
     pub device: i16,
 }
 
-thread_local! {
-    /// >0 while this thread runs one of the allocator's methods. `const`, no `Drop`: usable
-    /// while the thread is torn down.
-    static INSIDE: Cell<u32> = const { Cell::new(0) };
+/// This thread's place in the allocator's methods: one thread-local for both words, since
+/// every method enters and leaves it (a thread-local costs a call in a shared object).
+#[derive(Clone, Copy)]
+struct Method {
+    /// >0 while this thread runs one of the allocator's methods.
+    depth: u32,
     /// The last failed device allocation of the outermost method running on this thread.
-    static FAILED: Cell<Option<Failed>> = const { Cell::new(None) };
+    failed: Option<Failed>,
+}
+
+thread_local! {
+    /// `const`, no `Drop`: usable while the thread is torn down.
+    static METHOD: Cell<Method> = const { Cell::new(Method { depth: 0, failed: None }) };
 }
 
 pub fn activate() {
@@ -62,24 +69,33 @@ pub fn active() -> bool {
 
 /// Entering an allocator method on this thread.
 pub fn enter() {
-    let _ = INSIDE.try_with(|d| {
-        if d.get() == 0 {
-            let _ = FAILED.try_with(|f| f.set(None));
+    let _ = METHOD.try_with(|m| {
+        let mut now = m.get();
+        if now.depth == 0 {
+            now.failed = None;
         }
-        d.set(d.get() + 1);
+        now.depth += 1;
+        m.set(now);
     });
 }
 
 /// Leaving it (returned or unwound); the failure seen inside, if any.
 pub fn leave() -> Option<Failed> {
-    let _ = INSIDE.try_with(|d| d.set(d.get().saturating_sub(1)));
-    FAILED.try_with(|f| f.get()).ok().flatten()
+    METHOD
+        .try_with(|m| {
+            let mut now = m.get();
+            now.depth = now.depth.saturating_sub(1);
+            m.set(now);
+            now.failed
+        })
+        .ok()
+        .flatten()
 }
 
 /// True while this thread runs one of the allocator's methods (after they were hooked): what
 /// a hook checks before asking anything for a segment (its device, say).
 pub fn inside_method() -> bool {
-    active() && INSIDE.try_with(|d| d.get() != 0).unwrap_or(false)
+    active() && METHOD.try_with(|m| m.get().depth != 0).unwrap_or(false)
 }
 
 /// A device allocation (or mapping) of `size` bytes at `ptr` on `device` that succeeded (`rc`
@@ -89,7 +105,8 @@ pub fn device_alloc(rc: i32, ptr: u64, size: u64, device: i16) -> bool {
         return false;
     }
     if rc != 0 {
-        let _ = FAILED.try_with(|f| f.set(Some(Failed { rc, size, device })));
+        let failed = Some(Failed { rc, size, device });
+        let _ = METHOD.try_with(|m| m.set(Method { failed, ..m.get() }));
         return false;
     }
     if ptr == 0 {

@@ -435,19 +435,27 @@ impl ThreadStacks {
     }
 
     /// The id of a recent stack from (sp, bp) whose return addresses are all still in place.
+    /// This is the hot path of every allocation from a known call path: one load and one
+    /// compare per frame, nothing else (the slots' bounds were checked once, in `remember`).
     fn verified_hit(&self, sp: u64, bp: u64) -> Option<u32> {
-        'entry: for (k, v) in self.verified_keys.iter().zip(&self.verified) {
+        for (k, v) in self.verified_keys.iter().zip(&self.verified) {
             if *k != (sp, bp) || v.id == 0 {
                 continue;
             }
-            for i in 1..v.n {
-                let slot = v.slots[i];
-                // SAFETY: checked to lie in this thread's stack above the current sp.
-                if !self.readable(sp, slot) || unsafe { (slot as *const u64).read() } != v.raw[i] {
-                    continue 'entry;
-                }
+            // Branch-free: a hit (the common case) reads every slot anyway.
+            let differ =
+                v.slots[1..v.n]
+                    .iter()
+                    .zip(&v.raw[1..v.n])
+                    .fold(0u64, |differ, (&slot, &ra)| {
+                        // SAFETY: `remember` keeps only entries whose every slot lies, aligned, in
+                        // this thread's stack at or above the entry's sp, which equals the current
+                        // sp here: mapped memory of this thread above the live stack pointer.
+                        differ | (unsafe { (slot as *const u64).read() } ^ ra)
+                    });
+            if differ == 0 {
+                return Some(v.id);
             }
-            return Some(v.id);
         }
         None
     }
@@ -458,7 +466,16 @@ impl ThreadStacks {
         self.next_verified = 0;
     }
 
+    /// Remembers an unwound stack for `verified_hit`, if every slot it read lies in this
+    /// thread's stack above its sp (the unwind only reads such slots; checked here, once, so
+    /// that the hot path need not).
     fn remember(&mut self, v: Verified) {
+        if !v.slots[1..v.n]
+            .iter()
+            .all(|&slot| self.readable(v.sp, slot))
+        {
+            return;
+        }
         if self.verified.len() < VERIFIED_ENTRIES {
             self.verified_keys.push((v.sp, v.bp));
             self.verified.push(v);

@@ -12,6 +12,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::ring::{PushError, Receiver, Ring};
+use crate::cache_line::CacheLine;
 use oomtrace_proto::counter_page::{CounterPage, PageFd};
 use oomtrace_proto::wire::{GoodbyeReason, Lost, ModuleDef, TorchMemory};
 use oomtrace_proto::{Event, EventKind};
@@ -258,7 +259,9 @@ pub(super) struct Shared {
     /// acknowledgement may still be awaited).
     pub(super) end_delivered: AtomicBool,
     pub(super) drainer: OnceLock<std::thread::Thread>,
-    pub(super) drainer_idle: AtomicBool,
+    /// Read by every event's push (`nudge`): on a line of its own, away from `progress` and
+    /// `heartbeat`, which the drain thread writes every round.
+    pub(super) drainer_idle: CacheLine<AtomicBool>,
     pub(super) capacity: usize,
 }
 
@@ -279,7 +282,7 @@ impl Shared {
             closing: AtomicBool::new(false),
             end_delivered: AtomicBool::new(false),
             drainer: OnceLock::new(),
-            drainer_idle: AtomicBool::new(false),
+            drainer_idle: CacheLine(AtomicBool::new(false)),
             capacity,
         }
     }
