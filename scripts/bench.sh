@@ -21,7 +21,7 @@
 #   INGEST=1 (0: skip)  EVENTS BIG_EVENTS ...   tests/benches/ingest.rs (its own knobs pass through)
 #   PAIRS_FOR_MEMORY=16700000 (0: skip)   shim RSS over 3 passes of that many pairs
 #   HOOK_ROUNDS=0                  >0: also tests/benches/hook.rs (collector in-process), in details
-#   INSTRUCTIONS=1 (0: skip)       per-tensor instructions (scripts/bench-instructions.sh, valgrind)
+#   INSTRUCTIONS=1 (0: skip)       per-tensor and per-pair instructions (scripts/bench-instructions.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -138,8 +138,8 @@ if [ "${HOOK_ROUNDS:-0}" -gt 0 ]; then
     ROUNDS=$HOOK_ROUNDS PAIRS=${NATIVE_PAIRS:-1000000} cargo bench -q -p oomtrace-tests --bench hook > "$WORK/hook.txt" 2>/dev/null
 fi
 
-# Instructions per tensor (callgrind: independent of the machine's load), 0 to skip (about 16
-# minutes; needs valgrind).
+# Instructions per tensor and per pair (callgrind: independent of the machine's load), 0 to
+# skip (about 17 minutes; needs valgrind).
 if [ "${INSTRUCTIONS:-1}" != 0 ] && command -v valgrind >/dev/null 2>&1; then
     scripts/bench-instructions.sh > "$WORK/instructions.md"
 fi
@@ -170,7 +170,7 @@ echo
 python3 scripts/bench-table.py "$WORK"
 if [ -s "$WORK/instructions.md" ]; then
     echo
-    echo "Instructions per tensor on real PyTorch (scripts/bench-instructions.sh, valgrind's callgrind):"
+    echo "Instructions per tensor on real PyTorch and per pair from C (scripts/bench-instructions.sh, valgrind's callgrind):"
     echo
     cat "$WORK/instructions.md"
 fi
