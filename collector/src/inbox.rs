@@ -89,6 +89,10 @@ impl Budget {
 #[derive(Debug)]
 pub struct Inbox {
     buf: Vec<u8>,
+    /// Bytes at the start of `buf`'s allocation known to be initialized (written by a read or
+    /// zeroed before one): a read needs its room initialized, and zeroing a whole read's room
+    /// before every read cost as much as the read itself.
+    initialized: usize,
     /// Bytes of `budget` this connection holds (what `buf` has beyond [`FREE_BYTES`], or a
     /// read's room taken before the read).
     borrowed: usize,
@@ -99,6 +103,7 @@ impl Inbox {
     pub fn new(budget: Arc<Budget>) -> Inbox {
         Inbox {
             buf: Vec::new(),
+            initialized: 0,
             borrowed: 0,
             budget,
         }
@@ -139,7 +144,18 @@ impl Inbox {
             };
             self.buf.reserve_exact(target - len);
         }
-        self.buf.resize(want, 0);
+        // A reallocation keeps the allocation's bytes up to the smaller capacity, as they were.
+        self.initialized = self.initialized.min(self.buf.capacity()).max(len);
+        if self.initialized < want {
+            self.buf.resize(want, 0);
+            self.initialized = want;
+        } else {
+            // SAFETY: `want` is within the capacity, and bytes [len, want) of this allocation
+            // were initialized before: zeroed by an earlier `resize` or written by a read, then
+            // only moved within it or left in place (`truncate` and `drain` keep the memory
+            // beyond the length as it is; a reallocation keeps it up to the new capacity).
+            unsafe { self.buf.set_len(want) };
+        }
         let read = from.read(&mut self.buf[len..]);
         let n = *read.as_ref().unwrap_or(&0);
         self.buf.truncate(len + n);
@@ -240,5 +256,66 @@ mod tests {
         assert_eq!(budget.used(), 0);
         assert!(budget.first_wait());
         assert!(!budget.first_wait());
+    }
+
+    /// Bytes numbered by their place in the stream, in reads of varying sizes: what reaches
+    /// the buffer is exactly the stream, in order, whatever room earlier reads left behind.
+    struct Counting {
+        next: u64,
+        end: u64,
+        sizes: std::iter::Cycle<std::vec::IntoIter<usize>>,
+    }
+
+    impl Read for Counting {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            let want = self.sizes.next().unwrap_or(1);
+            let n = out.len().min(want).min((self.end - self.next) as usize);
+            for b in &mut out[..n] {
+                *b = (self.next % 251) as u8;
+                self.next += 1;
+            }
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn reads_into_room_left_by_earlier_reads_keep_the_stream_exact() {
+        let budget = Arc::new(Budget::new(4 << 20));
+        let mut inbox = Inbox::new(budget.clone());
+        let end = 12u64 << 20;
+        let mut src = Counting {
+            next: 0,
+            end,
+            sizes: vec![3, READ_BYTES, 100_000, 1, 70_000, READ_BYTES - 5]
+                .into_iter()
+                .cycle(),
+        };
+        let mut seen = 0u64;
+        let mut round = 0usize;
+        while seen < end {
+            // Let the buffer grow past its free part now and then (the shrink path), and
+            // consume varying amounts otherwise.
+            for _ in 0..(if round % 5 == 0 { 12 } else { 2 }) {
+                if !matches!(inbox.read_from(&mut src), Ok(Some(_))) {
+                    break;
+                }
+            }
+            let keep = if round % 3 == 0 { 0 } else { 17 };
+            let take = inbox.bytes().len().saturating_sub(keep);
+            for (i, &b) in inbox.bytes()[..take].iter().enumerate() {
+                assert_eq!(
+                    b,
+                    ((seen + i as u64) % 251) as u8,
+                    "byte {} of the stream",
+                    seen + i as u64
+                );
+            }
+            seen += take as u64;
+            inbox.consume(take);
+            round += 1;
+        }
+        assert_eq!(seen, end);
+        drop(inbox);
+        assert_eq!(budget.used(), 0);
     }
 }

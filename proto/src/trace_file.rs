@@ -330,24 +330,38 @@ pub fn append_chunk(out: &mut Vec<u8>, conn: u32, frames: &[u8], compress: bool)
 }
 
 /// Appends `raw` LZ4-compressed to `out` when asked and when that is smaller; returns whether
-/// it did (`out` is unchanged otherwise).
+/// it did (`out` is unchanged otherwise). The block is compressed into a per-thread scratch
+/// buffer that keeps its size, then copied: growing `out` by the worst-case size for every
+/// chunk zeroed several times the chunk's bytes each time (an eighth of the trace writer's
+/// instructions), the copy moves only the compressed bytes.
 #[cfg(feature = "compress")]
 fn compress_onto(out: &mut Vec<u8>, raw: &[u8], compress: bool) -> bool {
+    use std::cell::RefCell;
+    thread_local! {
+        static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    }
     if !compress || raw.len() < 256 {
         return false;
     }
-    let at = out.len();
-    out.resize(at + lz4_flex::block::get_maximum_output_size(raw.len()), 0);
-    match lz4_flex::block::compress_into(raw, &mut out[at..]) {
-        Ok(n) if n < raw.len() => {
-            out.truncate(at + n);
-            true
+    fn via(scratch: &mut Vec<u8>, raw: &[u8], out: &mut Vec<u8>) -> bool {
+        let max = lz4_flex::block::get_maximum_output_size(raw.len());
+        if scratch.len() < max {
+            scratch.resize(max, 0);
         }
-        _ => {
-            out.truncate(at);
-            false
+        match lz4_flex::block::compress_into(raw, &mut scratch[..max]) {
+            Ok(n) if n < raw.len() => {
+                out.extend_from_slice(&scratch[..n]);
+                true
+            }
+            _ => false,
         }
     }
+    SCRATCH
+        .try_with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => via(&mut scratch, raw, out),
+            Err(_) => via(&mut Vec::new(), raw, out),
+        })
+        .unwrap_or_else(|_| via(&mut Vec::new(), raw, out))
 }
 
 #[cfg(not(feature = "compress"))]
