@@ -310,7 +310,14 @@ impl DeviceGrowthDetector {
                 d.hwm_epoch = e;
                 d.raise_gaps.clear();
             }
-            let level_live = d.smoothed(d.stable_since);
+            // A series flat over its last three samples (one a boundary: the epochs follow
+            // each other) is its own median.
+            let level_live =
+                if d.series.len() >= 3 && d.flat_from.max(d.stable_since).saturating_add(2) <= e {
+                    live
+                } else {
+                    d.smoothed(d.stable_since)
+                };
             if level_live > d.hwm {
                 if d.hwm > 0 {
                     if d.raise_gaps.len() == window::RAISE_GAPS {

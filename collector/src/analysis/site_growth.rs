@@ -193,10 +193,15 @@ impl SiteGrowthDetector {
         let warm = warmup_end(ctx);
         // The changes of this boundary, told once every site is judged (below).
         let mut changes: Vec<((SiteId, i16), Change)> = Vec::new();
+        // Whether a site may be growing with a level now (below): only one with a level, or
+        // one evaluated at this boundary, can be; with an epoch every few events (a tight
+        // loop found as the iteration) most boundaries have neither.
+        let mut leveled = false;
         for (&(site, device), s) in self.sites.iter_mut() {
             if !(s.dirty || s.count > 0 || s.level.is_some()) {
                 continue;
             }
+            leveled |= s.level.is_some();
             s.dirty = false;
             if s.series.len() == SERIES {
                 s.series.pop_front();
@@ -223,10 +228,6 @@ impl SiteGrowthDetector {
                 s.hwm_epoch = e;
                 s.resolved = false;
             }
-            // One finding per site: the leak detector's wins.
-            if leaks.reported(site, device) {
-                continue;
-            }
             // The cheap pre-filter: a site that did not rise, replaced nothing lately and is
             // not flagged has nothing new to test.
             let n = s.series.len();
@@ -235,6 +236,12 @@ impl SiteGrowthDetector {
             if !(rose && replacing) && s.level.is_none() {
                 continue;
             }
+            // One finding per site: the leak detector's wins. (After the pre-filter, which
+            // costs no lookup.)
+            if leaks.reported(site, device) {
+                continue;
+            }
+            leveled = true;
             let before = (s.level, s.bounded, s.resolved);
             let generations =
                 |from: u32| leaks.generations(site, device, from.max(warm), e.saturating_sub(LAG));
@@ -288,12 +295,15 @@ impl SiteGrowthDetector {
         // (a line there frees all it made every step: the step's inputs grow) grows with it:
         // the step's output or a tensor derived from the input, held until the next step
         // makes its successor. Not a leak either.
-        let growing_sets: Vec<i16> = self
-            .sites
-            .iter()
-            .filter(|(_, s)| s.working_set && !s.with_working_set && s.growing())
-            .map(|(&(_, device), _)| device)
-            .collect();
+        let growing_sets: Vec<i16> = if leveled {
+            self.sites
+                .iter()
+                .filter(|(_, s)| s.working_set && !s.with_working_set && s.growing())
+                .map(|(&(_, device), _)| device)
+                .collect()
+        } else {
+            Vec::new()
+        };
         for (&key, s) in self.sites.iter_mut().filter(|_| !growing_sets.is_empty()) {
             if growing_sets.contains(&key.1)
                 && !s.working_set
