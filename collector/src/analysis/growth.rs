@@ -161,7 +161,7 @@ pub(crate) struct Site {
     live: u64,
     count: u64,
     births: Births,
-    sizes: FxHashMap<u64, u32>,
+    sizes: LiveSizes,
     series: VecDeque<Sample>,
     hwm: u64,
     hwm_epoch: u32,
@@ -186,7 +186,7 @@ impl Site {
             live: 0,
             count: 0,
             births: Births::default(),
-            sizes: FxHashMap::default(),
+            sizes: LiveSizes::default(),
             series: VecDeque::with_capacity(SERIES),
             hwm: 0,
             hwm_epoch: a.epoch,
@@ -215,11 +215,61 @@ impl Site {
         if self.count == 0 {
             return 0.0;
         }
-        self.sizes.values().filter(|&&c| c == 1).count() as f64 / self.count as f64
+        self.sizes.unique() as f64 / self.count as f64
     }
 
     fn usual_gap(&self) -> f64 {
         window::usual_gap(&self.raise_gaps)
+    }
+}
+
+/// Live allocations by size, for at most `MAX_SIZES` sizes at once. A size whose last live
+/// allocation is freed keeps its entry, at 0, until the table holds twice `MAX_SIZES` entries:
+/// a loop that allocates and frees one size costs no insertion and removal per event.
+#[derive(Debug, Default)]
+struct LiveSizes {
+    counts: FxHashMap<u64, u32>,
+    /// Entries above 0.
+    live: usize,
+}
+
+impl LiveSizes {
+    /// An allocation of `size`: counted if the size is live already or fewer than
+    /// `MAX_SIZES` sizes are.
+    fn add(&mut self, size: u64) {
+        match self.counts.get_mut(&size) {
+            Some(c) if *c > 0 => *c += 1,
+            Some(c) => {
+                if self.live < MAX_SIZES {
+                    *c = 1;
+                    self.live += 1;
+                }
+            }
+            None => {
+                if self.live < MAX_SIZES {
+                    if self.counts.len() >= 2 * MAX_SIZES {
+                        self.counts.retain(|_, c| *c > 0);
+                    }
+                    self.counts.insert(size, 1);
+                    self.live += 1;
+                }
+            }
+        }
+    }
+
+    /// A free of an allocation of `size` (not counted if its size was not).
+    fn remove(&mut self, size: u64) {
+        if let Some(c) = self.counts.get_mut(&size).filter(|c| **c > 0) {
+            *c -= 1;
+            if *c == 0 {
+                self.live -= 1;
+            }
+        }
+    }
+
+    /// Sizes with exactly one live allocation.
+    fn unique(&self) -> usize {
+        self.counts.values().filter(|&&c| c == 1).count()
     }
 }
 
@@ -305,9 +355,7 @@ impl Detector for GrowthDetector {
         s.api = a.api;
         s.dirty = true;
         s.births.add(a.epoch, a.size);
-        if s.sizes.len() < MAX_SIZES || s.sizes.contains_key(&a.size) {
-            *s.sizes.entry(a.size).or_default() += 1;
-        }
+        s.sizes.add(a.size);
     }
 
     fn on_free(&mut self, a: &AllocObs, birth: u32) {
@@ -318,12 +366,7 @@ impl Detector for GrowthDetector {
         s.count = s.count.saturating_sub(1);
         s.dirty = true;
         s.births.remove(birth, a.size);
-        if let Some(c) = s.sizes.get_mut(&a.size) {
-            *c -= 1;
-            if *c == 0 {
-                s.sizes.remove(&a.size);
-            }
-        }
+        s.sizes.remove(a.size);
     }
 
     fn on_epoch_end(&mut self, ctx: &Context<'_>, out: &mut Alerts) {
@@ -787,6 +830,59 @@ mod tests {
     use crate::model::SiteId;
 
     const MIB: u64 = 1 << 20;
+
+    /// The live sizes that keep freed sizes at 0 count as the map that removed them did: the
+    /// same sizes counted (at most `MAX_SIZES` live), the same unique ones, past purges.
+    #[test]
+    fn live_sizes_count_as_a_map_of_live_sizes() {
+        use super::{LiveSizes, MAX_SIZES};
+        use rustc_hash::FxHashMap;
+        let mut sizes = LiveSizes::default();
+        let mut reference: FxHashMap<u64, u32> = FxHashMap::default();
+        let mut live: Vec<u64> = Vec::new();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for step in 0..400_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Phases of few sizes and of many more than MAX_SIZES, freeing and not.
+            let spread = if (step / 50_000) % 2 == 0 {
+                16
+            } else {
+                3 * MAX_SIZES as u64
+            };
+            if x % 3 != 0 || live.is_empty() {
+                let size = 1 + (x >> 8) % spread;
+                sizes.add(size);
+                if reference.len() < MAX_SIZES || reference.contains_key(&size) {
+                    *reference.entry(size).or_default() += 1;
+                }
+                live.push(size);
+            } else {
+                let size = live.swap_remove((x >> 8) as usize % live.len());
+                sizes.remove(size);
+                if let Some(c) = reference.get_mut(&size) {
+                    *c -= 1;
+                    if *c == 0 {
+                        reference.remove(&size);
+                    }
+                }
+            }
+            if step % 997 == 0 {
+                let kept: FxHashMap<u64, u32> = sizes
+                    .counts
+                    .iter()
+                    .filter(|(_, &c)| c > 0)
+                    .map(|(&k, &c)| (k, c))
+                    .collect();
+                assert_eq!(kept, reference, "step {step}");
+                assert_eq!(sizes.live, reference.len());
+                assert!(sizes.counts.len() <= 2 * MAX_SIZES);
+                let unique = reference.values().filter(|&&c| c == 1).count();
+                assert_eq!(sizes.unique(), unique);
+            }
+        }
+    }
 
     /// What these tests ask of the simulated process.
     trait GrowthQueries {
