@@ -37,6 +37,9 @@ struct DeviceLines {
     lines: [Line; 3],
     peak: f64,
     capacity: u64,
+    /// The most live bytes seen at `capacity`: an allocation that leaves less live is no
+    /// higher a percentage (the same division, of a smaller number), so it is not divided.
+    peak_live: u64,
 }
 
 #[derive(Debug, Default)]
@@ -60,7 +63,20 @@ impl Detector for ThresholdDetector {
             }),
             ..Default::default()
         });
-        d.capacity = cap;
+        if d.capacity != cap {
+            d.capacity = cap;
+            d.peak_live = 0;
+        }
+        // No higher than the peak, and no armed line at or below the peak: nothing to do.
+        if a.device_live <= d.peak_live
+            && d.lines
+                .iter()
+                .zip(THRESHOLDS)
+                .all(|(l, t)| !l.armed || d.peak < f64::from(t))
+        {
+            return;
+        }
+        d.peak_live = d.peak_live.max(a.device_live);
         let pct = percent(a.device_live, cap);
         d.peak = d.peak.max(pct);
         for (i, &t) in THRESHOLDS.iter().enumerate() {
@@ -83,7 +99,8 @@ impl Detector for ThresholdDetector {
         let Some(d) = self.devices.get_mut(&a.device) else {
             return;
         };
-        if d.capacity == 0 {
+        // Only a line that fired has anything to rearm.
+        if d.capacity == 0 || d.lines.iter().all(|l| l.armed) {
             return;
         }
         let pct = percent(a.device_live, d.capacity);
