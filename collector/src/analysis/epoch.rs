@@ -440,8 +440,10 @@ pub struct EpochClock {
     window_len: Option<u64>,
     window_low: u64,
     window_high: u64,
-    /// Recent gaps between allocations (ns), a ring, for the window length.
-    alloc_gaps: VecDeque<u64>,
+    /// Recent gaps between allocations (ns), a ring (`gaps_n` written so far), for the
+    /// window length: one store per allocation.
+    alloc_gaps: [u64; WINDOW_GAPS],
+    gaps_n: u64,
     last_ts: u64,
     /// (epoch, start timestamp) of recent epochs.
     starts: VecDeque<(u32, u64)>,
@@ -464,7 +466,8 @@ impl Default for EpochClock {
             window_len: None,
             window_low: u64::MAX,
             window_high: 0,
-            alloc_gaps: VecDeque::new(),
+            alloc_gaps: [0; WINDOW_GAPS],
+            gaps_n: 0,
             last_ts: 0,
             starts: VecDeque::new(),
             durations: VecDeque::new(),
@@ -502,14 +505,13 @@ impl EpochClock {
         }
         let idx = self.allocs;
         if self.last_ts != 0 {
-            if self.alloc_gaps.len() == WINDOW_GAPS {
-                self.alloc_gaps.pop_front();
-            }
-            self.alloc_gaps.push_back(ts.saturating_sub(self.last_ts));
+            self.alloc_gaps[(self.gaps_n % WINDOW_GAPS as u64) as usize] =
+                ts.saturating_sub(self.last_ts);
+            self.gaps_n += 1;
         }
         self.last_ts = ts;
         let mut boundary = self.follow(site, tid, idx, ts, device_live);
-        if let Some(a) = self.anchor {
+        if let Some(a) = &self.anchor {
             let local = self.threads[a.thread].idx;
             if local.saturating_sub(a.last_local)
                 > ANCHOR_SILENT_GAPS.saturating_mul(a.max_local_gap.max(1))
@@ -586,8 +588,9 @@ impl EpochClock {
         let newly = qualifies && !c.qualified;
         c.qualified = qualifies;
         let max_local_gap = c.max_local_gap();
-        match self.anchor {
-            Some(mut a) if a.thread == ti && a.at == at => {
+        // Updated in place: the anchor is read or written at every allocation.
+        match &mut self.anchor {
+            Some(a) if a.thread == ti && a.at == at => {
                 a.last_idx = idx;
                 a.last_local = local;
                 a.max_local_gap = max_local_gap;
@@ -610,7 +613,6 @@ impl EpochClock {
                         a.misses < ANCHOR_MISSES
                     }
                 };
-                self.anchor = Some(a);
                 if !keep {
                     self.drop_anchor(ts);
                 }
@@ -629,8 +631,9 @@ impl EpochClock {
                     && matches!(kind, Some(AnchorKind::Structural(_)))
                     && matches!(a.kind, AnchorKind::Structural(_)) =>
             {
+                let anchor = a.key;
                 match self.select(key) {
-                    Some((_, pool)) if !pool.contains(&a.key) => {
+                    Some((_, pool)) if !pool.contains(&anchor) => {
                         self.lock(key);
                         self.anchor.is_some_and(|a| a.key == key)
                     }
@@ -756,7 +759,9 @@ impl EpochClock {
             return false;
         }
         let len = *self.window_len.get_or_insert_with(|| {
-            let mut g: Vec<u64> = self.alloc_gaps.iter().copied().collect();
+            // The gaps kept, in no particular order: sorted for the median.
+            let n = (self.gaps_n as usize).min(WINDOW_GAPS);
+            let mut g: Vec<u64> = self.alloc_gaps[..n].to_vec();
             g.sort_unstable();
             let median = g.get(g.len() / 2).copied().unwrap_or(0);
             WINDOW_MIN_NS.max(median.saturating_mul(WINDOW_GAP_FACTOR))
