@@ -29,7 +29,7 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use super::births::Births;
-use super::window::{self, Sample};
+use super::window::{self, Sample, Series};
 use super::{
     Alert, Alerts, AllocObs, Cause, Change, Confidence, Context, Detector, Evidence, Finding, Kind,
     Level, PythonLine,
@@ -162,7 +162,7 @@ pub(crate) struct Site {
     count: u64,
     births: Births,
     sizes: LiveSizes,
-    series: VecDeque<Sample>,
+    series: Series<Sample>,
     hwm: u64,
     hwm_epoch: u32,
     raise_gaps: VecDeque<u32>,
@@ -187,7 +187,7 @@ impl Site {
             count: 0,
             births: Births::default(),
             sizes: LiveSizes::default(),
-            series: VecDeque::with_capacity(SERIES),
+            series: Series::default(),
             hwm: 0,
             hwm_epoch: a.epoch,
             raise_gaps: VecDeque::new(),
@@ -378,10 +378,7 @@ impl Detector for GrowthDetector {
             }
             s.dirty = false;
             let gens = s.generations(warm, e.saturating_sub(LAG));
-            if s.series.len() == SERIES {
-                s.series.pop_front();
-            }
-            s.series.push_back(Sample {
+            s.series.push(Sample {
                 epoch: e,
                 live: s.live,
                 gens,
@@ -477,7 +474,6 @@ impl Detector for GrowthDetector {
 
 /// The rules of the module comment, at the end of epoch `e`.
 fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
-    s.series.make_contiguous();
     let post = window::since(&s.series, stable_since);
     let k = post.len();
     if k < 5 {
@@ -556,7 +552,7 @@ pub(crate) fn per_second(per_step: f64, ctx: &Context<'_>) -> Option<f64> {
 
 /// What became of the site's memory, from its last step-boundary sample and its live bytes now.
 fn at_end(s: &Site, ctx: &Context<'_>) -> AtEnd {
-    let (last_step, last_step_bytes) = s.series.back().map_or((0, 0), |x| (x.epoch, x.live));
+    let (last_step, last_step_bytes) = s.series.last().map_or((0, 0), |x| (x.epoch, x.live));
     AtEnd {
         bytes: s.live,
         count: s.count,
