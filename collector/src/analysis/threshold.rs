@@ -56,13 +56,18 @@ impl Detector for ThresholdDetector {
         let Some(cap) = a.capacity.filter(|&c| c > 0 && a.device >= 0) else {
             return;
         };
-        let d = self.devices.entry(a.device).or_insert_with(|| DeviceLines {
-            lines: std::array::from_fn(|_| Line {
-                armed: true,
+        // Found without `entry` (which readies an insertion) at every allocation after the
+        // device's first.
+        let d = match self.devices.get_mut(&a.device) {
+            Some(d) => d,
+            None => self.devices.entry(a.device).or_insert_with(|| DeviceLines {
+                lines: std::array::from_fn(|_| Line {
+                    armed: true,
+                    ..Default::default()
+                }),
                 ..Default::default()
             }),
-            ..Default::default()
-        });
+        };
         if d.capacity != cap {
             d.capacity = cap;
             d.peak_live = 0;
