@@ -45,6 +45,8 @@ struct DeviceLines {
 #[derive(Debug, Default)]
 pub struct ThresholdDetector {
     devices: FxHashMap<i16, DeviceLines>,
+    /// Some line fired on some device: until then a free has nothing to rearm (no lookup).
+    fired: bool,
 }
 
 fn percent(live: u64, cap: u64) -> f64 {
@@ -88,6 +90,7 @@ impl Detector for ThresholdDetector {
             let line = &mut d.lines[i];
             if line.armed && pct >= f64::from(t) {
                 line.armed = false;
+                self.fired = true;
                 line.crossings += 1;
                 line.first.get_or_insert((a.epoch, a.ts_ns));
                 out.push(Alert {
@@ -101,6 +104,9 @@ impl Detector for ThresholdDetector {
     }
 
     fn on_free(&mut self, a: &AllocObs, _birth: u32) {
+        if !self.fired {
+            return;
+        }
         let Some(d) = self.devices.get_mut(&a.device) else {
             return;
         };
