@@ -444,7 +444,7 @@ fn evaluate(d: &mut DeviceSeries, e: u32, stable_since: u32) -> bool {
     if k < 6 {
         return false;
     }
-    let best = window::best_trend(&post, |_, t| t.new_generations >= 3);
+    let best = window::best_trend(post, |_, t| t.new_generations >= 3);
     let usual = d.usual_gap();
     let since_raise = e.saturating_sub(d.hwm_epoch);
     let mut level = match best {
@@ -465,7 +465,7 @@ fn evaluate(d: &mut DeviceSeries, e: u32, stable_since: u32) -> bool {
         d.level = None;
         return false;
     }
-    if let Some((b1, b2)) = window::halves(&post) {
+    if let Some((b1, b2)) = window::halves(post) {
         if b1 > 0.0 && b2 < 0.25 * b1 {
             d.bounded = true;
         } else if d.bounded && b2 >= 0.25 * b1 && b2 > 0.0 {

@@ -485,7 +485,7 @@ fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
         .filter(|w| w[1].live > w[0].live)
         .count();
     let suspected = last.gens.saturating_sub(post[k - 5].gens) >= 3 && rises >= 3;
-    let best = window::best_trend(&post, |_, t| t.new_generations >= 3).map(|(t, _)| t);
+    let best = window::best_trend(post, |_, t| t.new_generations >= 3).map(|(t, _)| t);
     let usual = s.usual_gap();
     let since_raise = e.saturating_sub(s.hwm_epoch);
     let mut level = match best {
@@ -510,7 +510,7 @@ fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
         s.level = None;
         return;
     }
-    if let Some((b1, b2)) = window::halves(&post) {
+    if let Some((b1, b2)) = window::halves(post) {
         if b1 > 0.0 && b2 < 0.25 * b1 {
             s.class = Class::Bounded;
         } else if s.class == Class::Bounded && b2 >= 0.25 * b1 && b2 > 0.0 {
@@ -847,7 +847,7 @@ mod tests {
             } else {
                 3 * MAX_SIZES as u64
             };
-            if x % 3 != 0 || live.is_empty() {
+            if !x.is_multiple_of(3) || live.is_empty() {
                 let size = 1 + (x >> 8) % spread;
                 sizes.add(size);
                 if reference.len() < MAX_SIZES || reference.contains_key(&size) {
