@@ -103,6 +103,8 @@ pub enum EventKind {
 }
 
 impl EventKind {
+    // Inlined where replay reads every event (the collector is another crate).
+    #[inline]
     pub fn from_u8(v: u8) -> Option<EventKind> {
         use EventKind::*;
         Some(match v {
@@ -175,6 +177,7 @@ macro_rules! apis {
         pub enum Api { Unknown = 0, $( $variant = $val, )* }
 
         impl Api {
+            #[inline]
             pub fn from_u8(v: u8) -> Api {
                 match v { $( $val => Api::$variant, )* _ => Api::Unknown }
             }
@@ -183,6 +186,7 @@ macro_rules! apis {
                 match self { Api::Unknown => "unknown", $( Api::$variant => $name, )* }
             }
             /// The kind of memory this API allocates (for allocating APIs).
+            #[inline]
             pub fn memory_class(self) -> MemoryClass {
                 match self { Api::Unknown => MemoryClass::None, $( Api::$variant => MemoryClass::$class, )* }
             }
@@ -275,10 +279,12 @@ impl Event {
         }
     }
 
+    #[inline]
     pub fn kind(&self) -> Option<EventKind> {
         EventKind::from_u8(self.kind)
     }
 
+    #[inline]
     pub fn api(&self) -> Api {
         Api::from_u8(self.api)
     }
@@ -299,6 +305,7 @@ impl Event {
         out[63] = self.api;
     }
 
+    #[inline]
     pub fn decode(b: &[u8]) -> Result<Event, Error> {
         let b: &[u8; EVENT_SIZE] = b
             .get(..EVENT_SIZE)

@@ -85,14 +85,22 @@ impl Births {
             g.count = g.count.saturating_sub(1);
             g.bytes = g.bytes.saturating_sub(size);
             if g.count == 0 {
-                self.by_epoch.remove(i);
+                // Most die in the newest bucket (or the oldest): an end of the deque, popped
+                // without `remove`'s general shuffle.
+                if i + 1 == self.by_epoch.len() {
+                    self.by_epoch.pop_back();
+                } else if i == 0 {
+                    self.by_epoch.pop_front();
+                } else {
+                    self.by_epoch.remove(i);
+                }
             }
         }
     }
 
     /// Distinct birth epochs in `from..=upto` among live allocations.
     pub fn generations(&self, from: u32, upto: u32) -> u32 {
-        if upto < from {
+        if upto < from || self.by_epoch.is_empty() {
             return 0;
         }
         self.range(from, upto).map(|g| g.epochs.min(g.count)).sum()

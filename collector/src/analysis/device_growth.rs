@@ -49,7 +49,7 @@ use super::growth::{
     LevelChange, Trend,
 };
 pub use super::window::Window;
-use super::window::{self, Sample};
+use super::window::{self, Sample, Series};
 use super::{
     Alert, Alerts, AllocObs, Cause, Change, Confidence, Context, Detector, Evidence, Finding, Kind,
     Level, PythonLine,
@@ -60,7 +60,6 @@ use oomtrace_proto::{Api, MemoryClass};
 /// The leak detector's thresholds and warm-up, on purpose (see the module comment).
 const LAG: u32 = growth::LAG;
 const ALPHA_CONFIRMED: f64 = growth::ALPHA_CONFIRMED;
-const SERIES: usize = growth::SERIES;
 const HISTORY: usize = growth::HISTORY;
 /// Leaks on the device growing at this share of the device's rate explain its growth.
 const EXPLAINED_SHARE: f64 = 0.8;
@@ -151,7 +150,7 @@ pub struct DeviceGrowthEvidence {
 #[derive(Debug, Default)]
 struct DeviceSeries {
     births: Births,
-    series: VecDeque<Sample>,
+    series: Series<Sample>,
     /// The epoch clock's `stable_since` the high-water mark was measured under.
     stable_since: u32,
     /// High-water mark of the median of the last three samples since the clock became
@@ -288,13 +287,10 @@ impl DeviceGrowthDetector {
         for (device, d) in self.devices.iter_mut() {
             let device = *device;
             let live = ctx.devices.get(&device).map_or(0, |s| s.live_bytes);
-            if d.series.back().is_none_or(|s| s.live != live) {
+            if d.series.last().is_none_or(|s| s.live != live) {
                 d.flat_from = e;
             }
-            if d.series.len() == SERIES {
-                d.series.pop_front();
-            }
-            d.series.push_back(Sample {
+            d.series.push(Sample {
                 epoch: e,
                 live,
                 gens: d.generations(warm, e.saturating_sub(LAG)),
@@ -310,7 +306,14 @@ impl DeviceGrowthDetector {
                 d.hwm_epoch = e;
                 d.raise_gaps.clear();
             }
-            let level_live = d.smoothed(d.stable_since);
+            // A series flat over its last three samples (one a boundary: the epochs follow
+            // each other) is its own median.
+            let level_live =
+                if d.series.len() >= 3 && d.flat_from.max(d.stable_since).saturating_add(2) <= e {
+                    live
+                } else {
+                    d.smoothed(d.stable_since)
+                };
             if level_live > d.hwm {
                 if d.hwm > 0 {
                     if d.raise_gaps.len() == window::RAISE_GAPS {
@@ -436,13 +439,12 @@ fn evaluate(d: &mut DeviceSeries, e: u32, stable_since: u32) -> bool {
     if !d.reported() && d.flat_from <= stable_since {
         return false;
     }
-    d.series.make_contiguous();
     let post = window::since(&d.series, stable_since);
     let k = post.len();
     if k < 6 {
         return false;
     }
-    let best = window::best_trend(&post, |_, t| t.new_generations >= 3);
+    let best = window::best_trend(post, |_, t| t.new_generations >= 3);
     let usual = d.usual_gap();
     let since_raise = e.saturating_sub(d.hwm_epoch);
     let mut level = match best {
@@ -463,7 +465,7 @@ fn evaluate(d: &mut DeviceSeries, e: u32, stable_since: u32) -> bool {
         d.level = None;
         return false;
     }
-    if let Some((b1, b2)) = window::halves(&post) {
+    if let Some((b1, b2)) = window::halves(post) {
         if b1 > 0.0 && b2 < 0.25 * b1 {
             d.bounded = true;
         } else if d.bounded && b2 >= 0.25 * b1 && b2 > 0.0 {

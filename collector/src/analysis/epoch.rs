@@ -133,11 +133,16 @@ pub enum AnchorKind {
 /// two allocations of one: those after it in that order. An allocation moves its site to the
 /// newest end in O(1), and the walk back from there stops at the site itself or after
 /// `SIGNATURE_SITES` sites, whatever the number of sites the thread has.
+///
+/// Each followed site's candidate lives beside its node (`cands`, same index): the slot found
+/// for the signature finds the candidate too, with no second lookup per allocation.
 #[derive(Debug)]
 struct Thread {
+    tid: u32,
     idx: u64,
     slot: FxHashMap<SiteId, u32>,
     nodes: Vec<SiteNode>,
+    cands: Vec<Option<Candidate>>,
     newest: u32,
 }
 
@@ -146,6 +151,7 @@ struct Thread {
 struct SiteNode {
     /// `mix` of the site's id: its share of a signature.
     mixed: u64,
+    site: SiteId,
     /// The next older and newer site, or `NONE`.
     older: u32,
     newer: u32,
@@ -153,35 +159,38 @@ struct SiteNode {
 
 const NONE: u32 = u32::MAX;
 
-impl Default for Thread {
-    fn default() -> Thread {
+impl Thread {
+    fn new(tid: u32) -> Thread {
         Thread {
+            tid,
             idx: 0,
             slot: FxHashMap::default(),
             nodes: Vec::new(),
+            cands: Vec::new(),
             newest: NONE,
         }
     }
-}
 
-impl Thread {
-    /// An allocation at `site`: the signature of the segment since the site's previous
-    /// allocation on this thread (0: nothing in between), or None the first time (or when
-    /// the thread has too many sites to follow a new one).
-    fn observe(&mut self, site: SiteId) -> Option<u64> {
+    /// An allocation at `site`: its node (`NONE` when the thread has too many sites to follow
+    /// a new one), and the signature of the segment since the site's previous allocation on
+    /// this thread (0: nothing in between), or None the first time (or when not followed).
+    fn observe(&mut self, site: SiteId) -> (u32, Option<u64>) {
         self.idx += 1;
         let Some(&at) = self.slot.get(&site) else {
             if self.slot.len() < MAX_SITES_PER_THREAD {
                 let at = self.nodes.len() as u32;
                 self.nodes.push(SiteNode {
                     mixed: mix(u64::from(site.0)),
+                    site,
                     older: NONE,
                     newer: NONE,
                 });
+                self.cands.push(None);
                 self.slot.insert(site, at);
                 self.make_newest(at);
+                return (at, None);
             }
-            return None;
+            return (NONE, None);
         };
         let mut sum = 0u64;
         let mut n = 0u64;
@@ -196,11 +205,12 @@ impl Thread {
             self.unlink(at);
             self.make_newest(at);
         }
-        Some(if n == 0 {
+        let sig = if n == 0 {
             0
         } else {
             sum.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1
-        })
+        };
+        (at, Some(sig))
     }
 
     fn unlink(&mut self, at: u32) {
@@ -252,17 +262,33 @@ struct Candidate {
     drops: u8,
     /// It qualified at its previous allocation.
     qualified: bool,
+    /// [`Candidate::majority`] of `sigs` as they are, and the largest of `local_gaps`: kept
+    /// as the rings change (an anchor's segments all match, so its pushes mostly replace a
+    /// signature by the same one), not recounted at every allocation of the candidate.
+    major: Option<u64>,
+    max_local: u64,
 }
 
 impl Candidate {
     fn push(&mut self, sig: u64, gap: u64, time_gap: u64, local_gap: u64, live: u64) {
         let k = (self.n % RING as u64) as usize;
+        let full = self.n >= RING as u64;
+        let (old_sig, old_local) = (self.sigs[k], self.local_gaps[k]);
         self.lives[k] = live;
         self.sigs[k] = sig;
         self.gaps[k] = gap;
         self.time_gaps[k] = time_gap;
         self.local_gaps[k] = local_gap;
         self.n += 1;
+        if !(full && old_sig == sig) {
+            self.major = self.majority();
+        }
+        if local_gap >= self.max_local || !full {
+            self.max_local = self.max_local.max(local_gap);
+        } else if old_local == self.max_local {
+            // The largest left the ring: the next largest is among the others.
+            self.max_local = self.local_gaps.iter().copied().max().unwrap_or(0);
+        }
     }
 
     /// The filled part of a ring: its last (up to `RING`) entries, in no particular order
@@ -288,8 +314,8 @@ impl Candidate {
     ///
     /// `ANCHOR_MIN_SEGMENTS` of at most `RING` is more than half: such a signature is the
     /// ring's majority, found in one pass (Boyer-Moore) and then counted, not by counting
-    /// every entry against every other (this runs at every allocation of a candidate).
-    fn structural(&self) -> Option<u64> {
+    /// every entry against every other (this runs whenever the ring's signatures change).
+    fn majority(&self) -> Option<u64> {
         const _: () = assert!(2 * ANCHOR_MIN_SEGMENTS > RING);
         let s = self.filled(&self.sigs);
         let mut major = 0;
@@ -329,7 +355,7 @@ impl Candidate {
         if self.drops >= MAX_DROPS {
             return None;
         }
-        match self.structural() {
+        match self.major {
             Some(sig) => Some(AnchorKind::Structural(sig)),
             None if self.paced() => Some(AnchorKind::Paced),
             None => None,
@@ -344,11 +370,11 @@ impl Candidate {
 
     /// The longest recent gap in its thread's allocations.
     fn max_local_gap(&self) -> u64 {
-        self.filled(&self.local_gaps)
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(1)
+        if self.n == 0 {
+            1
+        } else {
+            self.max_local
+        }
     }
 
     /// Mean device live bytes at its recent allocations.
@@ -361,6 +387,9 @@ impl Candidate {
 #[derive(Clone, Copy, Debug)]
 struct Anchor {
     key: (u32, SiteId),
+    /// Where its candidate is: its thread's index in `EpochClock::threads`, its node there.
+    thread: usize,
+    at: usize,
     kind: AnchorKind,
     /// Mean gap in the process's allocations.
     period: f64,
@@ -397,8 +426,11 @@ pub struct EpochClock {
     /// The current epoch; allocations now are born in it.
     pub epoch: u32,
     allocs: u64,
-    threads: FxHashMap<u32, Thread>,
-    candidates: FxHashMap<(u32, SiteId), Candidate>,
+    /// Threads followed, in the order first seen, and where each thread id is among them;
+    /// `last_thread` is the previous allocation's (the next one is most often on it too).
+    threads: Vec<Thread>,
+    thread_of: FxHashMap<u32, usize>,
+    last_thread: usize,
     anchor: Option<Anchor>,
     /// The epoch since which the current source has been stable: earlier epochs are warm-up.
     pub stable_since: u32,
@@ -408,8 +440,10 @@ pub struct EpochClock {
     window_len: Option<u64>,
     window_low: u64,
     window_high: u64,
-    /// Recent gaps between allocations (ns), a ring, for the window length.
-    alloc_gaps: VecDeque<u64>,
+    /// Recent gaps between allocations (ns), a ring (`gaps_n` written so far), for the
+    /// window length: one store per allocation.
+    alloc_gaps: [u64; WINDOW_GAPS],
+    gaps_n: u64,
     last_ts: u64,
     /// (epoch, start timestamp) of recent epochs.
     starts: VecDeque<(u32, u64)>,
@@ -423,15 +457,17 @@ impl Default for EpochClock {
             source: EpochSource::None,
             epoch: 0,
             allocs: 0,
-            threads: FxHashMap::default(),
-            candidates: FxHashMap::default(),
+            threads: Vec::new(),
+            thread_of: FxHashMap::default(),
+            last_thread: 0,
             anchor: None,
             stable_since: 0,
             window_start: 0,
             window_len: None,
             window_low: u64::MAX,
             window_high: 0,
-            alloc_gaps: VecDeque::new(),
+            alloc_gaps: [0; WINDOW_GAPS],
+            gaps_n: 0,
             last_ts: 0,
             starts: VecDeque::new(),
             durations: VecDeque::new(),
@@ -448,8 +484,9 @@ impl EpochClock {
         }
         self.source = EpochSource::Markers;
         self.anchor = None;
-        self.threads = FxHashMap::default();
-        self.candidates = FxHashMap::default();
+        self.threads = Vec::new();
+        self.thread_of = FxHashMap::default();
+        self.last_thread = 0;
         self.advance(ts);
         true
     }
@@ -468,15 +505,14 @@ impl EpochClock {
         }
         let idx = self.allocs;
         if self.last_ts != 0 {
-            if self.alloc_gaps.len() == WINDOW_GAPS {
-                self.alloc_gaps.pop_front();
-            }
-            self.alloc_gaps.push_back(ts.saturating_sub(self.last_ts));
+            self.alloc_gaps[(self.gaps_n % WINDOW_GAPS as u64) as usize] =
+                ts.saturating_sub(self.last_ts);
+            self.gaps_n += 1;
         }
         self.last_ts = ts;
         let mut boundary = self.follow(site, tid, idx, ts, device_live);
-        if let Some(a) = self.anchor {
-            let local = self.threads.get(&a.key.0).map_or(0, |t| t.idx);
+        if let Some(a) = &self.anchor {
+            let local = self.threads[a.thread].idx;
             if local.saturating_sub(a.last_local)
                 > ANCHOR_SILENT_GAPS.saturating_mul(a.max_local_gap.max(1))
                 || idx.saturating_sub(a.last_idx) as f64 > ANCHOR_SILENT_PERIODS * a.period.max(1.0)
@@ -503,28 +539,37 @@ impl EpochClock {
 
     /// Follows the (thread, site) candidate; returns whether the anchor allocated.
     fn follow(&mut self, site: SiteId, tid: u32, idx: u64, ts: u64, device_live: u64) -> bool {
-        if self.threads.len() >= MAX_THREADS && !self.threads.contains_key(&tid) {
-            return false;
-        }
-        let thread = self.threads.entry(tid).or_default();
-        let observed = thread.observe(site);
+        let ti = match self.threads.get(self.last_thread) {
+            Some(t) if t.tid == tid => self.last_thread,
+            _ => match self.thread_of.get(&tid) {
+                Some(&i) => i,
+                None if self.threads.len() >= MAX_THREADS => return false,
+                None => {
+                    self.thread_of.insert(tid, self.threads.len());
+                    self.threads.push(Thread::new(tid));
+                    self.threads.len() - 1
+                }
+            },
+        };
+        self.last_thread = ti;
+        let thread = &mut self.threads[ti];
+        let (at, observed) = thread.observe(site);
         let local = thread.idx;
         let Some(sig) = observed else {
-            if site.0 != 0 {
-                self.candidates.insert(
-                    (tid, site),
-                    Candidate {
-                        last_idx: idx,
-                        last_local: local,
-                        last_ts: ts,
-                        ..Default::default()
-                    },
-                );
+            // A site the thread cannot follow gets no candidate: it could never qualify.
+            if site.0 != 0 && at != NONE {
+                thread.cands[at as usize] = Some(Candidate {
+                    last_idx: idx,
+                    last_local: local,
+                    last_ts: ts,
+                    ..Default::default()
+                });
             }
             return false;
         };
         let key = (tid, site);
-        let Some(c) = self.candidates.get_mut(&key) else {
+        let at = at as usize;
+        let Some(c) = thread.cands[at].as_mut() else {
             return false;
         };
         let time_gap = ts.saturating_sub(c.last_ts);
@@ -543,8 +588,9 @@ impl EpochClock {
         let newly = qualifies && !c.qualified;
         c.qualified = qualifies;
         let max_local_gap = c.max_local_gap();
-        match self.anchor {
-            Some(mut a) if a.key == key => {
+        // Updated in place: the anchor is read or written at every allocation.
+        match &mut self.anchor {
+            Some(a) if a.thread == ti && a.at == at => {
                 a.last_idx = idx;
                 a.last_local = local;
                 a.max_local_gap = max_local_gap;
@@ -567,7 +613,6 @@ impl EpochClock {
                         a.misses < ANCHOR_MISSES
                     }
                 };
-                self.anchor = Some(a);
                 if !keep {
                     self.drop_anchor(ts);
                 }
@@ -586,8 +631,9 @@ impl EpochClock {
                     && matches!(kind, Some(AnchorKind::Structural(_)))
                     && matches!(a.kind, AnchorKind::Structural(_)) =>
             {
+                let anchor = a.key;
                 match self.select(key) {
-                    Some((_, pool)) if !pool.contains(&a.key) => {
+                    Some((_, pool)) if !pool.contains(&anchor) => {
                         self.lock(key);
                         self.anchor.is_some_and(|a| a.key == key)
                     }
@@ -608,10 +654,17 @@ impl EpochClock {
         let Some(((key, kind, period), _)) = self.select(trigger) else {
             return;
         };
-        let c = &self.candidates[&key];
+        let Some((thread, at)) = self.find(key) else {
+            return;
+        };
+        let Some(c) = self.threads[thread].cands[at].as_ref() else {
+            return;
+        };
         let pace = c.pace().0;
         self.anchor = Some(Anchor {
             key,
+            thread,
+            at,
             kind,
             period,
             pace,
@@ -633,10 +686,11 @@ impl EpochClock {
         &self,
         trigger: (u32, SiteId),
     ) -> Option<(((u32, SiteId), AnchorKind, f64), Vec<(u32, SiteId)>)> {
+        // In no particular order: every use below is a count, a minimum or a maximum, the
+        // best broken by its key.
         let qualified: Vec<((u32, SiteId), AnchorKind, f64, f64)> = self
-            .candidates
-            .iter()
-            .filter_map(|(&k, c)| c.kind().map(|kind| (k, kind, c.period(), c.mean_live())))
+            .candidates()
+            .filter_map(|(k, c)| c.kind().map(|kind| (k, kind, c.period(), c.mean_live())))
             .collect();
         let structural = qualified
             .iter()
@@ -658,15 +712,33 @@ impl EpochClock {
             .min_by(|a, b| a.3.total_cmp(&b.3).then(a.0.cmp(&b.0)))
             .copied();
         let (key, kind, period, _) = best.or_else(|| {
-            let c = self.candidates.get(&trigger)?;
+            let (t, at) = self.find(trigger)?;
+            let c = self.threads[t].cands[at].as_ref()?;
             Some((trigger, c.kind()?, c.period(), c.mean_live()))
         })?;
         Some(((key, kind, period), pool.iter().map(|q| q.0).collect()))
     }
 
+    /// Every candidate, with its (thread, site).
+    fn candidates(&self) -> impl Iterator<Item = ((u32, SiteId), &Candidate)> + '_ {
+        self.threads.iter().flat_map(|t| {
+            t.nodes
+                .iter()
+                .zip(&t.cands)
+                .filter_map(move |(n, c)| Some(((t.tid, n.site), c.as_ref()?)))
+        })
+    }
+
+    /// Where the candidate of (thread, site) is: its thread's index and its node there.
+    fn find(&self, (tid, site): (u32, SiteId)) -> Option<(usize, usize)> {
+        let t = *self.thread_of.get(&tid)?;
+        let at = *self.threads[t].slot.get(&site)?;
+        Some((t, at as usize))
+    }
+
     fn drop_anchor(&mut self, ts: u64) {
         if let Some(a) = self.anchor.take() {
-            if let Some(c) = self.candidates.get_mut(&a.key) {
+            if let Some(c) = self.threads[a.thread].cands[a.at].as_mut() {
                 c.drops = c.drops.saturating_add(1);
             }
         }
@@ -687,7 +759,9 @@ impl EpochClock {
             return false;
         }
         let len = *self.window_len.get_or_insert_with(|| {
-            let mut g: Vec<u64> = self.alloc_gaps.iter().copied().collect();
+            // The gaps kept, in no particular order: sorted for the median.
+            let n = (self.gaps_n as usize).min(WINDOW_GAPS);
+            let mut g: Vec<u64> = self.alloc_gaps[..n].to_vec();
             g.sort_unstable();
             let median = g.get(g.len() / 2).copied().unwrap_or(0);
             WINDOW_MIN_NS.max(median.saturating_mul(WINDOW_GAP_FACTOR))
@@ -815,7 +889,7 @@ mod tests {
                 })
             }
         }
-        let (mut t, mut r) = (Thread::default(), Reference::default());
+        let (mut t, mut r) = (Thread::new(1), Reference::default());
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         for step in 0..300_000u64 {
             x ^= x << 13;
@@ -828,7 +902,7 @@ mod tests {
                 1..=3 => SiteId(1 + (step % 7) as u32),
                 _ => SiteId(100 + (x >> 16) as u32 % 60),
             };
-            assert_eq!(t.observe(site), r.observe(site), "step {step}");
+            assert_eq!(t.observe(site).1, r.observe(site), "step {step}");
         }
     }
 

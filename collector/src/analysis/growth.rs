@@ -29,7 +29,7 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use super::births::Births;
-use super::window::{self, Sample};
+use super::window::{self, Sample, Series};
 use super::{
     Alert, Alerts, AllocObs, Cause, Change, Confidence, Context, Detector, Evidence, Finding, Kind,
     Level, PythonLine,
@@ -161,8 +161,8 @@ pub(crate) struct Site {
     live: u64,
     count: u64,
     births: Births,
-    sizes: FxHashMap<u64, u32>,
-    series: VecDeque<Sample>,
+    sizes: LiveSizes,
+    series: Series<Sample>,
     hwm: u64,
     hwm_epoch: u32,
     raise_gaps: VecDeque<u32>,
@@ -186,8 +186,8 @@ impl Site {
             live: 0,
             count: 0,
             births: Births::default(),
-            sizes: FxHashMap::default(),
-            series: VecDeque::with_capacity(SERIES),
+            sizes: LiveSizes::default(),
+            series: Series::default(),
             hwm: 0,
             hwm_epoch: a.epoch,
             raise_gaps: VecDeque::new(),
@@ -215,11 +215,61 @@ impl Site {
         if self.count == 0 {
             return 0.0;
         }
-        self.sizes.values().filter(|&&c| c == 1).count() as f64 / self.count as f64
+        self.sizes.unique() as f64 / self.count as f64
     }
 
     fn usual_gap(&self) -> f64 {
         window::usual_gap(&self.raise_gaps)
+    }
+}
+
+/// Live allocations by size, for at most `MAX_SIZES` sizes at once. A size whose last live
+/// allocation is freed keeps its entry, at 0, until the table holds twice `MAX_SIZES` entries:
+/// a loop that allocates and frees one size costs no insertion and removal per event.
+#[derive(Debug, Default)]
+struct LiveSizes {
+    counts: FxHashMap<u64, u32>,
+    /// Entries above 0.
+    live: usize,
+}
+
+impl LiveSizes {
+    /// An allocation of `size`: counted if the size is live already or fewer than
+    /// `MAX_SIZES` sizes are.
+    fn add(&mut self, size: u64) {
+        match self.counts.get_mut(&size) {
+            Some(c) if *c > 0 => *c += 1,
+            Some(c) => {
+                if self.live < MAX_SIZES {
+                    *c = 1;
+                    self.live += 1;
+                }
+            }
+            None => {
+                if self.live < MAX_SIZES {
+                    if self.counts.len() >= 2 * MAX_SIZES {
+                        self.counts.retain(|_, c| *c > 0);
+                    }
+                    self.counts.insert(size, 1);
+                    self.live += 1;
+                }
+            }
+        }
+    }
+
+    /// A free of an allocation of `size` (not counted if its size was not).
+    fn remove(&mut self, size: u64) {
+        if let Some(c) = self.counts.get_mut(&size).filter(|c| **c > 0) {
+            *c -= 1;
+            if *c == 0 {
+                self.live -= 1;
+            }
+        }
+    }
+
+    /// Sizes with exactly one live allocation.
+    fn unique(&self) -> usize {
+        self.counts.values().filter(|&&c| c == 1).count()
     }
 }
 
@@ -305,9 +355,7 @@ impl Detector for GrowthDetector {
         s.api = a.api;
         s.dirty = true;
         s.births.add(a.epoch, a.size);
-        if s.sizes.len() < MAX_SIZES || s.sizes.contains_key(&a.size) {
-            *s.sizes.entry(a.size).or_default() += 1;
-        }
+        s.sizes.add(a.size);
     }
 
     fn on_free(&mut self, a: &AllocObs, birth: u32) {
@@ -318,12 +366,7 @@ impl Detector for GrowthDetector {
         s.count = s.count.saturating_sub(1);
         s.dirty = true;
         s.births.remove(birth, a.size);
-        if let Some(c) = s.sizes.get_mut(&a.size) {
-            *c -= 1;
-            if *c == 0 {
-                s.sizes.remove(&a.size);
-            }
-        }
+        s.sizes.remove(a.size);
     }
 
     fn on_epoch_end(&mut self, ctx: &Context<'_>, out: &mut Alerts) {
@@ -335,10 +378,7 @@ impl Detector for GrowthDetector {
             }
             s.dirty = false;
             let gens = s.generations(warm, e.saturating_sub(LAG));
-            if s.series.len() == SERIES {
-                s.series.pop_front();
-            }
-            s.series.push_back(Sample {
+            s.series.push(Sample {
                 epoch: e,
                 live: s.live,
                 gens,
@@ -434,7 +474,6 @@ impl Detector for GrowthDetector {
 
 /// The rules of the module comment, at the end of epoch `e`.
 fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
-    s.series.make_contiguous();
     let post = window::since(&s.series, stable_since);
     let k = post.len();
     if k < 5 {
@@ -446,7 +485,7 @@ fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
         .filter(|w| w[1].live > w[0].live)
         .count();
     let suspected = last.gens.saturating_sub(post[k - 5].gens) >= 3 && rises >= 3;
-    let best = window::best_trend(&post, |_, t| t.new_generations >= 3).map(|(t, _)| t);
+    let best = window::best_trend(post, |_, t| t.new_generations >= 3).map(|(t, _)| t);
     let usual = s.usual_gap();
     let since_raise = e.saturating_sub(s.hwm_epoch);
     let mut level = match best {
@@ -471,7 +510,7 @@ fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
         s.level = None;
         return;
     }
-    if let Some((b1, b2)) = window::halves(&post) {
+    if let Some((b1, b2)) = window::halves(post) {
         if b1 > 0.0 && b2 < 0.25 * b1 {
             s.class = Class::Bounded;
         } else if s.class == Class::Bounded && b2 >= 0.25 * b1 && b2 > 0.0 {
@@ -513,7 +552,7 @@ pub(crate) fn per_second(per_step: f64, ctx: &Context<'_>) -> Option<f64> {
 
 /// What became of the site's memory, from its last step-boundary sample and its live bytes now.
 fn at_end(s: &Site, ctx: &Context<'_>) -> AtEnd {
-    let (last_step, last_step_bytes) = s.series.back().map_or((0, 0), |x| (x.epoch, x.live));
+    let (last_step, last_step_bytes) = s.series.last().map_or((0, 0), |x| (x.epoch, x.live));
     AtEnd {
         bytes: s.live,
         count: s.count,
@@ -787,6 +826,59 @@ mod tests {
     use crate::model::SiteId;
 
     const MIB: u64 = 1 << 20;
+
+    /// The live sizes that keep freed sizes at 0 count as the map that removed them did: the
+    /// same sizes counted (at most `MAX_SIZES` live), the same unique ones, past purges.
+    #[test]
+    fn live_sizes_count_as_a_map_of_live_sizes() {
+        use super::{LiveSizes, MAX_SIZES};
+        use rustc_hash::FxHashMap;
+        let mut sizes = LiveSizes::default();
+        let mut reference: FxHashMap<u64, u32> = FxHashMap::default();
+        let mut live: Vec<u64> = Vec::new();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for step in 0..400_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Phases of few sizes and of many more than MAX_SIZES, freeing and not.
+            let spread = if (step / 50_000) % 2 == 0 {
+                16
+            } else {
+                3 * MAX_SIZES as u64
+            };
+            if !x.is_multiple_of(3) || live.is_empty() {
+                let size = 1 + (x >> 8) % spread;
+                sizes.add(size);
+                if reference.len() < MAX_SIZES || reference.contains_key(&size) {
+                    *reference.entry(size).or_default() += 1;
+                }
+                live.push(size);
+            } else {
+                let size = live.swap_remove((x >> 8) as usize % live.len());
+                sizes.remove(size);
+                if let Some(c) = reference.get_mut(&size) {
+                    *c -= 1;
+                    if *c == 0 {
+                        reference.remove(&size);
+                    }
+                }
+            }
+            if step % 997 == 0 {
+                let kept: FxHashMap<u64, u32> = sizes
+                    .counts
+                    .iter()
+                    .filter(|(_, &c)| c > 0)
+                    .map(|(&k, &c)| (k, c))
+                    .collect();
+                assert_eq!(kept, reference, "step {step}");
+                assert_eq!(sizes.live, reference.len());
+                assert!(sizes.counts.len() <= 2 * MAX_SIZES);
+                let unique = reference.values().filter(|&&c| c == 1).count();
+                assert_eq!(sizes.unique(), unique);
+            }
+        }
+    }
 
     /// What these tests ask of the simulated process.
     trait GrowthQueries {

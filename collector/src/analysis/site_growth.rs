@@ -36,10 +36,10 @@ use serde::Serialize;
 
 use super::growth::{
     per_second, seconds, warmup_end, AtDetection, AtEnd, Class, GrowthDetector, LeakEvidence,
-    LevelChange, Trend, ALPHA_CONFIRMED, HISTORY, LAG, SERIES,
+    LevelChange, Trend, ALPHA_CONFIRMED, HISTORY, LAG,
 };
 use super::stats;
-use super::window::{self, Sample, Window};
+use super::window::{self, Sample, Series, Window};
 use super::{
     Alert, Alerts, AllocObs, Cause, Change, Confidence, Context, Detector, Evidence, Finding, Kind,
     Level, Severity,
@@ -90,7 +90,7 @@ struct Site {
     allocs: u64,
     frees: u64,
     largest: u64,
-    series: VecDeque<Point>,
+    series: Series<Point>,
     hwm: u64,
     hwm_epoch: u32,
     raise_gaps: VecDeque<u32>,
@@ -125,7 +125,7 @@ impl Site {
             allocs: 0,
             frees: 0,
             largest: 0,
-            series: VecDeque::with_capacity(SERIES),
+            series: Series::default(),
             hwm: 0,
             hwm_epoch: a.epoch,
             raise_gaps: VecDeque::new(),
@@ -193,15 +193,17 @@ impl SiteGrowthDetector {
         let warm = warmup_end(ctx);
         // The changes of this boundary, told once every site is judged (below).
         let mut changes: Vec<((SiteId, i16), Change)> = Vec::new();
+        // Whether a site may be growing with a level now (below): only one with a level, or
+        // one evaluated at this boundary, can be; with an epoch every few events (a tight
+        // loop found as the iteration) most boundaries have neither.
+        let mut leveled = false;
         for (&(site, device), s) in self.sites.iter_mut() {
             if !(s.dirty || s.count > 0 || s.level.is_some()) {
                 continue;
             }
+            leveled |= s.level.is_some();
             s.dirty = false;
-            if s.series.len() == SERIES {
-                s.series.pop_front();
-            }
-            s.series.push_back(Point {
+            s.series.push(Point {
                 sample: Sample {
                     epoch: e,
                     live: s.live,
@@ -223,10 +225,6 @@ impl SiteGrowthDetector {
                 s.hwm_epoch = e;
                 s.resolved = false;
             }
-            // One finding per site: the leak detector's wins.
-            if leaks.reported(site, device) {
-                continue;
-            }
             // The cheap pre-filter: a site that did not rise, replaced nothing lately and is
             // not flagged has nothing new to test.
             let n = s.series.len();
@@ -235,6 +233,12 @@ impl SiteGrowthDetector {
             if !(rose && replacing) && s.level.is_none() {
                 continue;
             }
+            // One finding per site: the leak detector's wins. (After the pre-filter, which
+            // costs no lookup.)
+            if leaks.reported(site, device) {
+                continue;
+            }
+            leveled = true;
             let before = (s.level, s.bounded, s.resolved);
             let generations =
                 |from: u32| leaks.generations(site, device, from.max(warm), e.saturating_sub(LAG));
@@ -288,12 +292,15 @@ impl SiteGrowthDetector {
         // (a line there frees all it made every step: the step's inputs grow) grows with it:
         // the step's output or a tensor derived from the input, held until the next step
         // makes its successor. Not a leak either.
-        let growing_sets: Vec<i16> = self
-            .sites
-            .iter()
-            .filter(|(_, s)| s.working_set && !s.with_working_set && s.growing())
-            .map(|(&(_, device), _)| device)
-            .collect();
+        let growing_sets: Vec<i16> = if leveled {
+            self.sites
+                .iter()
+                .filter(|(_, s)| s.working_set && !s.with_working_set && s.growing())
+                .map(|(&(_, device), _)| device)
+                .collect()
+        } else {
+            Vec::new()
+        };
         for (&key, s) in self.sites.iter_mut().filter(|_| !growing_sets.is_empty()) {
             if growing_sets.contains(&key.1)
                 && !s.working_set
@@ -538,7 +545,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
     let onset = s.onset.unwrap_or(s.first_epoch);
     let (last_step, last_step_bytes) = s
         .series
-        .back()
+        .last()
         .map_or((0, 0), |p| (p.sample.epoch, p.sample.live));
     let end = AtEnd {
         bytes: s.live,
@@ -596,12 +603,12 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         _ if s.with_working_set && !(s.resolved || s.bounded) => format!(
             "grows with the working set {rate}: its tensors are replaced by larger ones every \
              step (the largest {} in the last step); {end_text}",
-            fmt_bytes(s.series.back().map_or(0, |p| p.largest))
+            fmt_bytes(s.series.last().map_or(0, |p| p.largest))
         ),
         _ if s.working_set && !(s.resolved || s.bounded) => format!(
             "the working set grows {rate}: every step frees what it allocated here, but each \
              step needs more (the largest {} in the last step); {end_text}",
-            fmt_bytes(s.series.back().map_or(0, |p| p.largest))
+            fmt_bytes(s.series.last().map_or(0, |p| p.largest))
         ),
         _ if s.resolved => format!(
             "one buffer grew ({rate}) and then stopped for {} steps; {} held now",
@@ -873,7 +880,7 @@ mod tests {
     fn state_stays_bounded_over_a_long_run() {
         let sim = realloc_loop(300, false, |i| MIB * u64::from(i + 1));
         let s = &sim.a.site_growth.sites[&(SiteId(BUFFER), 0)];
-        assert!(s.series.len() <= super::SERIES);
+        assert!(s.series.len() <= crate::analysis::growth::SERIES);
         assert!(s.history.len() <= super::HISTORY);
         assert!(s.raise_gaps.len() <= 8);
         assert!(sim.a.site_growth.is_leak(SiteId(BUFFER), 0));

@@ -37,11 +37,16 @@ struct DeviceLines {
     lines: [Line; 3],
     peak: f64,
     capacity: u64,
+    /// The most live bytes seen at `capacity`: an allocation that leaves less live is no
+    /// higher a percentage (the same division, of a smaller number), so it is not divided.
+    peak_live: u64,
 }
 
 #[derive(Debug, Default)]
 pub struct ThresholdDetector {
     devices: FxHashMap<i16, DeviceLines>,
+    /// Some line fired on some device: until then a free has nothing to rearm (no lookup).
+    fired: bool,
 }
 
 fn percent(live: u64, cap: u64) -> f64 {
@@ -53,20 +58,39 @@ impl Detector for ThresholdDetector {
         let Some(cap) = a.capacity.filter(|&c| c > 0 && a.device >= 0) else {
             return;
         };
-        let d = self.devices.entry(a.device).or_insert_with(|| DeviceLines {
-            lines: std::array::from_fn(|_| Line {
-                armed: true,
+        // Found without `entry` (which readies an insertion) at every allocation after the
+        // device's first.
+        let d = match self.devices.get_mut(&a.device) {
+            Some(d) => d,
+            None => self.devices.entry(a.device).or_insert_with(|| DeviceLines {
+                lines: std::array::from_fn(|_| Line {
+                    armed: true,
+                    ..Default::default()
+                }),
                 ..Default::default()
             }),
-            ..Default::default()
-        });
-        d.capacity = cap;
+        };
+        if d.capacity != cap {
+            d.capacity = cap;
+            d.peak_live = 0;
+        }
+        // No higher than the peak, and no armed line at or below the peak: nothing to do.
+        if a.device_live <= d.peak_live
+            && d.lines
+                .iter()
+                .zip(THRESHOLDS)
+                .all(|(l, t)| !l.armed || d.peak < f64::from(t))
+        {
+            return;
+        }
+        d.peak_live = d.peak_live.max(a.device_live);
         let pct = percent(a.device_live, cap);
         d.peak = d.peak.max(pct);
         for (i, &t) in THRESHOLDS.iter().enumerate() {
             let line = &mut d.lines[i];
             if line.armed && pct >= f64::from(t) {
                 line.armed = false;
+                self.fired = true;
                 line.crossings += 1;
                 line.first.get_or_insert((a.epoch, a.ts_ns));
                 out.push(Alert {
@@ -80,10 +104,14 @@ impl Detector for ThresholdDetector {
     }
 
     fn on_free(&mut self, a: &AllocObs, _birth: u32) {
+        if !self.fired {
+            return;
+        }
         let Some(d) = self.devices.get_mut(&a.device) else {
             return;
         };
-        if d.capacity == 0 {
+        // Only a line that fired has anything to rearm.
+        if d.capacity == 0 || d.lines.iter().all(|l| l.armed) {
             return;
         }
         let pct = percent(a.device_live, d.capacity);

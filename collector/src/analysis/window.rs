@@ -9,12 +9,11 @@
 //! (new surviving generations, or replaced allocations). The passing window with the smallest
 //! p-value is the trend.
 
-use std::borrow::Cow;
 use std::collections::VecDeque;
 
 use serde::Serialize;
 
-use super::growth::{Trend, ALPHA_LIKELY, MIN_GROWTH, WINDOWS};
+use super::growth::{Trend, ALPHA_LIKELY, MIN_GROWTH, SERIES, WINDOWS};
 use super::stats::{mann_kendall, median, theil_sen};
 
 /// Fewest samples a trend is tested on.
@@ -42,17 +41,45 @@ pub struct Window {
     pub to_bytes: u64,
 }
 
-/// The samples taken at or after epoch `since`, oldest first (a series is in epoch order:
-/// found by bisection, as this runs for every series at every step). Borrowed when the
-/// series is contiguous (its owner calls `make_contiguous` first: no copy at each step).
-pub fn since(series: &VecDeque<Sample>, since: u32) -> Cow<'_, [Sample]> {
-    let start = series.partition_point(|x| x.epoch < since);
-    let (a, b) = series.as_slices();
-    match a.get(start..) {
-        Some(rest) if b.is_empty() => Cow::Borrowed(rest),
-        Some(rest) => Cow::Owned([rest, b].concat()),
-        None => Cow::Borrowed(&b[start - a.len()..]),
+/// The last [`SERIES`] samples of a series, oldest first, always one slice (it derefs to
+/// it). Pushed into a buffer of twice that whose older half is dropped when it fills: one
+/// copy every `SERIES` pushes, instead of a ring's index arithmetic at every push and read
+/// (each series takes a sample at every epoch boundary, and a tight loop found as the
+/// iteration has one every few events).
+#[derive(Clone, Debug)]
+pub struct Series<T> {
+    buf: Vec<T>,
+}
+
+impl<T> Default for Series<T> {
+    fn default() -> Series<T> {
+        Series {
+            buf: Vec::with_capacity(2 * SERIES),
+        }
     }
+}
+
+impl<T> Series<T> {
+    /// Adds the newest sample; the oldest beyond `SERIES` is gone.
+    pub fn push(&mut self, x: T) {
+        if self.buf.len() == 2 * SERIES {
+            self.buf.drain(..SERIES);
+        }
+        self.buf.push(x);
+    }
+}
+
+impl<T> std::ops::Deref for Series<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.buf[self.buf.len().saturating_sub(SERIES)..]
+    }
+}
+
+/// The samples taken at or after epoch `since`, oldest first (a series is in epoch order:
+/// found by bisection, as this runs for every series at every step).
+pub fn since(series: &[Sample], since: u32) -> &[Sample] {
+    &series[series.partition_point(|x| x.epoch < since)..]
 }
 
 /// The median of a detector's recent gaps between raises of its high-water mark (at most

@@ -288,6 +288,50 @@ pub fn is_interpreter_module(path: &str) -> bool {
     flags.chars().all(|c| matches!(c, 'd' | 't' | 'm'))
 }
 
+/// Shim stack id -> site, resolved once per stack (when its `StackDef` arrives) and looked up
+/// by every allocation event. The shim numbers its stacks 1, 2, 3, ...: ids index a vector,
+/// no hashing per event. An id far past the stacks defined so far (a damaged or hostile trace)
+/// goes to a map instead, so that memory stays O(stacks) whatever the ids.
+#[derive(Debug, Default)]
+struct StackSites {
+    /// Site by id, `UNDEFINED` where none was defined (an id defined past its end is in
+    /// `sparse`).
+    dense: Vec<u32>,
+    sparse: FxHashMap<u32, SiteId>,
+    defined: usize,
+}
+
+const UNDEFINED: u32 = u32::MAX;
+
+impl StackSites {
+    fn insert(&mut self, id: u32, site: SiteId) {
+        self.defined += 1;
+        let i = id as usize;
+        if i >= self.dense.len() && i <= 2 * self.defined + 1024 {
+            self.dense.resize(i + 1, UNDEFINED);
+        }
+        match self.dense.get_mut(i) {
+            Some(d) => {
+                *d = site.0;
+                // A later definition replaces an earlier one, wherever that one went.
+                if !self.sparse.is_empty() {
+                    self.sparse.remove(&id);
+                }
+            }
+            None => {
+                self.sparse.insert(id, site);
+            }
+        }
+    }
+
+    fn get(&self, id: u32) -> Option<SiteId> {
+        match self.dense.get(id as usize) {
+            Some(&s) if s != UNDEFINED => Some(SiteId(s)),
+            _ => self.sparse.get(&id).copied(),
+        }
+    }
+}
+
 /// A stack's identity as a call site: its frames less those inside the Python interpreter,
 /// and each Python frame by its source line rather than its bytecode offset.
 ///
@@ -368,7 +412,7 @@ pub struct Process {
     pub codes: FxHashMap<u32, CodeDef>,
     module_index: FxHashMap<u32, usize>,
     /// Shim stack id -> site (the shim may send one stack under several ids).
-    stack_sites: FxHashMap<u32, SiteId>,
+    stack_sites: StackSites,
     /// A stack's identity (`site_key`: its frames less the interpreter's own) -> site.
     site_index: FxHashMap<Vec<RawFrame>, SiteId>,
     /// Frames of each site as first seen, interpreter frames included (the symbolizer places
@@ -436,7 +480,7 @@ impl Process {
             modules: Vec::new(),
             codes: FxHashMap::default(),
             module_index: FxHashMap::default(),
-            stack_sites: FxHashMap::default(),
+            stack_sites: StackSites::default(),
             site_index: FxHashMap::default(),
             sites: vec![Vec::new()],
             interpreter_modules: Vec::new(),
@@ -630,15 +674,15 @@ impl Process {
 
     /// The call site a shim stack id stands for (0 if none or not yet defined); counts nothing.
     pub fn stack_site(&self, stack: StackId) -> SiteId {
-        self.stack_sites.get(&stack.0).copied().unwrap_or_default()
+        self.stack_sites.get(stack.0).unwrap_or_default()
     }
 
     fn site_of(&mut self, stack: StackId) -> SiteId {
         if stack.is_none() {
             return SiteId(0);
         }
-        match self.stack_sites.get(&stack.0) {
-            Some(&s) => s,
+        match self.stack_sites.get(stack.0) {
+            Some(s) => s,
             None => {
                 self.unknown_stacks += 1;
                 SiteId(0)
@@ -688,15 +732,22 @@ impl Process {
 
     /// A new live allocation: told to the observer (before it counts in the totals), then
     /// the totals and site aggregates. Returns what the observer said (its birth stamp).
+    /// `count_event`: the event counts on the device too (in the lookup this makes anyway).
     fn add_live<O: Observer + ?Sized>(
         &mut self,
         obs: &mut O,
         (device, site, size, ts, api, tid): (i16, SiteId, u64, u64, Api, u32),
+        count_event: bool,
     ) -> u32 {
-        let (before, capacity) = self
-            .devices
-            .get(&device)
-            .map_or((0, None), |d| (d.live_bytes, d.capacity));
+        let (before, capacity) = if count_event {
+            let d = self.device(device);
+            d.events += 1;
+            (d.live_bytes, d.capacity)
+        } else {
+            self.devices
+                .get(&device)
+                .map_or((0, None), |d| (d.live_bytes, d.capacity))
+        };
         let birth = obs.alloc(
             self,
             &Alloc {
@@ -770,30 +821,38 @@ impl Process {
         obs: &mut O,
         (device, site, size, api, birth, ts, reserve): (i16, SiteId, u64, Api, u32, u64, bool),
         born_ns: u64,
+        count_event: bool,
     ) {
         let tensor = api.memory_class() == MemoryClass::Tensor;
-        if !tensor && self.devices.get(&device).is_some_and(|d| d.peak_pending) {
-            // Memory falls from a new peak: who holds it is who held the peak.
-            let sites = self.largest_sites(device, PEAK_SITES, false);
-            let dev = self.device(device);
-            dev.peak_sites = sites;
-            dev.peak_snap_bytes = dev.live_bytes;
-            dev.peak_pending = false;
-        }
-        if tensor
-            && self
-                .devices
-                .get(&device)
-                .is_some_and(|d| d.tensor_tally.peak_pending)
-        {
-            let sites = self.largest_sites(device, PEAK_SITES, true);
-            let dev = self.device(device);
-            dev.tensor_tally.peak_sites = sites;
-            dev.tensor_tally.peak_snap_bytes = dev.tensor_bytes;
-            dev.tensor_tally.peak_pending = false;
-        }
         let temporary = born_ns >= self.step_start_ts_ns;
+        // One lookup of the device for a free (this runs for every one), a second only when
+        // memory falls from a new peak.
         let dev = self.device(device);
+        if count_event {
+            dev.events += 1;
+        }
+        let pending = if tensor {
+            dev.tensor_tally.peak_pending
+        } else {
+            dev.peak_pending
+        };
+        let dev = if pending {
+            // Memory falls from a new peak: who holds it is who held the peak.
+            let sites = self.largest_sites(device, PEAK_SITES, tensor);
+            let dev = self.device(device);
+            if tensor {
+                dev.tensor_tally.peak_sites = sites;
+                dev.tensor_tally.peak_snap_bytes = dev.tensor_bytes;
+                dev.tensor_tally.peak_pending = false;
+            } else {
+                dev.peak_sites = sites;
+                dev.peak_snap_bytes = dev.live_bytes;
+                dev.peak_pending = false;
+            }
+            dev
+        } else {
+            dev
+        };
         if !tensor && temporary {
             dev.temporary += 1;
         }
@@ -807,6 +866,7 @@ impl Process {
             dev.live_count = dev.live_count.saturating_sub(1);
             dev.frees += 1;
         }
+        let (device_live, capacity) = (dev.live_bytes, dev.capacity);
         if let Some(s) = self.site_stats.get_mut(&(site, device)) {
             s.enter_step(self.markers);
             s.live_bytes = s.live_bytes.saturating_sub(size);
@@ -814,7 +874,6 @@ impl Process {
             s.frees += 1;
             s.temporary += u64::from(temporary);
         }
-        let dev = &self.devices[&device];
         let free = Free {
             device,
             site,
@@ -822,8 +881,8 @@ impl Process {
             api,
             ts_ns: ts,
             birth,
-            device_live: dev.live_bytes,
-            capacity: dev.capacity,
+            device_live,
+            capacity,
             reserve,
         };
         obs.free(self, &free);
@@ -843,7 +902,7 @@ impl Process {
                     ts,
                     false,
                 );
-                self.remove_live(obs, gone, h.ts_ns);
+                self.remove_live(obs, gone, h.ts_ns, false);
             }
         }
     }
@@ -955,11 +1014,11 @@ impl Process {
                         ev.ts_ns,
                         old.reserve,
                     );
-                    self.remove_live(obs, gone, old.ts_ns);
+                    self.remove_live(obs, gone, old.ts_ns, false);
                 }
                 let site = self.site_of(ev.stack);
-                self.device(device).events += 1;
-                let birth = self.add_live(obs, (device, site, ev.size, ev.ts_ns, api, ev.tid));
+                let birth =
+                    self.add_live(obs, (device, site, ev.size, ev.ts_ns, api, ev.tid), true);
                 self.table(api).insert(
                     ev.ptr,
                     LiveAlloc {
@@ -975,11 +1034,10 @@ impl Process {
             }
             EventKind::Free => match self.table(api).remove(&ev.ptr) {
                 Some(a) => {
-                    self.device(a.device).events += 1;
                     let gone = (
                         a.device, a.site, a.size, a.api, a.birth, ev.ts_ns, a.reserve,
                     );
-                    self.remove_live(obs, gone, a.ts_ns);
+                    self.remove_live(obs, gone, a.ts_ns, true);
                 }
                 None => self.unmatched_frees += 1,
             },
@@ -1043,9 +1101,13 @@ impl Process {
                     let gone = (
                         old.device, old.site, old.size, api, old.birth, ev.ts_ns, false,
                     );
-                    self.remove_live(obs, gone, old.ts_ns);
+                    self.remove_live(obs, gone, old.ts_ns, false);
                 }
-                let birth = self.add_live(obs, (ev.device, site, ev.size, ev.ts_ns, api, ev.tid));
+                let birth = self.add_live(
+                    obs,
+                    (ev.device, site, ev.size, ev.ts_ns, api, ev.tid),
+                    false,
+                );
                 self.handles.insert(
                     ev.ptr,
                     PhysHandle {
@@ -1502,6 +1564,44 @@ mod tests {
                 ("free", 8 << 20, false),
                 ("free", 20 << 20, true)
             ]
+        );
+    }
+
+    #[test]
+    fn stack_ids_resolve_as_a_map_would_whatever_the_ids() {
+        let mut sites = StackSites::default();
+        let mut reference: FxHashMap<u32, SiteId> = FxHashMap::default();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for step in 0..20_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Mostly the shim's 1, 2, 3, ...; now and then an id defined again, one far past
+            // the others (later reached by the dense ones), or anything at all.
+            let id = match x % 16 {
+                0 => (x >> 8) as u32 % (step + 1),
+                1 => step + 3000 + (x >> 8) as u32 % 5000,
+                2 => (x >> 32) as u32,
+                _ => step,
+            };
+            let site = SiteId((x >> 40) as u32 % 500);
+            sites.insert(id, site);
+            reference.insert(id, site);
+            let probe = (x >> 20) as u32 % (step + 9000);
+            assert_eq!(
+                sites.get(probe),
+                reference.get(&probe).copied(),
+                "step {step}"
+            );
+            assert_eq!(sites.get(id), Some(site));
+        }
+        for (&id, &site) in &reference {
+            assert_eq!(sites.get(id), Some(site));
+        }
+        assert!(
+            sites.dense.len() <= 2 * 20_000 + 1025,
+            "{}",
+            sites.dense.len()
         );
     }
 
