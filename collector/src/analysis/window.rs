@@ -41,7 +41,7 @@ pub struct Window {
     pub to_bytes: u64,
 }
 
-/// The last [`SERIES`] samples of a series, oldest first, always one slice (it derefs to
+/// The last `SERIES` samples of a series, oldest first, always one slice (it derefs to
 /// it). Pushed into a buffer of twice that whose older half is dropped when it fills: one
 /// copy every `SERIES` pushes, instead of a ring's index arithmetic at every push and read
 /// (each series takes a sample at every epoch boundary, and a tight loop found as the
