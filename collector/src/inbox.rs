@@ -295,12 +295,12 @@ mod tests {
         while seen < end {
             // Let the buffer grow past its free part now and then (the shrink path), and
             // consume varying amounts otherwise.
-            for _ in 0..(if round % 5 == 0 { 12 } else { 2 }) {
+            for _ in 0..(if round.is_multiple_of(5) { 12 } else { 2 }) {
                 if !matches!(inbox.read_from(&mut src), Ok(Some(_))) {
                     break;
                 }
             }
-            let keep = if round % 3 == 0 { 0 } else { 17 };
+            let keep = if round.is_multiple_of(3) { 0 } else { 17 };
             let take = inbox.bytes().len().saturating_sub(keep);
             for (i, &b) in inbox.bytes()[..take].iter().enumerate() {
                 assert_eq!(
