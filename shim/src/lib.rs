@@ -15,7 +15,7 @@
 //! (`transport/`). The GIL is never touched.
 //!
 //! Where to change what: hooked functions are one line each in `hooks/table.rs`; what they
-//! record is `hooks/record.rs`; configuration is the `OOMTRACE_*` table in `config.rs`. The
+//! record is `hooks/recorders.rs`, through the one recording API, `recording.rs`; configuration is the `OOMTRACE_*` table in `config.rs`. The
 //! module map (which module may import which, one way) is in `shim/README.md`.
 
 // The exported functions are CUDA's and libc's own C entry points: their safety contract is
@@ -39,6 +39,7 @@ pub mod once;
 pub mod pluggable;
 pub mod python;
 pub mod python_env;
+pub mod recording;
 pub mod stack;
 pub mod symbols;
 pub mod torch_abi;
@@ -72,7 +73,7 @@ pub unsafe extern "C" fn oomtrace_mark(label: *const c_char) {
                 .to_string_lossy()
                 .into_owned()
         };
-        hooks::record::marker(&text);
+        recording::marker(&text);
         guard::leave();
     });
 }
@@ -96,7 +97,7 @@ pub extern "C" fn oomtrace_set_rank(rank: c_int, local_rank: c_int, world_size: 
         .filter(|&(_, v)| v >= 0)
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-        let sent = hooks::record::launch(vars);
+        let sent = recording::launch(vars);
         guard::leave();
         sent
     });
@@ -130,7 +131,7 @@ pub extern "C" fn oomtrace_torch_memory(
         if !guard::enter() {
             return false;
         }
-        let sent = hooks::record::torch_memory(device, allocated, max_allocated, reserved);
+        let sent = recording::torch_memory(device, allocated, max_allocated, reserved);
         guard::leave();
         sent
     });

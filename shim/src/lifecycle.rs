@@ -23,9 +23,9 @@ use oomtrace_proto::wire::GoodbyeReason;
 
 use crate::config::Config;
 use crate::guard::{self, MODE, MODE_FORWARD, MODE_RECORDING, MODE_UNINIT};
-use crate::hooks::record;
 use crate::log;
 use crate::once::OneShot;
+use crate::recording;
 use crate::stack::{Capturer, StackConfig};
 use crate::transport::{self, DrainSetup, Outbox};
 
@@ -153,7 +153,7 @@ extern "C" fn atfork_child() {
     INIT.store(INIT_NONE, Ordering::Release);
     MODE.store(MODE_UNINIT, Ordering::Release);
     FINISHED.reset();
-    record::reset_after_fork();
+    recording::reset_after_fork();
     let _ = IN_INIT.try_with(|f| f.set(false));
     transport::close_inherited_sink();
 }

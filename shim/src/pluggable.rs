@@ -32,7 +32,7 @@ use crate::cuda::{
     CUcontext, CUdevice, CUdeviceptr, CUresult, CUstream, CUDA_SUCCESS, ERROR_SYMBOL_NOT_FOUND,
 };
 use crate::driver_query::{current_device, driver_fn};
-use crate::hooks::record;
+use crate::recording;
 use crate::symbols::load_libcuda;
 use crate::{guard, log};
 
@@ -317,7 +317,7 @@ pub unsafe extern "C" fn oomtrace_malloc(
             Ok(p) => (CUDA_SUCCESS, p),
             Err(f) => (f.code(), 0),
         };
-        guard::catch(|| record::tensor_alloc(rc, p, size as u64, device as i16, stream as u64));
+        guard::catch(|| recording::tensor_alloc(rc, p, size as u64, device as i16, stream as u64));
         guard::leave();
     }
     match allocated {
@@ -348,7 +348,9 @@ pub unsafe extern "C" fn oomtrace_free(
     load_libcuda();
     let recording = guard::enter();
     if recording {
-        guard::catch(|| record::tensor_free(ptr as u64, size as u64, device as i16, stream as u64));
+        guard::catch(|| {
+            recording::tensor_free(ptr as u64, size as u64, device as i16, stream as u64)
+        });
     }
     let freed = on_device(device, || {
         let dptr = ptr as CUdeviceptr;
@@ -364,7 +366,7 @@ pub unsafe extern "C" fn oomtrace_free(
     });
     if recording {
         if let Err(f) = freed {
-            guard::catch(|| record::tensor_free_failed(ptr as u64, f.code()));
+            guard::catch(|| recording::tensor_free_failed(ptr as u64, f.code()));
         }
         guard::leave();
     }

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::symbols;
 
-/// `TraceEntry::Action` values (torch 2.4 to 2.15): what the shim records of PyTorch's
-/// allocator, whichever way it was seen.
+/// `TraceEntry::Action` values (torch 2.4 to 2.15): what PyTorch's allocator tells its trace
+/// trackers; `torch_tracker.rs` decodes them into the recording API's calls.
 pub mod action {
     pub const ALLOC: u32 = 0;
     pub const FREE_REQUESTED: u32 = 1;

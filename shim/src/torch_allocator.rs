@@ -42,10 +42,9 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
-use crate::hooks::record;
-use crate::torch_abi::{action, current_allocator, loaded, Pluggable, C10_CUDA};
+use crate::torch_abi::{current_allocator, loaded, Pluggable, C10_CUDA};
 use crate::transport::fd_guard;
-use crate::{config, driver_query, guard, log, symbols, torch_reserve, torch_tracker};
+use crate::{config, driver_query, guard, log, recording, symbols, torch_reserve, torch_tracker};
 
 const ALLOCATE: [&CStr; 1] =
     [c"_ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator8allocateEm"];
@@ -139,7 +138,7 @@ impl Drop for Inside {
             // What PyTorch's OOM entry says: the request rounded as its allocator rounds
             // (whole 512-byte blocks; a `roundup_power2_divisions` setting rounds further,
             // which `oomtrace whatif` applies itself).
-            record(action::OOM, f.device, 0, rounded(self.request), 0);
+            record_oom(f.device, rounded(self.request));
         }
     }
 }
@@ -150,12 +149,13 @@ fn rounded(n: usize) -> u64 {
     (n.max(1) as u64).div_ceil(512) * 512
 }
 
-/// Records one entry as every hook does: only when recording, once, never unwinding.
-fn record(act: u32, device: i16, addr: u64, size: u64, stream: u64) {
+/// Records the allocator's OOM as every hook records: only when recording, once, never
+/// unwinding.
+fn record_oom(device: i16, size: u64) {
     if !guard::enter() {
         return;
     }
-    guard::catch(|| record::torch_trace(act, device, addr, size, stream));
+    guard::catch(|| recording::torch_oom(device, size, 0));
     guard::leave();
 }
 
@@ -214,9 +214,7 @@ fn allocated(p: &mut DataPtr, n: usize) {
     p.0[word] = delete as Deleter as usize;
     torch_reserve::tensor_device(device as i16);
     let stream = current_stream(device);
-    guard::catch(|| {
-        record::torch_trace(action::ALLOC, device as i16, data as u64, n as u64, stream)
-    });
+    guard::catch(|| recording::torch_alloc(device as i16, data as u64, n as u64, stream));
     guard::leave();
 }
 
@@ -235,7 +233,7 @@ fn freed(ptr: u64) {
     }
     guard::catch(|| {
         let device = torch_reserve::device_of(ptr);
-        record::torch_trace(action::FREE_COMPLETED, device, ptr, 0, 0)
+        recording::torch_free(device, ptr, 0, 0)
     });
     guard::leave();
 }
@@ -249,7 +247,7 @@ fn raw_allocated(ptr: *mut c_void, n: usize, stream: Option<u64>) {
         let device = driver_query::current_device();
         torch_reserve::tensor_device(device);
         let stream = stream.unwrap_or_else(|| current_stream(device as i8));
-        record::torch_trace(action::ALLOC, device, ptr as u64, n as u64, stream)
+        recording::torch_alloc(device, ptr as u64, n as u64, stream)
     });
     guard::leave();
 }

@@ -28,9 +28,8 @@
 use std::ffi::{c_int, CStr};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
-use crate::hooks::record;
-use crate::torch_abi::{current_allocator, Pluggable};
-use crate::{guard, log, symbols};
+use crate::torch_abi::{action, current_allocator, Pluggable};
+use crate::{guard, log, recording, symbols};
 
 /// Byte offsets of the `TraceEntry` fields read here (torch 2.4 to 2.15, x86-64 libstdc++).
 pub mod offset {
@@ -128,8 +127,29 @@ fn on_entry(e: Entry) {
     if !guard::enter() {
         return;
     }
-    guard::catch(|| record::torch_trace(e.action, e.device as i16, e.addr, e.size, e.stream));
+    guard::catch(|| record(e));
     guard::leave();
+}
+
+/// PyTorch's trace action, in the recording API's words: tensors (with their stacks),
+/// segments (the allocator's reserve), and the allocator's own OOM. Frees that are only
+/// requested are not recorded: the block stays the tensor's until the free completes (after
+/// the streams that used it are done).
+fn record(e: Entry) {
+    let device = e.device as i16;
+    match e.action {
+        action::ALLOC => recording::torch_alloc(device, e.addr, e.size, e.stream),
+        action::FREE_COMPLETED => recording::torch_free(device, e.addr, e.size, e.stream),
+        action::SEGMENT_ALLOC | action::SEGMENT_MAP => {
+            recording::torch_segment(device, e.addr, e.size, e.stream)
+        }
+        action::SEGMENT_FREE | action::SEGMENT_UNMAP => {
+            recording::torch_segment_free(device, e.addr, e.size, e.stream)
+        }
+        // `addr` is the free bytes the driver reported; the tensor's size is what was asked.
+        action::OOM => recording::torch_oom(device, e.size, e.stream),
+        _ => {}
+    }
 }
 
 /// The tracker PyTorch keeps (it copies it through `manager`).
@@ -218,7 +238,6 @@ fn attach_now() -> Option<&'static CStr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::torch_abi::action;
 
     #[test]
     fn std_function_is_libstdcxx_sized() {

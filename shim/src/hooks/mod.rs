@@ -6,7 +6,7 @@
 //! this is the outermost recording hook, then `before` -> real call (exactly once) -> `after`.
 
 mod real;
-pub mod record;
+pub mod recorders;
 pub mod resolve;
 mod table;
 
@@ -289,7 +289,7 @@ macro_rules! call_recorded {
             // arguments (its contract is the caller's).
             return unsafe { real( $( $arg ),* ) };
         }
-        let mut rec = record::$rec::new(Api::$name, $( $rarg ),* );
+        let mut rec = recorders::$rec::new(Api::$name, $( $rarg ),* );
         crate::guard::before(&mut rec);
         // SAFETY: as above: the one real call, with the caller's arguments, outside `catch`.
         let rc = unsafe { real( $( $arg ),* ) };

@@ -12,7 +12,7 @@ use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
 
 use oomtrace_proto::Api;
 
-use super::{c_name, family, gpa, hook_table, record, wrapper, Family, GpaName, Hook};
+use super::{c_name, family, gpa, hook_table, recorders, wrapper, Family, GpaName, Hook};
 use crate::cuda::*;
 
 hook_table! {

@@ -70,9 +70,12 @@
 //!   The count also goes out in a `Made` frame just before the goodbye (for the shim's own
 //!   trace file, and collectors that got no page).
 
+mod delivery;
 mod drain;
 pub(crate) mod fd_guard;
 mod file;
+mod frame;
+mod hello;
 pub mod outbox;
 mod ring;
 mod sink;

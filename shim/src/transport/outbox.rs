@@ -4,7 +4,7 @@
 //! hook -> event -> outbox -> drain thread.
 //!
 //! Waiting for room (lossless while the collector reads, bounded when it stalls) is decided
-//! here; when the drain thread calls the collector stalled is decided in `drain.rs`.
+//! here; when the drain thread calls the collector stalled is decided in `delivery.rs`.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};

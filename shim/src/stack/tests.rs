@@ -1,0 +1,184 @@
+//! Unit tests of the stack capture: frame hashing, the unwind against fake memory, module ranges.
+
+use super::*;
+
+#[test]
+fn hash_separates_order_and_length() {
+    let a = hash_frames(&[1, 2, 3, 4, 5]);
+    assert_ne!(a, hash_frames(&[2, 1, 3, 4, 5]));
+    assert_ne!(a, hash_frames(&[1, 2, 3, 4]));
+    assert_ne!(hash_frames(&[0]), hash_frames(&[0, 0]));
+    assert_eq!(a, hash_frames(&[1, 2, 3, 4, 5]));
+}
+
+/// A fake stack image: 8-byte words by address; anything else is unreadable.
+fn fake_read(mem: &std::collections::HashMap<u64, u64>) -> impl FnMut(u64) -> Result<u64, ()> + '_ {
+    |addr| mem.get(&addr).copied().ok_or(())
+}
+
+fn empty_snapshot(own: (u64, u64)) -> Snapshot {
+    Snapshot {
+        unwinder: NativeUnwinder::new(),
+        active: Vec::new(),
+        known: Vec::new(),
+        counts: LoadCounts::default(),
+        own,
+    }
+}
+
+fn verified() -> Box<Verified> {
+    Box::new(Verified {
+        sp: 0,
+        bp: 0,
+        n: 0,
+        raw: [0; RAW_DEPTH],
+        slots: [0; RAW_DEPTH],
+        id: 0,
+    })
+}
+
+/// Code without unwind tables is unwound through its frame pointers: [bp] holds the
+/// caller's bp, [bp + 8] the return address.
+#[test]
+fn unwinds_a_fake_frame_pointer_chain_and_skips_our_own_frames() {
+    let own = (0x1000, 0x2000);
+    let (sp, bp0, bp1, bp2) = (0x7000_0000u64, 0x7000_0100, 0x7000_0200, 0x7000_0300);
+    let mem: std::collections::HashMap<u64, u64> = [
+        (bp0, bp1),
+        (bp0 + 8, 0x1800), // back into oomtrace (the hook's frame)
+        (bp1, bp2),
+        (bp1 + 8, 0x40_1000), // the caller
+        (bp2, 0),
+        (bp2 + 8, 0x40_2000), // its caller; bp 0 ends the chain
+    ]
+    .into_iter()
+    .collect();
+    let snap = empty_snapshot(own);
+    let mut cache = NativeCache::new();
+    let mut v = verified();
+    let n = unwind_with(
+        &snap,
+        &mut cache,
+        (0x1500, sp, bp0),
+        (64, (0, 0)),
+        &mut v,
+        fake_read(&mem),
+    );
+    assert!(n >= 4, "{:x?}", &v.raw[..n]);
+    assert_eq!(&v.raw[..4], &[0x1500, 0x1800, 0x40_1000, 0x40_2000]);
+    assert_eq!(&v.slots[1..4], &[bp0 + 8, bp1 + 8, bp2 + 8]);
+    assert_eq!(&caller_frames(&v, own, 64)[..2], &[0x40_1000, 0x40_2000]);
+    // The depth counts the caller's frames only.
+    let n = unwind_with(
+        &snap,
+        &mut cache,
+        (0x1500, sp, bp0),
+        (1, (0, 0)),
+        &mut v,
+        fake_read(&mem),
+    );
+    assert_eq!(&v.raw[..n], &[0x1500, 0x1800, 0x40_1000]);
+    assert_eq!(caller_frames(&v, own, 1), &[0x40_1000]);
+}
+
+/// In a Python program the unwind ends before the first caller frame in the interpreter
+/// (the Python frames take over there), but never before the first caller frame.
+#[test]
+fn the_unwind_ends_at_the_interpreter() {
+    let own = (0x1000, 0x2000);
+    let interpreter = (0x50_0000, 0x60_0000);
+    let (sp, bp0, bp1, bp2, bp3) = (
+        0x7000_0000u64,
+        0x7000_0100,
+        0x7000_0200,
+        0x7000_0300,
+        0x7000_0400,
+    );
+    let mem: std::collections::HashMap<u64, u64> = [
+        (bp0, bp1),
+        (bp0 + 8, 0x1800), // the hook's frame
+        (bp1, bp2),
+        (bp1 + 8, 0x40_1000), // an extension
+        (bp2, bp3),
+        (bp2 + 8, 0x50_1000), // the interpreter
+        (bp3, 0),
+        (bp3 + 8, 0x50_2000), // the interpreter again (its main)
+    ]
+    .into_iter()
+    .collect();
+    let snap = empty_snapshot(own);
+    let mut cache = NativeCache::new();
+    let mut v = verified();
+    let n = unwind_with(
+        &snap,
+        &mut cache,
+        (0x1500, sp, bp0),
+        (64, interpreter),
+        &mut v,
+        fake_read(&mem),
+    );
+    assert_eq!(&v.raw[..n], &[0x1500, 0x1800, 0x40_1000]);
+    // Called straight from the interpreter: its first frame is kept.
+    let direct: std::collections::HashMap<u64, u64> = [
+        (bp0, bp2),
+        (bp0 + 8, 0x1800),
+        (bp2, bp3),
+        (bp2 + 8, 0x50_1000),
+        (bp3, 0),
+        (bp3 + 8, 0x50_2000),
+    ]
+    .into_iter()
+    .collect();
+    let n = unwind_with(
+        &snap,
+        &mut cache,
+        (0x1500, sp, bp0),
+        (64, interpreter),
+        &mut v,
+        fake_read(&direct),
+    );
+    assert_eq!(
+        caller_frames(&v, own, 64),
+        &[0x50_1000],
+        "{:x?}",
+        &v.raw[..n]
+    );
+}
+
+#[test]
+fn an_unreadable_or_looping_chain_stops_the_walk() {
+    let (sp, bp0) = (0x7000_0000u64, 0x7000_0100);
+    // [bp0] is missing: only the first frame.
+    let mem: std::collections::HashMap<u64, u64> = [(bp0 + 8, 0x40_1000)].into_iter().collect();
+    let snap = empty_snapshot((0, 0));
+    let mut cache = NativeCache::new();
+    let mut v = verified();
+    let n = unwind_with(
+        &snap,
+        &mut cache,
+        (0x40_0500, sp, bp0),
+        (64, (0, 0)),
+        &mut v,
+        fake_read(&mem),
+    );
+    assert!(n <= 2, "{:x?}", &v.raw[..n]);
+    // A frame that points back at itself: the stack must move up, so it ends.
+    let looping: std::collections::HashMap<u64, u64> =
+        [(bp0, bp0), (bp0 + 8, 0x40_1000)].into_iter().collect();
+    let n = unwind_with(
+        &snap,
+        &mut cache,
+        (0x40_0500, sp, bp0),
+        (64, (0, 0)),
+        &mut v,
+        fake_read(&looping),
+    );
+    assert!(n < 8, "{:x?}", &v.raw[..n]);
+}
+
+#[test]
+fn ranges_lookup() {
+    let r = [(10, 20), (30, 40)];
+    assert!(in_ranges(&r, 10) && in_ranges(&r, 19) && in_ranges(&r, 35));
+    assert!(!in_ranges(&r, 9) && !in_ranges(&r, 20) && !in_ranges(&r, 45));
+}
