@@ -8,7 +8,7 @@ use std::fmt::Write;
 
 use oomtrace_collector::analysis::device_growth::Events;
 use oomtrace_collector::analysis::fragmentation::{is_tensor_level, Remedy};
-use oomtrace_collector::analysis::growth::Trend;
+use oomtrace_collector::analysis::trend::Trend;
 use oomtrace_collector::analysis::{Cause, Evidence};
 use oomtrace_collector::report::names::{ellipsize, is_torch_frame, short_function};
 use oomtrace_collector::report::ranks::Ranks;

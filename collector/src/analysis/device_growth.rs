@@ -43,10 +43,13 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
+use super::advice::trace_tensors;
 use super::births::Births;
-use super::growth::{
-    self, per_second, seconds, trace_tensors, warmup_end, AtDetection, GrewAt, GrowthDetector,
-    LevelChange, Trend,
+use super::evidence::{AtDetection, LevelChange};
+use super::growth_finding::GrowthFinding;
+use super::leaks::{GrewAt, Leaks};
+use super::trend::{
+    per_second, seconds, to_full, warmup_end, Trend, ALPHA_CONFIRMED, HISTORY, LAG,
 };
 pub use super::window::Window;
 use super::window::{self, Sample, Series};
@@ -57,10 +60,6 @@ use super::{
 use crate::units::{fmt_bytes, fmt_rate};
 use oomtrace_proto::{Api, MemoryClass};
 
-/// The leak detector's thresholds and warm-up, on purpose (see the module comment).
-const LAG: u32 = growth::LAG;
-const ALPHA_CONFIRMED: f64 = growth::ALPHA_CONFIRMED;
-const HISTORY: usize = growth::HISTORY;
 /// Leaks on the device growing at this share of the device's rate explain its growth.
 const EXPLAINED_SHARE: f64 = 0.8;
 /// Call sites kept per device for `python_lines` (largest first; lines aggregate them).
@@ -279,7 +278,7 @@ impl DeviceGrowthDetector {
     pub fn on_epoch_end_after_leaks(
         &mut self,
         ctx: &Context<'_>,
-        leaks: &GrowthDetector,
+        leaks: &impl Leaks,
         out: &mut Alerts,
     ) {
         let e = ctx.epoch;
@@ -539,13 +538,7 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
         .map_or((0, 0, None), |s| (s.live_bytes, s.live_count, s.capacity));
     let active = !d.resolved && !d.bounded;
     let (steps_to_oom, time_to_oom_s) = match (per_step, capacity) {
-        (Some(b), Some(cap)) if b > 0.0 && active => {
-            let steps = cap.saturating_sub(live) as f64 / b;
-            (
-                Some(steps),
-                ctx.clock.median_duration_s().map(|t| steps * t),
-            )
-        }
+        (Some(b), Some(cap)) if b > 0.0 && active => to_full(b, live, Some(cap), ctx),
         _ => (None, None),
     };
     let rate = per_step
@@ -600,29 +593,25 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
         // The report names PyTorch's segments when the stacks or the program say so.
         (Cause::DeviceNative, NATIVE_HINT.to_string())
     };
-    Finding {
+    GrowthFinding {
         kind: Kind::DeviceGrowth,
         level: if active {
             d.level.or(d.max_level).unwrap_or(Confidence::Likely).into()
         } else {
             Level::INFO
         },
-        pid: 0,
-        rank: None,
         device,
         site: Default::default(),
-        stack: Vec::new(),
-        oom: None,
-        cause,
         bytes: live,
-        growth_bytes_per_step: per_step,
-        growth_bytes_per_s: per_s,
-        steps: d.trend.map(|t| t.window as u64),
         count,
         api: None,
+        per_step,
+        per_s,
+        steps: d.trend.map(|t| t.window as u64),
         message,
+        cause,
         hint,
-        evidence: Some(Evidence::DeviceGrowth(Box::new(DeviceGrowthEvidence {
+        evidence: Evidence::DeviceGrowth(Box::new(DeviceGrowthEvidence {
             events: if d.tensors {
                 Events::Tensors
             } else {
@@ -649,12 +638,9 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
             leaks_on_device: d.leaks,
             python_lines: Vec::new(),
             grew_at: d.grew_at.clone(),
-        }))),
-        record: None,
-        culprit: None,
-        backward_node: None,
-        held: None,
+        })),
     }
+    .finding()
 }
 
 #[cfg(test)]

@@ -35,9 +35,10 @@ use std::collections::VecDeque;
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 
-use super::growth::{seconds, GrewAt};
+use super::leaks::GrewAt;
 use super::oom::{OomRecord, Retry};
 use super::stats::{mann_kendall, theil_sen};
+use super::trend::seconds;
 use super::{
     Alert, Alerts, AllocObs, Cause, Change, Context, Detector, Evidence, Finding, Kind, PythonLine,
     Severity,
@@ -416,7 +417,7 @@ impl Detector for FragmentationDetector {
             ev.reserved_to_allocated = (at_peak > 0).then(|| reserved as f64 / at_peak as f64);
             ev.reserved_samples = d.reserved.iter().map(|&x| x as u64).collect();
             ev.tensor_peak_samples = d.tensor_peaks.iter().map(|&x| x as u64).collect();
-            if ctx.epoch < super::growth::warmup_end(ctx) || d.reserved.len() < CREEP_MIN_SAMPLES {
+            if ctx.epoch < super::trend::warmup_end(ctx) || d.reserved.len() < CREEP_MIN_SAMPLES {
                 continue;
             }
             let gaps: Vec<f64> = d

@@ -27,17 +27,22 @@
 //! Detectors see call sites, not stacks: what needs the stacks (a device growth's
 //! `python_lines`, whether its allocations are PyTorch's segments) is completed by the report.
 
+pub mod advice;
 pub mod births;
 pub mod device_growth;
 pub mod epoch;
+pub mod evidence;
 pub mod fragmentation;
 pub mod growth;
+mod growth_finding;
+pub mod leaks;
 pub mod oom;
 #[cfg(test)]
 pub(crate) mod sim;
 pub mod site_growth;
 pub mod stats;
 pub mod threshold;
+pub mod trend;
 pub mod window;
 
 use std::collections::BTreeMap;
@@ -49,6 +54,7 @@ use crate::model::{
     TorchMemory,
 };
 use epoch::EpochClock;
+use leaks::Leaks;
 use oomtrace_proto::wire::Frame;
 use oomtrace_proto::{Api, MemoryClass};
 
@@ -426,7 +432,7 @@ pub struct PythonLine {
 #[serde(untagged)]
 pub enum Evidence {
     /// Boxed: a leak's evidence (its samples and history) is several times the others'.
-    Leak(Box<growth::LeakEvidence>),
+    Leak(Box<evidence::LeakEvidence>),
     DeviceGrowth(Box<device_growth::DeviceGrowthEvidence>),
     Fragmentation(Box<fragmentation::FragEvidence>),
     Threshold(threshold::ThresholdEvidence),

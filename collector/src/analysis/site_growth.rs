@@ -26,20 +26,22 @@
 //! What keeps bounded buffers silent: one that grows for a few steps and stops is either still
 //! in warm-up or flat before [`MIN_SAMPLES`] samples exist, and no longer rising when they do;
 //! one that oscillates has no trend. A site the leak detector reports is never reported here
-//! (one finding per site): [`super::Analysis`] hands that detector over at each boundary and
+//! (one finding per site): [`super::Analysis`] hands that detector over at each boundary (read
+//! only, as [`super::leaks::Leaks`]) and
 //! leaves this one's findings out for the sites it reports.
 
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
-use serde::Serialize;
 
-use super::growth::{
-    per_second, seconds, warmup_end, AtDetection, AtEnd, Class, GrowthDetector, LeakEvidence,
-    LevelChange, Trend, ALPHA_CONFIRMED, HISTORY, LAG,
-};
+use super::evidence::{AtDetection, AtEnd, Class, LeakEvidence, LevelChange, Replaced};
+use super::growth_finding::GrowthFinding;
+use super::leaks::Leaks;
 use super::stats;
-use super::window::{self, Sample, Series, Window};
+use super::trend::{
+    per_second, seconds, to_full, warmup_end, Trend, ALPHA_CONFIRMED, HISTORY, LAG,
+};
+use super::window::{self, Sample, Series};
 use super::{
     Alert, Alerts, AllocObs, Cause, Change, Confidence, Context, Detector, Evidence, Finding, Kind,
     Level, Severity,
@@ -55,19 +57,6 @@ pub const MIN_SAMPLES: usize = 8;
 const MIN_REPLACED: u64 = 3;
 /// Surviving generations from which a site is the leak detector's.
 const MAX_GENERATIONS: u32 = 3;
-
-/// What was replaced, in a leak's evidence (`evidence.replaced`).
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct Replaced {
-    /// Allocations made and freed at the site over the trend window (in the steps after its
-    /// first sample, up to its last).
-    pub allocations_in_window: u64,
-    pub frees_in_window: u64,
-    /// The largest single allocation at the site over the window: the buffer itself.
-    pub largest_allocation_bytes: u64,
-    /// The window: the site's live bytes at its first and last step.
-    pub window: Window,
-}
 
 #[derive(Clone, Copy, Debug)]
 struct Point {
@@ -186,7 +175,7 @@ impl SiteGrowthDetector {
     pub fn on_epoch_end_after_leaks(
         &mut self,
         ctx: &Context<'_>,
-        leaks: &GrowthDetector,
+        leaks: &impl Leaks,
         out: &mut Alerts,
     ) {
         let e = ctx.epoch;
@@ -530,16 +519,9 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         s.level.unwrap_or(Confidence::Likely).into()
     };
     let (steps_to_oom, time_to_oom_s) = match (per_step, ctx.devices.get(&device)) {
-        (Some(b), Some(d)) if b > 0.0 && kind == Kind::Leak && s.count > 0 => match d.capacity {
-            Some(cap) => {
-                let steps = cap.saturating_sub(d.live_bytes) as f64 / b;
-                (
-                    Some(steps),
-                    ctx.clock.median_duration_s().map(|t| steps * t),
-                )
-            }
-            None => (None, None),
-        },
+        (Some(b), Some(d)) if b > 0.0 && kind == Kind::Leak && s.count > 0 => {
+            to_full(b, d.live_bytes, d.capacity, ctx)
+        }
         _ => (None, None),
     };
     let onset = s.onset.unwrap_or(s.first_epoch);
@@ -547,15 +529,12 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         .series
         .last()
         .map_or((0, 0), |p| (p.sample.epoch, p.sample.live));
-    let end = AtEnd {
-        bytes: s.live,
-        count: s.count,
-        state: if s.count > 0 { "held" } else { "freed" },
-        last_step,
-        last_step_bytes,
-        freed_after_last_step_bytes: last_step_bytes.saturating_sub(s.live),
-        process_ended: ctx.ended,
-    };
+    let end = AtEnd::new(
+        s.live,
+        s.count,
+        s.series.last().map(|p| (p.sample.epoch, p.sample.live)),
+        ctx.ended,
+    );
     let rate = per_step
         .map(|b| fmt_rate(b, per_s))
         .unwrap_or_else(|| "growing".into());
@@ -622,25 +601,21 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
     };
     let (cause, hint) = hint(s, kind);
     let (peak_step, peak_bytes) = (s.hwm_epoch, s.hwm);
-    Finding {
+    GrowthFinding {
         kind,
         level,
-        pid: 0,
-        rank: None,
         device,
         site,
-        stack: Vec::new(),
-        oom: None,
-        cause,
         bytes: s.live,
-        growth_bytes_per_step: per_step,
-        growth_bytes_per_s: per_s,
-        steps: Some(u64::from(ctx.epoch.saturating_sub(onset))),
         count: s.count,
         api: Some(s.api),
+        per_step,
+        per_s,
+        steps: Some(u64::from(ctx.epoch.saturating_sub(onset))),
         message,
+        cause,
         hint,
-        evidence: Some(Evidence::Leak(Box::new(LeakEvidence {
+        evidence: Evidence::Leak(Box::new(LeakEvidence {
             class: if kind == Kind::Leak {
                 Class::Leak
             } else {
@@ -666,16 +641,14 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             at_end: end,
             python_lines: Vec::new(),
             replaced: s.replaced,
-        }))),
-        record: None,
-        culprit: None,
-        backward_node: None,
-        held: None,
+        })),
     }
+    .finding()
 }
 
 #[cfg(test)]
 mod tests {
+    use crate::analysis::leaks::Leaks;
     use crate::analysis::sim::Sim;
     use crate::analysis::{Cause, Confidence, Evidence, Finding, Kind, Level, Severity};
     use crate::model::SiteId;
@@ -721,7 +694,7 @@ mod tests {
         sim
     }
 
-    fn evidence(f: &Finding) -> &crate::analysis::growth::LeakEvidence {
+    fn evidence(f: &Finding) -> &crate::analysis::evidence::LeakEvidence {
         match &f.evidence {
             Some(Evidence::Leak(e)) => e,
             other => panic!("no leak evidence: {other:?}"),
@@ -880,7 +853,7 @@ mod tests {
     fn state_stays_bounded_over_a_long_run() {
         let sim = realloc_loop(300, false, |i| MIB * u64::from(i + 1));
         let s = &sim.a.site_growth.sites[&(SiteId(BUFFER), 0)];
-        assert!(s.series.len() <= crate::analysis::growth::SERIES);
+        assert!(s.series.len() <= crate::analysis::trend::SERIES);
         assert!(s.history.len() <= super::HISTORY);
         assert!(s.raise_gaps.len() <= 8);
         assert!(sim.a.site_growth.is_leak(SiteId(BUFFER), 0));

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 pub use crate::analysis::oom::{OomDetail, SiteShare};
-use crate::analysis::{fragmentation, growth, Analysis, Evidence, Severity};
+use crate::analysis::{fragmentation, growth, trend, Analysis, Evidence, Severity};
 pub use crate::analysis::{BackwardNode, Cause, Finding, Held, Kind, Level, PythonLine};
 use crate::model::trace::Trace;
 use crate::model::{EndState, FrameInfo, Process, SiteId, HOST_DEVICE};
@@ -618,7 +618,7 @@ pub fn build_with_segments(
                 period_allocations: a.clock.period_allocs(),
                 median_step_s: a.clock.median_duration_s(),
                 stable_since: a.clock.stable_since,
-                warmup_end: a.clock.stable_since + growth::WARMUP,
+                warmup_end: a.clock.stable_since + trend::WARMUP,
             },
             devices,
             failed_allocations: p
