@@ -6,6 +6,7 @@
 
 use serde::Serialize;
 
+use super::leaks::GrewAt;
 use super::trend::Trend;
 use super::window::Window;
 use super::PythonLine;
@@ -111,9 +112,13 @@ pub struct LeakEvidence {
     pub at_end: AtEnd,
     /// For a leak of PyTorch's caching-allocator segments: the lines whose allocations made
     /// the device's cache grow over the device's growth window (the report fills it in
-    /// from the device_growth finding); absent otherwise.
+    /// from `cache_grew_at`); absent otherwise.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub python_lines: Vec<PythonLine>,
+    /// Where the device's cache grew over its growth window (the device growth detector's
+    /// call sites, attached by the analysis): the report's `python_lines` come from them.
+    #[serde(skip)]
+    pub cache_grew_at: Vec<GrewAt>,
     /// For growth of one buffer whose allocations are replaced by larger ones (the
     /// site-growth detector): what was replaced; absent for surviving allocations.
     #[serde(skip_serializing_if = "Option::is_none")]

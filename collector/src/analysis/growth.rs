@@ -561,6 +561,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             peak_step: s.hwm_epoch,
             at_end: end,
             python_lines: Vec::new(),
+            cache_grew_at: Vec::new(),
             replaced: None,
         })),
     }

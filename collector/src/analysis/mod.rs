@@ -53,6 +53,7 @@ use crate::model::{
     Alloc, DeviceState, EndState, FrameInfo, Free, MemInfo, Observer, OutOfMemory, Process, SiteId,
     TorchMemory,
 };
+use crate::units::fmt_bytes;
 use epoch::EpochClock;
 use leaks::Leaks;
 use oomtrace_proto::wire::Frame;
@@ -331,9 +332,10 @@ pub struct Finding {
     /// What `hint` says, typed.
     #[serde(skip)]
     pub cause: Cause,
-    /// For OOM findings: the index of their record in [`oom::OomDetector::records`].
+    /// For OOM findings: their record, the state at the failure (the report turns it into
+    /// `oom`, with the top sites' stacks).
     #[serde(skip)]
-    pub record: Option<usize>,
+    pub record: Option<Box<oom::OomRecord>>,
     /// The frame of `stack` a one-line summary names (set by the report): the innermost frame
     /// of the user's own code, past CUDA runtime, allocator and interpreter internals.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -494,6 +496,11 @@ impl Alerts {
     }
 }
 
+/// A device's growth that the fragmentation finding on the same device explains.
+const FRAGMENTED_DEVICE_HINT: &str = "PyTorch's cache grows while the tensors it holds do not \
+    keep up: the growth is memory reserved and not used (see the fragmentation finding on this \
+    device), not tensors held across steps.";
+
 /// The analysis of one process: its epoch clock and every detector, fed by the model, and the
 /// coordinator between detectors.
 #[derive(Debug, Default)]
@@ -556,7 +563,45 @@ impl Analysis {
                 _ => {}
             }
         }
+        for f in &mut v {
+            self.attach_causes(f);
+        }
         v
+    }
+
+    /// What one detector's finding means beside the others' (the detectors never read each
+    /// other): memory that leaking sites held at an OOM, a device's growth that its
+    /// fragmentation explains, and where the device's cache grew, for a leak of PyTorch's
+    /// segments (the report turns those call sites into `python_lines` when the stacks say
+    /// they are PyTorch's segments).
+    fn attach_causes(&self, f: &mut Finding) {
+        let leaked_at_oom = f.record.as_ref().map_or(0, |o| {
+            o.top_sites
+                .iter()
+                .filter(|(site, _, _)| self.is_leak(*site, o.device))
+                .fold(0u64, |acc, &(_, bytes, _)| acc.saturating_add(bytes))
+        });
+        if leaked_at_oom > 0 {
+            f.cause = Cause::LeaksHeldAtOom;
+            f.hint = format!(
+                "{} of the memory live at the failure was held by call sites that leak \
+                 step by step (see the leak findings): without them this allocation \
+                 would have had that much more room.",
+                fmt_bytes(leaked_at_oom)
+            );
+        }
+        match f.evidence.as_mut() {
+            Some(Evidence::DeviceGrowth(_)) if self.fragmentation.gap_growing(f.device) => {
+                // The reserve grows away from the tensors: what grows is the cache's unused
+                // part, not memory any line holds.
+                f.cause = Cause::Fragmented;
+                f.hint = FRAGMENTED_DEVICE_HINT.into();
+            }
+            Some(Evidence::Leak(e)) => {
+                e.cache_grew_at = self.device_growth.grew_at(f.device).to_vec();
+            }
+            _ => {}
+        }
     }
 
     /// Whether a call site is reported as a leak now, by either per-site detector.

@@ -640,6 +640,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             peak_step,
             at_end: end,
             python_lines: Vec::new(),
+            cache_grew_at: Vec::new(),
             replaced: s.replaced,
         })),
     }
