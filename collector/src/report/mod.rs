@@ -8,6 +8,7 @@
 //! renames are not. Findings open with OOMs (what a user asks first after a crash), then the
 //! call sites that still held memory when each process ended.
 
+pub mod diff;
 mod finding;
 pub mod hints;
 pub mod live;
