@@ -9,7 +9,11 @@
 //! - [`growth`]: leaks per call site and device (docs/detection.md).
 //! - [`site_growth`]: one buffer per call site growing while its allocations are replaced
 //!   (reallocate-and-copy, concatenation), which no surviving generation shows.
-//! - [`window`]: the trend windows the three growth detectors share.
+//! - The growth detectors' shared vocabulary, which names no detector: [`trend`] (thresholds,
+//!   warm-up, the statistics of a trend), [`window`] (the trend windows), [`evidence`] (what a
+//!   leak or growth finding shows), [`leaks`] (the leak detector as the others may read it),
+//!   [`advice`] (hint texts said alike) and `growth_finding` (the one builder of their
+//!   findings).
 //! - [`device_growth`]: the process's total on each device rising step after step, whoever
 //!   allocates it (the view that still works when a caching allocator spreads a leak over
 //!   many call sites).
@@ -22,7 +26,10 @@
 //! Each detector is one file behind [`Detector`]: O(1) work per event, its statistics once per
 //! epoch, and the findings it stands by at any moment. Detectors never read each other: what
 //! one needs of another (OOM records for fragmentation, the leaks' generations for device
-//! growth) is handed over here, by [`Analysis`], in a fixed order.
+//! growth, through [`leaks::Leaks`]) is handed over here, by [`Analysis`], in a fixed order.
+//! What one detector's finding means beside the others' (leaks holding the memory at an OOM,
+//! a device growth that fragmentation explains, where the cache grew under a leak) is
+//! attached here too, in [`Analysis::findings`]; `tests/layers.rs` checks the rule.
 //!
 //! Detectors see call sites, not stacks: what needs the stacks (a device growth's
 //! `python_lines`, whether its allocations are PyTorch's segments) is completed by the report.
@@ -799,63 +806,4 @@ impl Observer for Analysis {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::OUT_OF_MEMORY;
-    use oomtrace_proto::wire::Hello;
-    use oomtrace_proto::{Event, EventKind};
-
-    fn ev(kind: EventKind, api: Api, ptr: u64, size: u64) -> Event {
-        let mut e = Event::new(kind, api);
-        e.ptr = ptr;
-        e.size = size;
-        e.device = 0;
-        e
-    }
-
-    #[test]
-    fn oom_records_state_at_failure() {
-        let mut p = Process::new(1, Hello::default());
-        let mut a = Analysis::default();
-        p.apply_event(&ev(EventKind::Alloc, Api::cuMemAlloc_v2, 0xa, 1000), &mut a);
-        let mut f = ev(EventKind::AllocFailed, Api::cuMemAlloc_v2, 0, 5000);
-        f.result = OUT_OF_MEMORY;
-        f.tid = 9;
-        p.apply_event(&f, &mut a);
-        let mut info = ev(EventKind::MemInfo, Api::cuMemGetInfo_v2, 300, 4096);
-        info.tid = 9;
-        p.apply_event(&info, &mut a);
-        let o = &a.oom.records[0];
-        assert_eq!(
-            (o.size, o.live_bytes, o.free_bytes, o.total_bytes),
-            (5000, 1000, Some(300), Some(4096))
-        );
-        assert_eq!(o.top_sites, vec![(SiteId(0), 1000, 1)]);
-    }
-
-    #[test]
-    fn levels_keep_their_report_words() {
-        let names: Vec<&str> = [
-            Level::INFO,
-            Severity::Warning.into(),
-            Severity::Error.into(),
-            Confidence::Suspected.into(),
-            Confidence::Likely.into(),
-            Confidence::Confirmed.into(),
-        ]
-        .iter()
-        .map(|l: &Level| l.name())
-        .collect();
-        assert_eq!(
-            names,
-            [
-                "info",
-                "warning",
-                "error",
-                "suspected",
-                "likely",
-                "confirmed"
-            ]
-        );
-    }
-}
+mod tests;
