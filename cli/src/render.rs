@@ -8,8 +8,9 @@ use std::fmt::Write;
 
 use oomtrace_collector::analysis::device_growth::Events;
 use oomtrace_collector::analysis::fragmentation::{is_tensor_level, Remedy};
-use oomtrace_collector::analysis::growth::Trend;
+use oomtrace_collector::analysis::trend::Trend;
 use oomtrace_collector::analysis::{Cause, Evidence};
+use oomtrace_collector::report::diff::{delta as diff_delta, Diff, SideSite};
 use oomtrace_collector::report::names::{ellipsize, is_torch_frame, short_function};
 use oomtrace_collector::report::ranks::Ranks;
 use oomtrace_collector::report::roles::{backward_node, FrameRole};
@@ -1112,120 +1113,109 @@ pub fn stale_module_warnings(r: &Report) -> impl Iterator<Item = String> + '_ {
         .map(|m| format!("oomtrace: warning: {}", m.warning()))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn native(function: &str, module: &str) -> FrameInfo {
-        FrameInfo {
-            function: function.into(),
-            module: module.into(),
-            ..Default::default()
-        }
-    }
-
-    fn python(function: &str, file: &str, line: u32) -> FrameInfo {
-        FrameInfo {
-            function: function.into(),
-            file: file.into(),
-            line,
-            module: "python".into(),
-            python: true,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn long_lines_wrap_at_spaces_and_keep_every_word() {
-        let words: Vec<String> = (0..80).map(|i| format!("word{i}")).collect();
-        let line = format!("      why: {}", words.join(" "));
-        let text = fit(&format!("short\n{line}\nend\n"), 100);
-        assert!(text.lines().all(|l| l.chars().count() <= 100), "{text}");
-        assert!(text.starts_with("short\n      why: word0 ") && text.ends_with("\nend\n"));
-        let wrapped: Vec<&str> = text.lines().skip(1).take_while(|l| *l != "end").collect();
-        assert!(wrapped.len() > 2 && wrapped[1..].iter().all(|l| l.starts_with("          w")));
-        let again: Vec<&str> = wrapped.iter().flat_map(|l| l.split_whitespace()).collect();
-        assert_eq!(
-            again[1..],
-            words.iter().map(String::as_str).collect::<Vec<_>>()[..]
-        );
-        // A word wider than a line keeps its two ends.
-        let path = format!("  /{}/x.py", "d".repeat(300));
-        let text = fit(&path, 100);
-        assert!(text.chars().count() <= 100 && text.contains("...") && text.ends_with("d/x.py"));
-        // Lines that fit are left as they are (multi-byte characters count once).
-        assert_eq!(fit("a → b\n", 5), "a → b\n");
-    }
-
-    #[test]
-    fn pytorch_frames_fold_into_one_part_unless_native() {
-        let frames = [
-            native("", "libcublas.so.13"),
-            native("", "libcublas.so.13"),
-            native("cublasCreate_v2", "libcublas.so.13"),
-            native(
-                "at::cuda::getCurrentCUDABlasHandle(void*, unsigned long)",
-                "libtorch_cuda.so",
-            ),
-            native(
-                "bool at::cuda::blas::gemm<float>(char, char)",
-                "libtorch_cuda.so",
-            ),
-            native("THPVariable_addmm", "libtorch_python.so"),
-            native("cfunction_call", "libpython3.11.so.1.0"),
-        ];
-        let refs: Vec<&FrameInfo> = frames.iter().collect();
-        assert_eq!(
-            native_parts(&refs, &TextOptions::default()),
-            [
-                "libcublas.so.13 (2 frames)",
-                "cublasCreate_v2",
-                "3 PyTorch C++ frames"
-            ]
-        );
-        let all = native_parts(&refs, &TextOptions { native: true });
-        assert_eq!(
-            all[1..],
-            [
-                "cublasCreate_v2",
-                "cuda::getCurrentCUDABlasHandle",
-                "blas::gemm",
-                "THPVariable_addmm",
-                "cfunction_call"
-            ]
-        );
-        // A stack without Python frames: the run of PyTorch's frames is one line.
-        let stack = [
-            native("cudaMalloc", "libcudart.so.13"),
-            native(
-                "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::alloc_block(int)",
-                "libc10_cuda.so",
-            ),
-            native(
-                "torch::autograd::generated::AddmmBackward0::apply(std::vector<at::Tensor>&&)",
-                "libtorch_cpu.so",
-            ),
-            native("torch::autograd::Engine::thread_main()", "libtorch_cpu.so"),
-        ];
-        let mut out = String::new();
-        stack_text(&mut out, &stack, "", 8, &TextOptions::default());
-        assert!(!out.contains("::"), "{out}");
-        assert!(
-            out.contains("... 2 PyTorch C++ frames (--native shows them)"),
-            "{out}"
-        );
-        let mut out = String::new();
-        stack_text(&mut out, &stack, "", 8, &TextOptions { native: true });
-        assert!(
-            out.contains("at AddmmBackward0::apply  [libtorch_cpu.so +]"),
-            "{out}"
-        );
-        assert_eq!(site_text(&stack), "AddmmBackward0 (backward pass)");
-        assert_eq!(
-            site_text(&stack[3..]),
-            "autograd thread (no Python frames): thread_main"
-        );
-        let with_python = [stack[0].clone(), python("forward", "/src/train.py", 42)];
-        assert_eq!(site_text(&with_python), "train.py:42 forward");
-    }
+/// A change in bytes with its sign: `+1.00 MiB`, `-4.00 KiB`.
+fn signed_bytes(d: i64) -> String {
+    let sign = if d < 0 { "-" } else { "+" };
+    format!("{sign}{}", fmt_bytes(d.unsigned_abs()))
 }
+
+/// `oomtrace diff`'s text.
+pub fn diff(d: &Diff) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "oomtrace diff: {} -> {}", d.before, d.after);
+    let _ = writeln!(out, "\nDevices");
+    for v in &d.devices {
+        let _ = writeln!(
+            out,
+            "  {}: peak {} -> {} ({}), live at exit {} -> {} ({}){}",
+            device_name(v.device),
+            fmt_bytes(v.before_peak_bytes),
+            fmt_bytes(v.after_peak_bytes),
+            signed_bytes(diff_delta(v.before_peak_bytes, v.after_peak_bytes)),
+            fmt_bytes(v.before_live_at_exit_bytes),
+            fmt_bytes(v.after_live_at_exit_bytes),
+            signed_bytes(diff_delta(
+                v.before_live_at_exit_bytes,
+                v.after_live_at_exit_bytes
+            )),
+            if v.regression { "  REGRESSION" } else { "" }
+        );
+    }
+    if let Some(why) = &d.not_compared {
+        let _ = writeln!(out, "  {why}");
+    }
+    let _ = writeln!(
+        out,
+        "\nFindings: {} appeared, {} disappeared",
+        d.findings.appeared.len(),
+        d.findings.disappeared.len()
+    );
+    for f in &d.findings.appeared {
+        let _ = writeln!(out, "  + {} {}", f.kind, f.place());
+    }
+    for f in &d.findings.disappeared {
+        let _ = writeln!(out, "  - {} {}", f.kind, f.place());
+    }
+    for f in &d.findings.unmatched {
+        let _ = writeln!(
+            out,
+            "  ? {} {}: in one trace only, in an unmatched module",
+            f.kind,
+            f.place()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nCall sites ({} compared, most changed first)",
+        d.sites_compared
+    );
+    for m in &d.unmatched_modules {
+        let _ = writeln!(
+            out,
+            "  {m} is not the same build in both traces and could not be symbolized in one: \
+             its call sites are unmatched, neither gone nor new"
+        );
+    }
+    for s in &d.sites {
+        let side = |x: &Option<SideSite>| {
+            x.as_ref().map_or("-".to_string(), |x| {
+                format!(
+                    "peak {} end {}",
+                    fmt_bytes(x.peak_bytes),
+                    fmt_bytes(x.live_at_exit_bytes)
+                )
+            })
+        };
+        let _ = writeln!(
+            out,
+            "  {:<7} {} ({}): {} -> {}; peak {}, end {}, growth {}{}",
+            s.status,
+            s.name,
+            device_name(s.device),
+            side(&s.before),
+            side(&s.after),
+            signed_bytes(s.peak_delta_bytes),
+            signed_bytes(s.live_at_exit_delta_bytes),
+            fmt_rate(s.growth_per_step_delta, None),
+            if s.regression { "  REGRESSION" } else { "" }
+        );
+    }
+    if !d.improvements.is_empty() {
+        let _ = writeln!(out, "\nImprovements ({})", d.improvements.len());
+        for i in &d.improvements {
+            let _ = writeln!(out, "  {i}");
+        }
+    }
+    if d.regression {
+        let _ = writeln!(out, "\nRegressions ({})", d.regressions.len());
+        for r in &d.regressions {
+            let _ = writeln!(out, "  {r}");
+        }
+    } else {
+        let _ = writeln!(out, "\nNo regression.");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

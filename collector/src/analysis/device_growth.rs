@@ -43,10 +43,13 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
+use super::advice::trace_tensors;
 use super::births::Births;
-use super::growth::{
-    self, per_second, seconds, trace_tensors, warmup_end, AtDetection, GrewAt, GrowthDetector,
-    LevelChange, Trend,
+use super::evidence::{AtDetection, LevelChange};
+use super::growth_finding::GrowthFinding;
+use super::leaks::{GrewAt, Leaks};
+use super::trend::{
+    per_second, seconds, to_full, warmup_end, Trend, ALPHA_CONFIRMED, HISTORY, LAG,
 };
 pub use super::window::Window;
 use super::window::{self, Sample, Series};
@@ -57,10 +60,6 @@ use super::{
 use crate::units::{fmt_bytes, fmt_rate};
 use oomtrace_proto::{Api, MemoryClass};
 
-/// The leak detector's thresholds and warm-up, on purpose (see the module comment).
-const LAG: u32 = growth::LAG;
-const ALPHA_CONFIRMED: f64 = growth::ALPHA_CONFIRMED;
-const HISTORY: usize = growth::HISTORY;
 /// Leaks on the device growing at this share of the device's rate explain its growth.
 const EXPLAINED_SHARE: f64 = 0.8;
 /// Call sites kept per device for `python_lines` (largest first; lines aggregate them).
@@ -279,7 +278,7 @@ impl DeviceGrowthDetector {
     pub fn on_epoch_end_after_leaks(
         &mut self,
         ctx: &Context<'_>,
-        leaks: &GrowthDetector,
+        leaks: &impl Leaks,
         out: &mut Alerts,
     ) {
         let e = ctx.epoch;
@@ -539,13 +538,7 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
         .map_or((0, 0, None), |s| (s.live_bytes, s.live_count, s.capacity));
     let active = !d.resolved && !d.bounded;
     let (steps_to_oom, time_to_oom_s) = match (per_step, capacity) {
-        (Some(b), Some(cap)) if b > 0.0 && active => {
-            let steps = cap.saturating_sub(live) as f64 / b;
-            (
-                Some(steps),
-                ctx.clock.median_duration_s().map(|t| steps * t),
-            )
-        }
+        (Some(b), Some(cap)) if b > 0.0 && active => to_full(b, live, Some(cap), ctx),
         _ => (None, None),
     };
     let rate = per_step
@@ -600,29 +593,25 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
         // The report names PyTorch's segments when the stacks or the program say so.
         (Cause::DeviceNative, NATIVE_HINT.to_string())
     };
-    Finding {
+    GrowthFinding {
         kind: Kind::DeviceGrowth,
         level: if active {
             d.level.or(d.max_level).unwrap_or(Confidence::Likely).into()
         } else {
             Level::INFO
         },
-        pid: 0,
-        rank: None,
         device,
         site: Default::default(),
-        stack: Vec::new(),
-        oom: None,
-        cause,
         bytes: live,
-        growth_bytes_per_step: per_step,
-        growth_bytes_per_s: per_s,
-        steps: d.trend.map(|t| t.window as u64),
         count,
         api: None,
+        per_step,
+        per_s,
+        steps: d.trend.map(|t| t.window as u64),
         message,
+        cause,
         hint,
-        evidence: Some(Evidence::DeviceGrowth(Box::new(DeviceGrowthEvidence {
+        evidence: Evidence::DeviceGrowth(Box::new(DeviceGrowthEvidence {
             events: if d.tensors {
                 Events::Tensors
             } else {
@@ -649,278 +638,10 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
             leaks_on_device: d.leaks,
             python_lines: Vec::new(),
             grew_at: d.grew_at.clone(),
-        }))),
-        record: None,
-        culprit: None,
-        backward_node: None,
-        held: None,
+        })),
     }
+    .finding()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::{DeviceGrowthEvidence, Events};
-    use crate::analysis::sim::cache_growth;
-    use crate::analysis::sim::Sim;
-    use crate::analysis::{Change, Confidence, Detector, Evidence, Finding, Kind, Level};
-
-    const MIB: u64 = 1 << 20;
-    /// Stack 1: a transient allocation every step (native frames only).
-    const TRANSIENT: u32 = 1;
-    /// Stack 2: weights, warm-up buffers, eval (native frames only).
-    const OTHER: u32 = 2;
-
-    /// What these tests ask of the simulated process.
-    trait DeviceGrowthQueries {
-        /// One step's activations: allocated and freed.
-        fn transient(&mut self);
-        fn device_growth(&self) -> Vec<Finding>;
-        fn device_growth_alerts(&self) -> Vec<(Change, Level)>;
-    }
-
-    impl DeviceGrowthQueries for Sim {
-        fn transient(&mut self) {
-            let t = self.alloc(TRANSIENT, 8 * MIB);
-            self.free(t);
-        }
-        fn device_growth(&self) -> Vec<Finding> {
-            self.a.device_growth.findings(&self.a.context(&self.p))
-        }
-        fn device_growth_alerts(&self) -> Vec<(Change, Level)> {
-            self.a
-                .alerts
-                .list
-                .iter()
-                .filter(|a| a.finding.kind == Kind::DeviceGrowth)
-                .map(|a| (a.change, a.finding.level))
-                .collect()
-        }
-    }
-
-    fn evidence(f: &Finding) -> &DeviceGrowthEvidence {
-        match &f.evidence {
-            Some(Evidence::DeviceGrowth(e)) => e,
-            other => panic!("no device growth evidence: {other:?}"),
-        }
-    }
-
-    #[test]
-    fn fires_on_linear_growth_with_its_rate_when_no_site_grows_on_its_own() {
-        let sim = cache_growth(40);
-        // No call site is a leak: each reserved one segment.
-        assert!(sim.a.growth.findings(&sim.a.context(&sim.p)).is_empty());
-        let found = sim.device_growth();
-        assert_eq!(found.len(), 1, "{found:#?}");
-        let f = &found[0];
-        assert_eq!(
-            (f.kind, f.level),
-            (Kind::DeviceGrowth, Level::Confidence(Confidence::Confirmed))
-        );
-        assert_eq!(f.growth_bytes_per_step, Some(4.0 * MIB as f64));
-        // A step is 4 ms of synthetic time: 40 steps are 160 ms, too short to say anything
-        // per second (a "1000 MiB/s" from it would be noise scaled up).
-        assert_eq!(f.growth_bytes_per_s, None);
-        let e = evidence(f);
-        let w = e.window.unwrap();
-        assert_eq!(e.trend.unwrap().window, 32);
-        assert_eq!(f.steps, Some(32));
-        assert_eq!(w.to_bytes - w.from_bytes, 31 * 4 * MIB);
-        assert_eq!(
-            f.message,
-            format!(
-                "device 0: CUDA memory grows {} over 32 steps: {} → {}",
-                crate::units::fmt_rate(4.0 * MIB as f64, f.growth_bytes_per_s),
-                crate::units::fmt_bytes(w.from_bytes),
-                crate::units::fmt_bytes(w.to_bytes)
-            )
-        );
-        assert_eq!(e.events, Events::Allocations);
-        assert!(e.leaks_on_device.is_none());
-        assert_eq!(f.hint, super::NATIVE_HINT);
-        let d = e.at_detection.unwrap();
-        assert_eq!(
-            (d.level, d.slope_bytes_per_step),
-            ("likely", 4.0 * MIB as f64)
-        );
-        // Printed live: likely first, then confirmed.
-        let alerts = sim.device_growth_alerts();
-        assert_eq!(
-            alerts,
-            vec![
-                (Change::New, Level::Confidence(Confidence::Likely)),
-                (Change::Upgraded, Level::Confidence(Confidence::Confirmed))
-            ]
-        );
-        // What made it grow: the segments of the window after warm-up, by site.
-        let grew: u64 = e.grew_at.iter().map(|g| g.bytes).sum();
-        assert_eq!(
-            grew,
-            e.grew_at.iter().map(|g| g.count).sum::<u64>() * 4 * MIB
-        );
-        assert!(e.grew_at.len() >= 30, "{}", e.grew_at.len());
-    }
-
-    #[test]
-    fn a_leak_at_one_site_explains_the_device_growth() {
-        let mut sim = Sim::new(1_000_000);
-        sim.alloc(OTHER, 64 * MIB);
-        for _ in 0..40 {
-            sim.transient();
-            sim.alloc(3, 2 * MIB);
-            sim.mark();
-        }
-        let f = &sim.device_growth()[0];
-        let e = evidence(f);
-        let leaks = e.leaks_on_device.unwrap();
-        assert_eq!(leaks.leaks, 1);
-        assert!(
-            leaks.explained && (leaks.share - 1.0).abs() < 0.01,
-            "{leaks:?}"
-        );
-        assert!(
-            f.message
-                .ends_with("; the 1 leak finding on this device accounts for it"),
-            "{}",
-            f.message
-        );
-        assert_eq!(f.hint, super::EXPLAINED_HINT);
-        assert_eq!(f.growth_bytes_per_step, Some(2.0 * MIB as f64));
-    }
-
-    /// Nothing about a clean loop may be reported or printed.
-    fn assert_silent(sim: &Sim) {
-        assert!(sim.device_growth().is_empty(), "{:#?}", sim.device_growth());
-        assert!(sim.device_growth_alerts().is_empty());
-    }
-
-    #[test]
-    fn a_device_long_flat_is_judged_again_from_its_first_rise() {
-        // The epoch fast path skips a flat, unreported device: the first step that grows
-        // must end it, and the finding must date from the growth.
-        let mut sim = Sim::new(1_000_000);
-        sim.alloc(OTHER, 64 * MIB);
-        for _ in 0..60 {
-            sim.transient();
-            sim.mark();
-        }
-        assert!(sim.device_growth().is_empty());
-        for _ in 0..30 {
-            sim.transient();
-            sim.alloc(OTHER, 4 * MIB);
-            sim.mark();
-        }
-        let found = sim.device_growth();
-        assert_eq!(found.len(), 1, "{found:#?}");
-        let e = evidence(&found[0]);
-        assert_eq!(found[0].growth_bytes_per_step, Some(4.0 * MIB as f64));
-        let detected = e.detected_step.unwrap();
-        assert!((60..70).contains(&detected), "detected at {detected}");
-    }
-
-    #[test]
-    fn silent_on_a_warm_up_that_grows_then_plateaus() {
-        let mut sim = Sim::new(1_000_000);
-        for i in 0..80 {
-            sim.transient();
-            if i < 4 {
-                // Lazily created optimizer state, autotuning workspaces.
-                sim.alloc(OTHER, 64 * MIB);
-            }
-            sim.mark();
-        }
-        assert_silent(&sim);
-    }
-
-    #[test]
-    fn silent_on_a_periodic_eval_that_rises_and_comes_back() {
-        let mut sim = Sim::new(1_000_000);
-        sim.alloc(OTHER, 64 * MIB);
-        let mut eval = Vec::new();
-        for i in 0..100 {
-            sim.transient();
-            for p in eval.drain(..) {
-                sim.free(p);
-            }
-            if i % 10 == 9 {
-                // Held across one step boundary, then freed.
-                for _ in 0..4 {
-                    eval.push(sim.alloc(OTHER, 64 * MIB));
-                }
-            }
-            sim.mark();
-        }
-        assert_silent(&sim);
-        // Under a caching allocator the first eval's segments stay reserved and later evals
-        // reuse them: one step up, then flat.
-        let mut sim = Sim::new(1_000_000);
-        sim.alloc(OTHER, 64 * MIB);
-        for i in 0..100 {
-            sim.transient();
-            if i == 9 {
-                sim.alloc(OTHER, 256 * MIB);
-            }
-            sim.mark();
-        }
-        assert_silent(&sim);
-    }
-
-    /// A caching allocator under dynamic shapes: each step needs three blocks of the step's
-    /// size, taken from the smallest free segment that fits, a new segment (rounded to 2 MiB)
-    /// when none does; blocks go back to the cache at the step's end, segments are kept. The
-    /// cycle's larger shapes come after the warm-up: the cache still grows at steps 5 and 7.
-    #[test]
-    fn silent_on_cycling_shapes_once_the_cache_reaches_its_steady_state() {
-        let mut sim = Sim::new(1_000_000);
-        sim.alloc(OTHER, 64 * MIB);
-        let mut free: Vec<u64> = Vec::new(); // segment sizes
-        let sizes = [3, 2, 5, 4, 1, 6, 2, 8].map(|m| m * MIB + 4096);
-        let mut grew_at_steps = Vec::new();
-        for i in 0..120usize {
-            sim.transient();
-            let want = sizes[i % sizes.len()];
-            let mut taken = Vec::new();
-            for _ in 0..3 {
-                free.sort_unstable();
-                match free.iter().position(|&s| s >= want) {
-                    Some(j) => taken.push(free.remove(j)),
-                    None => {
-                        let seg = want.div_ceil(2 * MIB) * 2 * MIB;
-                        sim.alloc(OTHER, seg);
-                        taken.push(seg);
-                        grew_at_steps.push(i);
-                    }
-                }
-            }
-            free.extend(taken);
-            sim.mark();
-        }
-        grew_at_steps.dedup();
-        assert_eq!(grew_at_steps, [0, 2, 5, 7]);
-        assert_silent(&sim);
-    }
-
-    #[test]
-    fn growth_that_stops_is_resolved_and_said_so() {
-        let mut sim = Sim::new(1_000_000);
-        sim.alloc(OTHER, 64 * MIB);
-        for i in 0..80 {
-            sim.transient();
-            if i < 30 {
-                sim.alloc(3 + i % 5, 2 * MIB);
-            }
-            sim.mark();
-        }
-        let f = &sim.device_growth()[0];
-        assert_eq!(f.level, Level::INFO, "{f:#?}");
-        assert!(f.message.contains(", then stopped for "), "{}", f.message);
-        let alerts = sim.device_growth_alerts();
-        assert_eq!(alerts.first().map(|a| a.0), Some(Change::New), "{alerts:?}");
-        assert!(
-            matches!(
-                alerts.last().map(|a| a.0),
-                Some(Change::Resolved | Change::Downgraded)
-            ),
-            "{alerts:?}"
-        );
-    }
-}
+mod tests;

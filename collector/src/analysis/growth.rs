@@ -26,135 +26,25 @@
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
-use serde::Serialize;
 
+use super::advice::trace_tensors;
 use super::births::Births;
+use super::evidence::{AtDetection, AtEnd, Class, LeakEvidence, LevelChange};
+use super::growth_finding::GrowthFinding;
+use super::leaks::{GrewAt, Leaks};
+use super::trend::{
+    per_second, seconds, to_full, warmup_end, Trend, ALPHA_CONFIRMED, HISTORY, LAG,
+};
 use super::window::{self, Sample, Series};
 use super::{
     Alert, Alerts, AllocObs, Cause, Change, Confidence, Context, Detector, Evidence, Finding, Kind,
-    Level, PythonLine,
+    Level,
 };
 use crate::model::SiteId;
 use crate::units::{fmt_bytes, fmt_duration, fmt_rate};
 use oomtrace_proto::{Api, MemoryClass};
 
-pub const WARMUP: u32 = 3;
-/// A generation counts as surviving once it is this many epochs old (deferred frees,
-/// gradient accumulation, async frees).
-pub(crate) const LAG: u32 = 2;
-pub(crate) const MIN_GROWTH: f64 = (1u64 << 20) as f64;
-pub(crate) const WINDOWS: [usize; 3] = [8, 16, 32];
-pub(crate) const ALPHA_LIKELY: f64 = 0.01;
-pub(crate) const ALPHA_CONFIRMED: f64 = 0.001;
-pub(crate) const SERIES: usize = 32;
 const MAX_SIZES: usize = 4096;
-pub(crate) const HISTORY: usize = 16;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Class {
-    Leak,
-    /// Growth that slowed down: a cache filling up to its capacity.
-    Bounded,
-    /// Growth made of sizes never live twice: a cache keyed by shape.
-    ShapeKeyed,
-}
-
-/// The statistics of the window that decided a level.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct Trend {
-    pub window: usize,
-    pub mann_kendall_s: i64,
-    pub z: f64,
-    /// One-sided, Bonferroni-corrected over the three window scales.
-    pub p_value: f64,
-    pub slope_bytes_per_step: f64,
-    /// Sen's 95 % confidence interval of the slope.
-    pub slope_ci: [f64; 2],
-    pub growth_bytes: f64,
-    pub new_generations: u32,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct LevelChange {
-    pub level: &'static str,
-    pub step: u32,
-    pub time_s: f64,
-}
-
-/// The evidence as it stood when the finding was first raised (`likely`): what the live line
-/// said then. Kept as it was, whatever the site does afterwards.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct AtDetection {
-    pub step: u32,
-    pub time_s: f64,
-    /// The level it was raised at (`likely`, or `confirmed` when both came at once).
-    pub level: &'static str,
-    /// Live bytes and allocations at the site at that step boundary.
-    pub bytes: u64,
-    pub count: u64,
-    /// Distinct steps (after warm-up) whose allocations here were still live.
-    pub surviving_epochs: u32,
-    pub slope_bytes_per_step: f64,
-    pub slope_bytes_per_s: Option<f64>,
-}
-
-/// What became of the site's memory by the end of the trace (the report's moment).
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct AtEnd {
-    /// Live bytes and allocations at the site at the end (the finding's `bytes`/`count`).
-    pub bytes: u64,
-    pub count: u64,
-    /// `held` (some of it is still live) or `freed` (none is).
-    pub state: &'static str,
-    /// The last step boundary, and the site's live bytes there.
-    pub last_step: u32,
-    pub last_step_bytes: u64,
-    /// Bytes freed after the last step boundary (by the program's end, when it has ended).
-    pub freed_after_last_step_bytes: u64,
-    /// Whether the process had ended: frees after its last step happened on its way out.
-    pub process_ended: bool,
-}
-
-/// The evidence of a leak finding in the JSON report.
-#[derive(Clone, Debug, Serialize)]
-pub struct LeakEvidence {
-    pub class: Class,
-    pub trend: Option<Trend>,
-    pub slope_bytes_per_s: Option<f64>,
-    /// Distinct epochs whose allocations at this site are still live (after warm-up).
-    pub surviving_epochs: u32,
-    pub live_count: u64,
-    pub first_seen_step: u32,
-    pub first_seen_s: f64,
-    /// The oldest epoch with a live allocation at this site.
-    pub onset_step: u32,
-    pub onset_s: Option<f64>,
-    pub detected_step: Option<u32>,
-    pub detected_s: Option<f64>,
-    /// When the device would be full at this rate; none once it ran out of memory.
-    pub steps_to_oom: Option<f64>,
-    pub time_to_oom_s: Option<f64>,
-    /// Live bytes at the last epoch boundaries, oldest first.
-    pub samples: Vec<u64>,
-    pub history: Vec<LevelChange>,
-    /// The evidence when the finding was first raised (absent if it never was).
-    pub at_detection: Option<AtDetection>,
-    /// The site's highest live bytes at a step boundary, and that step.
-    pub peak_bytes: u64,
-    pub peak_step: u32,
-    /// What became of the memory by the end.
-    pub at_end: AtEnd,
-    /// For a leak of PyTorch's caching-allocator segments: the lines whose allocations made
-    /// the device's cache grow over the device's growth window (the report fills it in
-    /// from the device_growth finding); absent otherwise.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub python_lines: Vec<PythonLine>,
-    /// For growth of one buffer whose allocations are replaced by larger ones (the
-    /// site-growth detector): what was replaced; absent for surviving allocations.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub replaced: Option<super::site_growth::Replaced>,
-}
 
 #[derive(Debug)]
 pub(crate) struct Site {
@@ -278,19 +168,9 @@ pub struct GrowthDetector {
     pub(crate) sites: FxHashMap<(SiteId, i16), Site>,
 }
 
-/// Live bytes and allocations of one call site on one device that were born in a range of
-/// epochs: what made a device grow over a trend window.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GrewAt {
-    pub site: SiteId,
-    pub bytes: u64,
-    pub count: u64,
-}
-
-impl GrowthDetector {
-    /// The sites' allocations on `device` that were born in epochs `from..=upto` and are still
-    /// live, largest first. O(sites): read once per epoch, and only while a device grows.
-    pub fn born_between(&self, device: i16, from: u32, upto: u32) -> Vec<GrewAt> {
+/// What the other growth detectors may read of this one ([`Leaks`]'s docs say what each is).
+impl Leaks for GrowthDetector {
+    fn born_between(&self, device: i16, from: u32, upto: u32) -> Vec<GrewAt> {
         if upto < from {
             return Vec::new();
         }
@@ -307,9 +187,7 @@ impl GrowthDetector {
         v
     }
 
-    /// The leaks reported on `device` now: how many, and the sum of their slopes (bytes per
-    /// step), to tell whether they explain a device's growth.
-    pub fn leaks_on(&self, device: i16) -> (u32, f64) {
+    fn leaks_on(&self, device: i16) -> (u32, f64) {
         self.sites
             .iter()
             .filter(|(&(site, d), _)| d == device && self.is_leak(site, d))
@@ -321,21 +199,20 @@ impl GrowthDetector {
             })
     }
 
-    /// Whether the site has a finding here (a leak, or growth that was one): the site-growth
-    /// detector then stays silent about it (one finding per site).
-    pub fn reported(&self, site: SiteId, device: i16) -> bool {
+    fn reported(&self, site: SiteId, device: i16) -> bool {
         self.sites
             .get(&(site, device))
             .is_some_and(|s| s.max_level >= Some(Confidence::Likely))
     }
 
-    /// Distinct birth epochs in `from..=upto` among the site's live allocations.
-    pub fn generations(&self, site: SiteId, device: i16, from: u32, upto: u32) -> u32 {
+    fn generations(&self, site: SiteId, device: i16, from: u32, upto: u32) -> u32 {
         self.sites
             .get(&(site, device))
             .map_or(0, |s| s.generations(from, upto))
     }
+}
 
+impl GrowthDetector {
     /// Whether the site is reported as a leak now.
     pub fn is_leak(&self, site: SiteId, device: i16) -> bool {
         self.sites.get(&(site, device)).is_some_and(|s| {
@@ -527,41 +404,10 @@ fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
     s.max_level = s.max_level.max(level);
 }
 
-/// The first epoch that counts: `WARMUP` epochs after the clock became stable.
-pub fn warmup_end(ctx: &Context<'_>) -> u32 {
-    ctx.clock.stable_since + WARMUP
-}
-
-/// Seconds from the process's first event to `ts`.
-pub(crate) fn seconds(ctx: &Context<'_>, ts: u64) -> f64 {
-    ctx.clock
-        .start_of(0)
-        .map(|t0| ts.saturating_sub(t0) as f64 / 1e9)
-        .unwrap_or(0.0)
-}
-
-/// A per-step rate in bytes per second: over the trace's own time, and only when the recent
-/// steps span long enough to mean something (`epoch::RATE_MIN_SPAN_NS`); a run of a few
-/// hundred milliseconds gets no per-second rate.
-pub(crate) fn per_second(per_step: f64, ctx: &Context<'_>) -> Option<f64> {
-    ctx.clock
-        .step_duration_for_rates_s()
-        .filter(|&d| d > 0.0)
-        .map(|d| per_step / d)
-}
-
 /// What became of the site's memory, from its last step-boundary sample and its live bytes now.
 fn at_end(s: &Site, ctx: &Context<'_>) -> AtEnd {
-    let (last_step, last_step_bytes) = s.series.last().map_or((0, 0), |x| (x.epoch, x.live));
-    AtEnd {
-        bytes: s.live,
-        count: s.count,
-        state: if s.count > 0 { "held" } else { "freed" },
-        last_step,
-        last_step_bytes,
-        freed_after_last_step_bytes: last_step_bytes.saturating_sub(s.live),
-        process_ended: ctx.ended,
-    }
+    let last = s.series.last().map(|x| (x.epoch, x.live));
+    AtEnd::new(s.live, s.count, last, ctx.ended)
 }
 
 /// "9.00 MiB held in 9 allocations surviving from 6 different steps".
@@ -626,16 +472,9 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
     // A projection to a full device only while the site still holds memory: one whose memory
     // is all gone will not fill anything.
     let (steps_to_oom, time_to_oom_s) = match (per_step, ctx.devices.get(&device)) {
-        (Some(b), Some(d)) if b > 0.0 && !s.resolved && s.count > 0 => match d.capacity {
-            Some(cap) => {
-                let steps = cap.saturating_sub(d.live_bytes) as f64 / b;
-                (
-                    Some(steps),
-                    ctx.clock.median_duration_s().map(|t| steps * t),
-                )
-            }
-            None => (None, None),
-        },
+        (Some(b), Some(d)) if b > 0.0 && !s.resolved && s.count > 0 => {
+            to_full(b, d.live_bytes, d.capacity, ctx)
+        }
         _ => (None, None),
     };
     let kind = if s.resolved || s.class != Class::Leak || s.level < Some(Confidence::Likely) {
@@ -687,25 +526,21 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         ),
     };
     let (cause, hint) = hint(s, kind);
-    Finding {
+    GrowthFinding {
         kind,
         level,
-        pid: 0,
-        rank: None,
         device,
         site,
-        stack: Vec::new(),
-        oom: None,
-        cause,
         bytes: s.live,
-        growth_bytes_per_step: per_step,
-        growth_bytes_per_s: per_s,
-        steps: Some(steps),
         count: s.count,
         api: Some(s.api),
+        per_step,
+        per_s,
+        steps: Some(steps),
         message,
+        cause,
         hint,
-        evidence: Some(Evidence::Leak(Box::new(LeakEvidence {
+        evidence: Evidence::Leak(Box::new(LeakEvidence {
             class: s.class,
             trend: s.trend,
             slope_bytes_per_s: per_s,
@@ -726,32 +561,17 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             peak_step: s.hwm_epoch,
             at_end: end,
             python_lines: Vec::new(),
+            cache_grew_at: Vec::new(),
             replaced: None,
-        }))),
-        record: None,
-        culprit: None,
-        backward_node: None,
-        held: None,
+        })),
     }
+    .finding()
 }
 
 /// A leak at a plain CUDA allocation outside PyTorch's allocator.
 pub const NATIVE_HINT: &str = "Device memory allocated here with the CUDA API is never freed, \
     outside PyTorch's caching allocator: a CUDA extension or library (CuPy, NCCL, a custom \
     kernel's workspace) misses a cudaFree on some path, or keeps a buffer per step.";
-
-/// How to see tensors instead of segments, said wherever a finding is about PyTorch's cache
-/// (a macro so that the hints below can `concat!` it).
-macro_rules! trace_tensors {
-    () => {
-        "`oomtrace run` traces each tensor by default on PyTorch 2.4 to 2.15 (not with \
-         `--segments`; `--torch=swap` on other releases) and names the line that keeps it; \
-         torch.cuda.memory._record_memory_history() also names the tensors."
-    };
-}
-pub(crate) use trace_tensors;
-
-pub const TRACE_TENSORS: &str = trace_tensors!();
 
 /// A leak at a segment of PyTorch's caching allocator (its frames are in libc10_cuda).
 pub const TORCH_CACHE_HINT: &str = concat!(
@@ -820,294 +640,4 @@ fn hint(s: &Site, kind: Kind) -> (Cause, String) {
 }
 
 #[cfg(test)]
-mod tests {
-    use crate::analysis::sim::Sim;
-    use crate::analysis::{Confidence, Detector, Kind, Level};
-    use crate::model::SiteId;
-
-    const MIB: u64 = 1 << 20;
-
-    /// The live sizes that keep freed sizes at 0 count as the map that removed them did: the
-    /// same sizes counted (at most `MAX_SIZES` live), the same unique ones, past purges.
-    #[test]
-    fn live_sizes_count_as_a_map_of_live_sizes() {
-        use super::{LiveSizes, MAX_SIZES};
-        use rustc_hash::FxHashMap;
-        let mut sizes = LiveSizes::default();
-        let mut reference: FxHashMap<u64, u32> = FxHashMap::default();
-        let mut live: Vec<u64> = Vec::new();
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for step in 0..400_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            // Phases of few sizes and of many more than MAX_SIZES, freeing and not.
-            let spread = if (step / 50_000) % 2 == 0 {
-                16
-            } else {
-                3 * MAX_SIZES as u64
-            };
-            if !x.is_multiple_of(3) || live.is_empty() {
-                let size = 1 + (x >> 8) % spread;
-                sizes.add(size);
-                if reference.len() < MAX_SIZES || reference.contains_key(&size) {
-                    *reference.entry(size).or_default() += 1;
-                }
-                live.push(size);
-            } else {
-                let size = live.swap_remove((x >> 8) as usize % live.len());
-                sizes.remove(size);
-                if let Some(c) = reference.get_mut(&size) {
-                    *c -= 1;
-                    if *c == 0 {
-                        reference.remove(&size);
-                    }
-                }
-            }
-            if step % 997 == 0 {
-                let kept: FxHashMap<u64, u32> = sizes
-                    .counts
-                    .iter()
-                    .filter(|(_, &c)| c > 0)
-                    .map(|(&k, &c)| (k, c))
-                    .collect();
-                assert_eq!(kept, reference, "step {step}");
-                assert_eq!(sizes.live, reference.len());
-                assert!(sizes.counts.len() <= 2 * MAX_SIZES);
-                let unique = reference.values().filter(|&&c| c == 1).count();
-                assert_eq!(sizes.unique(), unique);
-            }
-        }
-    }
-
-    /// What these tests ask of the simulated process.
-    trait GrowthQueries {
-        fn leak_finding(&self, stack: u32) -> crate::analysis::Finding;
-        fn leak_level(&self, stack: u32) -> Option<(Kind, Level)>;
-        fn leak_finding_opt(&self, stack: u32) -> Option<crate::analysis::Finding>;
-    }
-
-    impl GrowthQueries for Sim {
-        fn leak_finding(&self, stack: u32) -> crate::analysis::Finding {
-            let ctx = self.a.context(&self.p);
-            self.a
-                .growth
-                .findings(&ctx)
-                .into_iter()
-                .find(|f| f.site == SiteId(stack))
-                .expect("a finding at that site")
-        }
-        fn leak_finding_opt(&self, stack: u32) -> Option<crate::analysis::Finding> {
-            let ctx = self.a.context(&self.p);
-            self.a
-                .growth
-                .findings(&ctx)
-                .into_iter()
-                .find(|f| f.site == SiteId(stack))
-        }
-        fn leak_level(&self, stack: u32) -> Option<(Kind, Level)> {
-            let ctx = self.a.context(&self.p);
-            self.a
-                .growth
-                .findings(&ctx)
-                .into_iter()
-                .find(|f| f.site == SiteId(stack))
-                .map(|f| (f.kind, f.level))
-        }
-    }
-
-    /// One transient per step at site 1, so every step looks alike.
-    fn transient(sim: &mut Sim) {
-        let t = sim.alloc(1, 8 * MIB);
-        sim.free(t);
-    }
-
-    #[test]
-    fn a_long_leak_stays_confirmed_with_bounded_generations() {
-        let mut sim = Sim::new(1000);
-        for _ in 0..300 {
-            transient(&mut sim);
-            sim.alloc(2, MIB);
-            sim.mark();
-        }
-        assert_eq!(
-            sim.leak_level(2),
-            Some((Kind::Leak, Level::Confidence(Confidence::Confirmed)))
-        );
-        let s = &sim.a.growth.sites[&(SiteId(2), 0)];
-        assert!(
-            s.births.buckets() <= crate::analysis::births::MAX_GENERATIONS,
-            "{}",
-            s.births.buckets()
-        );
-        assert!(s.series.len() <= super::SERIES);
-        assert_eq!(sim.leak_level(1), None);
-    }
-
-    fn leak_evidence(f: &crate::analysis::Finding) -> &super::LeakEvidence {
-        match &f.evidence {
-            Some(crate::analysis::Evidence::Leak(e)) => e,
-            other => panic!("no leak evidence: {other:?}"),
-        }
-    }
-
-    /// A leaked list freed as the process exits, after its last step: the finding keeps the
-    /// evidence it was detected on and says the memory was freed at exit, never "0 B held in
-    /// 0 allocations".
-    #[test]
-    fn a_leak_freed_at_exit_keeps_its_evidence_and_says_so() {
-        let mut sim = Sim::new(1000);
-        let mut leaked = Vec::new();
-        for _ in 0..30 {
-            transient(&mut sim);
-            leaked.push(sim.alloc(2, MIB));
-            sim.mark();
-        }
-        for p in leaked {
-            sim.free(p);
-        }
-        sim.exit();
-        let f = sim.leak_finding(2);
-        assert_eq!(
-            (f.kind, f.level),
-            (Kind::Leak, Level::Confidence(Confidence::Confirmed)),
-            "{f:?}"
-        );
-        assert_eq!((f.bytes, f.count), (0, 0));
-        let e = leak_evidence(&f);
-        let d = e.at_detection.expect("detection evidence");
-        assert_eq!(d.level, "likely");
-        assert!(
-            d.bytes >= 6 * MIB && d.count >= 6 && d.surviving_epochs >= 3,
-            "{d:?}"
-        );
-        assert_eq!(d.bytes, d.count * MIB);
-        assert_eq!(d.slope_bytes_per_step.round(), MIB as f64);
-        assert_eq!((e.peak_bytes, e.peak_step), (30 * MIB, 29));
-        assert_eq!(e.at_end.state, "freed");
-        assert_eq!(e.at_end.freed_after_last_step_bytes, 30 * MIB);
-        assert!(e.at_end.process_ended);
-        assert_eq!(e.steps_to_oom, None);
-        assert_eq!(
-            f.message,
-            format!(
-                "{} when detected at step {} ({} into the run): {} held in {} allocations \
-                 surviving from {} different steps; by the end all of it was freed at exit \
-                 (30.00 MiB held at step 29, the last)",
-                crate::units::fmt_rate(d.slope_bytes_per_step, d.slope_bytes_per_s),
-                d.step,
-                crate::units::fmt_duration(d.time_s),
-                crate::units::fmt_bytes(d.bytes),
-                d.count,
-                d.surviving_epochs
-            )
-        );
-        assert!(!f.message.contains(" 0 B"), "{}", f.message);
-    }
-
-    /// A leak still held at the end says how much, beside what it was detected on.
-    #[test]
-    fn a_leak_still_held_at_the_end_says_how_much() {
-        let mut sim = Sim::new(1000);
-        for _ in 0..30 {
-            transient(&mut sim);
-            sim.alloc(2, MIB);
-            sim.mark();
-        }
-        let f = sim.leak_finding(2);
-        let e = leak_evidence(&f);
-        assert_eq!(e.at_end.state, "held");
-        assert!(!e.at_end.process_ended);
-        assert_eq!(e.at_end.freed_after_last_step_bytes, 0);
-        assert!(
-            f.message
-                .ends_with("; by the end 30.00 MiB still held in 30 allocations"),
-            "{}",
-            f.message
-        );
-        assert!(f.message.contains("when detected at step"), "{}", f.message);
-    }
-
-    /// A rate per second over the trace's own time, only once the steps span a second.
-    #[test]
-    fn a_rate_per_second_needs_a_second_of_steps() {
-        // 4 events of 25 ms per step: 100 ms per step.
-        let mut sim = Sim::new(25_000_000);
-        let mut rates = Vec::new();
-        for _ in 0..30 {
-            transient(&mut sim);
-            sim.alloc(2, MIB);
-            sim.mark();
-            rates.push(sim.leak_finding_opt(2).and_then(|f| f.growth_bytes_per_s));
-        }
-        // Detected within the first second: no rate yet.
-        let first = rates.iter().position(|r| r.is_some()).expect("a rate");
-        assert!(first >= 9, "{rates:?}");
-        let per_s = rates.last().unwrap().unwrap();
-        assert!((per_s / (10.0 * MIB as f64) - 1.0).abs() < 0.01, "{per_s}");
-    }
-
-    #[test]
-    fn a_cache_that_fills_then_stops_is_resolved_not_a_leak() {
-        let mut sim = Sim::new(1000);
-        for i in 0..80 {
-            transient(&mut sim);
-            if i < 20 {
-                sim.alloc(3, 2 * MIB);
-            }
-            sim.mark();
-        }
-        // It did look like a leak while filling; at the end it is reported as growth.
-        assert_eq!(sim.leak_level(3), Some((Kind::Growth, Level::INFO)));
-        let kinds: Vec<_> = sim.a.alerts.list.iter().map(|a| a.change).collect();
-        assert_eq!(
-            kinds.last(),
-            Some(&crate::analysis::Change::Resolved),
-            "{kinds:?}"
-        );
-    }
-
-    #[test]
-    fn a_shape_keyed_cache_is_capped_at_suspected() {
-        let mut sim = Sim::new(1000);
-        for i in 0..60u64 {
-            transient(&mut sim);
-            // A new sequence length each step: every live size is distinct.
-            sim.alloc(4, MIB + i * 4096);
-            sim.mark();
-        }
-        // Never reported: the sizes say "cache keyed by shape" before the trend says "leak".
-        assert_eq!(sim.leak_level(4), None);
-        let s = &sim.a.growth.sites[&(SiteId(4), 0)];
-        assert_eq!(s.class, super::Class::ShapeKeyed);
-        assert!(s.level <= Some(Confidence::Suspected));
-    }
-
-    #[test]
-    fn one_off_steps_and_warm_up_are_never_leaks() {
-        let mut sim = Sim::new(1000);
-        let mut big = None;
-        for i in 0..60 {
-            transient(&mut sim);
-            if i == 1 {
-                for _ in 0..16 {
-                    sim.alloc(5, 8 * MIB); // lazy optimizer state
-                }
-            }
-            if i < 4 {
-                sim.alloc(6, 4 * MIB); // warm-up workspaces
-            }
-            if i == 30 {
-                big = Some(sim.alloc(7, 512 * MIB));
-            }
-            if i == 31 {
-                sim.free(big.take().unwrap());
-            }
-            sim.mark();
-        }
-        for site in 5..=7 {
-            assert_eq!(sim.leak_level(site), None, "site {site}");
-        }
-        assert!(sim.a.alerts.list.is_empty());
-    }
-}
+mod tests;

@@ -9,7 +9,11 @@
 //! - [`growth`]: leaks per call site and device (docs/detection.md).
 //! - [`site_growth`]: one buffer per call site growing while its allocations are replaced
 //!   (reallocate-and-copy, concatenation), which no surviving generation shows.
-//! - [`window`]: the trend windows the three growth detectors share.
+//! - The growth detectors' shared vocabulary, which names no detector: [`trend`] (thresholds,
+//!   warm-up, the statistics of a trend), [`window`] (the trend windows), [`evidence`] (what a
+//!   leak or growth finding shows), [`leaks`] (the leak detector as the others may read it),
+//!   [`advice`] (hint texts said alike) and `growth_finding` (the one builder of their
+//!   findings).
 //! - [`device_growth`]: the process's total on each device rising step after step, whoever
 //!   allocates it (the view that still works when a caching allocator spreads a leak over
 //!   many call sites).
@@ -22,22 +26,30 @@
 //! Each detector is one file behind [`Detector`]: O(1) work per event, its statistics once per
 //! epoch, and the findings it stands by at any moment. Detectors never read each other: what
 //! one needs of another (OOM records for fragmentation, the leaks' generations for device
-//! growth) is handed over here, by [`Analysis`], in a fixed order.
+//! growth, through [`leaks::Leaks`]) is handed over here, by [`Analysis`], in a fixed order.
+//! What one detector's finding means beside the others' (leaks holding the memory at an OOM,
+//! a device growth that fragmentation explains, where the cache grew under a leak) is
+//! attached here too, in [`Analysis::findings`]; `tests/layers.rs` checks the rule.
 //!
 //! Detectors see call sites, not stacks: what needs the stacks (a device growth's
 //! `python_lines`, whether its allocations are PyTorch's segments) is completed by the report.
 
+pub mod advice;
 pub mod births;
 pub mod device_growth;
 pub mod epoch;
+pub mod evidence;
 pub mod fragmentation;
 pub mod growth;
+mod growth_finding;
+pub mod leaks;
 pub mod oom;
 #[cfg(test)]
 pub(crate) mod sim;
 pub mod site_growth;
 pub mod stats;
 pub mod threshold;
+pub mod trend;
 pub mod window;
 
 use std::collections::BTreeMap;
@@ -48,7 +60,9 @@ use crate::model::{
     Alloc, DeviceState, EndState, FrameInfo, Free, MemInfo, Observer, OutOfMemory, Process, SiteId,
     TorchMemory,
 };
+use crate::units::fmt_bytes;
 use epoch::EpochClock;
+use leaks::Leaks;
 use oomtrace_proto::wire::Frame;
 use oomtrace_proto::{Api, MemoryClass};
 
@@ -325,9 +339,10 @@ pub struct Finding {
     /// What `hint` says, typed.
     #[serde(skip)]
     pub cause: Cause,
-    /// For OOM findings: the index of their record in [`oom::OomDetector::records`].
+    /// For OOM findings: their record, the state at the failure (the report turns it into
+    /// `oom`, with the top sites' stacks).
     #[serde(skip)]
-    pub record: Option<usize>,
+    pub record: Option<Box<oom::OomRecord>>,
     /// The frame of `stack` a one-line summary names (set by the report): the innermost frame
     /// of the user's own code, past CUDA runtime, allocator and interpreter internals.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -426,7 +441,7 @@ pub struct PythonLine {
 #[serde(untagged)]
 pub enum Evidence {
     /// Boxed: a leak's evidence (its samples and history) is several times the others'.
-    Leak(Box<growth::LeakEvidence>),
+    Leak(Box<evidence::LeakEvidence>),
     DeviceGrowth(Box<device_growth::DeviceGrowthEvidence>),
     Fragmentation(Box<fragmentation::FragEvidence>),
     Threshold(threshold::ThresholdEvidence),
@@ -487,6 +502,11 @@ impl Alerts {
         }
     }
 }
+
+/// A device's growth that the fragmentation finding on the same device explains.
+const FRAGMENTED_DEVICE_HINT: &str = "PyTorch's cache grows while the tensors it holds do not \
+    keep up: the growth is memory reserved and not used (see the fragmentation finding on this \
+    device), not tensors held across steps.";
 
 /// The analysis of one process: its epoch clock and every detector, fed by the model, and the
 /// coordinator between detectors.
@@ -550,7 +570,45 @@ impl Analysis {
                 _ => {}
             }
         }
+        for f in &mut v {
+            self.attach_causes(f);
+        }
         v
+    }
+
+    /// What one detector's finding means beside the others' (the detectors never read each
+    /// other): memory that leaking sites held at an OOM, a device's growth that its
+    /// fragmentation explains, and where the device's cache grew, for a leak of PyTorch's
+    /// segments (the report turns those call sites into `python_lines` when the stacks say
+    /// they are PyTorch's segments).
+    fn attach_causes(&self, f: &mut Finding) {
+        let leaked_at_oom = f.record.as_ref().map_or(0, |o| {
+            o.top_sites
+                .iter()
+                .filter(|(site, _, _)| self.is_leak(*site, o.device))
+                .fold(0u64, |acc, &(_, bytes, _)| acc.saturating_add(bytes))
+        });
+        if leaked_at_oom > 0 {
+            f.cause = Cause::LeaksHeldAtOom;
+            f.hint = format!(
+                "{} of the memory live at the failure was held by call sites that leak \
+                 step by step (see the leak findings): without them this allocation \
+                 would have had that much more room.",
+                fmt_bytes(leaked_at_oom)
+            );
+        }
+        match f.evidence.as_mut() {
+            Some(Evidence::DeviceGrowth(_)) if self.fragmentation.gap_growing(f.device) => {
+                // The reserve grows away from the tensors: what grows is the cache's unused
+                // part, not memory any line holds.
+                f.cause = Cause::Fragmented;
+                f.hint = FRAGMENTED_DEVICE_HINT.into();
+            }
+            Some(Evidence::Leak(e)) => {
+                e.cache_grew_at = self.device_growth.grew_at(f.device).to_vec();
+            }
+            _ => {}
+        }
     }
 
     /// Whether a call site is reported as a leak now, by either per-site detector.
@@ -748,63 +806,4 @@ impl Observer for Analysis {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::OUT_OF_MEMORY;
-    use oomtrace_proto::wire::Hello;
-    use oomtrace_proto::{Event, EventKind};
-
-    fn ev(kind: EventKind, api: Api, ptr: u64, size: u64) -> Event {
-        let mut e = Event::new(kind, api);
-        e.ptr = ptr;
-        e.size = size;
-        e.device = 0;
-        e
-    }
-
-    #[test]
-    fn oom_records_state_at_failure() {
-        let mut p = Process::new(1, Hello::default());
-        let mut a = Analysis::default();
-        p.apply_event(&ev(EventKind::Alloc, Api::cuMemAlloc_v2, 0xa, 1000), &mut a);
-        let mut f = ev(EventKind::AllocFailed, Api::cuMemAlloc_v2, 0, 5000);
-        f.result = OUT_OF_MEMORY;
-        f.tid = 9;
-        p.apply_event(&f, &mut a);
-        let mut info = ev(EventKind::MemInfo, Api::cuMemGetInfo_v2, 300, 4096);
-        info.tid = 9;
-        p.apply_event(&info, &mut a);
-        let o = &a.oom.records[0];
-        assert_eq!(
-            (o.size, o.live_bytes, o.free_bytes, o.total_bytes),
-            (5000, 1000, Some(300), Some(4096))
-        );
-        assert_eq!(o.top_sites, vec![(SiteId(0), 1000, 1)]);
-    }
-
-    #[test]
-    fn levels_keep_their_report_words() {
-        let names: Vec<&str> = [
-            Level::INFO,
-            Severity::Warning.into(),
-            Severity::Error.into(),
-            Confidence::Suspected.into(),
-            Confidence::Likely.into(),
-            Confidence::Confirmed.into(),
-        ]
-        .iter()
-        .map(|l: &Level| l.name())
-        .collect();
-        assert_eq!(
-            names,
-            [
-                "info",
-                "warning",
-                "error",
-                "suspected",
-                "likely",
-                "confirmed"
-            ]
-        );
-    }
-}
+mod tests;

@@ -161,7 +161,7 @@ impl Detector for OomDetector {
             .enumerate()
             .map(|(i, r)| {
                 let mut f = finding_of(r, i as u64 + 1);
-                f.record = Some(i);
+                f.record = Some(Box::new(r.clone()));
                 f
             })
             .collect()

@@ -26,20 +26,22 @@
 //! What keeps bounded buffers silent: one that grows for a few steps and stops is either still
 //! in warm-up or flat before [`MIN_SAMPLES`] samples exist, and no longer rising when they do;
 //! one that oscillates has no trend. A site the leak detector reports is never reported here
-//! (one finding per site): [`super::Analysis`] hands that detector over at each boundary and
-//! leaves this one's findings out for the sites it reports.
+//! (one finding per site): [`super::Analysis`] hands that detector over at each boundary (read
+//! only, as [`super::leaks::Leaks`]) and leaves this one's findings out for the sites it
+//! reports.
 
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
-use serde::Serialize;
 
-use super::growth::{
-    per_second, seconds, warmup_end, AtDetection, AtEnd, Class, GrowthDetector, LeakEvidence,
-    LevelChange, Trend, ALPHA_CONFIRMED, HISTORY, LAG,
-};
+use super::evidence::{AtDetection, AtEnd, Class, LeakEvidence, LevelChange, Replaced};
+use super::growth_finding::GrowthFinding;
+use super::leaks::Leaks;
 use super::stats;
-use super::window::{self, Sample, Series, Window};
+use super::trend::{
+    per_second, seconds, to_full, warmup_end, Trend, ALPHA_CONFIRMED, HISTORY, LAG,
+};
+use super::window::{self, Sample, Series};
 use super::{
     Alert, Alerts, AllocObs, Cause, Change, Confidence, Context, Detector, Evidence, Finding, Kind,
     Level, Severity,
@@ -55,19 +57,6 @@ pub const MIN_SAMPLES: usize = 8;
 const MIN_REPLACED: u64 = 3;
 /// Surviving generations from which a site is the leak detector's.
 const MAX_GENERATIONS: u32 = 3;
-
-/// What was replaced, in a leak's evidence (`evidence.replaced`).
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct Replaced {
-    /// Allocations made and freed at the site over the trend window (in the steps after its
-    /// first sample, up to its last).
-    pub allocations_in_window: u64,
-    pub frees_in_window: u64,
-    /// The largest single allocation at the site over the window: the buffer itself.
-    pub largest_allocation_bytes: u64,
-    /// The window: the site's live bytes at its first and last step.
-    pub window: Window,
-}
 
 #[derive(Clone, Copy, Debug)]
 struct Point {
@@ -186,7 +175,7 @@ impl SiteGrowthDetector {
     pub fn on_epoch_end_after_leaks(
         &mut self,
         ctx: &Context<'_>,
-        leaks: &GrowthDetector,
+        leaks: &impl Leaks,
         out: &mut Alerts,
     ) {
         let e = ctx.epoch;
@@ -530,16 +519,9 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         s.level.unwrap_or(Confidence::Likely).into()
     };
     let (steps_to_oom, time_to_oom_s) = match (per_step, ctx.devices.get(&device)) {
-        (Some(b), Some(d)) if b > 0.0 && kind == Kind::Leak && s.count > 0 => match d.capacity {
-            Some(cap) => {
-                let steps = cap.saturating_sub(d.live_bytes) as f64 / b;
-                (
-                    Some(steps),
-                    ctx.clock.median_duration_s().map(|t| steps * t),
-                )
-            }
-            None => (None, None),
-        },
+        (Some(b), Some(d)) if b > 0.0 && kind == Kind::Leak && s.count > 0 => {
+            to_full(b, d.live_bytes, d.capacity, ctx)
+        }
         _ => (None, None),
     };
     let onset = s.onset.unwrap_or(s.first_epoch);
@@ -547,15 +529,12 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         .series
         .last()
         .map_or((0, 0), |p| (p.sample.epoch, p.sample.live));
-    let end = AtEnd {
-        bytes: s.live,
-        count: s.count,
-        state: if s.count > 0 { "held" } else { "freed" },
-        last_step,
-        last_step_bytes,
-        freed_after_last_step_bytes: last_step_bytes.saturating_sub(s.live),
-        process_ended: ctx.ended,
-    };
+    let end = AtEnd::new(
+        s.live,
+        s.count,
+        s.series.last().map(|p| (p.sample.epoch, p.sample.live)),
+        ctx.ended,
+    );
     let rate = per_step
         .map(|b| fmt_rate(b, per_s))
         .unwrap_or_else(|| "growing".into());
@@ -622,25 +601,21 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
     };
     let (cause, hint) = hint(s, kind);
     let (peak_step, peak_bytes) = (s.hwm_epoch, s.hwm);
-    Finding {
+    GrowthFinding {
         kind,
         level,
-        pid: 0,
-        rank: None,
         device,
         site,
-        stack: Vec::new(),
-        oom: None,
-        cause,
         bytes: s.live,
-        growth_bytes_per_step: per_step,
-        growth_bytes_per_s: per_s,
-        steps: Some(u64::from(ctx.epoch.saturating_sub(onset))),
         count: s.count,
         api: Some(s.api),
+        per_step,
+        per_s,
+        steps: Some(u64::from(ctx.epoch.saturating_sub(onset))),
         message,
+        cause,
         hint,
-        evidence: Some(Evidence::Leak(Box::new(LeakEvidence {
+        evidence: Evidence::Leak(Box::new(LeakEvidence {
             class: if kind == Kind::Leak {
                 Class::Leak
             } else {
@@ -665,224 +640,12 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             peak_step,
             at_end: end,
             python_lines: Vec::new(),
+            cache_grew_at: Vec::new(),
             replaced: s.replaced,
-        }))),
-        record: None,
-        culprit: None,
-        backward_node: None,
-        held: None,
+        })),
     }
+    .finding()
 }
 
 #[cfg(test)]
-mod tests {
-    use crate::analysis::sim::Sim;
-    use crate::analysis::{Cause, Confidence, Evidence, Finding, Kind, Level, Severity};
-    use crate::model::SiteId;
-
-    const MIB: u64 = 1 << 20;
-    /// Stack 1: a transient allocation every step, so every step looks alike.
-    const TRANSIENT: u32 = 1;
-    /// Stack 2: the buffer.
-    const BUFFER: u32 = 2;
-
-    fn step(sim: &mut Sim) {
-        let t = sim.alloc(TRANSIENT, 8 * MIB);
-        sim.free(t);
-    }
-
-    /// Every finding of the process (what the report reads), at `site`.
-    fn at(sim: &Sim, site: u32) -> Vec<Finding> {
-        sim.a
-            .findings(&sim.p)
-            .into_iter()
-            .filter(|f| f.site == SiteId(site))
-            .collect()
-    }
-
-    /// A buffer re-allocated `grow(step)` bytes large each step, the old one freed after the
-    /// copy (or before, with `free_first`).
-    fn realloc_loop(steps: u32, free_first: bool, size: impl Fn(u32) -> u64) -> Sim {
-        let mut sim = Sim::new(1_000_000);
-        let mut buf: Option<u64> = None;
-        for i in 0..steps {
-            step(&mut sim);
-            if free_first {
-                if let Some(old) = buf.take() {
-                    sim.free(old);
-                }
-            }
-            let new = sim.alloc(BUFFER, size(i));
-            if let Some(old) = buf.replace(new) {
-                sim.free(old);
-            }
-            sim.mark();
-        }
-        sim
-    }
-
-    fn evidence(f: &Finding) -> &crate::analysis::growth::LeakEvidence {
-        match &f.evidence {
-            Some(Evidence::Leak(e)) => e,
-            other => panic!("no leak evidence: {other:?}"),
-        }
-    }
-
-    #[test]
-    fn a_buffer_reallocated_larger_each_step_is_a_leak_with_its_rate() {
-        {
-            let sim = realloc_loop(40, false, |i| MIB * u64::from(i + 1));
-            // The per-allocation view sees nothing: no allocation survives.
-            assert!(!sim.a.growth.reported(SiteId(BUFFER), 0));
-            let found = at(&sim, BUFFER);
-            assert_eq!(found.len(), 1, "{found:#?}");
-            let f = &found[0];
-            assert_eq!(
-                (f.kind, f.level),
-                (Kind::Leak, Level::Confidence(Confidence::Confirmed)),
-                "{f:#?}"
-            );
-            assert_eq!(f.growth_bytes_per_step, Some(MIB as f64));
-            assert!(f.hint.contains("freed and replaced"), "{}", f.hint);
-            let e = evidence(f);
-            let r = e.replaced.expect("replaced evidence");
-            assert!(r.frees_in_window >= 7, "{r:?}");
-            assert_eq!(r.largest_allocation_bytes, 40 * MIB);
-            let detected = e.detected_step.unwrap();
-            // Warm-up ends at step 3 (markers from step 0); MIN_SAMPLES later, at the latest
-            // within the corpus budget.
-            assert!((10..=13).contains(&detected), "{detected}");
-            assert_eq!(e.onset_step, 0);
-            assert!(e.surviving_epochs < 3);
-            assert!(f
-                .message
-                .starts_with("one buffer's bytes grow +1.00 MiB/step"));
-        }
-    }
-
-    /// The same sizes, but each step frees what it held before it allocates the next (a
-    /// step's input, larger each step, freed with the step): the working set grows, nothing
-    /// leaks. A buffer replaced only once its larger successor exists (a KV cache grown by
-    /// `torch.cat`) holds its old bytes between steps: that stays a leak (above).
-    #[test]
-    fn a_growing_working_set_is_not_a_leak() {
-        let sim = realloc_loop(40, true, |i| MIB * u64::from(i + 1));
-        let found = at(&sim, BUFFER);
-        assert_eq!(found.len(), 1, "{found:#?}");
-        let f = &found[0];
-        assert_eq!(
-            (f.kind, f.level, f.cause),
-            (
-                Kind::Growth,
-                Level::Severity(Severity::Warning),
-                Cause::WorkingSetGrowing
-            ),
-            "{f:#?}"
-        );
-        assert_eq!(f.growth_bytes_per_step, Some(MIB as f64));
-        assert!(f.message.contains("the working set grows"), "{}", f.message);
-        assert!(!sim.a.site_growth.is_leak(SiteId(BUFFER), 0));
-        // Live, it never said "leak" either.
-        assert!(
-            sim.a
-                .alerts
-                .list
-                .iter()
-                .all(|a| a.finding.kind != Kind::Leak),
-            "{:?}",
-            sim.a.alerts.list
-        );
-    }
-
-    /// A growing input freed with its step (BUFFER) and the step's output (stack 3), held
-    /// until the next step's larger one exists: the output grows with the working set.
-    #[test]
-    fn a_tensor_that_grows_with_the_working_set_is_not_a_leak() {
-        const OUTPUT: u32 = 3;
-        let mut sim = Sim::new(1_000_000);
-        let mut output: Option<u64> = None;
-        for i in 0..40u64 {
-            step(&mut sim);
-            let input = sim.alloc(BUFFER, MIB * (i + 1));
-            let new = sim.alloc(OUTPUT, 2 * MIB * (i + 1));
-            sim.mark();
-            sim.free(input);
-            if let Some(old) = output.replace(new) {
-                sim.free(old);
-            }
-        }
-        for site in [BUFFER, OUTPUT] {
-            let found = at(&sim, site);
-            assert_eq!(found.len(), 1, "{found:#?}");
-            assert_eq!(
-                (found[0].kind, found[0].cause),
-                (Kind::Growth, Cause::WorkingSetGrowing),
-                "{:#?}",
-                found[0]
-            );
-        }
-        assert!(at(&sim, OUTPUT)[0]
-            .message
-            .contains("grows with the working set"));
-        assert!(
-            sim.a
-                .alerts
-                .list
-                .iter()
-                .all(|a| a.finding.kind != Kind::Leak),
-            "{:?}",
-            sim.a.alerts.list
-        );
-    }
-
-    #[test]
-    fn a_buffer_that_grows_a_few_steps_then_stays_is_silent() {
-        let sim = realloc_loop(60, false, |i| MIB * u64::from(i.min(8) + 1));
-        assert!(at(&sim, BUFFER).is_empty());
-        assert!(sim.a.alerts.list.is_empty(), "{:?}", sim.a.alerts.list);
-        // Oscillating between 1 and 8 MiB: a sequence length that cycles.
-        let sim = realloc_loop(80, false, |i| MIB * u64::from(i % 8 + 1));
-        assert!(at(&sim, BUFFER).is_empty());
-        assert!(sim.a.alerts.list.is_empty());
-    }
-
-    #[test]
-    fn growth_that_stops_later_is_resolved() {
-        let sim = realloc_loop(60, false, |i| MIB * u64::from(i.min(25) + 1));
-        let found = at(&sim, BUFFER);
-        assert_eq!(found.len(), 1, "{found:#?}");
-        assert_eq!((found[0].kind, found[0].level), (Kind::Growth, Level::INFO));
-    }
-
-    #[test]
-    fn a_site_the_leak_detector_reports_is_reported_once() {
-        // Each step: three transients at the site freed, one kept (a `total_loss += loss`).
-        let mut sim = Sim::new(1_000_000);
-        for _ in 0..40 {
-            step(&mut sim);
-            let mut t = Vec::new();
-            for _ in 0..3 {
-                t.push(sim.alloc(BUFFER, 4 * MIB));
-            }
-            for p in t {
-                sim.free(p);
-            }
-            sim.alloc(BUFFER, 4 * MIB);
-            sim.mark();
-        }
-        assert!(sim.a.growth.reported(SiteId(BUFFER), 0));
-        let found = at(&sim, BUFFER);
-        assert_eq!(found.len(), 1, "{found:#?}");
-        assert!(evidence(&found[0]).replaced.is_none());
-    }
-
-    #[test]
-    fn state_stays_bounded_over_a_long_run() {
-        let sim = realloc_loop(300, false, |i| MIB * u64::from(i + 1));
-        let s = &sim.a.site_growth.sites[&(SiteId(BUFFER), 0)];
-        assert!(s.series.len() <= crate::analysis::growth::SERIES);
-        assert!(s.history.len() <= super::HISTORY);
-        assert!(s.raise_gaps.len() <= 8);
-        assert!(sim.a.site_growth.is_leak(SiteId(BUFFER), 0));
-    }
-}
+mod tests;

@@ -13,8 +13,8 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
-use super::growth::{Trend, ALPHA_LIKELY, MIN_GROWTH, SERIES, WINDOWS};
 use super::stats::{mann_kendall, median, theil_sen};
+use super::trend::{Trend, ALPHA_LIKELY, MIN_GROWTH, SERIES, WINDOWS};
 
 /// Fewest samples a trend is tested on.
 pub const MIN_WINDOW: usize = 6;

@@ -3,9 +3,9 @@
 //! segments, and the causes that follow from that are completed here, for the report and for
 //! the live line alike.
 
+use crate::analysis::advice::TRACE_TENSORS;
 use crate::analysis::device_growth::{self, DeviceGrowthEvidence, Events};
-use crate::analysis::growth::GrewAt;
-use crate::analysis::growth::TRACE_TENSORS;
+use crate::analysis::leaks::GrewAt;
 use crate::analysis::{Cause, PythonLine};
 use crate::model::{FrameInfo, Process, SiteId, Stacks};
 use crate::units::fmt_bytes;

@@ -8,33 +8,37 @@
 //! renames are not. Findings open with OOMs (what a user asks first after a crash), then the
 //! call sites that still held memory when each process ended.
 
+pub mod diff;
+mod finding;
 pub mod hints;
 pub mod live;
+mod live_at_exit;
 pub mod merge;
 pub mod module_file;
 pub mod names;
+mod process;
 pub mod ranks;
 pub mod remedies;
 pub mod roles;
 pub mod sections;
 pub mod symbolize;
 
-use std::collections::{BTreeMap, HashMap};
-
 use serde::Serialize;
 
 pub use crate::analysis::oom::{OomDetail, SiteShare};
-use crate::analysis::{fragmentation, growth, Analysis, Evidence, Severity};
+use crate::analysis::Analysis;
 pub use crate::analysis::{BackwardNode, Cause, Finding, Held, Kind, Level, PythonLine};
 use crate::model::trace::Trace;
-use crate::model::{EndState, FrameInfo, Process, SiteId, HOST_DEVICE};
-use crate::units::fmt_bytes;
+use crate::model::{FrameInfo, Process, SiteId};
+use finding::{complete_finding, ForwardLines};
 pub use hints::{
     device_growth_hint, fmt_python_lines, in_torch, python_lines, resolve_device_growth,
     thread_kind, torch_segments, traces_tensors, without_tensor_advice,
 };
-use oomtrace_proto::wire::GoodbyeReason;
-use symbolize::{culprit, StackSymbolizer};
+pub use live_at_exit::held_at;
+use live_at_exit::live_at_exit;
+use process::process_report;
+use symbolize::StackSymbolizer;
 
 pub const REPORT_VERSION: u32 = 1;
 
@@ -285,75 +289,6 @@ pub struct ReportOptions {
     pub symbolize: bool,
 }
 
-/// Whether a finding's allocations are PyTorch's caching-allocator segments: its site runs in
-/// PyTorch's CUDA library and its events are not tensors (the trace tracker's and the
-/// pluggable allocator's stacks pass through that library too).
-fn segments_of_torch(p: &Process, f: &Finding) -> bool {
-    f.api.is_none_or(|api| !fragmentation::is_tensor_level(api)) && in_torch(p.stacks(), f.site)
-}
-
-fn status(p: &Process, trace: &Trace<Analysis>) -> String {
-    match p.end {
-        EndState::Running if trace.incomplete.is_some() => {
-            let why = trace.incomplete.as_ref().map_or("", |i| i.cause.words());
-            format!("cut short: the trace could not be written further ({why})")
-        }
-        EndState::Exited(Some(GoodbyeReason::Exit)) | EndState::Exited(None) => "exited".into(),
-        EndState::Exited(Some(GoodbyeReason::UnderscoreExit)) => "exited (_exit)".into(),
-        EndState::Exited(Some(GoodbyeReason::Detach)) => "detached".into(),
-        EndState::Abrupt => "ended without goodbye (killed or crashed)".into(),
-        // It said goodbye (through its counter page), but the end of its stream was lost.
-        EndState::Unheard(GoodbyeReason::Exit) => "exited (end of stream lost)".into(),
-        EndState::Unheard(GoodbyeReason::UnderscoreExit) => {
-            "exited (_exit, end of stream lost)".into()
-        }
-        EndState::Unheard(GoodbyeReason::Detach) => "detached (end of stream lost)".into(),
-        EndState::Running => "running when the trace ended".into(),
-        EndState::ProtocolError => "dropped (protocol error)".into(),
-    }
-}
-
-/// Why memory might still be live at exit, from what the trace can tell.
-fn live_hint(
-    p: &Process,
-    a: &Analysis,
-    device: i16,
-    site: SiteId,
-    held: Option<Held>,
-) -> (Cause, String) {
-    let leaking = a.is_leak(site, device);
-    if held == Some(Held::TorchReserve) {
-        (
-            Cause::NeverFreed,
-            "Segments PyTorch's caching allocator keeps for reuse until torch.cuda.empty_cache() \
-             or exit: its reserve, not memory a line holds. The tensors inside them are listed \
-             by the lines that made them (without --segments)."
-                .into(),
-        )
-    } else if leaking {
-        (
-            Cause::LiveAndLeaking,
-            "This call site is also reported as a leak: its memory grew step by step.".into(),
-        )
-    } else if p.end != EndState::Exited(Some(GoodbyeReason::Exit))
-        && p.end != EndState::Exited(None)
-    {
-        (
-            Cause::EndedAbnormally,
-            "The process did not exit normally, so memory it would have freed may be listed."
-                .into(),
-        )
-    } else {
-        (
-            Cause::NeverFreed,
-            "Never freed before exit. Harmless if it was meant to live until the end (weights, \
-             caches); the driver reclaims it at exit. A leak shows as growth across steps \
-             instead."
-                .into(),
-        )
-    }
-}
-
 /// One warning per process of `trace` whose analysis failed (a detector bug): its findings
 /// stop where it failed. The caller says them (the library never prints).
 pub fn analysis_failures(trace: &Trace<Analysis>) -> Vec<String> {
@@ -364,103 +299,6 @@ pub fn analysis_failures(trace: &Trace<Analysis>) -> Vec<String> {
         .filter(|(_, a)| a.failed)
         .map(|(p, _)| Analysis::failure_warning(p.pid()))
         .collect()
-}
-
-/// The forward lines of each operator in one process (see [`forward_lines`]).
-type ForwardLines = HashMap<String, Vec<PythonLine>>;
-
-/// What a finding says once its stack is symbolized: the frame that names it and, in
-/// PyTorch's backward pass, the autograd node and the forward lines behind it.
-fn complete_site(
-    f: &mut Finding,
-    p: &Process,
-    stack_of: &mut impl FnMut(&Process, SiteId) -> Vec<FrameInfo>,
-    forward: &mut ForwardLines,
-) {
-    f.culprit = culprit(&f.stack).cloned();
-    if symbolize::runs_python(&f.stack) {
-        return;
-    }
-    let Some(name) = roles::backward_node(&f.stack) else {
-        return;
-    };
-    let forward_op = roles::forward_op(name).unwrap_or_default();
-    let forward_lines = if forward_op.is_empty() {
-        Vec::new()
-    } else {
-        forward
-            .entry(forward_op.clone())
-            .or_insert_with(|| forward_lines(p, &forward_op, stack_of))
-            .clone()
-    };
-    f.backward_node = Some(BackwardNode {
-        name: name.to_string(),
-        forward_op,
-        forward_lines,
-    });
-}
-
-/// Forward lines kept per backward node, most allocations first.
-const FORWARD_LINES: usize = 5;
-
-/// The Python lines (innermost user frame) of every call site of `p` that allocated inside
-/// the dispatcher entry of operator `op` (`at::_ops::addmm::call`): where the forward op ran
-/// whose autograd node a backward-pass allocation belongs to. Each line counts the
-/// allocations of its sites over the whole run; a line that runs the same op on other
-/// tensors is among them too (see docs/sites.md, "Backward pass").
-fn forward_lines(
-    p: &Process,
-    op: &str,
-    stack_of: &mut impl FnMut(&Process, SiteId) -> Vec<FrameInfo>,
-) -> Vec<PythonLine> {
-    let mut by_line: BTreeMap<(String, u32, String), (u64, u64)> = BTreeMap::new();
-    for (i, raw) in p.sites.iter().enumerate().skip(1) {
-        let has_python = raw
-            .iter()
-            .any(|f| oomtrace_proto::python::PyFrame::decode(f.addr).is_some());
-        if !has_python {
-            continue;
-        }
-        let site = SiteId(i as u32);
-        let frames = stack_of(p, site);
-        if !frames.iter().any(|f| roles::runs_op(f, op)) {
-            continue;
-        }
-        let Some(line) = symbolize::python_culprit(&frames) else {
-            continue;
-        };
-        // By device (a few), not by scanning every site of every device for this one.
-        let (bytes, count) = p
-            .devices
-            .keys()
-            .filter_map(|&d| p.site_stats.get(&(site, d)))
-            .fold((0u64, 0u64), |(b, c), st| {
-                (b.saturating_add(st.total_bytes), c + st.allocations)
-            });
-        let e = by_line
-            .entry((line.file.clone(), line.line, line.function.clone()))
-            .or_default();
-        e.0 = e.0.saturating_add(bytes);
-        e.1 += count;
-    }
-    let mut lines: Vec<PythonLine> = by_line
-        .into_iter()
-        .map(|((file, line, function), (bytes, count))| PythonLine {
-            description: format!("{}:{line}", file.rsplit('/').next().unwrap_or(&file)),
-            file,
-            line,
-            function,
-            bytes,
-            count,
-        })
-        .collect();
-    lines.sort_by(|a, b| {
-        b.count
-            .cmp(&a.count)
-            .then(a.description.cmp(&b.description))
-    });
-    lines.truncate(FORWARD_LINES);
-    lines
 }
 
 /// A site's frames as bare addresses (reports built without symbolizing).
@@ -477,29 +315,6 @@ pub(crate) fn raw_stack(p: &Process, site: SiteId) -> Vec<FrameInfo> {
         })
         .unwrap_or_default()
 }
-
-/// What a call site's memory is on `device`, when PyTorch's tensors are traced there.
-pub fn held_at(p: &Process, device: i16, site: SiteId) -> Option<Held> {
-    if !p.tensors_traced(device) {
-        return None;
-    }
-    let s = p.site_stats.get(&(site, device))?;
-    Some(if s.reserve_allocations > 0 {
-        Held::TorchReserve
-    } else if s
-        .api
-        .is_some_and(|a| a.memory_class() == oomtrace_proto::MemoryClass::Tensor)
-    {
-        Held::Tensors
-    } else {
-        Held::OutsideTorch
-    })
-}
-
-/// A device's growth that the fragmentation finding on the same device explains.
-const FRAGMENTED_DEVICE_HINT: &str = "PyTorch's cache grows while the tensors it holds do not \
-    keep up: the growth is memory reserved and not used (see the fragmentation finding on this \
-    device), not tensors held across steps.";
 
 pub fn build(trace: &Trace<Analysis>, opts: &ReportOptions) -> Report {
     build_with(trace, opts, &mut StackSymbolizer::new())
@@ -540,245 +355,19 @@ pub fn build_with_segments(
         let mut forward = ForwardLines::default();
         // Advice to trace the tensors is for runs that do not.
         let tensors_traced = traces_tensors(p);
-        let devices = p
-            .devices
-            .iter()
-            .filter(|(_, d)| d.allocations > 0 || d.failed_allocations > 0 || d.capacity.is_some())
-            .map(|(&device, d)| DeviceReport {
-                device,
-                memory: if device == HOST_DEVICE {
-                    "host_pinned"
-                } else {
-                    "device"
-                },
-                peak_bytes: d.peak_bytes,
-                live_at_exit_bytes: d.live_bytes,
-                live_at_exit_count: d.live_count,
-                events: d.events,
-                lost_events: p.lost_on(device),
-                allocations: d.allocations,
-                frees: d.frees,
-                failed_allocations: d.failed_allocations,
-                bytes_allocated: d.bytes_allocated,
-                capacity_bytes: d.capacity,
-                free_bytes: d.last_free,
-                reserved_va_bytes: d.reserved_va_bytes,
-                tensors: (d.tensor_peak_bytes > 0).then_some(TensorTotals {
-                    peak_bytes: d.tensor_peak_bytes,
-                    live_at_exit_bytes: d.tensor_bytes,
-                    live_at_exit_count: d.tensor_count,
-                }),
-                torch_reserved_bytes: d.torch_reserved_bytes,
-                torch_segments: d.torch_reserved_bytes.map(|_| d.torch_segments),
-                torch_memory: p.torch_memory.get(&device).map(|m| TorchMemoryReport {
-                    allocated_bytes: m.allocated,
-                    max_allocated_bytes: m.max_allocated,
-                    reserved_bytes: m.reserved,
-                    step: m.step,
-                    at_s: m.ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
-                }),
-            })
-            .collect();
-        processes.push(ProcessReport {
-            pid: p.pid(),
-            ppid: p.hello.ppid,
-            command: p.command(),
-            exe: p.hello.exe.clone(),
-            rank: p.launch.rank,
-            local_rank: p.launch.local_rank,
-            world_size: p.launch.world_size,
-            implausible_world_size: p.launch.implausible_world_size,
-            host: p.hello.host.clone(),
-            start_unix_ns: p.hello.start_unix_ns,
-            trace: None,
-            job: p.launch.job.clone(),
-            status: if p.end == EndState::Abrupt
-                && trace
-                    .processes
-                    .iter()
-                    .any(|q| q.pid() == p.pid() && q.hello.ppid == p.hello.ppid && q.conn > p.conn)
-            {
-                // A later image of the same process: the stream ended at an exec.
-                REPLACED_BY_EXEC.into()
-            } else {
-                status(p, trace)
-            },
-            events: p.events,
-            lost_events: p.lost_events(),
-            lost_frees: p.lost.frees,
-            lost_stacks: p.lost.stacks,
-            unmatched_frees: p.unmatched_frees,
-            failed_frees: p.failed_frees,
-            steps: p.markers,
-            duration_s: p.last_ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
-            epochs: EpochReport {
-                source: a.clock.source.name(),
-                count: a.clock.epoch,
-                confidence: (a.clock.confidence() * 100.0).round() / 100.0,
-                period_allocations: a.clock.period_allocs(),
-                median_step_s: a.clock.median_duration_s(),
-                stable_since: a.clock.stable_since,
-                warmup_end: a.clock.stable_since + growth::WARMUP,
-            },
-            devices,
-            failed_allocations: p
-                .alloc_failures
-                .iter()
-                .map(|(&(api, code, device), f)| {
-                    let known = oomtrace_proto::cuda_error::lookup(api, code);
-                    FailedAllocations {
-                        api: api.name(),
-                        error_code: code,
-                        error: known.map_or("", |e| e.name),
-                        meaning: known.map_or("", |e| e.meaning),
-                        device,
-                        count: f.count,
-                        last_size: f.last_size,
-                        stack: stack_of(p, f.last_site),
-                    }
-                })
-                .collect(),
-        });
+        processes.push(process_report(p, a, trace, &mut stack_of));
         for mut f in a.findings(p) {
-            f.pid = p.pid();
-            f.rank = p.launch.rank;
-            let record = f.record.and_then(|i| a.oom.records.get(i));
-            f.oom = record.map(|o| OomDetail {
-                requested_bytes: o.size,
-                result: o.result,
-                free_bytes: o.free_bytes,
-                total_bytes: o.total_bytes,
-                live_bytes: o.live_bytes,
-                time_s: o.ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
-                unix_s: (p.hello.start_mono_ns != 0).then(|| {
-                    (p.hello.start_unix_ns as f64 + o.ts_ns as f64 - p.hello.start_mono_ns as f64)
-                        / 1e9
-                }),
-                top_sites: o
-                    .top_sites
-                    .iter()
-                    .map(|&(site, bytes, count)| SiteShare {
-                        bytes,
-                        count,
-                        stack: stack_of(p, site),
-                    })
-                    .collect(),
-                reserved_bytes: o.torch_reserved_bytes,
-                allocated_bytes: o.tensor_bytes,
-                reserved_unallocated_bytes: o.in_pieces(),
-                remedies: if o.in_pieces().is_some() {
-                    fragmentation::remedies(&Default::default())
-                } else {
-                    Vec::new()
-                },
-            });
-            if f.site.0 != 0 {
-                f.stack = stack_of(p, f.site);
-            }
-            complete_site(&mut f, p, &mut stack_of, &mut forward);
-            let leaked_at_oom = record.map(|o| {
-                o.top_sites
-                    .iter()
-                    .filter(|(site, _, _)| a.is_leak(*site, o.device))
-                    .fold(0u64, |acc, &(_, bytes, _)| acc.saturating_add(bytes))
-            });
-            match leaked_at_oom {
-                Some(leaked) if leaked > 0 => {
-                    f.cause = Cause::LeaksHeldAtOom;
-                    f.hint = format!(
-                        "{} of the memory live at the failure was held by call sites that leak \
-                         step by step (see the leak findings): without them this allocation \
-                         would have had that much more room.",
-                        fmt_bytes(leaked)
-                    );
-                }
-                _ if f.kind == Kind::Leak
-                    && f.cause == Cause::NativeLeak
-                    && segments_of_torch(p, &f) =>
-                {
-                    f.cause = Cause::TorchCacheLeak;
-                    f.hint = growth::TORCH_CACHE_HINT.to_string();
-                }
-                _ => {}
-            }
-            let segments = segments_of_torch(p, &f);
-            match f.evidence.as_mut() {
-                Some(Evidence::DeviceGrowth(e)) => {
-                    let hint = std::mem::take(&mut f.hint);
-                    (f.cause, f.hint) = device_growth_hint(p.stacks(), e, f.cause, hint);
-                    if a.fragmentation.gap_growing(f.device) {
-                        // The reserve grows away from the tensors: what grows is the cache's
-                        // unused part, not memory any line holds.
-                        f.cause = Cause::Fragmented;
-                        f.hint = FRAGMENTED_DEVICE_HINT.into();
-                    }
-                    resolve_device_growth(p.stacks(), e, |site| stack_of(p, site));
-                }
-                // A leak of PyTorch's segments: the lines that made the device's cache grow
-                // over the same steps say more than the one call that found it exhausted.
-                // The lines whose requests made the cache take segments.
-                Some(Evidence::Fragmentation(e)) => {
-                    e.python_lines = python_lines(p.stacks(), &e.grew_at, |site| stack_of(p, site));
-                }
-                Some(Evidence::Leak(e)) if segments => {
-                    let grew_at = a.device_growth.grew_at(f.device);
-                    e.python_lines = python_lines(p.stacks(), grew_at, |site| stack_of(p, site));
-                }
-                _ => {}
-            }
-            if tensors_traced {
-                f.hint = without_tensor_advice(&f.hint);
-            }
+            complete_finding(&mut f, p, tensors_traced, &mut stack_of, &mut forward);
             detected.push(f);
         }
-        for &device in p.devices.keys() {
-            let sites = if segments {
-                p.top_sites(device, opts.top)
-            } else {
-                p.top_holders(device, opts.top)
-            };
-            for (site, bytes, count) in sites {
-                let api = p.site_stats.get(&(site, device)).and_then(|s| s.api);
-                let api_name = api.map_or("?", |a| a.name());
-                let place = if device == HOST_DEVICE {
-                    "in pinned host memory".to_string()
-                } else {
-                    format!("on device {device}")
-                };
-                let held = held_at(p, device, site);
-                let (cause, hint) = live_hint(p, a, device, site, held);
-                let plural = if count == 1 { "" } else { "s" };
-                let what = match held {
-                    Some(Held::Tensors) => format!("{count} tensor{plural}"),
-                    Some(Held::TorchReserve) => {
-                        format!("{count} segment{plural} of PyTorch's cache ({api_name})")
-                    }
-                    Some(Held::OutsideTorch) => format!(
-                        "{count} allocation{plural} ({api_name}, outside PyTorch's allocator)"
-                    ),
-                    None => format!("{count} allocation{plural} ({api_name})"),
-                };
-                let mut f = Finding {
-                    pid: p.pid(),
-                    rank: p.launch.rank,
-                    bytes,
-                    stack: stack_of(p, site),
-                    held,
-                    message: format!(
-                        "{} in {what} still live {place} when the process ended",
-                        fmt_bytes(bytes),
-                    ),
-                    count,
-                    api,
-                    hint,
-                    site,
-                    cause,
-                    ..Finding::new(Kind::LiveAtExit, Severity::Info, device)
-                };
-                complete_site(&mut f, p, &mut stack_of, &mut forward);
-                live.push(f);
-            }
-        }
+        live.extend(live_at_exit(
+            p,
+            a,
+            segments,
+            opts.top,
+            &mut stack_of,
+            &mut forward,
+        ));
     }
     live.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
     detected.sort_by_key(order);

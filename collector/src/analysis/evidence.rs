@@ -1,0 +1,139 @@
+//! The growth detectors' evidence: what a leak or growth finding shows in the JSON report
+//! (`evidence` of kind `leak` and `growth`), and the pieces the device's evidence shares with
+//! it (`LevelChange`, `AtDetection`). [`super::growth`] and [`super::site_growth`] both report
+//! in `LeakEvidence`; [`super::device_growth`] has its own evidence built of the same pieces.
+//! This file names no detector.
+
+use serde::Serialize;
+
+use super::leaks::GrewAt;
+use super::trend::Trend;
+use super::window::Window;
+use super::PythonLine;
+
+/// What a call site's growth is, as its evidence says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Class {
+    Leak,
+    /// Growth that slowed down: a cache filling up to its capacity.
+    Bounded,
+    /// Growth made of sizes never live twice: a cache keyed by shape.
+    ShapeKeyed,
+}
+
+/// One change of a finding's level, in its `history`.
+#[derive(Clone, Debug, Serialize)]
+pub struct LevelChange {
+    pub level: &'static str,
+    pub step: u32,
+    pub time_s: f64,
+}
+
+/// The evidence as it stood when the finding was first raised (`likely`): what the live line
+/// said then. Kept as it was, whatever the site does afterwards.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct AtDetection {
+    pub step: u32,
+    pub time_s: f64,
+    /// The level it was raised at (`likely`, or `confirmed` when both came at once).
+    pub level: &'static str,
+    /// Live bytes and allocations at the site at that step boundary.
+    pub bytes: u64,
+    pub count: u64,
+    /// Distinct steps (after warm-up) whose allocations here were still live.
+    pub surviving_epochs: u32,
+    pub slope_bytes_per_step: f64,
+    pub slope_bytes_per_s: Option<f64>,
+}
+
+/// What became of the site's memory by the end of the trace (the report's moment).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct AtEnd {
+    /// Live bytes and allocations at the site at the end (the finding's `bytes`/`count`).
+    pub bytes: u64,
+    pub count: u64,
+    /// `held` (some of it is still live) or `freed` (none is).
+    pub state: &'static str,
+    /// The last step boundary, and the site's live bytes there.
+    pub last_step: u32,
+    pub last_step_bytes: u64,
+    /// Bytes freed after the last step boundary (by the program's end, when it has ended).
+    pub freed_after_last_step_bytes: u64,
+    /// Whether the process had ended: frees after its last step happened on its way out.
+    pub process_ended: bool,
+}
+
+impl AtEnd {
+    /// What became of a series' memory: its live bytes and allocations now, and its last
+    /// step-boundary sample (step and bytes; none yet: step 0, 0 bytes).
+    pub(crate) fn new(bytes: u64, count: u64, last: Option<(u32, u64)>, ended: bool) -> AtEnd {
+        let (last_step, last_step_bytes) = last.unwrap_or((0, 0));
+        AtEnd {
+            bytes,
+            count,
+            state: if count > 0 { "held" } else { "freed" },
+            last_step,
+            last_step_bytes,
+            freed_after_last_step_bytes: last_step_bytes.saturating_sub(bytes),
+            process_ended: ended,
+        }
+    }
+}
+
+/// The evidence of a leak finding in the JSON report.
+#[derive(Clone, Debug, Serialize)]
+pub struct LeakEvidence {
+    pub class: Class,
+    pub trend: Option<Trend>,
+    pub slope_bytes_per_s: Option<f64>,
+    /// Distinct epochs whose allocations at this site are still live (after warm-up).
+    pub surviving_epochs: u32,
+    pub live_count: u64,
+    pub first_seen_step: u32,
+    pub first_seen_s: f64,
+    /// The oldest epoch with a live allocation at this site.
+    pub onset_step: u32,
+    pub onset_s: Option<f64>,
+    pub detected_step: Option<u32>,
+    pub detected_s: Option<f64>,
+    /// When the device would be full at this rate; none once it ran out of memory.
+    pub steps_to_oom: Option<f64>,
+    pub time_to_oom_s: Option<f64>,
+    /// Live bytes at the last epoch boundaries, oldest first.
+    pub samples: Vec<u64>,
+    pub history: Vec<LevelChange>,
+    /// The evidence when the finding was first raised (absent if it never was).
+    pub at_detection: Option<AtDetection>,
+    /// The site's highest live bytes at a step boundary, and that step.
+    pub peak_bytes: u64,
+    pub peak_step: u32,
+    /// What became of the memory by the end.
+    pub at_end: AtEnd,
+    /// For a leak of PyTorch's caching-allocator segments: the lines whose allocations made
+    /// the device's cache grow over the device's growth window (the report fills it in
+    /// from `cache_grew_at`); absent otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub python_lines: Vec<PythonLine>,
+    /// Where the device's cache grew over its growth window (the device growth detector's
+    /// call sites, attached by the analysis): the report's `python_lines` come from them.
+    #[serde(skip)]
+    pub cache_grew_at: Vec<GrewAt>,
+    /// For growth of one buffer whose allocations are replaced by larger ones (the
+    /// site-growth detector): what was replaced; absent for surviving allocations.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replaced: Option<Replaced>,
+}
+
+/// What was replaced, in a leak's evidence (`evidence.replaced`).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Replaced {
+    /// Allocations made and freed at the site over the trend window (in the steps after its
+    /// first sample, up to its last).
+    pub allocations_in_window: u64,
+    pub frees_in_window: u64,
+    /// The largest single allocation at the site over the window: the buffer itself.
+    pub largest_allocation_bytes: u64,
+    /// The window: the site's live bytes at its first and last step.
+    pub window: Window,
+}

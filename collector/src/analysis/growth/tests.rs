@@ -1,0 +1,289 @@
+use crate::analysis::sim::Sim;
+use crate::analysis::{Confidence, Detector, Kind, Level};
+use crate::model::SiteId;
+
+const MIB: u64 = 1 << 20;
+
+/// The live sizes that keep freed sizes at 0 count as the map that removed them did: the
+/// same sizes counted (at most `MAX_SIZES` live), the same unique ones, past purges.
+#[test]
+fn live_sizes_count_as_a_map_of_live_sizes() {
+    use super::{LiveSizes, MAX_SIZES};
+    use rustc_hash::FxHashMap;
+    let mut sizes = LiveSizes::default();
+    let mut reference: FxHashMap<u64, u32> = FxHashMap::default();
+    let mut live: Vec<u64> = Vec::new();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for step in 0..400_000u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        // Phases of few sizes and of many more than MAX_SIZES, freeing and not.
+        let spread = if (step / 50_000) % 2 == 0 {
+            16
+        } else {
+            3 * MAX_SIZES as u64
+        };
+        if !x.is_multiple_of(3) || live.is_empty() {
+            let size = 1 + (x >> 8) % spread;
+            sizes.add(size);
+            if reference.len() < MAX_SIZES || reference.contains_key(&size) {
+                *reference.entry(size).or_default() += 1;
+            }
+            live.push(size);
+        } else {
+            let size = live.swap_remove((x >> 8) as usize % live.len());
+            sizes.remove(size);
+            if let Some(c) = reference.get_mut(&size) {
+                *c -= 1;
+                if *c == 0 {
+                    reference.remove(&size);
+                }
+            }
+        }
+        if step % 997 == 0 {
+            let kept: FxHashMap<u64, u32> = sizes
+                .counts
+                .iter()
+                .filter(|(_, &c)| c > 0)
+                .map(|(&k, &c)| (k, c))
+                .collect();
+            assert_eq!(kept, reference, "step {step}");
+            assert_eq!(sizes.live, reference.len());
+            assert!(sizes.counts.len() <= 2 * MAX_SIZES);
+            let unique = reference.values().filter(|&&c| c == 1).count();
+            assert_eq!(sizes.unique(), unique);
+        }
+    }
+}
+
+/// What these tests ask of the simulated process.
+trait GrowthQueries {
+    fn leak_finding(&self, stack: u32) -> crate::analysis::Finding;
+    fn leak_level(&self, stack: u32) -> Option<(Kind, Level)>;
+    fn leak_finding_opt(&self, stack: u32) -> Option<crate::analysis::Finding>;
+}
+
+impl GrowthQueries for Sim {
+    fn leak_finding(&self, stack: u32) -> crate::analysis::Finding {
+        let ctx = self.a.context(&self.p);
+        self.a
+            .growth
+            .findings(&ctx)
+            .into_iter()
+            .find(|f| f.site == SiteId(stack))
+            .expect("a finding at that site")
+    }
+    fn leak_finding_opt(&self, stack: u32) -> Option<crate::analysis::Finding> {
+        let ctx = self.a.context(&self.p);
+        self.a
+            .growth
+            .findings(&ctx)
+            .into_iter()
+            .find(|f| f.site == SiteId(stack))
+    }
+    fn leak_level(&self, stack: u32) -> Option<(Kind, Level)> {
+        let ctx = self.a.context(&self.p);
+        self.a
+            .growth
+            .findings(&ctx)
+            .into_iter()
+            .find(|f| f.site == SiteId(stack))
+            .map(|f| (f.kind, f.level))
+    }
+}
+
+/// One transient per step at site 1, so every step looks alike.
+fn transient(sim: &mut Sim) {
+    let t = sim.alloc(1, 8 * MIB);
+    sim.free(t);
+}
+
+#[test]
+fn a_long_leak_stays_confirmed_with_bounded_generations() {
+    let mut sim = Sim::new(1000);
+    for _ in 0..300 {
+        transient(&mut sim);
+        sim.alloc(2, MIB);
+        sim.mark();
+    }
+    assert_eq!(
+        sim.leak_level(2),
+        Some((Kind::Leak, Level::Confidence(Confidence::Confirmed)))
+    );
+    let s = &sim.a.growth.sites[&(SiteId(2), 0)];
+    assert!(
+        s.births.buckets() <= crate::analysis::births::MAX_GENERATIONS,
+        "{}",
+        s.births.buckets()
+    );
+    assert!(s.series.len() <= crate::analysis::trend::SERIES);
+    assert_eq!(sim.leak_level(1), None);
+}
+
+fn leak_evidence(f: &crate::analysis::Finding) -> &super::LeakEvidence {
+    match &f.evidence {
+        Some(crate::analysis::Evidence::Leak(e)) => e,
+        other => panic!("no leak evidence: {other:?}"),
+    }
+}
+
+/// A leaked list freed as the process exits, after its last step: the finding keeps the
+/// evidence it was detected on and says the memory was freed at exit, never "0 B held in
+/// 0 allocations".
+#[test]
+fn a_leak_freed_at_exit_keeps_its_evidence_and_says_so() {
+    let mut sim = Sim::new(1000);
+    let mut leaked = Vec::new();
+    for _ in 0..30 {
+        transient(&mut sim);
+        leaked.push(sim.alloc(2, MIB));
+        sim.mark();
+    }
+    for p in leaked {
+        sim.free(p);
+    }
+    sim.exit();
+    let f = sim.leak_finding(2);
+    assert_eq!(
+        (f.kind, f.level),
+        (Kind::Leak, Level::Confidence(Confidence::Confirmed)),
+        "{f:?}"
+    );
+    assert_eq!((f.bytes, f.count), (0, 0));
+    let e = leak_evidence(&f);
+    let d = e.at_detection.expect("detection evidence");
+    assert_eq!(d.level, "likely");
+    assert!(
+        d.bytes >= 6 * MIB && d.count >= 6 && d.surviving_epochs >= 3,
+        "{d:?}"
+    );
+    assert_eq!(d.bytes, d.count * MIB);
+    assert_eq!(d.slope_bytes_per_step.round(), MIB as f64);
+    assert_eq!((e.peak_bytes, e.peak_step), (30 * MIB, 29));
+    assert_eq!(e.at_end.state, "freed");
+    assert_eq!(e.at_end.freed_after_last_step_bytes, 30 * MIB);
+    assert!(e.at_end.process_ended);
+    assert_eq!(e.steps_to_oom, None);
+    assert_eq!(
+        f.message,
+        format!(
+            "{} when detected at step {} ({} into the run): {} held in {} allocations \
+             surviving from {} different steps; by the end all of it was freed at exit \
+             (30.00 MiB held at step 29, the last)",
+            crate::units::fmt_rate(d.slope_bytes_per_step, d.slope_bytes_per_s),
+            d.step,
+            crate::units::fmt_duration(d.time_s),
+            crate::units::fmt_bytes(d.bytes),
+            d.count,
+            d.surviving_epochs
+        )
+    );
+    assert!(!f.message.contains(" 0 B"), "{}", f.message);
+}
+
+/// A leak still held at the end says how much, beside what it was detected on.
+#[test]
+fn a_leak_still_held_at_the_end_says_how_much() {
+    let mut sim = Sim::new(1000);
+    for _ in 0..30 {
+        transient(&mut sim);
+        sim.alloc(2, MIB);
+        sim.mark();
+    }
+    let f = sim.leak_finding(2);
+    let e = leak_evidence(&f);
+    assert_eq!(e.at_end.state, "held");
+    assert!(!e.at_end.process_ended);
+    assert_eq!(e.at_end.freed_after_last_step_bytes, 0);
+    assert!(
+        f.message
+            .ends_with("; by the end 30.00 MiB still held in 30 allocations"),
+        "{}",
+        f.message
+    );
+    assert!(f.message.contains("when detected at step"), "{}", f.message);
+}
+
+/// A rate per second over the trace's own time, only once the steps span a second.
+#[test]
+fn a_rate_per_second_needs_a_second_of_steps() {
+    // 4 events of 25 ms per step: 100 ms per step.
+    let mut sim = Sim::new(25_000_000);
+    let mut rates = Vec::new();
+    for _ in 0..30 {
+        transient(&mut sim);
+        sim.alloc(2, MIB);
+        sim.mark();
+        rates.push(sim.leak_finding_opt(2).and_then(|f| f.growth_bytes_per_s));
+    }
+    // Detected within the first second: no rate yet.
+    let first = rates.iter().position(|r| r.is_some()).expect("a rate");
+    assert!(first >= 9, "{rates:?}");
+    let per_s = rates.last().unwrap().unwrap();
+    assert!((per_s / (10.0 * MIB as f64) - 1.0).abs() < 0.01, "{per_s}");
+}
+
+#[test]
+fn a_cache_that_fills_then_stops_is_resolved_not_a_leak() {
+    let mut sim = Sim::new(1000);
+    for i in 0..80 {
+        transient(&mut sim);
+        if i < 20 {
+            sim.alloc(3, 2 * MIB);
+        }
+        sim.mark();
+    }
+    // It did look like a leak while filling; at the end it is reported as growth.
+    assert_eq!(sim.leak_level(3), Some((Kind::Growth, Level::INFO)));
+    let kinds: Vec<_> = sim.a.alerts.list.iter().map(|a| a.change).collect();
+    assert_eq!(
+        kinds.last(),
+        Some(&crate::analysis::Change::Resolved),
+        "{kinds:?}"
+    );
+}
+
+#[test]
+fn a_shape_keyed_cache_is_capped_at_suspected() {
+    let mut sim = Sim::new(1000);
+    for i in 0..60u64 {
+        transient(&mut sim);
+        // A new sequence length each step: every live size is distinct.
+        sim.alloc(4, MIB + i * 4096);
+        sim.mark();
+    }
+    // Never reported: the sizes say "cache keyed by shape" before the trend says "leak".
+    assert_eq!(sim.leak_level(4), None);
+    let s = &sim.a.growth.sites[&(SiteId(4), 0)];
+    assert_eq!(s.class, super::Class::ShapeKeyed);
+    assert!(s.level <= Some(Confidence::Suspected));
+}
+
+#[test]
+fn one_off_steps_and_warm_up_are_never_leaks() {
+    let mut sim = Sim::new(1000);
+    let mut big = None;
+    for i in 0..60 {
+        transient(&mut sim);
+        if i == 1 {
+            for _ in 0..16 {
+                sim.alloc(5, 8 * MIB); // lazy optimizer state
+            }
+        }
+        if i < 4 {
+            sim.alloc(6, 4 * MIB); // warm-up workspaces
+        }
+        if i == 30 {
+            big = Some(sim.alloc(7, 512 * MIB));
+        }
+        if i == 31 {
+            sim.free(big.take().unwrap());
+        }
+        sim.mark();
+    }
+    for site in 5..=7 {
+        assert_eq!(sim.leak_level(site), None, "site {site}");
+    }
+    assert!(sim.a.alerts.list.is_empty());
+}
