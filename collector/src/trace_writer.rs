@@ -135,7 +135,7 @@ pub fn check_output(path: &Path) -> Result<(), String> {
             if t.is_file() {
                 return Ok(());
             }
-            let what = oomtrace_proto::file_kind::describe(&t);
+            let what = oomtrace_proto::host::file_kind::describe(&t);
             Err(if t.is_symlink() {
                 format!("it is {what} (oomtrace does not write through links: name its target)")
             } else if t.is_dir() {
