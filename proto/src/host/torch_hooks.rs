@@ -122,4 +122,51 @@ mod tests {
         );
         assert!(boot.contains(&format!("os.environ.get(\"{VAR}\"")));
     }
+
+    /// What the sitecustomize reads from each value, run by the Python there is (skipped
+    /// without one): the old `allocator` still asks for the swap.
+    #[test]
+    fn the_sitecustomize_reads_every_token_and_the_old_allocator() {
+        let dir = std::env::temp_dir().join(format!("oomtrace-torch-hooks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let boot = dir.join("boot.py");
+        std::fs::write(&boot, crate::host::cache::PY_BOOT).unwrap();
+        let read = |value: Option<&str>| -> Option<String> {
+            let mut cmd = std::process::Command::new("python3");
+            cmd.arg("-c")
+                .arg(
+                    "import sys; ns = {'__file__': sys.argv[1]}; \
+                      exec(open(sys.argv[1]).read(), ns); print(ns['_wanted']())",
+                )
+                .arg(&boot)
+                .env_remove(VAR)
+                .env_remove("PYTHONPATH");
+            if let Some(v) = value {
+                cmd.env(VAR, v);
+            }
+            let out = cmd.output().ok()?;
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        };
+        let cases = [
+            (None, "(True, False, True)"),
+            (Some("tracker,steps"), "(True, False, True)"),
+            (Some("swap,steps"), "(False, True, True)"),
+            (Some("allocator,steps"), "(False, True, True)"),
+            (Some("allocator"), "(False, True, False)"),
+            (Some("segments"), "(False, False, True)"),
+            (Some(""), "(False, False, False)"),
+        ];
+        for (value, wanted) in cases {
+            match read(value) {
+                Some(got) => assert_eq!(got, wanted, "OOMTRACE_TORCH={value:?}"),
+                None => break, // no python3 here
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
