@@ -1,4 +1,4 @@
-//! Finds the Python sources that `src/cache.rs` embeds (the `oomtrace` package and the
+//! Finds the Python sources that `src/host/cache.rs` embeds (the `oomtrace` package and the
 //! `--torch` sitecustomize): `python/` beside the crates in the repository. In the Python
 //! package's source distribution maturin puts pyproject.toml's directory (`python/`) at the
 //! root, beside the crates, so there the root itself holds them.

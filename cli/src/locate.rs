@@ -45,7 +45,7 @@ pub fn shim_library() -> Result<PathBuf, Failure> {
     )))
 }
 
-pub use oomtrace_proto::cache::cache_dir;
+pub use oomtrace_proto::host::cache::cache_dir;
 
 /// How long another build's cache directory must have gone unused before it is removed: two
 /// builds in use at once (an installed one and a fresh one, a CI run beside a developer's)
@@ -151,11 +151,11 @@ fn absolute(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
-/// A new private directory (0700 from its creation, see `oomtrace_proto::private_dir`).
+/// A new private directory (0700 from its creation, see `oomtrace_proto::host::private_dir`).
 pub fn private_dir() -> Result<PathBuf, Failure> {
     let base = std::env::temp_dir();
     let prefix = format!("oomtrace-{}-", std::process::id());
-    oomtrace_proto::private_dir::create(&base, &prefix).map_err(|e| {
+    oomtrace_proto::host::private_dir::create(&base, &prefix).map_err(|e| {
         let at = base.join(format!("{prefix}XXXXXX"));
         Failure::new(format!("cannot create {}: {e}", at.display()))
     })

@@ -162,7 +162,7 @@ impl Output {
             Some(m) if m.is_dir() => return Err(cannot(&"it is a directory")),
             Some(m) if !m.file_type().is_file() => {
                 // A device or FIFO: write into it as asked; never create, truncate or remove.
-                let what = oomtrace_proto::file_kind::describe(&m.file_type());
+                let what = oomtrace_proto::host::file_kind::describe(&m.file_type());
                 let f = OpenOptions::new()
                     .write(true)
                     .custom_flags(follow | libc::O_NOCTTY)

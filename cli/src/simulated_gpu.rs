@@ -121,7 +121,7 @@ fn install_into_cache(dir: &Path, contents: &Contents) -> Result<(), String> {
     }
     let prefix = format!(".{}.tmp-", name.to_string_lossy());
     let fresh = Scratch(
-        oomtrace_proto::private_dir::create(parent, &prefix)
+        oomtrace_proto::host::private_dir::create(parent, &prefix)
             .map_err(|e| format!("{}: {e}", parent.display()))?,
     );
     (contents.install)(&fresh.0).map_err(|f| f.message)?;

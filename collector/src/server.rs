@@ -147,7 +147,7 @@ fn clear_stale_socket(path: &Path) -> Result<(), String> {
     if !t.is_socket() {
         return Err(format!(
             "it is {}, not a socket: refusing to replace it",
-            oomtrace_proto::file_kind::describe(&t)
+            oomtrace_proto::host::file_kind::describe(&t)
         ));
     }
     match UnixStream::connect(path) {
@@ -499,23 +499,8 @@ fn still_running(pid: u32) -> bool {
 /// in a pid namespace this one does not contain), from SO_PEERCRED. The Hello's pid is the
 /// process's own view, which may name another process here, or none.
 fn peer_cred(stream: &UnixStream) -> Option<(u32, Option<u32>)> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: valid fd and out-parameters of the right size.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (rc == 0).then_some((cred.uid, u32::try_from(cred.pid).ok().filter(|&p| p > 0)))
+    let cred = oomtrace_proto::host::peer::peer_cred(stream.as_raw_fd())?;
+    Some((cred.uid, u32::try_from(cred.pid).ok().filter(|&p| p > 0)))
 }
 
 /// Whether a connection keeps a collector that exits when idle running, kept in

@@ -1,33 +1,26 @@
 //! oomtrace-proto: the bytes that cross the shim -> collector socket and land in `.oomt` files.
 //!
 //! - [`event`]: the fixed 64-byte [`Event`] and its pinned enums.
-//! - [`cache`]: where the files oomtrace carries are kept, and its Python files.
-//! - [`collector_spawn`]: the one way to start an `oomtrace collect` (shim and `run`).
 //! - [`counter_page`]: the page of shared memory in which the shim counts the events it made,
 //!   handed to the collector so that what a cut stream lost is still counted.
 //! - [`cuda_error`]: names of the CUDA error codes an allocation fails with.
-//! - [`file_kind`]: what a refused path is, in the words every part uses.
 //! - [`launch`]: a process's rank in a distributed job, from its launcher's variables.
 //! - [`wire`]: length-framed records on the socket (`Hello`, `Events`, `StackDef`, ...).
-//! - [`private_dir`]: the one way to make a private (0700 from creation) directory.
-//! - [`socket_dir`]: the collector socket's private directory, its owners, and removing what
-//!   a killed chain left.
 //! - [`python`]: Python frames inside stacks and the code objects they name.
 //! - [`trace_file`]: the `.oomt` file, which stores each connection's frames in checked,
 //!   optionally compressed chunks and tolerates a truncated tail.
+//! - [`host`]: not the format but what every part must do alike on the host (the cache and
+//!   its Python files, starting a collector, private and socket directories, the peer of a
+//!   socket, the words for a refused path).
 //!
 //! Decoders never panic on any input: garbage is an [`Error`].
 
-pub mod cache;
-pub mod collector_spawn;
 pub mod counter_page;
 pub mod cuda_error;
 pub mod event;
-pub mod file_kind;
+pub mod host;
 pub mod launch;
-pub mod private_dir;
 pub mod python;
-pub mod socket_dir;
 pub mod trace_file;
 pub mod wire;
 

@@ -3,8 +3,9 @@
 # PyTorch's caching allocator when PyTorch initialises CUDA (tensors traced: the default) and
 # mark a step after every optimizer step (`--torch=swap`: make PyTorch allocate through
 # oomtrace before anything can initialise CUDA). OOMTRACE_TORCH says which (set by whoever put
-# this file on the path): a comma-separated list of `tracker`, `allocator` (the swap) and
-# `steps`; `segments` alone is the user's opt-out of tensors (the step hook only). The program
+# this file on the path): a comma-separated list of `tracker`, `swap` (`allocator`, its old
+# name, still reads as it) and `steps`; `segments` alone is the user's opt-out of tensors (the
+# step hook only). The program
 # itself is not changed. A sitecustomize of the user's own, further down the path, still runs.
 import importlib.abc
 import importlib.util
@@ -25,22 +26,27 @@ def _run_user_sitecustomize():
             return
 
 
+# Every token of OOMTRACE_TORCH (and every alias) to its hook: generated from
+# proto/src/host/torch_hooks.rs (`python_table`), whose test checks this line is its output.
+_TOKENS = {"tracker": "tracker", "swap": "swap", "allocator": "swap", "steps": "steps", "segments": "segments"}
+
+
 def _wanted():
-    """(tracker, allocator, steps): what `oomtrace run` asked for; the tracker and steps when
+    """(tracker, swap, steps): what `oomtrace run` asked for; the tracker and steps when
     OOMTRACE_TORCH is unset (this file on PYTHONPATH by hand: the default); the steps alone
     for `segments` (tensors not traced)."""
-    parts = {p.strip() for p in os.environ.get("OOMTRACE_TORCH", "tracker,steps").split(",")}
+    parts = {_TOKENS.get(p.strip()) for p in os.environ.get("OOMTRACE_TORCH", "tracker,steps").split(",")}
     if "segments" in parts:
         return False, False, True
-    return "tracker" in parts, "allocator" in parts, "steps" in parts
+    return "tracker" in parts, "swap" in parts, "steps" in parts
 
 
 class _TorchImportHook(importlib.abc.MetaPathFinder):
     """Finds nothing itself; wraps the loader of `torch` to run oomtrace after it."""
 
-    def __init__(self, tracker, allocator, steps):
+    def __init__(self, tracker, swap, steps):
         self.tracker = tracker
-        self.allocator = allocator
+        self.swap = swap
         self.steps = steps
 
     def find_spec(self, name, path, target=None):
@@ -52,13 +58,13 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
             return spec
         loader = spec.loader
         run_module = loader.exec_module
-        tracker, allocator, steps = self.tracker, self.allocator, self.steps
+        tracker, swap, steps = self.tracker, self.swap, self.steps
 
         def exec_module(module):
             run_module(module)
             try:
                 import oomtrace
-                oomtrace._on_torch_import(module, allocator=allocator, steps=steps,
+                oomtrace._on_torch_import(module, swap=swap, steps=steps,
                                           tracker=tracker)
             except Exception as e:  # never break the user's `import torch`
                 print("oomtrace: cannot set up tracing of torch (%s: %s); tracing CUDA "
@@ -69,9 +75,9 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
         return spec
 
 
-_tracker, _allocator, _steps = _wanted()
-if _tracker or _allocator or _steps:
-    sys.meta_path.insert(0, _TorchImportHook(_tracker, _allocator, _steps))
+_tracker, _swap, _steps = _wanted()
+if _tracker or _swap or _steps:
+    sys.meta_path.insert(0, _TorchImportHook(_tracker, _swap, _steps))
 try:
     _run_user_sitecustomize()
 except Exception as e:

@@ -455,11 +455,11 @@ def install(allocator="tracker", step_hook=True):
     return mode == "swap" and _allocator_installed
 
 
-def _on_torch_import(torch, allocator=False, steps=True, tracker=False):
+def _on_torch_import(torch, swap=False, steps=True, tracker=False):
     """Called by the sitecustomize of `oomtrace run` right after `import torch` finished.
 
     tracker: `--torch` (oomtrace's trace tracker on PyTorch's allocator, attached when PyTorch
-    initialises CUDA); allocator: `--torch=swap` (PyTorch allocates through oomtrace); steps:
+    initialises CUDA); swap: `--torch=swap` (PyTorch allocates through oomtrace); steps:
     mark a step after every optimizer step. Silent when everything asked for worked; otherwise
     one line on stderr that says what works and what does not, and why. Never raises into the
     user's `import torch`.
@@ -473,17 +473,17 @@ def _on_torch_import(torch, allocator=False, steps=True, tracker=False):
     # Silent: a program without torch.distributed loses nothing.
     attempt(_install_rank_hook)
     no_tracker = attempt(_install_tracker) if tracker else None
-    no_allocator = attempt(_install_allocator) if allocator else None
+    no_allocator = attempt(_install_allocator) if swap else None
     no_steps = attempt(_install_step_hook) if steps else None
     if not (no_tracker or no_allocator or no_steps):
         return
-    if allocator or tracker:
+    if swap or tracker:
         if no_tracker:
             said = _tracker_failed(no_tracker, torch)
         elif no_allocator:
             said = ("--torch=swap: PyTorch's allocator was not swapped (%s): tracing CUDA "
                     "allocations (segments, not tensors)" % no_allocator)
-        elif allocator:
+        elif swap:
             said = "--torch=swap: PyTorch allocates through oomtrace (tensors are traced)"
         else:
             said = ("oomtrace's tracker is attached to PyTorch's allocator when CUDA starts "

@@ -10,9 +10,12 @@
 //! `PYTHONPATH` gets the sitecustomize and the `oomtrace` package first (a sitecustomize of
 //! the program's own still runs), `OOMTRACE_TORCH=tracker,steps` (or `segments,steps`), and
 //! `OOMTRACE_LIB` names this library. The files are written once into oomtrace's cache
-//! directory (`oomtrace_proto::cache`). Children inherit all three and are left as they are.
+//! directory (`oomtrace_proto::host::cache`); the tokens are `oomtrace_proto::host::torch_hooks`.
+//! Children inherit all three and are left as they are.
 
 use std::ffi::OsString;
+
+use oomtrace_proto::host::torch_hooks::{self, TorchHook};
 
 #[used]
 #[link_section = ".init_array"]
@@ -30,11 +33,11 @@ fn prepare_python_env() {
     // What the sitecustomize is told to do: tensors and steps, unless the user opted out of
     // tensors; anything else set (by `oomtrace run`, or `OOMTRACE_TORCH=` by hand) is left
     // alone.
-    let wanted = match flag("OOMTRACE_TORCH") {
-        None => "tracker,steps",
+    let wanted = match flag(torch_hooks::VAR) {
+        None => [TorchHook::Tracker, TorchHook::Steps],
         // Said back with the step hook named, so that a Python child (which inherits the
         // variable and `PYTHONPATH`) is left alone instead of getting the paths again.
-        Some(v) if v == "segments" => "segments,steps",
+        Some(v) if v == TorchHook::Segments.token() => [TorchHook::Segments, TorchHook::Steps],
         Some(_) => return,
     };
     let Ok(exe) = std::fs::read_link("/proc/self/exe") else {
@@ -47,7 +50,7 @@ fn prepare_python_env() {
     if !is_python {
         return;
     }
-    let dir = match oomtrace_proto::cache::python_files() {
+    let dir = match oomtrace_proto::host::cache::python_files() {
         Ok(dir) => dir,
         Err(e) => {
             crate::log::warn(&format!(
@@ -57,14 +60,15 @@ fn prepare_python_env() {
             return;
         }
     };
-    let Ok(path) = oomtrace_proto::cache::python_path(&dir, std::env::var_os("PYTHONPATH")) else {
+    let Ok(path) = oomtrace_proto::host::cache::python_path(&dir, std::env::var_os("PYTHONPATH"))
+    else {
         return;
     };
     let lib = crate::symbols::own_path();
     // Constructors run before main, on the only thread there is: nothing reads the
     // environment concurrently.
     std::env::set_var("PYTHONPATH", path);
-    std::env::set_var("OOMTRACE_TORCH", wanted);
+    std::env::set_var(torch_hooks::VAR, torch_hooks::value(&wanted));
     if let Some(lib) = lib {
         std::env::set_var("OOMTRACE_LIB", OsString::from(lib));
     }

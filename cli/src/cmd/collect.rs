@@ -11,7 +11,7 @@ use std::time::Duration;
 use oomtrace_collector::console::Console;
 use oomtrace_collector::metrics::{self, textfile, textfile::Textfile, Registry};
 use oomtrace_collector::server::{Collector, Options};
-use oomtrace_proto::socket_dir;
+use oomtrace_proto::host::socket_dir;
 
 use crate::{render, signals, Failure};
 
@@ -223,7 +223,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
 /// Under `run` (`--parent-pid`): where the trace went, on stdout, which is `run`'s pipe
 /// (`collector_spawn::TraceSaid`); nothing if no process connected.
 fn tell_run(served: &oomtrace_collector::server::Served, output: &Path) {
-    use oomtrace_proto::collector_spawn::TraceSaid;
+    use oomtrace_proto::host::collector_spawn::TraceSaid;
     let said = match (&served.path, &served.vanished) {
         (Some(p), _) => TraceSaid::Written(p.clone()),
         (None, Some(v)) => TraceSaid::Lost(v.line()),

@@ -108,7 +108,7 @@ fn not_a_file(path: &Path) -> Option<String> {
         Ok(m) if m.is_file() => None,
         Ok(m) => Some(format!(
             "it is {}, not a trace file",
-            oomtrace_proto::file_kind::describe(&m.file_type())
+            oomtrace_proto::host::file_kind::describe(&m.file_type())
         )),
         Err(e) => Some(format!("cannot open it: {e}")),
     }

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use oomtrace_collector::analysis::{Analysis, Confidence};
 use oomtrace_collector::model::trace::Trace;
 use oomtrace_collector::report::{self, Kind, Level, Report, ReportOptions, SimulatedDevice};
-use oomtrace_proto::collector_spawn::{self, NotListening, TraceSaid};
-use oomtrace_proto::socket_dir;
+use oomtrace_proto::host::collector_spawn::{self, NotListening, TraceSaid};
+use oomtrace_proto::host::socket_dir;
+use oomtrace_proto::host::torch_hooks::{self, TorchHook};
 
 use crate::simulated_gpu::{self, DeviceMemory};
 use crate::{locate, render, signals, style, Failure};
@@ -148,11 +149,11 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     }
     let segments = args.segments
         || (args.torch.is_none()
-            && std::env::var("OOMTRACE_TORCH")
-                .is_ok_and(|v| v.split(',').any(|part| part.trim() == "segments")));
+            && std::env::var(torch_hooks::VAR)
+                .is_ok_and(|v| torch_hooks::names(&v, TorchHook::Segments)));
     let hooks = PythonHooks {
         tracker: !segments && args.torch != Some(TorchMode::Swap),
-        allocator: args.torch == Some(TorchMode::Swap),
+        swap: args.torch == Some(TorchMode::Swap),
         steps: !args.no_step_hook,
     };
     match python_env(&session.lib, hooks) {
@@ -315,7 +316,7 @@ struct PythonHooks {
     /// with `--segments`).
     tracker: bool,
     /// `--torch=swap`: PyTorch allocates through oomtrace's pluggable-allocator entry points.
-    allocator: bool,
+    swap: bool,
     /// A step marker after every optimizer step (not with `--no-step-hook`).
     steps: bool,
 }
@@ -323,29 +324,29 @@ struct PythonHooks {
 /// Environment for the program: the sitecustomize first on PYTHONPATH, then the package, and
 /// `OOMTRACE_TORCH` saying which hooks it installs. Nothing when no hook is wanted.
 fn python_env(lib: &Path, hooks: PythonHooks) -> Result<Vec<(OsString, OsString)>, Failure> {
-    let wanted: Vec<&str> = [
-        (hooks.tracker, "tracker"),
-        (hooks.allocator, "allocator"),
-        (hooks.steps, "steps"),
+    let wanted: Vec<TorchHook> = [
+        (hooks.tracker, TorchHook::Tracker),
+        (hooks.swap, TorchHook::Swap),
+        (hooks.steps, TorchHook::Steps),
     ]
     .iter()
     .filter(|(on, _)| *on)
-    .map(|&(_, name)| name)
+    .map(|&(_, hook)| hook)
     .collect();
     if wanted.is_empty() {
         // Said explicitly, so that the shim (which puts the step hook on PYTHONPATH in a
         // Python program under plain LD_PRELOAD) leaves it off too.
-        return Ok(vec![("OOMTRACE_TORCH".into(), OsString::new())]);
+        return Ok(vec![(torch_hooks::VAR.into(), OsString::new())]);
     }
-    let dir = oomtrace_proto::cache::python_files()
+    let dir = oomtrace_proto::host::cache::python_files()
         .map_err(|e| Failure::new(format!("cannot write {e}")))?;
     locate::mark_used(&dir);
-    let joined = oomtrace_proto::cache::python_path(&dir, std::env::var_os("PYTHONPATH"))
+    let joined = oomtrace_proto::host::cache::python_path(&dir, std::env::var_os("PYTHONPATH"))
         .map_err(Failure::new)?;
     Ok(vec![
         ("PYTHONPATH".into(), joined),
         ("OOMTRACE_LIB".into(), lib.as_os_str().to_owned()),
-        ("OOMTRACE_TORCH".into(), wanted.join(",").into()),
+        (torch_hooks::VAR.into(), torch_hooks::value(&wanted).into()),
     ])
 }
 

@@ -37,7 +37,7 @@ pub fn write(path: &Path, text: &str) -> Result<(), String> {
                 path,
                 format!(
                     "it is {}, not a regular file: refusing to replace it",
-                    oomtrace_proto::file_kind::describe(&m.file_type())
+                    oomtrace_proto::host::file_kind::describe(&m.file_type())
                 ),
             ))
         }

@@ -83,7 +83,7 @@ fn open_regular(path: &Path) -> Result<File, String> {
     }
     Err(format!(
         "it is {}, not a trace file",
-        oomtrace_proto::file_kind::describe(&t)
+        oomtrace_proto::host::file_kind::describe(&t)
     ))
 }
 

@@ -278,7 +278,7 @@ impl DirectFile {
 /// or beside a device, a FIFO, a directory or a link).
 pub(super) fn not_a_regular_file(path: &Path) -> Option<String> {
     let t = std::fs::symlink_metadata(path).ok()?.file_type();
-    let what = oomtrace_proto::file_kind::describe(&t);
+    let what = oomtrace_proto::host::file_kind::describe(&t);
     if t.is_file() {
         None
     } else if t.is_symlink() || t.is_dir() {

@@ -7,6 +7,8 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use oomtrace_proto::host::peer;
+
 use super::fd_guard::{self, Owned};
 use super::sink::Sink;
 
@@ -271,24 +273,17 @@ fn send_some(
 
 /// The pid of the process that listened on the other end (SO_PEERCRED), 0 if unknown.
 fn peer_pid(s: &Owned) -> i32 {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt on our socket with out-parameters of the right size.
-    let rc = s.sys(|fd| unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        ) as isize
+    let mut pid = 0;
+    // -1 with getsockopt's errno left for the guard to read, as a failed call returns.
+    let rc = s.sys(|fd| match peer::peer_cred(fd) {
+        Some(cred) => {
+            pid = cred.pid;
+            0
+        }
+        None => -1,
     });
     if rc.is_ok() {
-        cred.pid
+        pid
     } else {
         0
     }

@@ -5,7 +5,7 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use oomtrace_proto::{collector_spawn, private_dir, socket_dir};
+use oomtrace_proto::host::{collector_spawn, private_dir, socket_dir};
 
 use crate::config::Config;
 use crate::{log, symbols};

@@ -17,7 +17,7 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::private_dir;
+use super::private_dir;
 
 /// The socket's name in its directory.
 pub const SOCKET: &str = "collector.sock";
