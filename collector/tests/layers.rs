@@ -131,11 +131,19 @@ const SHARED: &[&str] = &[
     "growth_finding.rs",
     "births.rs",
     "stats.rs",
+    "refusal.rs",
 ];
 
-/// The growth detectors: peers, none names another (the leak detector is read through
-/// `leaks.rs`, which names none).
-const GROWTH_DETECTORS: &[&str] = &["growth", "site_growth", "device_growth"];
+/// The detectors that must not name one another: the growth detectors (the leak detector is
+/// read through `leaks.rs`, which names none), and the OOM and fragmentation detectors (what
+/// both speak of is in `refusal.rs`).
+const PEER_DETECTORS: &[&str] = &[
+    "growth",
+    "site_growth",
+    "device_growth",
+    "fragmentation",
+    "oom",
+];
 
 /// The analysis modules a line of code names: the first segment of each path after `super::`
 /// or `analysis::`, inside a `{...}` group too (`use super::{growth, window::Sample}`).
@@ -188,7 +196,7 @@ fn code_of(text: &str) -> String {
 }
 
 /// Detectors are peers (`analysis/mod.rs`): the shared vocabulary names no detector, and no
-/// growth detector names another.
+/// detector names another.
 #[test]
 fn analysis_detectors_are_peers() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/analysis");
@@ -205,7 +213,7 @@ fn analysis_detectors_are_peers() {
     for file in SHARED {
         check(file, DETECTORS);
     }
-    for detector in GROWTH_DETECTORS {
+    for detector in PEER_DETECTORS {
         let others: Vec<&str> = DETECTORS
             .iter()
             .copied()

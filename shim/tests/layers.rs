@@ -131,12 +131,15 @@ const TRANSPORT_SIBLINGS: &[(&str, &[&str])] = &[
     ("spawn.rs", &[]),
     ("file.rs", &["fd_guard"]),
     ("socket.rs", &["fd_guard", "sink"]),
-    ("frame.rs", &["outbox"]),
+    ("msg.rs", &[]),
+    ("ring.rs", &["msg"]),
+    ("outbox.rs", &["msg", "ring"]),
+    ("frame.rs", &["msg", "outbox"]),
     ("hello.rs", &["fd_guard"]),
     (
         "delivery.rs",
         &[
-            "fd_guard", "file", "frame", "sink", "socket", "spawn", "outbox",
+            "fd_guard", "file", "frame", "sink", "socket", "spawn", "outbox", "msg",
         ],
     ),
 ];

@@ -36,7 +36,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 
 use super::leaks::GrewAt;
-use super::oom::{OomRecord, Retry};
+pub use super::refusal::Remedy;
+use super::refusal::{OomRecord, Retry};
 use super::stats::{mann_kendall, theil_sen};
 use super::trend::seconds;
 use super::{
@@ -93,23 +94,6 @@ pub struct FragPattern {
     pub mean_request_slope_bytes_per_step: Option<f64>,
     /// Distinct request sizes of 1 MiB and more (at most 4096 counted).
     pub distinct_large_sizes: u64,
-}
-
-/// A `PYTORCH_CUDA_ALLOC_CONF` setting that may help, and (filled in by the report from a
-/// replay of the trace through a model of PyTorch's allocator) what it would do.
-#[derive(Clone, Debug, Serialize)]
-pub struct Remedy {
-    /// The setting as it would be written in `PYTORCH_CUDA_ALLOC_CONF`.
-    pub alloc_conf: String,
-    /// Why it may help, one sentence.
-    pub why: String,
-    /// The predicted peak reserve with it (None: not predicted, e.g. no tensors traced).
-    pub predicted_peak_reserved_bytes: Option<u64>,
-    /// The recorded run's peak reserve as the same replay reproduces it (the baseline).
-    pub baseline_peak_reserved_bytes: Option<u64>,
-    /// For an out-of-memory: whether the failed request would have fit.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub oom_avoided: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]

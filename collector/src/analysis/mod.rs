@@ -44,6 +44,7 @@ pub mod growth;
 mod growth_finding;
 pub mod leaks;
 pub mod oom;
+pub mod refusal;
 #[cfg(test)]
 pub(crate) mod sim;
 pub mod site_growth;

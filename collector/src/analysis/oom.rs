@@ -3,6 +3,8 @@
 //! program recovered by freeing and retrying (what PyTorch's caching allocator does before
 //! it raises "CUDA out of memory").
 
+use super::refusal::Remedy;
+pub use super::refusal::{OomRecord, Retry};
 use super::{Alert, Alerts, AllocObs, Cause, Change, Context, Detector, Finding, Kind, Severity};
 use crate::model::FrameInfo;
 use crate::model::SiteId;
@@ -15,44 +17,6 @@ pub const TOP_SITES: usize = 10;
 const MAX_RECORDS: usize = 64;
 /// A successful allocation of the same size this soon after a failure is its retry.
 const RETRY_WINDOW_NS: u64 = 10_000_000_000;
-
-/// An allocation the driver refused, with the state at that instant.
-#[derive(Clone, Debug)]
-pub struct OomRecord {
-    pub seq: u64,
-    pub ts_ns: u64,
-    pub epoch: u32,
-    pub api: Api,
-    pub result: i32,
-    pub device: i16,
-    pub size: u64,
-    pub site: SiteId,
-    pub tid: u32,
-    /// What the driver reported right after the failure.
-    pub free_bytes: Option<u64>,
-    pub total_bytes: Option<u64>,
-    /// Tracked live bytes on the device at the failure.
-    pub live_bytes: u64,
-    /// PyTorch's reserve and its tensors at the failure (tensors traced only): the allocator
-    /// had already given back what it could, so reserve minus tensors is memory it held in
-    /// pieces too small for the request.
-    pub torch_reserved_bytes: Option<u64>,
-    pub tensor_bytes: Option<u64>,
-    /// The largest holders on that device at the failure: (site, live bytes, live count).
-    pub top_sites: Vec<(SiteId, u64, u64)>,
-    /// Set when a free-then-retry of the same size succeeded.
-    pub recovered: Option<Retry>,
-}
-
-/// A failed allocation followed by frees and a successful allocation of the same size.
-#[derive(Clone, Copy, Debug)]
-pub struct Retry {
-    pub device: i16,
-    pub size: u64,
-    pub frees: u64,
-    pub freed_bytes: u64,
-    pub after_ns: u64,
-}
 
 #[derive(Clone, Copy, Debug)]
 struct Pending {
@@ -327,7 +291,7 @@ pub struct OomDetail {
     /// Settings that would (or would not) have fit the request, from a replay of the trace
     /// (filled in by the report when the memory was in pieces).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub remedies: Vec<super::fragmentation::Remedy>,
+    pub remedies: Vec<Remedy>,
 }
 
 /// One holder at an OOM.

@@ -5,7 +5,7 @@
 use oomtrace_proto::wire::{encode, GoodbyeReason, Lost};
 use oomtrace_proto::{Event, StackId};
 
-use super::outbox::Msg;
+use super::msg::Msg;
 use crate::clock::Calibration;
 
 /// Events per Events frame, at most.

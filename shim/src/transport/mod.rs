@@ -76,6 +76,7 @@ pub(crate) mod fd_guard;
 mod file;
 mod frame;
 mod hello;
+mod msg;
 pub mod outbox;
 mod ring;
 mod sink;

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+pub use super::msg::{Done, Msg};
 use super::ring::{PushError, Receiver, Ring};
 use crate::cache_line::CacheLine;
 use oomtrace_proto::counter_page::{CounterPage, PageFd};
@@ -148,62 +149,6 @@ impl Outbox {
     /// The end of the stream (bounded wait; see `shutdown`).
     pub fn shutdown(&self, reason: GoodbyeReason, timeout: Duration) -> bool {
         shutdown(self, reason, timeout)
-    }
-}
-
-pub enum Msg {
-    Event(Event),
-    Stack {
-        id: u32,
-        frames: Box<[u64]>,
-    },
-    Module(Box<ModuleDef>),
-    ModuleGone(u32),
-    /// A Python code object, before the first stack that names it.
-    Code(Box<oomtrace_proto::python::CodeDef>),
-    Marker {
-        ev: Event,
-        label: Box<str>,
-    },
-    /// Launcher variables learnt after the Hello (`oomtrace_set_rank`).
-    Launch(Box<[(String, String)]>),
-    /// PyTorch's own statistics of one device (`oomtrace_torch_memory`); `ts_ns` in clock
-    /// ticks, put on the events' clock by the drain thread.
-    TorchMemory(TorchMemory),
-    /// Write out everything queued before this, then signal.
-    Flush(Arc<Done>),
-    /// Write everything, say goodbye, close, signal; the drain thread then ends.
-    Shutdown(GoodbyeReason, Arc<Done>),
-}
-
-/// A one-shot signal with a bounded wait.
-pub struct Done {
-    flag: Mutex<bool>,
-    cv: Condvar,
-}
-
-impl Done {
-    pub fn new() -> Arc<Done> {
-        Arc::new(Done {
-            flag: Mutex::new(false),
-            cv: Condvar::new(),
-        })
-    }
-    pub(super) fn set(&self) {
-        if let Ok(mut f) = self.flag.lock() {
-            *f = true;
-        }
-        self.cv.notify_all();
-    }
-    /// True if signalled within `timeout`.
-    pub fn wait(&self, timeout: Duration) -> bool {
-        let Ok(guard) = self.flag.lock() else {
-            return false;
-        };
-        match self.cv.wait_timeout_while(guard, timeout, |f| !*f) {
-            Ok((g, _)) => *g,
-            Err(_) => false,
-        }
     }
 }
 

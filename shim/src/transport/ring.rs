@@ -14,7 +14,7 @@ use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::outbox::Msg;
+use super::msg::Msg;
 
 /// Set in the tail once the consumer has gone: every later push fails at once (and a push
 /// racing with it either lands before the mark, or sees it in its compare-and-swap).

@@ -1,0 +1,63 @@
+//! What the OOM and fragmentation detectors both speak of: an allocation the driver refused
+//! (with the state at that instant, and its retry) and a `PYTORCH_CUDA_ALLOC_CONF` remedy. A
+//! file of its own so that neither detector names the other (`tests/layers.rs`).
+
+use serde::Serialize;
+
+use crate::model::SiteId;
+use oomtrace_proto::Api;
+
+/// An allocation the driver refused, with the state at that instant.
+#[derive(Clone, Debug)]
+pub struct OomRecord {
+    pub seq: u64,
+    pub ts_ns: u64,
+    pub epoch: u32,
+    pub api: Api,
+    pub result: i32,
+    pub device: i16,
+    pub size: u64,
+    pub site: SiteId,
+    pub tid: u32,
+    /// What the driver reported right after the failure.
+    pub free_bytes: Option<u64>,
+    pub total_bytes: Option<u64>,
+    /// Tracked live bytes on the device at the failure.
+    pub live_bytes: u64,
+    /// PyTorch's reserve and its tensors at the failure (tensors traced only): the allocator
+    /// had already given back what it could, so reserve minus tensors is memory it held in
+    /// pieces too small for the request.
+    pub torch_reserved_bytes: Option<u64>,
+    pub tensor_bytes: Option<u64>,
+    /// The largest holders on that device at the failure: (site, live bytes, live count).
+    pub top_sites: Vec<(SiteId, u64, u64)>,
+    /// Set when a free-then-retry of the same size succeeded.
+    pub recovered: Option<Retry>,
+}
+
+/// A failed allocation followed by frees and a successful allocation of the same size.
+#[derive(Clone, Copy, Debug)]
+pub struct Retry {
+    pub device: i16,
+    pub size: u64,
+    pub frees: u64,
+    pub freed_bytes: u64,
+    pub after_ns: u64,
+}
+
+/// A `PYTORCH_CUDA_ALLOC_CONF` setting that may help, and (filled in by the report from a
+/// replay of the trace through a model of PyTorch's allocator) what it would do.
+#[derive(Clone, Debug, Serialize)]
+pub struct Remedy {
+    /// The setting as it would be written in `PYTORCH_CUDA_ALLOC_CONF`.
+    pub alloc_conf: String,
+    /// Why it may help, one sentence.
+    pub why: String,
+    /// The predicted peak reserve with it (None: not predicted, e.g. no tensors traced).
+    pub predicted_peak_reserved_bytes: Option<u64>,
+    /// The recorded run's peak reserve as the same replay reproduces it (the baseline).
+    pub baseline_peak_reserved_bytes: Option<u64>,
+    /// For an out-of-memory: whether the failed request would have fit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom_avoided: Option<bool>,
+}
