@@ -7,7 +7,6 @@ use super::refusal::Remedy;
 pub use super::refusal::{OomRecord, Retry};
 use super::{Alert, Alerts, AllocObs, Cause, Change, Context, Detector, Finding, Kind, Severity};
 use crate::model::FrameInfo;
-use crate::model::SiteId;
 use crate::units::fmt_bytes;
 use oomtrace_proto::Api;
 

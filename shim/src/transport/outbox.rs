@@ -8,14 +8,14 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 pub use super::msg::{Done, Msg};
 use super::ring::{PushError, Receiver, Ring};
 use crate::cache_line::CacheLine;
 use oomtrace_proto::counter_page::{CounterPage, PageFd};
-use oomtrace_proto::wire::{GoodbyeReason, Lost, ModuleDef, TorchMemory};
+use oomtrace_proto::wire::{GoodbyeReason, Lost};
 use oomtrace_proto::{Event, EventKind};
 
 /// The queue and counters of one process image (a fork child makes its own).
