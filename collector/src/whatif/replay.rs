@@ -1,7 +1,7 @@
 //! A trace replayed through [`Allocator`] models: each process's tensor requests and frees, in
 //! order, per device, through one model per setting asked about, in one pass over the file.
 //!
-//! What the trace gives (shim `record::torch_trace`, PyTorch's own trace entries):
+//! What the trace gives (the shim's `recording::torch_*`, from PyTorch's own trace entries):
 //! - `Alloc` with `Api::oomtrace_torch_alloc`: a tensor (`ptr`, `size` = bytes requested,
 //!   `aux` = stream), PyTorch's `ALLOC`;
 //! - `Free` with `Api::oomtrace_torch_free`: its block went back to the cache (`ptr`), PyTorch's
