@@ -20,7 +20,7 @@ use oomtrace_collector::report::thread_kind;
 use oomtrace_collector::report::{
     fmt_python_lines, EpochReport, Finding, Held, Kind, Level, ProcessReport, Report,
 };
-use oomtrace_collector::units::{fmt_bytes, fmt_count, fmt_duration, fmt_rate};
+use oomtrace_collector::units::{device_name, fmt_bytes, fmt_count, fmt_duration, fmt_rate};
 
 /// Native frames shown per stack in text (the JSON has them all; Python frames are always
 /// shown in full).
@@ -288,14 +288,6 @@ fn backward_text(out: &mut String, f: &Finding, indent: &str) {
 /// Whether a stack has Python frames (its place is then shown as the Python stack).
 fn has_python(stack: &[FrameInfo]) -> bool {
     stack.iter().any(|f| f.python)
-}
-
-fn device_name(d: i16) -> String {
-    if d < 0 {
-        "host (pinned)".into()
-    } else {
-        format!("device {d}")
-    }
 }
 
 /// How the run was cut into steps, and how sure that is.

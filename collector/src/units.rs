@@ -1,4 +1,4 @@
-//! Units in text: bytes, durations, rates. Used by every layer (detectors word their
+//! Units in text: bytes, durations, rates, device names. Used by every layer (detectors word their
 //! messages, the report and the live line print numbers), so it imports nothing of the crate.
 
 /// "1.50 GiB", "512 B".
@@ -65,6 +65,16 @@ pub fn fmt_rate(per_step: f64, per_s: Option<f64>) -> String {
     match per_s {
         Some(s) if s.is_finite() => format!("{sign}{step}/step ({}/s)", fmt_bytes(s.abs() as u64)),
         _ => format!("{sign}{step}/step"),
+    }
+}
+
+/// A device as the text names it: `device N`, or `host (pinned)` for the host's pinned memory
+/// (a device below 0).
+pub fn device_name(d: i16) -> String {
+    if d < 0 {
+        "host (pinned)".into()
+    } else {
+        format!("device {d}")
     }
 }
 

@@ -34,7 +34,7 @@ use super::{Cause, Kind, Report, ReportOptions, REPLACED_BY_EXEC};
 use crate::analysis::Analysis;
 use crate::model::trace::Trace;
 use crate::model::EndState;
-use crate::units::fmt_bytes;
+use crate::units::{device_name, fmt_bytes};
 
 /// The version of the `--json` document (fields are added, never renamed).
 pub const DIFF_VERSION: u32 = 1;
@@ -603,14 +603,6 @@ fn stale_modules(before: &Side, after: &Side, opts: &DiffOptions) -> Vec<DiffSta
         }
     }
     out
-}
-
-fn device_name(d: i16) -> String {
-    if d < 0 {
-        "host (pinned)".into()
-    } else {
-        format!("device {d}")
-    }
 }
 
 #[cfg(test)]
