@@ -1,7 +1,10 @@
-// Allocates and frees 1 MiB blocks for argv[1] seconds (default 5), timing each pair, then
-// prints how many pairs it made, the longest a single pair took (how long the shim held the
-// program back while the collector did not read) and when that pair started.
+// Allocates and frees 1 MiB blocks until its standard input closes, timing each pair. Prints
+// "made N" after every 65,536 pairs (so a test knows how far it got, whatever the machine's
+// speed), then how many pairs it made, the longest a single pair took (how long the shim held
+// the program back while the collector did not read) and when that pair started.
+#include <poll.h>
 #include <time.h>
+#include <unistd.h>
 #include "scenario.h"
 
 static double now_s(void) {
@@ -10,11 +13,18 @@ static double now_s(void) {
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
-int main(int argc, char** argv) {
-    double secs = argc > 1 ? atof(argv[1]) : 5.0;
+// True once standard input is at end of file (or broken): checked without waiting.
+static int input_closed(void) {
+    struct pollfd p = {.fd = 0, .events = POLLIN};
+    if (poll(&p, 1, 0) <= 0) return 0;
+    char c;
+    return p.revents & (POLLHUP | POLLERR | POLLNVAL) || read(0, &c, 1) <= 0;
+}
+
+int main(void) {
     double start = now_s(), end = start, longest = 0, longest_at = 0;
     long pairs = 0;
-    do {
+    for (;;) {
         double before = end;
         void* p;
         CHECK(cudaMalloc(&p, 1 * MiB));
@@ -25,7 +35,12 @@ int main(int argc, char** argv) {
             longest = end - before;
             longest_at = before - start;
         }
-    } while (end - start < secs);
+        if (pairs % 65536 == 0) {
+            printf("made %ld\n", pairs);
+            fflush(stdout);
+        }
+        if (pairs % 1024 == 0 && input_closed()) break;
+    }
     printf("stall_pairs: %ld pairs, longest %.0f ms at %.1f s\n", pairs, longest * 1000, longest_at);
     return 0;
 }
