@@ -141,6 +141,7 @@ struct TorchRun {
     report: Value,
     /// `oomtrace report` (text) on the trace.
     text: String,
+    trace: PathBuf,
     _dir: Scratch,
 }
 
@@ -268,6 +269,7 @@ fn run_torch(script_name: &str, mode: Mode, env: &[(&str, &str)]) -> TorchRun {
             stderr,
             report,
             text,
+            trace,
             _dir: dir,
         };
     }
@@ -602,9 +604,39 @@ fn expandable(mode: Mode) {
     );
     assert_ran(&r, 0);
     assert_done(&r);
-    if !mode.swapped() {
+    if mode == Mode::Segments {
         // The segment is mapped physical memory: cuMemCreate, not cudaMalloc.
         assert!(r.text.contains("cuMemCreate"), "{}", r.text);
+    }
+    if mode.tensor_level() && !mode.swapped() {
+        // Listed where segments are, as PyTorch's cache.
+        let segments = report_output(&["--segments"], &[&r.trace]);
+        assert!(
+            segments.contains("of PyTorch's cache (cuMemCreate)"),
+            "{segments}"
+        );
+        // The physical memory mapped into the segment is PyTorch's cache, never memory
+        // "outside PyTorch's allocator" (it was, before mapped segments counted as reserve):
+        // what the device holds at exit is the cache plus what is outside it, to the byte.
+        for f in r.report["findings"].as_array().expect("findings") {
+            assert!(
+                !(f["api"] == "cuMemCreate" && f["held"] == "outside_torch"),
+                "{f:#}\n{}",
+                r.text
+            );
+        }
+        // `report --json` has the sections (`run --json` only the findings).
+        let full = report_json(&r.trace);
+        let section = &full["sections"][0];
+        let device = &processes(&full)[0]["devices"][0];
+        assert_eq!(
+            section["outside_torch"]["live_at_exit_bytes"]
+                .as_u64()
+                .unwrap()
+                + section["torch_cache"]["reserved_bytes"].as_u64().unwrap(),
+            device["live_at_exit_bytes"].as_u64().unwrap(),
+            "{section:#}\n{device:#}"
+        );
     }
     check_activation_leak(&r, mode, "leak_activations.py", 10);
 }

@@ -37,6 +37,9 @@ pub struct PhysHandle {
     pub ts_ns: u64,
     pub refs: u32,
     pub mappings: u32,
+    /// Mapped into a segment of PyTorch's caching allocator (expandable segments): reserve,
+    /// as [`LiveAlloc::reserve`].
+    pub reserve: bool,
 }
 
 #[derive(Clone, Debug)]

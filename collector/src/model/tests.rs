@@ -241,6 +241,65 @@ fn a_segment_is_told_once_as_reserve_and_freed_as_reserve() {
     );
 }
 
+/// `expandable_segments:True`: the segment is physical memory mapped into reserved address
+/// space (`cuMemCreate` + `cuMemMap`), and PyTorch names the mapped range. Every handle
+/// mapped in the range is told once as reserve, counted as reserve at its site, and freed as
+/// reserve when unmapped and released; one mapped outside the range is not.
+#[test]
+fn the_handles_mapped_into_an_expandable_segment_are_reserve() {
+    #[derive(Default)]
+    struct Heard(Vec<(&'static str, u64, bool)>);
+    impl Observer for Heard {
+        fn free(&mut self, _p: &Process, f: &Free) {
+            self.0.push(("free", f.size, f.reserve));
+        }
+        fn reserve(&mut self, _p: &Process, f: &Free) {
+            self.0.push(("reserve", f.size, f.reserve));
+        }
+    }
+    let mut p = proc();
+    let mut heard = Heard::default();
+    let va = 0x7000_0000u64;
+    let page = 2u64 << 20;
+    // Two pages in the segment, a third handle mapped elsewhere (not PyTorch's).
+    for (handle, at) in [(1u64, va), (2, va + page), (3, 0x9000_0000)] {
+        p.apply_event(
+            &ev(EventKind::PhysCreate, Api::cuMemCreate, handle, page),
+            &mut heard,
+        );
+        let mut map = ev(EventKind::Map, Api::cuMemMap, at, page);
+        map.aux = handle;
+        p.apply_event(&map, &mut heard);
+    }
+    let segment = ev(
+        EventKind::Segment,
+        Api::oomtrace_torch_segment,
+        va,
+        2 * page,
+    );
+    p.apply_event(&segment, &mut heard);
+    p.apply_event(&segment, &mut heard);
+    assert_eq!(p.site_stats[&(SiteId(0), 0)].reserve_allocations, 2);
+    assert_eq!(heard.0, [("reserve", page, true), ("reserve", page, true)]);
+    heard.0.clear();
+    for (handle, at) in [(1u64, va), (2, va + page), (3, 0x9000_0000)] {
+        p.apply_event(&ev(EventKind::Unmap, Api::cuMemUnmap, at, page), &mut heard);
+        p.apply_event(
+            &ev(EventKind::PhysRelease, Api::cuMemRelease, handle, 0),
+            &mut heard,
+        );
+    }
+    assert_eq!(
+        heard.0,
+        [
+            ("free", page, true),
+            ("free", page, true),
+            ("free", page, false)
+        ]
+    );
+    assert_eq!(p.devices[&0].live_bytes, 0);
+}
+
 #[test]
 fn stack_ids_resolve_as_a_map_would_whatever_the_ids() {
     let mut sites = StackSites::default();

@@ -62,6 +62,7 @@ fn simulate_runs_real_pytorch_from_a_plain_venv() {
                 status: out.status,
                 stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
                 text: report_text(&dir.join("trace.oomt")),
+                trace: dir.join("trace.oomt"),
                 stderr,
                 report,
                 _dir: dir,

@@ -1,9 +1,9 @@
 //! What PyTorch's caching allocator tells: its segments (its reserve), and its own
 //! statistics of each device after a step.
 
-use oomtrace_proto::{Event, EventKind};
+use oomtrace_proto::{Api, Event, EventKind};
 
-use crate::model::{Free, Observer, Process, TorchMemory};
+use crate::model::{Free, Observer, Process, SiteId, TorchMemory};
 
 impl Process {
     /// A segment of PyTorch's caching allocator made (`Segment`) or given back (`SegmentFree`): its reserve.
@@ -15,7 +15,7 @@ impl Process {
         obs: &mut O,
     ) {
         if kind == EventKind::Segment {
-            self.mark_reserve(ev.ptr, ev.ts_ns, obs);
+            self.mark_reserve((ev.ptr, ev.size), ev.ts_ns, obs);
         }
         let dev = self.device(ev.device);
         dev.events += 1;
@@ -32,32 +32,67 @@ impl Process {
         });
     }
 
-    /// The allocation at `ptr` (the caching allocator's `cudaMalloc`, seen by the hooks just
-    /// before) is a segment of PyTorch's allocator: reserve, whose tensors are traced one by
-    /// one. Told once, so that the leak detectors stop counting it as a line's memory; the
-    /// device's totals keep it (the GPU holds it).
-    pub(super) fn mark_reserve<O: Observer + ?Sized>(&mut self, ptr: u64, ts: u64, obs: &mut O) {
-        let Some(a) = self.live.get_mut(&ptr) else {
-            return;
-        };
-        if a.reserve {
+    /// The segment at `ptr` is PyTorch's allocator's: reserve, whose tensors are traced one by
+    /// one. Either the allocation at `ptr` (the caching allocator's `cudaMalloc`, seen by the
+    /// hooks just before), or, with `expandable_segments:True`, the physical memory mapped into
+    /// `[ptr, ptr + size)` (its `cuMemCreate`s, mapped just before). Each is told once, so that
+    /// the leak detectors stop counting it as a line's memory; the device's totals keep it
+    /// (the GPU holds it).
+    pub(super) fn mark_reserve<O: Observer + ?Sized>(
+        &mut self,
+        (ptr, size): (u64, u64),
+        ts: u64,
+        obs: &mut O,
+    ) {
+        if let Some(a) = self.live.get_mut(&ptr) {
+            if !a.reserve {
+                a.reserve = true;
+                let a = a.clone();
+                self.reserve_told((a.device, a.site, a.size, a.api, a.birth), ts, obs);
+            }
             return;
         }
-        a.reserve = true;
-        let a = a.clone();
-        if let Some(s) = self.site_stats.get_mut(&(a.site, a.device)) {
+        let end = ptr.saturating_add(size.max(1));
+        let handles: Vec<u64> = self
+            .mappings
+            .range(ptr..end)
+            .map(|(_, m)| m.handle)
+            .collect();
+        for handle in handles {
+            let Some(h) = self.handles.get_mut(&handle) else {
+                continue;
+            };
+            if !h.reserve {
+                h.reserve = true;
+                let h = (h.device, h.site, h.size, Api::cuMemCreate, h.birth);
+                self.reserve_told(h, ts, obs);
+            }
+        }
+    }
+
+    /// One allocation newly reserve: counted at its site and told to the observer.
+    fn reserve_told<O: Observer + ?Sized>(
+        &mut self,
+        (device, site, size, api, birth): (i16, SiteId, u64, Api, u32),
+        ts: u64,
+        obs: &mut O,
+    ) {
+        if let Some(s) = self.site_stats.get_mut(&(site, device)) {
             s.reserve_allocations += 1;
         }
-        let dev = &self.devices[&a.device];
+        let (device_live, capacity) = self
+            .devices
+            .get(&device)
+            .map_or((0, None), |d| (d.live_bytes, d.capacity));
         let free = Free {
-            device: a.device,
-            site: a.site,
-            size: a.size,
-            api: a.api,
+            device,
+            site,
+            size,
+            api,
             ts_ns: ts,
-            birth: a.birth,
-            device_live: dev.live_bytes,
-            capacity: dev.capacity,
+            birth,
+            device_live,
+            capacity,
             reserve: true,
         };
         obs.reserve(self, &free);

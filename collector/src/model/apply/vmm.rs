@@ -19,7 +19,13 @@ impl Process {
         self.device(ev.device).events += 1;
         if let Some(old) = self.handles.remove(&ev.ptr) {
             let gone = (
-                old.device, old.site, old.size, api, old.birth, ev.ts_ns, false,
+                old.device,
+                old.site,
+                old.size,
+                api,
+                old.birth,
+                ev.ts_ns,
+                old.reserve,
             );
             self.remove_live(obs, gone, old.ts_ns, false);
         }
@@ -38,6 +44,7 @@ impl Process {
                 ts_ns: ev.ts_ns,
                 refs: 1,
                 mappings: 0,
+                reserve: false,
             },
         );
     }
@@ -137,7 +144,7 @@ impl Process {
                     Api::cuMemCreate,
                     h.birth,
                     ts,
-                    false,
+                    h.reserve,
                 );
                 self.remove_live(obs, gone, h.ts_ns, false);
             }
