@@ -177,22 +177,53 @@ macro_rules! apis {
         pub enum Api { Unknown = 0, $( $variant = $val, )* }
 
         impl Api {
+            /// One load from a table built at compile time: small enough to inline where every
+            /// event is decoded (the `match` it is built from was a call per event).
             #[inline]
             pub fn from_u8(v: u8) -> Api {
+                API_OF_BYTE[v as usize]
+            }
+            const fn from_u8_by_match(v: u8) -> Api {
                 match v { $( $val => Api::$variant, )* _ => Api::Unknown }
             }
             /// The exact C symbol name.
             pub fn name(self) -> &'static str {
                 match self { Api::Unknown => "unknown", $( Api::$variant => $name, )* }
             }
-            /// The kind of memory this API allocates (for allocating APIs).
+            /// The kind of memory this API allocates (for allocating APIs): a table, as
+            /// [`Api::from_u8`] (asked several times per event by the model and detectors).
             #[inline]
             pub fn memory_class(self) -> MemoryClass {
+                CLASS_OF_API[self as usize]
+            }
+            const fn memory_class_by_match(self) -> MemoryClass {
                 match self { Api::Unknown => MemoryClass::None, $( Api::$variant => MemoryClass::$class, )* }
             }
             /// Every known API, in discriminant order.
             pub const ALL: &'static [Api] = &[ $( Api::$variant, )* ];
         }
+
+        /// [`Api::from_u8`] for every byte.
+        static API_OF_BYTE: [Api; 256] = {
+            let mut t = [Api::Unknown; 256];
+            let mut i = 0;
+            while i < 256 {
+                t[i] = Api::from_u8_by_match(i as u8);
+                i += 1;
+            }
+            t
+        };
+
+        /// [`Api::memory_class`] by discriminant.
+        static CLASS_OF_API: [MemoryClass; 256] = {
+            let mut t = [MemoryClass::None; 256];
+            let mut i = 0;
+            while i < 256 {
+                t[i] = Api::from_u8_by_match(i as u8).memory_class_by_match();
+                i += 1;
+            }
+            t
+        };
     };
 }
 
