@@ -447,7 +447,7 @@ fn progress_only_on_a_terminal() {
     // trace takes depends on the machine and on `report`'s speed (which only grows), so it is
     // made larger until reading it takes over 1.5 s.
     let mut events = 400_000;
-    let (big, took) = loop {
+    let (mut big, took) = loop {
         let big = big_trace(&dir, events);
         let b = big.to_str().unwrap();
         // Standard error not a terminal: nothing but what the command always says.
@@ -479,18 +479,32 @@ fn progress_only_on_a_terminal() {
         "only the usual line"
     );
 
-    // A pseudo-terminal (script(1)): the bar appears, and is cleared before the report.
-    let cmdline = format!("{} report --json {b} > /dev/null", oomtrace_bin().display());
-    let mut cmd = base_command("script");
-    cmd.args(["-qec", &cmdline, "/dev/null"]);
-    let o = output_within(cmd, TIMEOUT);
-    let screen = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{screen} {}", stderr(&o));
-    assert!(
-        screen.contains("oomtrace: reading big.oomt ["),
-        "{screen:?}"
-    );
-    assert!(screen.contains("MiB/"), "{screen:?}");
+    // A pseudo-terminal (script(1)): the bar appears, and is cleared before the report. This
+    // read may be quicker than the one above (the machine's load changes between them): one
+    // that took under 1.2 s may end before the bar shows, and the trace doubles then. One that
+    // took longer and showed no bar fails.
+    let mut events = events;
+    loop {
+        let b = big.to_str().unwrap();
+        let cmdline = format!("{} report --json {b} > /dev/null", oomtrace_bin().display());
+        let mut cmd = base_command("script");
+        cmd.args(["-qec", &cmdline, "/dev/null"]);
+        let start = Instant::now();
+        let o = output_within(cmd, TIMEOUT);
+        let took = start.elapsed();
+        let screen = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{screen} {}", stderr(&o));
+        if screen.contains("oomtrace: reading big.oomt [") {
+            assert!(screen.contains("MiB/"), "{screen:?}");
+            break;
+        }
+        assert!(
+            took.as_secs_f64() < 1.2 && events < 25_600_000,
+            "no progress bar in {took:?} ({events} events): {screen:?}"
+        );
+        events *= 2;
+        big = big_trace(&dir, events);
+    }
 }
 
 /// Writes a big synthetic trace for bench/2026-11-24-export-memory.md (not a test):
