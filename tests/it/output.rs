@@ -483,7 +483,6 @@ fn progress_only_on_a_terminal() {
     // read may be quicker than the one above (the machine's load changes between them): one
     // that took under 1.2 s may end before the bar shows, and the trace doubles then. One that
     // took longer and showed no bar fails.
-    let mut events = events;
     loop {
         let b = big.to_str().unwrap();
         let cmdline = format!("{} report --json {b} > /dev/null", oomtrace_bin().display());
