@@ -72,9 +72,22 @@ pub fn line(p: &Process, a: &Alert, sym: &mut StackSymbolizer) -> String {
         (Kind::DeviceGrowth, _, Some(Evidence::DeviceGrowth(e))) => {
             // The device is already named before the colon.
             let device = format!("device {}: ", f.device);
-            text.push_str(f.message.strip_prefix(&device).unwrap_or(&f.message));
-            if a.change != Change::Resolved && a.change != Change::Downgraded {
-                device_growth_tail(&mut text, p, e, sym);
+            let message = f.message.strip_prefix(&device).unwrap_or(&f.message);
+            // Leak findings that account for the growth have live lines of their own, which
+            // name their lines: said in a few words, and nothing more (the report has it all).
+            let explained = e.leaks_on_device.as_ref().filter(|l| l.explained);
+            match (explained, message.split_once("; the ")) {
+                (Some(l), Some((growth, _))) => {
+                    let s = if l.leaks == 1 { "" } else { "s" };
+                    text.push_str(growth);
+                    text.push_str(&format!("; explained by {} leak finding{s}", l.leaks));
+                }
+                _ => {
+                    text.push_str(message);
+                    if a.change != Change::Resolved && a.change != Change::Downgraded {
+                        device_growth_tail(&mut text, p, e, sym);
+                    }
+                }
             }
         }
         // The cause in a few words: the message says more than a line has room for.
