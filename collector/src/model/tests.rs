@@ -192,23 +192,26 @@ fn torch_readings_follow_their_markers_and_the_last_of_each_device_is_kept() {
     assert!(p.devices.is_empty());
 }
 
+/// An observer that writes down what it hears of frees and reserve: (what, size, reserve).
+#[derive(Default)]
+struct HeardFrees(Vec<(&'static str, u64, bool)>);
+
+impl Observer for HeardFrees {
+    fn free(&mut self, _p: &Process, f: &Free) {
+        self.0.push(("free", f.size, f.reserve));
+    }
+    fn reserve(&mut self, _p: &Process, f: &Free) {
+        self.0.push(("reserve", f.size, f.reserve));
+    }
+}
+
 /// What an observer hears about a segment: born as a `cudaMalloc`, told once as reserve
 /// when the allocator names it (a second `Segment` at the address changes nothing), and
 /// its free says it was reserve. An extension's own `cudaMalloc` is never reserve.
 #[test]
 fn a_segment_is_told_once_as_reserve_and_freed_as_reserve() {
-    #[derive(Default)]
-    struct Heard(Vec<(&'static str, u64, bool)>);
-    impl Observer for Heard {
-        fn free(&mut self, _p: &Process, f: &Free) {
-            self.0.push(("free", f.size, f.reserve));
-        }
-        fn reserve(&mut self, _p: &Process, f: &Free) {
-            self.0.push(("reserve", f.size, f.reserve));
-        }
-    }
     let mut p = proc();
-    let mut heard = Heard::default();
+    let mut heard = HeardFrees::default();
     let seg = 0x7000_0000;
     let segment = ev(
         EventKind::Segment,
@@ -247,18 +250,8 @@ fn a_segment_is_told_once_as_reserve_and_freed_as_reserve() {
 /// reserve when unmapped and released; one mapped outside the range is not.
 #[test]
 fn the_handles_mapped_into_an_expandable_segment_are_reserve() {
-    #[derive(Default)]
-    struct Heard(Vec<(&'static str, u64, bool)>);
-    impl Observer for Heard {
-        fn free(&mut self, _p: &Process, f: &Free) {
-            self.0.push(("free", f.size, f.reserve));
-        }
-        fn reserve(&mut self, _p: &Process, f: &Free) {
-            self.0.push(("reserve", f.size, f.reserve));
-        }
-    }
     let mut p = proc();
-    let mut heard = Heard::default();
+    let mut heard = HeardFrees::default();
     let va = 0x7000_0000u64;
     let page = 2u64 << 20;
     // Two pages in the segment, a third handle mapped elsewhere (not PyTorch's).
