@@ -40,6 +40,7 @@ pub mod pluggable;
 pub mod python;
 pub mod python_env;
 pub mod recording;
+pub mod secure;
 pub mod stack;
 pub mod symbols;
 pub mod torch_abi;

@@ -43,6 +43,11 @@ const INIT_DONE: u8 = 2;
 static INIT: AtomicU8 = AtomicU8::new(INIT_NONE);
 static HOOKS_REGISTERED: OneShot = OneShot::new();
 static FINISHED: OneShot = OneShot::new();
+/// Below this many free descriptors (under the soft `RLIMIT_NOFILE`) when tracing would start,
+/// the process runs untraced: the shim holds up to two at once (the counter page until the
+/// stream starts, then the socket or its own trace file) and briefly a few more (a `/proc`
+/// read, the collector's start), and the program must never be the one left without.
+const MIN_FREE_DESCRIPTORS: u64 = 16;
 
 thread_local! {
     static IN_INIT: Cell<bool> = const { Cell::new(false) };
@@ -85,17 +90,32 @@ pub fn start() -> bool {
 fn init() -> bool {
     // Registered before anything slow, so that a fork during the rest of init still resets.
     register_process_hooks();
+    // A setuid/setgid program: before the environment is read at all (its paths and
+    // switches are the caller's), forward only; never follow a path, never spawn.
+    if crate::secure::secure_execution() {
+        MODE.store(MODE_FORWARD, Ordering::Release);
+        return false;
+    }
     let config = Config::from_env();
     log::set_verbose(config.verbose);
     if config.disabled {
         MODE.store(MODE_FORWARD, Ordering::Release);
         return false;
     }
-    // SAFETY: getauxval has no preconditions.
-    if unsafe { libc::getauxval(libc::AT_SECURE) } != 0 {
-        // setuid/setgid program: never follow paths from the environment, never spawn.
-        MODE.store(MODE_FORWARD, Ordering::Release);
-        return false;
+    // The shim needs a few descriptors of its own (the counter page, the socket, the
+    // collector's start); where the program has almost none left, each would be one it may
+    // need (a library it opens next, a file): then it runs untraced, and says so once.
+    if let Some((free, limit)) = transport::fd_guard::free_descriptors() {
+        if free < MIN_FREE_DESCRIPTORS {
+            MODE.store(MODE_FORWARD, Ordering::Release);
+            log::warn(&format!(
+                "not tracing: only {free} file descriptor{} free below this process's limit of \
+                 {limit} (ulimit -n); the shim takes none the program may need, so the program \
+                 runs untraced",
+                if free == 1 { "" } else { "s" }
+            ));
+            return false;
+        }
     }
     guard::install_panic_hook();
     // Plain LD_PRELOAD: start the collector now, before this hook returns, so that a child

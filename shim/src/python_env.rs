@@ -11,7 +11,8 @@
 //! the program's own still runs), `OOMTRACE_TORCH=tracker,steps` (or `segments,steps`), and
 //! `OOMTRACE_LIB` names this library. The files are written once into oomtrace's cache
 //! directory (`oomtrace_proto::host::cache`); the tokens are `oomtrace_proto::host::torch_hooks`.
-//! Children inherit all three and are left as they are.
+//! Children inherit all three and are left as they are. In a setuid or setgid process it does
+//! nothing at all (`secure.rs`).
 
 use std::ffi::OsString;
 
@@ -26,6 +27,11 @@ extern "C" fn prepare() {
 }
 
 fn prepare_python_env() {
+    // Before any environment variable is read: in a setuid or setgid program the environment
+    // is the caller's, and nothing here may act on it.
+    if crate::secure::secure_execution() {
+        return;
+    }
     let flag = |name: &str| std::env::var_os(name);
     if flag("OOMTRACE_DISABLE").is_some_and(|v| v == "1") {
         return;

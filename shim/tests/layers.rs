@@ -18,6 +18,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "log",
             "once",
             "recording",
+            "secure",
             "stack",
             "symbols",
             "transport",
@@ -119,7 +120,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("clock.rs", &["log", "once", "symbols"]),
     ("once.rs", &["log", "once", "symbols"]),
     ("log.rs", &["log", "once", "symbols"]),
-    ("python_env.rs", &["log", "once", "symbols"]),
+    ("python_env.rs", &["log", "once", "symbols", "secure"]),
+    ("secure.rs", &[]),
     ("cache_line.rs", &["log", "once", "symbols"]),
 ];
 
