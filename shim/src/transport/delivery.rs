@@ -404,6 +404,8 @@ impl<S: Sink> Delivery<S> {
 
     fn detach(&mut self, why: &str) {
         self.sink = Conn::Detached;
+        // No collector will read the counter page: its descriptor goes back to the program.
+        release_page_fd();
         // Nothing will be delivered any more: hooks stop waiting for room.
         self.stalled = true;
         self.ob.shared.set_stalled(true);
@@ -534,6 +536,8 @@ impl<S: Sink> Delivery<S> {
         let _ = trace_file::write_chunk(&mut first, 0, &hello, false);
         match DirectFile::create(Path::new(&wanted), &first) {
             Ok(d) => {
+                // The file carries the count in its `Made` record: no reader of the page.
+                release_page_fd();
                 log::warn_once(
                     &FALLBACK_SAID,
                     &format!("{why}; writing the trace directly to {}", d.path),
@@ -634,5 +638,15 @@ impl<S: Sink> Delivery<S> {
         } else if lost > 0 && DETACH_SAID.taken() && !OUTPUT_REFUSED.load(Ordering::Relaxed) {
             log::warn(&format!("{lost} events were not recorded (see above)"));
         }
+    }
+}
+
+/// Closes the counter page's descriptor if it was not handed over yet (and is still ours):
+/// once nobody will read the page, the process should have its descriptor back. In a window
+/// of the descriptor guard, so the number cannot be closed and reused between the identity
+/// check and the close.
+fn release_page_fd() {
+    if let Some(page) = take_page_fd() {
+        let _ = fd_guard::transient(|| page.close());
     }
 }

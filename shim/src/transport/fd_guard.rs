@@ -399,6 +399,36 @@ pub(crate) fn transient<R>(f: impl FnOnce() -> R) -> Option<R> {
     Some(f())
 }
 
+/// How many descriptors the process could still open below its soft `RLIMIT_NOFILE`, and
+/// that limit (None for no limit, or when it cannot be told). Counted once, when tracing
+/// would start: the directory read of `/proc/self/fd` runs in a window (its own descriptor
+/// is closed before the program could reuse the number), and a table already full (the read
+/// itself fails with `EMFILE`) is none free.
+pub(crate) fn free_descriptors() -> Option<(u64, u64)> {
+    // SAFETY: rlimit is plain data; all-zero is a valid value.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: getrlimit writes only into `rl`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0
+        || rl.rlim_cur == libc::RLIM_INFINITY
+    {
+        return None;
+    }
+    let limit = rl.rlim_cur;
+    let open = transient(|| match std::fs::read_dir("/proc/self/fd") {
+        // Only numbers under the limit take room (one inherited above it does not); the
+        // directory's own descriptor is one of them, and not the program's.
+        Ok(dir) => Some(
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+                .filter(|&fd| fd < limit)
+                .count()
+                .saturating_sub(1) as u64,
+        ),
+        Err(e) if e.raw_os_error() == Some(libc::EMFILE) => Some(limit),
+        Err(_) => None,
+    })??;
+    Some((limit.saturating_sub(open), limit))
+}
+
 /// The lowest number the shim's descriptor is moved to: just under the soft RLIMIT_NOFILE,
 /// at most 4096 (the kernel sizes the descriptor table to the highest number in use). None
 /// with a tiny limit (the descriptor stays where it is).
