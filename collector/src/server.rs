@@ -52,11 +52,20 @@ pub const STOP_CUT: Duration = Duration::from_millis(1500);
 /// collector running (a shim sends the Hello as soon as it connects).
 pub const HELLO_WAIT: Duration = Duration::from_secs(5);
 
-/// With `exit_when_idle`: a connection silent this long in the middle of a frame stops
-/// counting as a traced process (a shim writes whole frames, which a reading collector takes
-/// at once: a frame left half-sent is a stopped program or a client that is not a shim). It
-/// counts again when a byte arrives.
+/// With `exit_when_idle`: a connection whose frame has not been whole for this long since its
+/// first byte stops counting as a traced process (a shim writes whole frames, which a reading
+/// collector takes at once: a frame left half-sent, or sent a byte now and then, is a stopped
+/// program or a client that is not a shim). It counts again once its frames are whole.
 pub const MID_FRAME_WAIT: Duration = Duration::from_secs(10);
+
+/// With `exit_when_idle`: a connection whose peer process (SO_PEERCRED) has exited stops
+/// counting once no byte came for this long: the end of its trace, if any, has been read, and
+/// whatever keeps the socket open (a child that inherited it without `fork`'s handlers, a
+/// process that passed it on) is not a traced process.
+pub const PEER_GONE_WAIT: Duration = Duration::from_secs(1);
+
+/// How often a connection asks whether its peer process still runs (a `/proc` read).
+const PEER_CHECK_EVERY: Duration = Duration::from_millis(500);
 
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -185,6 +194,12 @@ impl Collector {
             source: e.to_string(),
         })?;
         trace.save_vanished_in = opts.save_vanished_in.clone();
+        if opts.exit_when_idle {
+            // The collector a preloaded shim starts finishes its file a moment after its
+            // programs have returned (the idle grace, for late children): `oomtrace report`
+            // run meanwhile waits for the finished file on this lock.
+            trace.hold_writer_lock();
+        }
         clear_stale_socket(&opts.socket).map_err(|source| Error::Socket {
             path: opts.socket.clone(),
             source,
@@ -248,8 +263,6 @@ impl Collector {
             console: opts.console.clone(),
             failure: failure.clone(),
             tell_processes: opts.tell_processes,
-            hold_until_written: opts.exit_when_idle,
-            held: Mutex::new(Vec::new()),
             metrics: opts.metrics.clone(),
         });
         let mut failure_said = false;
@@ -337,11 +350,6 @@ impl Collector {
             path: opts.output.clone(),
             source: "the writer thread failed".into(),
         })?;
-        // The trace is finished (end record written, file in place): processes still waiting
-        // at exit for their connection to close may now return.
-        drop(std::mem::take(
-            &mut *shared.held.lock().unwrap_or_else(|p| p.into_inner()),
-        ));
         if !failure_said {
             if let Some(f) = &written.failure {
                 opts.console.warn(&format!("oomtrace: {}", f.line()));
@@ -425,13 +433,6 @@ struct Shared {
     console: Arc<dyn Console>,
     failure: SharedFailure,
     tell_processes: bool,
-    /// A collector that exits when idle (the one a preloaded shim starts for itself) keeps a
-    /// cleanly ended connection open until the trace file is finished: the shim waits for
-    /// that close at exit, so "the program returned" means "its trace is complete", as
-    /// docs/cli.md ("Three ways in") promises. (A collector that keeps running closes at
-    /// once: its trace is finished only when it stops.)
-    hold_until_written: bool,
-    held: Mutex<Vec<UnixStream>>,
     metrics: Option<Arc<Registry>>,
 }
 
@@ -607,6 +608,11 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
     }
     let mut inbox = Inbox::new(shared.inbox_budget.clone());
     let mut last_byte = accepted;
+    // Since when a frame has been arriving (bytes of it waiting in the inbox), and whether the
+    // peer process still runs, asked every `PEER_CHECK_EVERY` (for `exit_when_idle`).
+    let mut partial_since: Option<Instant> = None;
+    let mut peer_checked = accepted;
+    let mut peer_alive = true;
     let mut header_ok = false;
     let mut process: Option<(Process, Analysis)> = None;
     let mut failure_said = false;
@@ -637,10 +643,21 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
             break Ok(());
         }
         // A traced process keeps an idle-exiting collector running; a client that never says
-        // Hello, or stops in the middle of a frame, does not for long.
+        // Hello, takes longer than a shim ever does to finish a frame (a stopped sender, or a
+        // byte now and then), or whose process has gone (the socket kept open by another),
+        // does not for long.
+        if let Some(pid) = peer_pid.filter(|_| process.is_some()) {
+            if peer_checked.elapsed() >= PEER_CHECK_EVERY {
+                peer_checked = Instant::now();
+                peer_alive = still_running(pid);
+            }
+        }
         holding.set(match process {
             None => accepted.elapsed() < HELLO_WAIT,
-            Some(_) => inbox.is_empty() || last_byte.elapsed() < MID_FRAME_WAIT,
+            Some(_) => {
+                partial_since.is_none_or(|since| since.elapsed() < MID_FRAME_WAIT)
+                    && (peer_alive || last_byte.elapsed() < PEER_GONE_WAIT)
+            }
         });
         // The counter page comes with the first bytes (SCM_RIGHTS): read with `recvmsg`.
         let mut reader = PagedReader {
@@ -775,6 +792,12 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
             let _ = wtx.send(WriterMsg::Chunk(conn, buf[from..used].to_vec(), events));
             inbox.consume(used);
         }
+        // The age of the frame in progress counts from its first byte, not its last.
+        partial_since = match (inbox.is_empty(), partial_since) {
+            (true, _) => None,
+            (false, None) => Some(Instant::now()),
+            (false, since) => since,
+        };
         if let Some(f) = failure {
             break Err(f);
         }
@@ -832,13 +855,11 @@ fn serve_connection(conn: u32, mut stream: UnixStream, wtx: &Sender<WriterMsg>, 
             let _ = stream.write_all(format!("{line}\n").as_bytes());
         }
     }
-    if shared.hold_until_written && reason == CloseReason::Clean {
-        if let Ok(mut held) = shared.held.lock() {
-            held.push(stream);
-        }
-    } else {
-        let _ = stream.shutdown(std::net::Shutdown::Both);
-    }
+    // Closed as soon as this process's records are written (the Sync above): the shim waits
+    // for this close at exit, and a process must not wait for others (its parent, its
+    // children) nor for the idle grace. The trace file itself is finished when the collector
+    // stops; a reader meanwhile waits on the writer's lock (`TraceFile::hold_writer_lock`).
+    let _ = stream.shutdown(std::net::Shutdown::Both);
     if let Some((mut p, a)) = process {
         p.end = match reason {
             CloseReason::Clean => p.end,

@@ -20,6 +20,10 @@
 //!   cause, the bytes and events not written) and the `End`. From then on records are counted per connection, not written, so the
 //!   connections are never held back. On a filesystem without `fallocate` the same happens on
 //!   the failed write itself (the file is cut back to the last whole record), as room allows.
+//! - **Locked while written, when it finishes after its programs.** The collector a preloaded
+//!   shim starts lets each program return once its records are written, then finishes the
+//!   file a moment later (after its idle grace); it holds an exclusive `flock` on the file
+//!   until then, and the trace reader waits on it (bounded) before reading.
 //! - **A trace whose directory vanished is kept.** If the trace's name is gone when it is
 //!   finished (its directory was removed during the run: the file was unlinked while open),
 //!   and the collector was given a place for that (`oomtrace run`'s: the temp dir), the whole
@@ -253,6 +257,15 @@ impl TraceFile {
             }
         }
         Err(last.unwrap_or_else(|| io::Error::other("no free temporary name")))
+    }
+
+    /// Takes the writer's lock on the file (`flock`, exclusive), released when the collector
+    /// closes it, finished or killed: a reader that finds it held knows the trace is still
+    /// being written and waits for it ([`crate::model::Trace::load`]). Best effort: a
+    /// filesystem without locks just means readers do not wait.
+    pub fn hold_writer_lock(&self) {
+        // SAFETY: flock on the descriptor this TraceFile owns; it only sets an advisory lock.
+        let _ = unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     }
 
     /// Moves the file to its name; returns the path used.

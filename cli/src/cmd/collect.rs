@@ -28,8 +28,8 @@ pub struct Args {
     #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Stop once every traced process has gone (after at least one came). A connection that
-    /// sends no Hello within 5 s, or is silent for 10 s in the middle of a frame, does not
-    /// count.
+    /// sends no Hello within 5 s, whose frame is not whole 10 s after its first byte, or whose
+    /// process has exited (1 s after its last byte), does not count.
     #[arg(long)]
     pub exit_when_idle: bool,
     /// Return once the socket is listening and keep collecting in the background.

@@ -6,6 +6,7 @@
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use oomtrace_proto::trace_file::{
     CloseReason, FileHeader, Record, Tail, TraceReader, WriteFailure,
@@ -87,6 +88,31 @@ fn open_regular(path: &Path) -> Result<File, String> {
     ))
 }
 
+/// How long a reader waits for a collector that still holds the writer's lock on the trace
+/// (`TraceFile::hold_writer_lock`): the collector a preloaded shim starts finishes its file
+/// about a second after the last program returned. Longer means a traced process is still
+/// running: the trace is read as it is, and a warning says so.
+const WRITER_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits (at most [`WRITER_WAIT`]) until no collector holds the writer's lock on `f`; false
+/// if one still does. A shared lock, kept while the file is read; a filesystem without locks
+/// never waits.
+fn wait_for_writer(f: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    let started = Instant::now();
+    loop {
+        // SAFETY: flock on a descriptor we own; it only takes an advisory lock.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+            return true;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) || started.elapsed() >= WRITER_WAIT {
+            return e.raw_os_error() != Some(libc::EWOULDBLOCK);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 impl<O: Observer + Default> Trace<O> {
     pub fn new(header: FileHeader) -> Trace<O> {
         Trace {
@@ -126,17 +152,25 @@ impl<O: Observer + Default> Trace<O> {
             path: path.to_path_buf(),
             source: e,
         })?;
+        let finished = wait_for_writer(&f);
         let total = f.metadata().map_or(0, |m| m.len());
         let mut at = |done: u64| progress(done, total.max(done));
-        Trace::read_pipelined(BufReader::with_capacity(1 << 20, f), apply, &mut at).map_err(|e| {
-            match e {
+        let mut trace = Trace::read_pipelined(BufReader::with_capacity(1 << 20, f), apply, &mut at)
+            .map_err(|e| match e {
                 Error::Format(inner) => Error::BadTrace {
                     path: path.to_path_buf(),
                     source: inner,
                 },
                 other => other,
-            }
-        })
+            })?;
+        if !finished {
+            trace.warnings.push(format!(
+                "a collector is still writing this trace (waited {} s for it to finish): it is \
+                 read as it is now",
+                WRITER_WAIT.as_secs()
+            ));
+        }
+        Ok(trace)
     }
 
     pub fn read<R: Read>(r: R) -> Result<Trace<O>, Error> {
