@@ -9,7 +9,9 @@
 //!   existing file or link), which is flushed, synced and renamed over the path only once
 //!   everything was written. On any failure that temporary file, which this run created, is
 //!   removed, and an existing file at the path is left exactly as it was. A replaced file
-//!   keeps its permission bits; a new one gets the usual 0666 less the umask.
+//!   keeps its permission bits; a new one is 0600, like the trace: reports, views and exports
+//!   hold the traced command line (`--api-key=...` included), paths and environment-derived
+//!   settings, which other users must not read.
 //! - A symbolic link to a regular file (or to nothing): refused in one line; the link is
 //!   neither followed nor removed (writing through it would change a file the user did not
 //!   name, replacing it would lose the link). A link to a device or a pipe (`/dev/stdout`,
@@ -393,7 +395,9 @@ fn create_temp(dest: &Path, mode: Option<u32>) -> io::Result<(File, PathBuf)> {
         match OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o666)
+            // Private: what oomtrace writes holds the traced command line (see the module
+            // comment); a file it replaces gets its old bits back below.
+            .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)
         {
