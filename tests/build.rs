@@ -51,6 +51,21 @@ const TARGETS: &[Target] = &[
         flags: CUDART,
     },
     Target {
+        out: "exit_timing",
+        sources: &["exit_timing.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "fd_limit",
+        sources: &["fd_limit.c"],
+        flags: CUDART,
+    },
+    Target {
+        out: "secure_dlopen",
+        sources: &["secure_dlopen.c"],
+        flags: &["-ldl"],
+    },
+    Target {
         out: "slow_loop",
         sources: &["slow_loop.c"],
         flags: CUDART,

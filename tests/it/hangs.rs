@@ -351,6 +351,59 @@ fn exit_when_idle_is_not_held_by_clients_that_never_send_a_whole_frame() {
     drop((header_only, mid_frame));
 }
 
+/// Two clients that a shim never is: one that sends a byte of its frame every 2 s (a frame
+/// never whole; each byte used to count as progress), and one whose process has exited while
+/// its socket stays open elsewhere (here, in the test). Neither keeps an idle-exiting
+/// collector running once the real program has gone.
+#[test]
+fn exit_when_idle_is_not_held_by_a_trickle_or_by_a_gone_process() {
+    let dir = scratch("hangs-idle-trickle");
+    let socket = dir.join("c.sock");
+    let trace = dir.join("c.oomt");
+    let mut collector = collect(&socket, &trace, &["--exit-when-idle"]);
+    let mut gone = connect_from_a_gone_process(&socket);
+    gone.write_all(&hello_bytes(pid_that_does_not_exist()))
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let _stop = StopOnDrop(stop.clone());
+    let mut trickle = UnixStream::connect(&socket).unwrap();
+    trickle
+        .write_all(&hello_bytes(pid_that_does_not_exist()))
+        .unwrap();
+    let frame = events_frame(&mut 0, 64);
+    let trickler = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            for byte in &frame[..frame.len() - 1] {
+                if stop.load(Ordering::SeqCst) || trickle.write_all(&[*byte]).is_err() {
+                    break;
+                }
+                for _ in 0..20 {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+            drop(trickle);
+        })
+    };
+    let mut program = traced_through(&socket, "threads", &[]);
+    let status = wait_within(&mut program.0, TIMEOUT, "threads");
+    assert!(status.success());
+    let left = Instant::now();
+    // The trickle stops counting 10 s after its frame began, the gone one 1 s after its
+    // last byte; then the idle grace.
+    let status = wait_within(&mut collector, Duration::from_secs(40), "an idle collector");
+    assert!(status.success());
+    println!("exited {:?} after the program", left.elapsed());
+    let r = report_json(&trace);
+    assert_threads_whole(&r, program.0.id());
+    stop.store(true, Ordering::SeqCst);
+    let _ = trickler.join();
+    drop(gone);
+}
+
 /// VmRSS of `pid`, in bytes.
 fn rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
