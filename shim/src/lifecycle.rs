@@ -45,9 +45,11 @@ static HOOKS_REGISTERED: OneShot = OneShot::new();
 static FINISHED: OneShot = OneShot::new();
 /// Below this many free descriptors (under the soft `RLIMIT_NOFILE`) when tracing would start,
 /// the process runs untraced: the shim holds up to two at once (the counter page until the
-/// stream starts, then the socket or its own trace file) and briefly a few more (a `/proc`
-/// read, the collector's start), and the program must never be the one left without.
-const MIN_FREE_DESCRIPTORS: u64 = 16;
+/// stream starts, then the socket or its own trace file) and briefly two more (a `/proc`
+/// read, the collector's start: a pipe), so it leaves the program at least four of its own
+/// for what it opens next (the driver library, a file). A soft limit of 16, common in
+/// sandboxes, still traces.
+const MIN_FREE_DESCRIPTORS: u64 = 8;
 
 thread_local! {
     static IN_INIT: Cell<bool> = const { Cell::new(false) };
