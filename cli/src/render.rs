@@ -726,6 +726,7 @@ pub fn full_with(r: &Report, opts: &TextOptions) -> String {
             process_text(&mut out, p);
         }
     }
+    anatomy::section(&mut out, &r.processes);
     let live: Vec<&Finding> = r
         .findings
         .iter()
@@ -1059,6 +1060,7 @@ pub fn summary(r: &Report) -> String {
     for p in &r.processes {
         process_text(&mut out, p);
     }
+    anatomy::section(&mut out, &r.processes);
     if let Some(f) = r.findings.iter().find(|f| f.kind == Kind::Oom) {
         let _ = writeln!(out, "  first out-of-memory:");
         oom_text(&mut out, f, false, TEXT_FRAMES, opts);
@@ -1208,6 +1210,8 @@ pub fn diff(d: &Diff) -> String {
     }
     out
 }
+
+mod anatomy;
 
 #[cfg(test)]
 mod tests;

@@ -35,6 +35,7 @@
 //! `python_lines`, whether its allocations are PyTorch's segments) is completed by the report.
 
 pub mod advice;
+pub mod anatomy;
 pub mod births;
 pub mod device_growth;
 pub mod epoch;
@@ -521,6 +522,8 @@ pub struct Analysis {
     pub fragmentation: fragmentation::FragmentationDetector,
     pub threshold: threshold::ThresholdDetector,
     pub oom: oom::OomDetector,
+    /// What the memory is: the tensors' roles at the peak, each OOM and each step's end.
+    pub anatomy: anatomy::Anatomy,
     pub alerts: Alerts,
     /// Set if a detector ever failed (a bug): the clock and the detectors stop, the process's
     /// accounting and its trace go on.
@@ -694,6 +697,7 @@ impl Observer for Analysis {
         self.device_growth.on_alloc(&obs, &mut self.alerts);
         self.fragmentation.on_alloc(&obs, &mut self.alerts);
         self.threshold.on_alloc(&obs, &mut self.alerts);
+        self.anatomy.on_alloc(p, a);
         if let Some(r) = self.oom.take_retry(&obs) {
             self.fragmentation
                 .on_retry(&r, obs.epoch, obs.ts_ns, &mut self.alerts);
@@ -701,10 +705,11 @@ impl Observer for Analysis {
         self.clock.epoch
     }
 
-    fn free(&mut self, _p: &Process, f: &Free) {
+    fn free(&mut self, p: &Process, f: &Free) {
         if self.failed {
             return;
         }
+        self.anatomy.on_free(p, f);
         let obs = self.gone(f);
         if !f.reserve {
             // A segment of PyTorch's allocator left the leak detectors when it became reserve.
@@ -744,9 +749,13 @@ impl Observer for Analysis {
         }
         self.clock.on_marker(ts_ns);
         self.end_epoch(p, ts_ns);
+        self.anatomy.on_step(ts_ns);
     }
 
     fn out_of_memory(&mut self, p: &Process, o: &OutOfMemory) {
+        if !self.failed {
+            self.anatomy.on_out_of_memory(p, o);
+        }
         let record = oom::OomRecord {
             seq: o.seq,
             ts_ns: o.ts_ns,

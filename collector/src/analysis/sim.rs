@@ -52,6 +52,39 @@ impl Sim {
         self.next
     }
 
+    /// An allocation through `api` at `ptr` (a PyTorch tensor with `oomtrace_torch_alloc`).
+    pub fn alloc_at(&mut self, api: Api, stack: u32, ptr: u64, size: u64) {
+        self.ts += self.tick_ns;
+        let mut e = Event::new(EventKind::Alloc, api);
+        e.ptr = ptr;
+        e.size = size;
+        e.device = 0;
+        e.stack = StackId(stack);
+        e.ts_ns = self.ts;
+        self.p.apply_event(&e, &mut self.a);
+    }
+
+    /// A free through `api` of `ptr`.
+    pub fn free_at(&mut self, api: Api, ptr: u64) {
+        self.ts += self.tick_ns;
+        let mut e = Event::new(EventKind::Free, api);
+        e.ptr = ptr;
+        e.device = 0;
+        e.ts_ns = self.ts;
+        self.p.apply_event(&e, &mut self.a);
+    }
+
+    /// PyTorch's allocator says the allocation at `ptr` is one of its segments.
+    pub fn segment(&mut self, ptr: u64, size: u64) {
+        self.ts += self.tick_ns;
+        let mut e = Event::new(EventKind::Segment, Api::oomtrace_torch_segment);
+        e.ptr = ptr;
+        e.size = size;
+        e.device = 0;
+        e.ts_ns = self.ts;
+        self.p.apply_event(&e, &mut self.a);
+    }
+
     pub fn free(&mut self, ptr: u64) {
         self.ts += self.tick_ns;
         let mut e = Event::new(EventKind::Free, Api::cudaFree);

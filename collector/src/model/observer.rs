@@ -10,6 +10,9 @@ use super::{Process, SiteId};
 /// ends before it).
 #[derive(Clone, Copy, Debug)]
 pub struct Alloc {
+    /// Its address (a VMM handle for `cuMemCreate`): with `device` and its kind, what tells
+    /// one live allocation from another.
+    pub ptr: u64,
     pub device: i16,
     pub site: SiteId,
     pub size: u64,
@@ -27,6 +30,8 @@ pub struct Alloc {
 /// dropped it.
 #[derive(Clone, Copy, Debug)]
 pub struct Free {
+    /// As [`Alloc::ptr`].
+    pub ptr: u64,
     pub device: i16,
     pub site: SiteId,
     pub size: u64,

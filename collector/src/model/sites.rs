@@ -185,3 +185,20 @@ impl Process {
         }
     }
 }
+
+/// oomtrace's own Python code, matched by what it is: the package is the modules
+/// `oomtrace/__init__.py` and `oomtrace/_abi.py`, and `run` adds `boot/sitecustomize.py`
+/// beside it in its cache directory. Never by a path fragment such as `/oomtrace/`: a user's project cloned
+/// into a directory of that name is still the user's code.
+pub fn is_oomtrace_python_file(file: &str) -> bool {
+    let mut parts = file.rsplit('/');
+    let (Some(name), Some(dir)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    match (dir, name) {
+        ("oomtrace", "__init__.py" | "_abi.py") => true,
+        // <cache>/oomtrace/<version>-python-<hash>/boot/sitecustomize.py
+        ("boot", "sitecustomize.py") => parts.next().is_some_and(|d| d.contains("-python-")),
+        _ => false,
+    }
+}

@@ -4,9 +4,11 @@
 use oomtrace_proto::wire::GoodbyeReason;
 
 use super::{
-    DeviceReport, EpochReport, FailedAllocations, ProcessReport, TensorTotals, TorchMemoryReport,
+    AnatomyMoment, AnatomyReport, AnatomyStep, DeviceReport, EpochReport, FailedAllocations,
+    LibraryBytes, LineBytes, ProcessReport, RoleBytesReport, TensorTotals, TorchMemoryReport,
     REPLACED_BY_EXEC,
 };
+use crate::analysis::anatomy::MomentAnatomy;
 use crate::analysis::{trend, Analysis};
 use crate::model::trace::Trace;
 use crate::model::{EndState, FrameInfo, Process, SiteId, HOST_DEVICE};
@@ -19,6 +21,7 @@ pub(super) fn process_report(
     trace: &Trace<Analysis>,
     stack_of: &mut impl FnMut(&Process, SiteId) -> Vec<FrameInfo>,
 ) -> ProcessReport {
+    let mut anatomy = anatomy_reports(p, a, stack_of);
     let devices = p
         .devices
         .iter()
@@ -56,6 +59,7 @@ pub(super) fn process_report(
                 step: m.step,
                 at_s: m.ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
             }),
+            anatomy: anatomy.remove(&device),
         })
         .collect();
     ProcessReport {
@@ -139,4 +143,90 @@ fn status(p: &Process, trace: &Trace<Analysis>) -> String {
         EndState::Running => "running when the trace ended".into(),
         EndState::ProtocolError => "dropped (protocol error)".into(),
     }
+}
+
+/// Activation lines listed per moment.
+const ACTIVATION_LINES: usize = 5;
+
+/// Each device's anatomy, its activation sites named by the line a user reads.
+fn anatomy_reports(
+    p: &Process,
+    a: &Analysis,
+    stack_of: &mut impl FnMut(&Process, SiteId) -> Vec<FrameInfo>,
+) -> std::collections::BTreeMap<i16, AnatomyReport> {
+    let at_s = |ts: u64| ts.saturating_sub(p.first_ts_ns) as f64 / 1e9;
+    let mut moment = |m: &MomentAnatomy| {
+        let roles = RoleBytesReport::of(&m.roles);
+        AnatomyMoment {
+            at_s: at_s(m.ts_ns),
+            step: m.step,
+            device_bytes: m.device_bytes,
+            roles,
+            tensor_bytes: roles.total(),
+            reserve_gap_bytes: m.reserve_gap_bytes,
+            outside_pytorch_bytes: m.outside_bytes,
+            outside_pytorch: m
+                .outside
+                .iter()
+                .map(|(library, bytes)| LibraryBytes {
+                    library: library.clone(),
+                    bytes: *bytes,
+                })
+                .collect(),
+            activations: activation_lines(p, &m.activation_sites, stack_of),
+        }
+    };
+    a.anatomy
+        .report(p)
+        .into_iter()
+        .map(|d| {
+            let report = AnatomyReport {
+                at_peak: d.at_peak.as_ref().map(&mut moment),
+                at_oom: d.at_oom.iter().map(&mut moment).collect(),
+                per_step: d
+                    .per_step
+                    .iter()
+                    .map(|s| AnatomyStep {
+                        step: s.step,
+                        at_s: at_s(s.ts_ns),
+                        roles: RoleBytesReport::of(&s.roles),
+                    })
+                    .collect(),
+            };
+            (d.device, report)
+        })
+        .collect()
+}
+
+/// Activation bytes by the line a user reads (the sites' culprit frames; sites that name the
+/// same line add up), largest first.
+fn activation_lines(
+    p: &Process,
+    sites: &[(SiteId, u64)],
+    stack_of: &mut impl FnMut(&Process, SiteId) -> Vec<FrameInfo>,
+) -> Vec<LineBytes> {
+    let mut lines: Vec<LineBytes> = Vec::new();
+    // The largest sites first; a few more than shown, since several may share a line.
+    for &(site, bytes) in sites.iter().take(ACTIVATION_LINES * 4) {
+        let frames = stack_of(p, site);
+        let (function, file, line) = match super::symbolize::culprit(&frames) {
+            Some(f) => (f.function.clone(), f.file.clone(), f.line),
+            None => ("(no stack)".to_string(), String::new(), 0),
+        };
+        match lines
+            .iter_mut()
+            .find(|l| l.file == file && l.line == line && l.function == function)
+        {
+            Some(l) => l.bytes += bytes,
+            None => lines.push(LineBytes {
+                function,
+                file,
+                line,
+                bytes,
+            }),
+        }
+    }
+    lines.sort_by_key(|l| std::cmp::Reverse(l.bytes));
+    lines.truncate(ACTIVATION_LINES);
+    lines
 }

@@ -24,7 +24,7 @@ use oomtrace_proto::python::PyFrame;
 use super::module_file::{ModuleFiles, StaleModule};
 use super::roles::{backward_node_frame, FrameRole};
 pub use crate::model::FrameInfo;
-use crate::model::{RawFrame, SiteId, Stacks};
+use crate::model::{is_oomtrace_python_file, RawFrame, SiteId, Stacks};
 
 /// CPython's interpreter loop: one native frame per group of Python frames it runs.
 fn is_eval_loop(function: &str) -> bool {
@@ -41,7 +41,7 @@ fn is_library_file(file: &str) -> bool {
         || file.contains("/site-packages/")
         || file.contains("/dist-packages/")
         || is_stdlib_file(file)
-        || is_oomtrace_package_file(file)
+        || is_oomtrace_python_file(file)
 }
 
 /// `.../lib/python3.N/...`: the standard library of an installed interpreter (a user directory
@@ -52,23 +52,6 @@ fn is_stdlib_file(file: &str) -> bool {
         let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
         digits > 0 && rest[digits..].starts_with(['/', 't'])
     })
-}
-
-/// oomtrace's own Python code, matched by what it is: the package is the modules
-/// `oomtrace/__init__.py` and `oomtrace/_abi.py`, and `run` adds `boot/sitecustomize.py`
-/// beside it in its cache directory. Never by a path fragment such as `/oomtrace/`: a user's project cloned
-/// into a directory of that name is still the user's code.
-fn is_oomtrace_package_file(file: &str) -> bool {
-    let mut parts = file.rsplit('/');
-    let (Some(name), Some(dir)) = (parts.next(), parts.next()) else {
-        return false;
-    };
-    match (dir, name) {
-        ("oomtrace", "__init__.py" | "_abi.py") => true,
-        // <cache>/oomtrace/<version>-python-<hash>/boot/sitecustomize.py
-        ("boot", "sitecustomize.py") => parts.next().is_some_and(|d| d.contains("-python-")),
-        _ => false,
-    }
 }
 
 /// The frame a one-line summary should name: the innermost Python frame in the user's own
@@ -99,7 +82,7 @@ pub fn culprit(frames: &[FrameInfo]) -> Option<&FrameInfo> {
 pub fn runs_python(frames: &[FrameInfo]) -> bool {
     frames
         .iter()
-        .any(|f| f.python && !is_oomtrace_package_file(&f.file))
+        .any(|f| f.python && !is_oomtrace_python_file(&f.file))
 }
 
 /// The innermost Python frame in the user's own code (outside site-packages, the standard

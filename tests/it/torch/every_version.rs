@@ -8,6 +8,8 @@
 //! Python line whatever the cache hides (a small one under heavy churn, a sparse one), clean
 //! loops silent, and PyTorch's own statistics untouched.
 
+use std::collections::BTreeMap;
+
 use super::*;
 
 // ---- The tracker's view of PyTorch's C++ ABI ------------------------------------------------
@@ -445,4 +447,107 @@ fn pytorch_statistics_work_under_the_default() {
         d0["peak_bytes"].as_u64().unwrap_or(0) >= tensors_peak,
         "{d0:#}"
     );
+}
+
+// ---- What the memory is ---------------------------------------------------------------------
+
+/// The bytes a scenario printed after `label ` on a line of its own.
+fn printed_bytes(stdout: &str, label: &str) -> u64 {
+    stdout
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(label)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no '{label} N' line: {stdout}"))
+}
+
+/// The roles of an anatomy moment or step, as (role, bytes).
+fn roles_of(v: &Value) -> BTreeMap<String, u64> {
+    v["roles"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no roles: {v}"))
+        .iter()
+        .map(|(k, b)| (k.clone(), b.as_u64().unwrap()))
+        .collect()
+}
+
+/// An MLP trained with Adam (`set_to_none` gradients), by default and under plain LD_PRELOAD:
+/// after every step the live tensors are the parameters, their gradients and Adam's two
+/// moments to the byte (the script sizes its parameters), the step's batch and the output the
+/// program still holds; at the peak the activations are named at the line that made them,
+/// and the tensors' roles, the cache's reserve gap and the memory outside PyTorch add up to
+/// the device's peak exactly. The text report shows it.
+#[test]
+fn the_memory_of_an_adam_training_loop_has_its_roles() {
+    let batch = 4096u64;
+    let width = 512u64;
+    let line = torch_line_of("anatomy.py", "out = model(x)");
+    for mode in [Mode::Run, Mode::Preload] {
+        let r = run_torch("anatomy.py", mode, &[("BATCH", &batch.to_string())]);
+        assert_ran(&r, 0);
+        assert_done(&r);
+        let params = printed_bytes(&r.stdout, "params");
+        let p = &processes(&r.report)[0];
+        let d = device(p, 0);
+        let a = &d["anatomy"];
+        let steps = a["per_step"].as_array().unwrap();
+        assert_eq!(steps.len() as u64, STEPS, "{mode:?}: {a:#}");
+        // The batch, the output (both batch x width floats) and the loss (a scalar) are held
+        // by variables until the next step replaces them.
+        let x = batch * width * 4;
+        let out = x;
+        for s in &steps[1..] {
+            let mut expected = BTreeMap::new();
+            for (role, bytes) in [
+                ("parameter", params),
+                ("gradient", params),
+                ("optimizer_state", 2 * params),
+                ("activation", 0),
+                ("temporary", 0),
+                ("input", x),
+            ] {
+                expected.insert(role.to_string(), bytes);
+            }
+            let roles = roles_of(s);
+            let decided: BTreeMap<String, u64> = roles
+                .iter()
+                .filter(|(k, _)| k.as_str() != "other")
+                .map(|(k, v)| (k.clone(), *v))
+                .collect();
+            assert_eq!(decided, expected, "{mode:?} step {}: {s}", s["step"]);
+            // The output and the loss's scalar (PyTorch rounds no tensor under 512 bytes up
+            // in its own count; the tracker reports the size asked for).
+            assert!((out..out + 512).contains(&roles["other"]), "{mode:?}: {s}");
+        }
+        let peak = &a["at_peak"];
+        assert_eq!(peak["device_bytes"], d["peak_bytes"], "{mode:?}: {peak:#}");
+        let roles = roles_of(peak);
+        let tensors: u64 = roles.values().sum();
+        assert_eq!(peak["tensor_bytes"], tensors, "{peak:#}");
+        assert_eq!(
+            tensors
+                + peak["reserve_gap_bytes"].as_u64().unwrap()
+                + peak["outside_pytorch_bytes"].as_u64().unwrap(),
+            peak["device_bytes"].as_u64().unwrap(),
+            "{mode:?}: {peak:#}"
+        );
+        assert_eq!(roles["parameter"], params, "{mode:?}: {peak:#}");
+        assert!(roles["activation"] > 0, "{mode:?}: {peak:#}");
+        let top = &peak["activations"][0];
+        assert!(
+            top["file"].as_str().unwrap().ends_with("anatomy.py") && top["line"] == line,
+            "{mode:?}: {peak:#}"
+        );
+        assert!(
+            r.text.contains("What the memory is, at the peak")
+                && r.text.contains("PyTorch's tensors: optimizer state")
+                && r.text.contains(&format!("made at anatomy.py:{line}")),
+            "{mode:?}:\n{}",
+            r.text
+        );
+    }
 }

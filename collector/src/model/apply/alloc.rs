@@ -27,10 +27,15 @@ impl Process {
                 ev.ts_ns,
                 old.reserve,
             );
-            self.remove_live(obs, gone, old.ts_ns, false);
+            self.remove_live(obs, ev.ptr, gone, old.ts_ns, false);
         }
         let site = self.site_of(ev.stack);
-        let birth = self.add_live(obs, (device, site, ev.size, ev.ts_ns, api, ev.tid), true);
+        let birth = self.add_live(
+            obs,
+            ev.ptr,
+            (device, site, ev.size, ev.ts_ns, api, ev.tid),
+            true,
+        );
         self.table(api).insert(
             ev.ptr,
             LiveAlloc {
@@ -53,7 +58,7 @@ impl Process {
                 let gone = (
                     a.device, a.site, a.size, a.api, a.birth, ev.ts_ns, a.reserve,
                 );
-                self.remove_live(obs, gone, a.ts_ns, true);
+                self.remove_live(obs, ev.ptr, gone, a.ts_ns, true);
             }
             None => self.unmatched_frees += 1,
         }
@@ -107,6 +112,7 @@ impl Process {
     pub(super) fn add_live<O: Observer + ?Sized>(
         &mut self,
         obs: &mut O,
+        ptr: u64,
         (device, site, size, ts, api, tid): (i16, SiteId, u64, u64, Api, u32),
         count_event: bool,
     ) -> u32 {
@@ -122,6 +128,7 @@ impl Process {
         let birth = obs.alloc(
             self,
             &Alloc {
+                ptr,
                 device,
                 site,
                 size,
@@ -190,6 +197,7 @@ impl Process {
     pub(super) fn remove_live<O: Observer + ?Sized>(
         &mut self,
         obs: &mut O,
+        ptr: u64,
         (device, site, size, api, birth, ts, reserve): (i16, SiteId, u64, Api, u32, u64, bool),
         born_ns: u64,
         count_event: bool,
@@ -246,6 +254,7 @@ impl Process {
             s.temporary += u64::from(temporary);
         }
         let free = Free {
+            ptr,
             device,
             site,
             size,

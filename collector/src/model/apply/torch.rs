@@ -48,7 +48,7 @@ impl Process {
             if !a.reserve {
                 a.reserve = true;
                 let a = a.clone();
-                self.reserve_told((a.device, a.site, a.size, a.api, a.birth), ts, obs);
+                self.reserve_told(ptr, (a.device, a.site, a.size, a.api, a.birth), ts, obs);
             }
             return;
         }
@@ -65,7 +65,7 @@ impl Process {
             if !h.reserve {
                 h.reserve = true;
                 let h = (h.device, h.site, h.size, Api::cuMemCreate, h.birth);
-                self.reserve_told(h, ts, obs);
+                self.reserve_told(handle, h, ts, obs);
             }
         }
     }
@@ -73,6 +73,7 @@ impl Process {
     /// One allocation newly reserve: counted at its site and told to the observer.
     fn reserve_told<O: Observer + ?Sized>(
         &mut self,
+        ptr: u64,
         (device, site, size, api, birth): (i16, SiteId, u64, Api, u32),
         ts: u64,
         obs: &mut O,
@@ -85,6 +86,7 @@ impl Process {
             .get(&device)
             .map_or((0, None), |d| (d.live_bytes, d.capacity));
         let free = Free {
+            ptr,
             device,
             site,
             size,

@@ -27,10 +27,11 @@ impl Process {
                 ev.ts_ns,
                 old.reserve,
             );
-            self.remove_live(obs, gone, old.ts_ns, false);
+            self.remove_live(obs, ev.ptr, gone, old.ts_ns, false);
         }
         let birth = self.add_live(
             obs,
+            ev.ptr,
             (ev.device, site, ev.size, ev.ts_ns, api, ev.tid),
             false,
         );
@@ -146,7 +147,7 @@ impl Process {
                     ts,
                     h.reserve,
                 );
-                self.remove_live(obs, gone, h.ts_ns, false);
+                self.remove_live(obs, handle, gone, h.ts_ns, false);
             }
         }
     }
