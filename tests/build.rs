@@ -81,6 +81,11 @@ const TARGETS: &[Target] = &[
         flags: CUDART,
     },
     Target {
+        out: "keep_buffers",
+        sources: &["keep_buffers.c"],
+        flags: CUDART,
+    },
+    Target {
         out: "rank_job",
         sources: &["rank_job.c"],
         flags: CUDART,

@@ -110,6 +110,11 @@ mod torch;
 /// totals, `--sort`) and `oomtrace diff` of two runs of a corpus program, both ways.
 mod report_diff;
 
+/// The final report's levels and words agree with the evidence: memory all freed while the
+/// steps go on is growth, not a leak; a leak freed at exit is said so, never "all of it was
+/// freed" beside `confirmed`.
+mod words;
+
 /// Prometheus metrics (`collect --metrics`, `--metrics-textfile`): a real Prometheus server
 /// scrapes a running process and a two-rank job, and its values are the report's; real
 /// PyTorch's reserve and Python leak lines; bad addresses and textfile targets; the Grafana

@@ -547,6 +547,82 @@ fn diff_still_finds_a_higher_peak_of_the_same_work() {
     assert_eq!(loose["regression"], false, "{loose}");
 }
 
+/// keep_buffers on a 4 GiB device: 60 steps that each keep 78 MiB fill it, and the 53rd
+/// allocation runs out of memory in both runs; BEFORE then frees its 52 buffers, AFTER keeps
+/// them (3.96 GiB) at exit. Both ran out of memory at the same call site: the same work up to
+/// the same failure, so their sizes compare and AFTER's memory kept at exit is a regression
+/// (text, JSON, exit 3 with --fail-on-regression); the other way round it is not. Without the
+/// failure (50 steps on the default device) the same holds.
+#[test]
+fn diff_finds_memory_kept_at_exit_after_the_same_out_of_memory() {
+    let run = |free: &str, steps: &str| {
+        let t = run_traced(
+            "keep_buffers",
+            &[free, "78", steps],
+            &[("SIMCUDA_MEMORY", "4GiB")],
+        );
+        assert!(t.status.success(), "{}", t.stderr);
+        t
+    };
+    let (freed, kept) = (run("1", "60"), run("0", "60"));
+    assert!(freed.stdout.contains("out of memory"), "{}", freed.stdout);
+    assert!(kept.stdout.contains("52 buffers kept"), "{}", kept.stdout);
+    let (b, a) = (freed.trace.to_str().unwrap(), kept.trace.to_str().unwrap());
+
+    let d = json_of(&oomtrace(&["diff", "--json", b, a]));
+    assert_eq!(d["before_work"]["out_of_memory"], 1, "{d}");
+    assert_eq!(d["after_work"]["out_of_memory"], 1, "{d}");
+    assert_eq!(d["live_at_exit_compared"], true, "{d}");
+    assert_eq!(d["peaks_compared"], true, "{d}");
+    assert_eq!(d["not_compared"], Value::Null, "{d}");
+    assert_eq!(d["regression"], true, "{d}");
+    let dev = &d["devices"][0];
+    assert_eq!(dev["before_live_at_exit_bytes"], 0, "{dev}");
+    assert_eq!(dev["after_live_at_exit_bytes"], 52 * 78 * MIB, "{dev}");
+    assert_eq!(dev["regression"], true, "{dev}");
+    let reasons = d["regressions"].to_string();
+    assert!(
+        reasons.contains("device 0: peak 3.96 GiB -> 3.96 GiB, live at exit 0 B -> 3.96 GiB"),
+        "{reasons}"
+    );
+    let site = &d["sites"][0];
+    assert_eq!(site["name"], "keep_buffer", "{site}");
+    assert_eq!(site["regression"], true, "{site}");
+    assert_eq!(site["live_at_exit_delta_bytes"], 52 * 78 * MIB, "{site}");
+
+    let out = oomtrace(&["diff", "--fail-on-regression", b, a]);
+    assert_eq!(out.status.code(), Some(3));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("live at exit 0 B -> 3.96 GiB (+3.96 GiB)  REGRESSION"),
+        "{text}"
+    );
+    assert!(!text.contains("No regression"), "{text}");
+    assert!(!text.contains("not compared"), "{text}");
+    // Freeing it all at exit is the fix, not a regression.
+    let back = json_of(&oomtrace(&["diff", "--json", a, b]));
+    assert_eq!(back["regression"], false, "{back}");
+    assert_eq!(
+        oomtrace(&["diff", "--fail-on-regression", a, b])
+            .status
+            .code(),
+        Some(0)
+    );
+
+    // No failure: 50 steps fit (3.81 GiB at exit, where BEFORE freed all).
+    let (freed, kept) = (run("1", "50"), run("0", "50"));
+    let (b, a) = (freed.trace.to_str().unwrap(), kept.trace.to_str().unwrap());
+    let d = json_of(&oomtrace(&["diff", "--json", b, a]));
+    assert_eq!(d["regression"], true, "{d}");
+    assert_eq!(d["devices"][0]["after_live_at_exit_bytes"], 50 * 78 * MIB);
+    assert_eq!(
+        oomtrace(&["diff", "--fail-on-regression", b, a])
+            .status
+            .code(),
+        Some(3)
+    );
+}
+
 /// The same trace twice, by the same path, by another path to the same file, through its
 /// directory, or as a copy: refused in one line, exit 2, nothing on stdout.
 #[test]

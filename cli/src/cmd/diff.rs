@@ -32,8 +32,10 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Exit 3 when AFTER regressed: a new leak or OOM finding, or a call site's or device's
-    /// peak or live-at-exit bytes grew by more than --threshold (peaks only between runs
-    /// that did the same work: same steps, neither ran out of memory).
+    /// peak or live-at-exit bytes grew by more than --threshold (sizes only between runs that
+    /// did the same work: peaks with the same steps, neither stopped early, out of memory at
+    /// the same places or neither; live at exit unless a run stopped early or BEFORE alone
+    /// ran out of memory).
     #[arg(long)]
     pub fail_on_regression: bool,
     /// How much a peak or live-at-exit may grow: a percentage (`10%`, of the BEFORE value, and

@@ -21,7 +21,10 @@
 //!   being raised at the device's own cadence.
 //! - **bounded** (reported at `info`, never printed as growth): second-half slope < ¼ of the
 //!   first half over 16 epochs: a cache filling up. **resolved** (`info`): the high-water mark
-//!   has not moved for max(8, 3 × its usual gap) epochs.
+//!   has not moved for max(8, 3 × its usual gap) epochs, or a step boundary found the device
+//!   back where its trend window began (it drained: the program gave the memory back while it
+//!   still ran). Memory kept through the last step and freed only at exit leaves the finding
+//!   as it was, without a forecast: nothing is left to fill the device.
 //!
 //! What keeps clean loops silent: a warm-up that grows then plateaus has its growth in
 //! generations before the warm-up ends (never counted) and no trend after; a periodic eval that
@@ -171,6 +174,10 @@ struct DeviceSeries {
     max_level: Option<Confidence>,
     bounded: bool,
     resolved: bool,
+    /// The step boundary that found the device back where its trend window began, and its
+    /// live bytes then (it drained, and is resolved); cleared once it grows past its
+    /// high-water mark again.
+    drained: Option<(u32, u64)>,
     trend: Option<Trend>,
     window: Option<Window>,
     detected: Option<(u32, u64)>,
@@ -323,6 +330,7 @@ impl DeviceGrowthDetector {
                 d.hwm = level_live;
                 d.hwm_epoch = e;
                 d.resolved = false;
+                d.drained = None;
             }
             let before = (d.level, d.bounded, d.resolved);
             let trended = evaluate(d, e, ctx.clock.stable_since);
@@ -431,6 +439,23 @@ impl Detector for DeviceGrowthDetector {
 /// The rules of the module comment at the end of epoch `e`. Returns whether a window passed
 /// (the trend and its window are then fresh).
 fn evaluate(d: &mut DeviceSeries, e: u32, stable_since: u32) -> bool {
+    // Back where the growth's window began, at a step boundary: the program gave the memory
+    // back while it still ran its steps (a backlog that drained). No growth to report,
+    // whatever the trend that raised it. It stays resolved until it grows past its old
+    // high-water mark (which clears `drained`), however the old window still reads.
+    if d.drained.is_some() {
+        return false;
+    }
+    if d.reported() && !d.resolved {
+        if let (Some(w), Some(last)) = (d.window, d.series.last()) {
+            if last.live <= w.from_bytes {
+                d.resolved = true;
+                d.drained = Some((e, last.live));
+                d.level = None;
+                return false;
+            }
+        }
+    }
     // The epoch fast path: an epoch ends every few events in a tight loop, and most devices
     // are flat then. Every sample since `stable_since` equal: no window grows (no trend) and
     // both halves' slopes are 0 (`bounded` stays); unreported, the level is and stays None
@@ -525,6 +550,12 @@ pub const TRACED_SEGMENTS_HINT: &str = "These are PyTorch's caching-allocator se
     sizes): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets segments grow in place, and \
     torch.cuda.memory_reserved() beside memory_allocated() shows the gap.";
 
+/// A device whose growth was given back while the program still ran.
+pub const DRAINED_HINT: &str = "The memory that made the device grow was freed while the \
+    program still ran its steps: it piled up for a while (a queue or backlog, results kept for \
+    a phase) and was given back, not a leak. If the peak it reached is too high, free it \
+    sooner.";
+
 /// When the leak findings on the device are the growth: point to them.
 pub const EXPLAINED_HINT: &str = "The leak findings on this device grow as fast as the device: \
     they are this growth; their call sites and causes are in them.";
@@ -537,8 +568,11 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
         .get(&device)
         .map_or((0, 0, None), |s| (s.live_bytes, s.live_count, s.capacity));
     let active = !d.resolved && !d.bounded;
+    // A forecast only while the device holds what it grew by: memory freed at exit (kept
+    // through the last step, the finding stands) fills nothing.
+    let grown = d.window.is_none_or(|w| live > w.from_bytes);
     let (steps_to_oom, time_to_oom_s) = match (per_step, capacity) {
-        (Some(b), Some(cap)) if b > 0.0 && active => to_full(b, live, Some(cap), ctx),
+        (Some(b), Some(cap)) if b > 0.0 && active && grown => to_full(b, live, Some(cap), ctx),
         _ => (None, None),
     };
     let rate = per_step
@@ -554,7 +588,14 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
         None => "step after step".into(),
     };
     let explained = d.leaks.filter(|l| l.explained);
-    let message = if d.resolved {
+    let message = if let Some((step, bytes)) = d.drained.filter(|_| d.resolved) {
+        format!(
+            "device {device}: CUDA memory grew {rate} {over}, then fell back to {} at step \
+             {step}; {} live now",
+            fmt_bytes(bytes),
+            fmt_bytes(live)
+        )
+    } else if d.resolved {
         format!(
             "device {device}: CUDA memory grew {rate} {over}, then stopped for {} steps; {} live now",
             ctx.epoch.saturating_sub(d.hwm_epoch),
@@ -578,7 +619,9 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
         }
         m
     };
-    let (cause, hint) = if !active {
+    let (cause, hint) = if d.drained.is_some() && d.resolved {
+        (Cause::Drained, DRAINED_HINT.to_string())
+    } else if !active {
         (
             Cause::CacheFilling,
             "The growth stopped or is slowing down: a cache filling up to its capacity (the \

@@ -10,6 +10,7 @@ use super::leaks::GrewAt;
 use super::trend::Trend;
 use super::window::Window;
 use super::PythonLine;
+use crate::units::fmt_bytes;
 
 /// What a call site's growth is, as its evidence says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -47,6 +48,74 @@ pub struct AtDetection {
     pub slope_bytes_per_s: Option<f64>,
 }
 
+/// What became of a growing series' memory by the end: what its final level and words rest on
+/// (docs/findings.md). A series that grew step after step is a leak only if no step gave its
+/// memory back: freeing it on the way out (a cleanup loop before exit, an interpreter's
+/// teardown) leaves it one, as it grew for the whole run and would grow with more steps; a
+/// step boundary that finds none of it left means the program gave it back while it still
+/// ran (a backlog that drained), which is no leak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fate {
+    /// Some of it is still live.
+    Held,
+    /// None is live; it was kept through the last step boundary and freed after it, as the
+    /// process ended.
+    FreedAtExit,
+    /// None is live; it was kept through the last step boundary and freed after it, in a
+    /// process that had not ended (a trace that ends while it runs).
+    FreedAfterLastStep,
+    /// None is live, and a step boundary already found none: freed while the program still
+    /// ran its steps.
+    Drained,
+}
+
+impl Fate {
+    /// The fate of a series with `count` live allocations now, `last_step_bytes` at its last
+    /// step boundary, in a process that has `ended` or not.
+    pub fn of(count: u64, last_step_bytes: u64, ended: bool) -> Fate {
+        match (count, last_step_bytes, ended) {
+            (1.., _, _) => Fate::Held,
+            (0, 0, _) => Fate::Drained,
+            (0, _, true) => Fate::FreedAtExit,
+            (0, _, false) => Fate::FreedAfterLastStep,
+        }
+    }
+}
+
+/// The step boundary that found a drained series' memory all gone: `judged`, the one that
+/// resolved it, or else, for a series whose `fate` a report finds drained before a boundary
+/// judged it, the first of its `samples` (step, live bytes) after its peak step that found
+/// nothing. None when it did not drain.
+pub(crate) fn drained_at(
+    judged: Option<u32>,
+    fate: Fate,
+    peak_step: u32,
+    mut samples: impl Iterator<Item = (u32, u64)>,
+) -> Option<u32> {
+    judged.or_else(|| {
+        if fate != Fate::Drained {
+            return None;
+        }
+        samples
+            .find(|&(step, live)| step > peak_step && live == 0)
+            .map(|(step, _)| step)
+    })
+}
+
+/// What a drained series did, after "grew (+1.00 MiB/step) ": "to 30.00 MiB by step 29, then
+/// all of it was freed (none left at step 30)", and what it holds again now, if anything.
+pub(crate) fn drained_clause(peak: u64, peak_step: u32, drained: u32, live: u64) -> String {
+    let mut text = format!(
+        "to {} by step {peak_step}, then all of it was freed (none left at step {drained})",
+        fmt_bytes(peak)
+    );
+    if live > 0 {
+        text.push_str(&format!("; {} held now", fmt_bytes(live)));
+    }
+    text
+}
+
 /// What became of the site's memory by the end of the trace (the report's moment).
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct AtEnd {
@@ -62,6 +131,8 @@ pub struct AtEnd {
     pub freed_after_last_step_bytes: u64,
     /// Whether the process had ended: frees after its last step happened on its way out.
     pub process_ended: bool,
+    /// What that makes of it: `held`, `freed_at_exit`, `freed_after_last_step` or `drained`.
+    pub fate: Fate,
 }
 
 impl AtEnd {
@@ -77,7 +148,25 @@ impl AtEnd {
             last_step_bytes,
             freed_after_last_step_bytes: last_step_bytes.saturating_sub(bytes),
             process_ended: ended,
+            fate: Fate::of(count, last_step_bytes, ended),
         }
+    }
+
+    /// How a leak's message ends when its memory was kept through the last step and freed
+    /// after it: "kept through the last step (40.00 MiB at step 39) and only freed at exit".
+    /// Never "all of it was freed": beside the leak's level that reads as a contradiction, and
+    /// no step gave the memory back. None for the other fates.
+    pub fn freed_after_last_step(&self) -> Option<String> {
+        let when = match self.fate {
+            Fate::FreedAtExit => "at exit",
+            Fate::FreedAfterLastStep => "after it",
+            Fate::Held | Fate::Drained => return None,
+        };
+        Some(format!(
+            "kept through the last step ({} at step {}) and only freed {when}",
+            fmt_bytes(self.last_step_bytes),
+            self.last_step
+        ))
     }
 }
 

@@ -16,7 +16,10 @@
 //! - **downgrades**: growth that slows down (second-half slope < ¼ of the first half over 16
 //!   epochs: a bounded cache filling up), or growth made of sizes never live twice (a cache
 //!   keyed by shape) is capped at suspected; a site whose high-water mark has not moved for
-//!   max(8, 3 × its usual gap) epochs is resolved.
+//!   max(8, 3 × its usual gap) epochs is resolved, and so is one that a step boundary finds
+//!   holding nothing (it drained: the program gave its memory back while it still ran).
+//!   Memory kept through the last step and freed only after it (a cleanup before exit, an
+//!   interpreter's teardown) leaves a leak a leak ([`super::evidence::Fate`]).
 //!
 //! Warm-up: trends use only samples taken since the epoch clock became stable, and the first
 //! `WARMUP` epochs after that never count as generations, so lazily created optimizer state, autotuning and the first eval are
@@ -29,7 +32,9 @@ use rustc_hash::FxHashMap;
 
 use super::advice::trace_tensors;
 use super::births::Births;
-use super::evidence::{AtDetection, AtEnd, Class, LeakEvidence, LevelChange};
+use super::evidence::{
+    drained_at, drained_clause, AtDetection, AtEnd, Class, LeakEvidence, LevelChange,
+};
 use super::growth_finding::GrowthFinding;
 use super::leaks::{GrewAt, Leaks};
 use super::trend::{
@@ -64,6 +69,9 @@ pub(crate) struct Site {
     max_level: Option<Confidence>,
     class: Class,
     resolved: bool,
+    /// The step boundary that found none of its memory left (it drained, and is resolved);
+    /// cleared once it grows past its high-water mark again.
+    drained: Option<u32>,
     detected: Option<(u32, u64)>,
     at_detection: Option<AtDetection>,
     trend: Option<Trend>,
@@ -89,6 +97,7 @@ impl Site {
             max_level: None,
             class: Class::Leak,
             resolved: false,
+            drained: None,
             detected: None,
             at_detection: None,
             trend: None,
@@ -270,6 +279,7 @@ impl Detector for GrowthDetector {
                 s.hwm = s.live;
                 s.hwm_epoch = e;
                 s.resolved = false;
+                s.drained = None;
             }
             // The cheap pre-filter (research §5.3): a site that did not rise, gained no
             // surviving generation and is not flagged has nothing new to test.
@@ -351,6 +361,19 @@ impl Detector for GrowthDetector {
 
 /// The rules of the module comment, at the end of epoch `e`.
 fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
+    // Nothing left at a step boundary: the program gave the memory back while it still ran
+    // its steps (a backlog that drained), whatever the trend that raised it. No leak; and it
+    // stays resolved until it grows past its old peak (which clears `drained`), however the
+    // old trend still reads.
+    if s.drained.is_some() {
+        return;
+    }
+    if s.max_level >= Some(Confidence::Likely) && s.count == 0 && !s.resolved {
+        s.resolved = true;
+        s.drained = Some(e);
+        s.level = None;
+        return;
+    }
     let post = window::since(&s.series, stable_since);
     let k = post.len();
     if k < 5 {
@@ -420,8 +443,10 @@ fn held_in(bytes: u64, count: u64, surviving: u32) -> String {
     )
 }
 
-/// The end of a leak's message: what became of the memory by the end of the trace.
-fn end_clause(s: &Site, end: &AtEnd) -> String {
+/// The end of a leak's message: what became of the memory by the end of the trace. A leak's
+/// memory is still held, or was kept through the last step and freed after it (drained memory
+/// is growth, worded in [`finding`]).
+fn end_clause(end: &AtEnd) -> String {
     if end.count > 0 {
         let mut text = format!(
             "by the end {} still held in {} allocation{}",
@@ -438,30 +463,8 @@ fn end_clause(s: &Site, end: &AtEnd) -> String {
         }
         return text;
     }
-    if end.freed_after_last_step_bytes > 0 {
-        let when = if end.process_ended {
-            "at exit"
-        } else {
-            "after the last step"
-        };
-        return format!(
-            "by the end all of it was freed {when} ({} held at step {}, the last)",
-            fmt_bytes(end.last_step_bytes),
-            end.last_step
-        );
-    }
-    // Freed at some step boundary after its peak: the first sample that found nothing.
-    match s
-        .series
-        .iter()
-        .find(|x| x.epoch > s.hwm_epoch && x.live == 0)
-    {
-        Some(x) => format!(
-            "by the end all of it was freed (none left at step {})",
-            x.epoch
-        ),
-        None => "by the end all of it was freed".into(),
-    }
+    end.freed_after_last_step()
+        .unwrap_or_else(|| "by the end none of it is held".into())
 }
 
 fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
@@ -477,7 +480,17 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         }
         _ => (None, None),
     };
-    let kind = if s.resolved || s.class != Class::Leak || s.level < Some(Confidence::Likely) {
+    let drained = drained_at(
+        s.drained,
+        end.fate,
+        s.hwm_epoch,
+        s.series.iter().map(|x| (x.epoch, x.live)),
+    );
+    let kind = if s.resolved
+        || drained.is_some()
+        || s.class != Class::Leak
+        || s.level < Some(Confidence::Likely)
+    {
         Kind::Growth
     } else {
         Kind::Leak
@@ -492,6 +505,11 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         .map(|b| fmt_rate(b, per_s))
         .unwrap_or_else(|| "growing".into());
     let message = match (kind, s.resolved, s.class, &s.at_detection) {
+        // All of it freed while the steps went on: what it grew to, and when it was gone.
+        (Kind::Growth, _, _, _) if drained.is_some() => format!(
+            "grew ({rate}) {}",
+            drained_clause(s.hwm, s.hwm_epoch, drained.unwrap_or_default(), s.live)
+        ),
         // What was seen when it was detected, then what became of it: memory freed at exit
         // after the last step must not turn the evidence into "0 B held".
         (Kind::Leak, _, _, Some(d)) => format!(
@@ -500,7 +518,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             d.step,
             fmt_duration(d.time_s),
             held_in(d.bytes, d.count, d.surviving_epochs),
-            end_clause(s, &end)
+            end_clause(&end)
         ),
         (Kind::Leak, _, _, None) => format!(
             "{rate}, {}",
@@ -525,7 +543,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             fmt_bytes(s.live)
         ),
     };
-    let (cause, hint) = hint(s, kind);
+    let (cause, hint) = hint(s, kind, drained.is_some());
     GrowthFinding {
         kind,
         level,
@@ -568,10 +586,13 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
     .finding()
 }
 
-/// A leak at a plain CUDA allocation outside PyTorch's allocator.
-pub const NATIVE_HINT: &str = "Device memory allocated here with the CUDA API is never freed, \
-    outside PyTorch's caching allocator: a CUDA extension or library (CuPy, NCCL, a custom \
-    kernel's workspace) misses a cudaFree on some path, or keeps a buffer per step.";
+/// A leak at a plain CUDA allocation outside PyTorch's allocator. The hints of leaks say what
+/// the steps do ("not freed from one step to the next"), never "never freed": a leak that its
+/// program frees at exit is one too.
+pub const NATIVE_HINT: &str = "Device memory allocated here with the CUDA API is not freed \
+    from one step to the next, outside PyTorch's caching allocator: a CUDA extension or library \
+    (CuPy, NCCL, a custom kernel's workspace) misses a cudaFree on some path, or keeps a buffer \
+    per step.";
 
 /// A leak at a segment of PyTorch's caching allocator (its frames are in libc10_cuda).
 pub const TORCH_CACHE_HINT: &str = concat!(
@@ -582,9 +603,18 @@ pub const TORCH_CACHE_HINT: &str = concat!(
     trace_tensors!()
 );
 
+/// Growth whose memory was all freed while the program still ran its steps.
+pub const DRAINED_HINT: &str = "All the memory allocated here was freed while the program \
+    still ran its steps: it piled up for a while (a queue or backlog, results kept for a phase, \
+    a pool trimmed at the end of an epoch) and was given back, not a leak. If the peak it \
+    reached is too high, free it sooner.";
+
 /// The likely cause. What the site's API says is certain; what lies above it is a guess and
-/// is worded as one.
-fn hint(s: &Site, kind: Kind) -> (Cause, String) {
+/// is worded as one. `drained`: all its memory was freed while the program still ran.
+fn hint(s: &Site, kind: Kind, drained: bool) -> (Cause, String) {
+    if kind == Kind::Growth && drained {
+        return (Cause::Drained, DRAINED_HINT.into());
+    }
     if kind == Kind::Growth {
         return match (s.resolved, s.class) {
             (_, Class::ShapeKeyed) => (
@@ -614,25 +644,28 @@ fn hint(s: &Site, kind: Kind) -> (Cause, String) {
         Api::cuMemCreate => (
             Cause::VmmNeverReleased,
             concat!(
-                "Physical memory created through the CUDA virtual-memory API is \
-                never released (cuMemCreate without cuMemRelease/cuMemUnmap): PyTorch's expandable \
-                segments growing with its cache, or NCCL/another library mapping new buffers each \
-                step. Under PyTorch these are its cache's segments, not tensors: ",
+                "Physical memory created through the CUDA virtual-memory API is not \
+                released from one step to the next (cuMemCreate without \
+                cuMemRelease/cuMemUnmap): PyTorch's expandable segments growing with its cache, \
+                or NCCL/another library mapping new buffers each step. Under PyTorch these are \
+                its cache's segments, not tensors: ",
                 trace_tensors!()
             )
             .into(),
         ),
         Api::cuMemAllocAsync | Api::cudaMallocAsync | Api::cuMemAllocFromPoolAsync => (
             Cause::AsyncNeverFreed,
-            "Stream-ordered allocations (cudaMallocAsync) made here are never returned with \
-             cudaFreeAsync: memory allocated outside PyTorch's tensors (an extension or \
-             library), or a PyTorch cache growing under the cudaMallocAsync backend."
+            "Stream-ordered allocations (cudaMallocAsync) made here are not returned with \
+             cudaFreeAsync from one step to the next: memory allocated outside PyTorch's \
+             tensors (an extension or library), or a PyTorch cache growing under the \
+             cudaMallocAsync backend."
                 .into(),
         ),
         api if api.memory_class() == MemoryClass::HostPinned => (
             Cause::PinnedNeverFreed,
-            "Pinned host memory allocated here is never freed (cudaHostAlloc/cudaMallocHost \
-             without cudaFreeHost): data loader or staging buffers kept per step."
+            "Pinned host memory allocated here is not freed from one step to the next \
+             (cudaHostAlloc/cudaMallocHost without cudaFreeHost): data loader or staging \
+             buffers kept per step."
                 .into(),
         ),
         _ => (Cause::NativeLeak, NATIVE_HINT.into()),

@@ -211,6 +211,9 @@ pub enum Cause {
     CacheFilling,
     /// Growth made of sizes never live twice: a cache keyed by shape.
     ShapeKeyedCache,
+    /// Growth whose memory was all freed while the program still ran its steps: a backlog
+    /// that drained.
+    Drained,
     /// A call site's allocations are replaced by larger ones step after step: one buffer
     /// (a tensor rebuilt by concatenation, a realloc-and-copy) grows.
     ReplacedButGrowing,

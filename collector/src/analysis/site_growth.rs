@@ -21,7 +21,9 @@
 //! - **confirmed**: likely over ≥ 10 samples with p·3 < 0.001.
 //! - **bounded** (reported as `growth` at `info`): second-half slope < ¼ of the first half over
 //!   16 epochs. **resolved** (`growth`, `info`): the high-water mark has not moved for
-//!   max(8, 3 × its usual gap) epochs.
+//!   max(8, 3 × its usual gap) epochs, or a step boundary found the site holding nothing (it
+//!   drained: a buffer reset between sequences). A buffer kept through the last step and freed
+//!   only after it stays a leak ([`super::evidence::Fate`]).
 //!
 //! What keeps bounded buffers silent: one that grows for a few steps and stops is either still
 //! in warm-up or flat before [`MIN_SAMPLES`] samples exist, and no longer rising when they do;
@@ -34,7 +36,9 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
-use super::evidence::{AtDetection, AtEnd, Class, LeakEvidence, LevelChange, Replaced};
+use super::evidence::{
+    drained_at, drained_clause, AtDetection, AtEnd, Class, LeakEvidence, LevelChange, Replaced,
+};
 use super::growth_finding::GrowthFinding;
 use super::leaks::Leaks;
 use super::stats;
@@ -91,6 +95,9 @@ struct Site {
     max_level: Option<Confidence>,
     bounded: bool,
     resolved: bool,
+    /// The step boundary that found none of its memory left (it drained, and is resolved);
+    /// cleared once it grows past its high-water mark again.
+    drained: Option<u32>,
     trend: Option<Trend>,
     replaced: Option<Replaced>,
     onset: Option<u32>,
@@ -126,6 +133,7 @@ impl Site {
             max_level: None,
             bounded: false,
             resolved: false,
+            drained: None,
             trend: None,
             replaced: None,
             onset: None,
@@ -213,6 +221,7 @@ impl SiteGrowthDetector {
                 s.hwm = s.live;
                 s.hwm_epoch = e;
                 s.resolved = false;
+                s.drained = None;
             }
             // The cheap pre-filter: a site that did not rise, replaced nothing lately and is
             // not flagged has nothing new to test.
@@ -360,6 +369,19 @@ impl Detector for SiteGrowthDetector {
 /// The rules of the module comment at the end of epoch `e`; `generations(from)` counts the
 /// site's surviving generations born from epoch `from` on.
 fn evaluate(s: &mut Site, e: u32, warm: u32, generations: impl Fn(u32) -> u32) {
+    // Nothing left at a step boundary: the buffer was given back while the program still ran
+    // its steps (reset between sequences). No leak, whatever the trend that raised it. (A
+    // working set frees what it made every step: that is its own finding's story.) It stays
+    // resolved until it grows past its old peak (which clears `drained`).
+    if s.drained.is_some() {
+        return;
+    }
+    if s.reported() && !s.working_set && s.count == 0 && !s.resolved {
+        s.resolved = true;
+        s.drained = Some(e);
+        s.level = None;
+        return;
+    }
     let points: Vec<Point> = s
         .series
         .iter()
@@ -505,7 +527,27 @@ fn hint(s: &Site, kind: Kind) -> (Cause, String) {
 fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
     let per_step = s.trend.map(|t| t.slope_bytes_per_step);
     let per_s = per_step.and_then(|b| per_second(b, ctx));
-    let kind = if s.resolved || s.bounded || s.working_set || s.level < Some(Confidence::Likely) {
+    let end = AtEnd::new(
+        s.live,
+        s.count,
+        s.series.last().map(|p| (p.sample.epoch, p.sample.live)),
+        ctx.ended,
+    );
+    // Where it drained, when a boundary found nothing left (see [`evaluate`]; a working set
+    // frees what it made every step and is worded as one).
+    let drained = drained_at(
+        s.drained,
+        end.fate,
+        s.hwm_epoch,
+        s.series.iter().map(|p| (p.sample.epoch, p.sample.live)),
+    )
+    .filter(|_| !s.working_set);
+    let kind = if s.resolved
+        || drained.is_some()
+        || s.bounded
+        || s.working_set
+        || s.level < Some(Confidence::Likely)
+    {
         Kind::Growth
     } else {
         Kind::Leak
@@ -529,12 +571,6 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         .series
         .last()
         .map_or((0, 0), |p| (p.sample.epoch, p.sample.live));
-    let end = AtEnd::new(
-        s.live,
-        s.count,
-        s.series.last().map(|p| (p.sample.epoch, p.sample.live)),
-        ctx.ended,
-    );
     let rate = per_step
         .map(|b| fmt_rate(b, per_s))
         .unwrap_or_else(|| "growing".into());
@@ -553,7 +589,10 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             fmt_bytes(r.largest_allocation_bytes)
         )
     });
-    let end_text = if s.count > 0 {
+    let end_text = if let Some(kept) = end.freed_after_last_step().filter(|_| kind == Kind::Leak) {
+        // A leak: never "all of it was freed" beside its level (docs/findings.md).
+        kept
+    } else if s.count > 0 {
         format!(
             "by the end {} held in {} allocation{}",
             fmt_bytes(s.live),
@@ -589,6 +628,10 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
              step needs more (the largest {} in the last step); {end_text}",
             fmt_bytes(s.series.last().map_or(0, |p| p.largest))
         ),
+        _ if drained.is_some() => format!(
+            "one buffer grew ({rate}) {}",
+            drained_clause(s.hwm, s.hwm_epoch, drained.unwrap_or_default(), s.live)
+        ),
         _ if s.resolved => format!(
             "one buffer grew ({rate}) and then stopped for {} steps; {} held now",
             ctx.epoch.saturating_sub(s.hwm_epoch),
@@ -599,7 +642,11 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             fmt_bytes(s.live)
         ),
     };
-    let (cause, hint) = hint(s, kind);
+    let (cause, hint) = if drained.is_some() {
+        (Cause::Drained, super::growth::DRAINED_HINT.to_string())
+    } else {
+        hint(s, kind)
+    };
     let (peak_step, peak_bytes) = (s.hwm_epoch, s.hwm);
     GrowthFinding {
         kind,

@@ -17,9 +17,12 @@
 //! Sizes are compared only between runs that did the same work ([`Work`]): a fix that lets a
 //! run finish (its leak gone, the evaluation buffer that ran out of memory now fits) makes it
 //! reach a higher peak, and that is the work the fix made possible, not a regression. Peaks
-//! compare only when both runs made the same number of steps and neither ran out of memory;
-//! bytes live at exit only when neither ran out of memory nor stopped early. A leak or OOM
-//! finding that disappeared is an improvement.
+//! compare only when both runs made the same number of steps, neither stopped early and they
+//! ran out of memory at the same places (both at the same call sites, or neither); bytes live
+//! at exit only when neither stopped early and AFTER got no further than BEFORE: BEFORE did not
+//! run out of memory, or AFTER ran out at the same places. Two runs that fill the device until
+//! the same allocation fails did the same work, and one that then keeps 3.81 GiB at exit where
+//! the other freed it all regressed. A leak or OOM finding that disappeared is an improvement.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -165,6 +168,10 @@ pub struct Work {
     /// Allocations refused for want of memory and not recovered by a retry (its OOM
     /// findings).
     pub out_of_memory: u64,
+    /// Where they were refused (kind, device and call site of each OOM finding counted in
+    /// `out_of_memory`): runs that ran out at the same places did the same work up to there.
+    #[serde(skip)]
+    pub out_of_memory_at: BTreeSet<FindingKey>,
     /// Why the run ended before its end, when it did (a process killed or crashed, a trace
     /// cut short); absent when it finished.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -189,10 +196,11 @@ pub struct Diff {
     /// What each run did (steps, out of memory, stopped early).
     pub before_work: Work,
     pub after_work: Work,
-    /// Peaks were compared (for regressions): both runs made the same number of steps and
-    /// neither ran out of memory or stopped early.
+    /// Peaks were compared (for regressions): both runs made the same number of steps, neither
+    /// stopped early, and they ran out of memory at the same places (or neither did).
     pub peaks_compared: bool,
-    /// Bytes live at exit were compared: neither run ran out of memory or stopped early.
+    /// Bytes live at exit were compared: neither run stopped early, and BEFORE did not run out
+    /// of memory or AFTER ran out at the same places.
     pub live_at_exit_compared: bool,
     /// Why sizes were not compared, in one sentence; absent when they were.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -309,13 +317,23 @@ impl Side {
                 .or_default()
                 .extend(modules_of(&f.stack));
         }
+        let refused: Vec<&super::Finding> = report
+            .findings
+            .iter()
+            .filter(|f| f.kind == Kind::Oom && f.cause != Cause::RetriedAfterFree)
+            .collect();
         side.work = Work {
             steps: trace.processes.iter().map(|p| p.markers).sum(),
-            out_of_memory: report
-                .findings
+            out_of_memory: refused.len() as u64,
+            out_of_memory_at: refused
                 .iter()
-                .filter(|f| f.kind == Kind::Oom && f.cause != Cause::RetriedAfterFree)
-                .count() as u64,
+                .map(|f| FindingKey {
+                    kind: f.kind.name(),
+                    device: f.device,
+                    key: site_key(&f.stack),
+                    name: site_name(&f.stack),
+                })
+                .collect(),
             stopped_early: stopped_early(trace, &report),
         };
         side.stale = report.stale_modules;
@@ -349,23 +367,36 @@ fn stopped_early(trace: &Trace<Analysis>, report: &Report) -> Option<String> {
 }
 
 /// Whether the two runs did the same work, and if not why, in one sentence: peaks compare
-/// only between runs with the same steps where neither ran out of memory or stopped early;
-/// live at exit where neither ran out of memory or stopped early.
+/// only between runs with the same steps where neither stopped early and both ran out of
+/// memory at the same places (or neither did); live at exit where neither stopped early and
+/// AFTER got no further than BEFORE (BEFORE did not run out of memory, or AFTER ran out at the
+/// same places): a fix that lets a run finish may leave more at its end, a change that makes
+/// AFTER run out of memory is a regression of its own (its new OOM finding), and memory that
+/// AFTER keeps at exit after the same failure is one too.
 fn comparable(before: &Work, after: &Work) -> (bool, bool, Option<String>) {
+    let same_failures = before.out_of_memory_at == after.out_of_memory_at;
+    // Reasons that keep both sizes apart, then those that keep only the peaks apart.
     let mut why = Vec::new();
+    let mut why_peaks = Vec::new();
     for (name, w) in [("BEFORE", before), ("AFTER", after)] {
-        if w.out_of_memory > 0 {
+        if w.out_of_memory > 0 && !same_failures {
             let n = w.out_of_memory;
-            why.push(format!(
+            let reason = format!(
                 "{name} ran out of memory ({n} failed allocation{})",
                 plural(n)
-            ));
+            );
+            if name == "BEFORE" {
+                why.push(reason);
+            } else {
+                why_peaks.push(reason);
+            }
         }
         if let Some(s) = &w.stopped_early {
             why.push(format!("{name} stopped early ({s})"));
         }
     }
     let live = why.is_empty();
+    why.extend(why_peaks);
     if before.steps != after.steps {
         why.push(format!(
             "BEFORE made {} step{} and AFTER {}",
@@ -637,6 +668,70 @@ mod tests {
             stale,
             work: Work::default(),
         }
+    }
+
+    /// A run of `steps` steps that ran out of memory at the call sites `at` (none: it did not).
+    fn work(steps: u64, at: &[&str]) -> Work {
+        Work {
+            steps,
+            out_of_memory: at.len() as u64,
+            out_of_memory_at: at
+                .iter()
+                .map(|k| FindingKey {
+                    kind: "oom",
+                    device: 0,
+                    key: k.to_string(),
+                    name: k.to_string(),
+                })
+                .collect(),
+            stopped_early: None,
+        }
+    }
+
+    /// Two runs that ran out of memory at the same call site did the same work up to there:
+    /// their sizes compare (one that then keeps its memory at exit regressed). A fix that lets
+    /// BEFORE's run finish keeps both apart; a change that makes AFTER run out of memory keeps
+    /// the peaks apart only (its new OOM finding is the regression, and what it holds at exit
+    /// is still compared); other places, or a run that stopped early, keep both apart.
+    #[test]
+    fn sizes_compare_between_runs_that_did_the_same_work() {
+        let cases = [
+            (work(60, &[]), work(60, &[]), (true, true)),
+            (work(60, &[]), work(50, &[]), (false, true)),
+            (work(52, &["keep"]), work(52, &["keep"]), (true, true)),
+            (work(52, &["keep"]), work(40, &["keep"]), (false, true)),
+            (work(60, &["eval"]), work(60, &[]), (false, false)),
+            (work(60, &[]), work(60, &["eval"]), (false, true)),
+            (work(60, &["eval"]), work(60, &["keep"]), (false, false)),
+        ];
+        for (before, after, (peaks, live)) in cases {
+            let (p, l, why) = comparable(&before, &after);
+            assert_eq!((p, l), (peaks, live), "{before:?} -> {after:?}: {why:?}");
+            assert_eq!(why.is_none(), p && l, "{why:?}");
+        }
+        let killed = Work {
+            stopped_early: Some("pid 1 ended without goodbye (killed or crashed)".into()),
+            ..work(52, &["keep"])
+        };
+        let (peaks, live, why) = comparable(&work(52, &["keep"]), &killed);
+        assert!(!peaks && !live, "{why:?}");
+        let (_, _, why) = comparable(&work(60, &["eval"]), &work(60, &["keep"]));
+        assert_eq!(
+            why.as_deref(),
+            Some(
+                "peaks and live-at-exit bytes not compared: BEFORE ran out of memory (1 failed \
+                 allocation); AFTER ran out of memory (1 failed allocation); the runs did not do \
+                 the same work (a fix that lets a run finish raises its peak)"
+            )
+        );
+        let (_, _, why) = comparable(&work(60, &[]), &work(60, &["eval"]));
+        assert_eq!(
+            why.as_deref(),
+            Some(
+                "peaks not compared: AFTER ran out of memory (1 failed allocation); the runs did \
+                 not do the same work (a fix that lets a run finish raises its peak)"
+            )
+        );
     }
 
     /// Offsets compare only between traces of the same build of a module: another build (or

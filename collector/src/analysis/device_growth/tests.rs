@@ -262,3 +262,68 @@ fn growth_that_stops_is_resolved_and_said_so() {
         "{alerts:?}"
     );
 }
+
+/// A leak at one site over the device's 64 MiB of weights, its 40 buffers then freed; `after`
+/// more steps follow, then the process exits.
+fn leak_then_free(after: u32) -> Sim {
+    let mut sim = Sim::new(1_000_000);
+    sim.alloc(OTHER, 64 * MIB);
+    let mut kept = Vec::new();
+    for _ in 0..40 {
+        sim.transient();
+        kept.push(sim.alloc(3, 2 * MIB));
+        sim.mark();
+    }
+    for p in kept {
+        sim.free(p);
+    }
+    for _ in 0..after {
+        sim.transient();
+        sim.mark();
+    }
+    sim.exit();
+    sim
+}
+
+/// Kept through the last step and freed at exit: the growth stands (as its leak does), but
+/// nothing is left to fill the device: no "at this rate the device is full in ...".
+#[test]
+fn growth_freed_at_exit_stands_without_a_forecast() {
+    let sim = leak_then_free(0);
+    let f = &sim.device_growth()[0];
+    assert_eq!(f.level, Level::Confidence(Confidence::Confirmed), "{f:#?}");
+    let e = evidence(f);
+    assert_eq!((e.steps_to_oom, e.time_to_oom_s), (None, None), "{e:#?}");
+    assert!(
+        f.message.starts_with("device 0: CUDA memory grows"),
+        "{}",
+        f.message
+    );
+}
+
+/// Back to the weights at a step boundary while the steps go on: the growth drained; the
+/// report says so at `info` with where it fell back to, and the hint says it is no leak.
+#[test]
+fn growth_given_back_while_steps_go_on_is_resolved_as_drained() {
+    let sim = leak_then_free(3);
+    let f = &sim.device_growth()[0];
+    assert_eq!(f.level, Level::INFO, "{f:#?}");
+    assert_eq!(f.cause, crate::analysis::Cause::Drained);
+    assert_eq!(f.hint, super::DRAINED_HINT);
+    assert!(
+        f.message
+            .ends_with(", then fell back to 64.00 MiB at step 40; 64.00 MiB live now"),
+        "{}",
+        f.message
+    );
+    let e = evidence(f);
+    assert_eq!(
+        e.history.last().map(|h| (h.level, h.step)),
+        Some(("resolved", 40))
+    );
+    assert!(e.steps_to_oom.is_none());
+    assert!(matches!(
+        sim.device_growth_alerts().last(),
+        Some((Change::Resolved, _))
+    ));
+}

@@ -208,3 +208,66 @@ fn state_stays_bounded_over_a_long_run() {
     assert!(s.raise_gaps.len() <= 8);
     assert!(sim.a.site_growth.is_leak(SiteId(BUFFER), 0));
 }
+
+/// A buffer re-allocated 1 MiB larger for 40 steps, then freed; `after` more steps follow,
+/// then the process exits.
+fn grow_then_free(after: u32) -> Sim {
+    let mut sim = Sim::new(1_000_000);
+    let mut buf: Option<u64> = None;
+    for i in 0..40u64 {
+        step(&mut sim);
+        let new = sim.alloc(BUFFER, MIB * (i + 1));
+        if let Some(old) = buf.replace(new) {
+            sim.free(old);
+        }
+        sim.mark();
+    }
+    if let Some(last) = buf {
+        sim.free(last);
+    }
+    for _ in 0..after {
+        step(&mut sim);
+        sim.mark();
+    }
+    sim.exit();
+    sim
+}
+
+/// The one finding at the buffer's site.
+fn the_buffers_finding(sim: &Sim) -> Finding {
+    let mut found = at(sim, BUFFER);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    found.remove(0)
+}
+
+/// Freed only at exit, after the last step: still a leak, said without "all of it was freed".
+#[test]
+fn a_buffer_freed_at_exit_stays_a_leak_in_words_that_agree() {
+    let f = &the_buffers_finding(&grow_then_free(0));
+    assert_eq!(
+        (f.kind, f.level),
+        (Kind::Leak, Level::Confidence(Confidence::Confirmed))
+    );
+    assert!(
+        f.message.ends_with(
+            "; kept through the last step (40.00 MiB at step 39) and only freed at exit"
+        ),
+        "{}",
+        f.message
+    );
+}
+
+/// Freed (reset) while the steps go on: the buffer drained; growth at `info`, not a leak.
+#[test]
+fn a_buffer_freed_while_steps_go_on_is_growth_not_a_leak() {
+    let sim = grow_then_free(3);
+    let f = &the_buffers_finding(&sim);
+    assert_eq!((f.kind, f.level), (Kind::Growth, Level::INFO), "{f:#?}");
+    assert_eq!(f.cause, Cause::Drained);
+    assert_eq!(
+        f.message,
+        "one buffer grew (+1.00 MiB/step) to 40.00 MiB by step 39, then all of it was freed \
+         (none left at step 40)"
+    );
+    assert!(!sim.a.site_growth.is_leak(SiteId(BUFFER), 0));
+}
