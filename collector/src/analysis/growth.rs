@@ -30,7 +30,7 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
-use super::advice::trace_tensors;
+use super::advice::{self, trace_tensors};
 use super::births::Births;
 use super::evidence::{
     drained_at, drained_clause, AtDetection, AtEnd, Class, LeakEvidence, LevelChange,
@@ -603,17 +603,11 @@ pub const TORCH_CACHE_HINT: &str = concat!(
     trace_tensors!()
 );
 
-/// Growth whose memory was all freed while the program still ran its steps.
-pub const DRAINED_HINT: &str = "All the memory allocated here was freed while the program \
-    still ran its steps: it piled up for a while (a queue or backlog, results kept for a phase, \
-    a pool trimmed at the end of an epoch) and was given back, not a leak. If the peak it \
-    reached is too high, free it sooner.";
-
 /// The likely cause. What the site's API says is certain; what lies above it is a guess and
 /// is worded as one. `drained`: all its memory was freed while the program still ran.
 fn hint(s: &Site, kind: Kind, drained: bool) -> (Cause, String) {
     if kind == Kind::Growth && drained {
-        return (Cause::Drained, DRAINED_HINT.into());
+        return (Cause::Drained, advice::DRAINED_HINT.into());
     }
     if kind == Kind::Growth {
         return match (s.resolved, s.class) {
