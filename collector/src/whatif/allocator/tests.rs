@@ -11,32 +11,32 @@ fn alloc(conf: &str) -> Allocator {
 #[test]
 fn rounds_as_torch_does() {
     let d = AllocConf::default();
-    assert_eq!(round_size(&d, 1), 512);
-    assert_eq!(round_size(&d, 512), 512);
-    assert_eq!(round_size(&d, 513), 1024);
-    assert_eq!(round_size(&d, 5 * MIB + 1), 5 * MIB + 512);
+    assert_eq!(round_size(&d, 1), Some(512));
+    assert_eq!(round_size(&d, 512), Some(512));
+    assert_eq!(round_size(&d, 513), Some(1024));
+    assert_eq!(round_size(&d, 5 * MIB + 1), Some(5 * MIB + 512));
     let four = AllocConf::parse("roundup_power2_divisions:4").unwrap();
     // torch's own example: 1200 with 4 divisions is 1280; small sizes still go by 512.
-    assert_eq!(roundup_power2_next_division(1200, 4), 1280);
-    assert_eq!(round_size(&four, 1200), 1536);
-    assert_eq!(round_size(&four, 2049), 2560);
-    assert_eq!(round_size(&four, 5 * MIB), 5 * MIB);
-    assert_eq!(round_size(&four, 5 * MIB + 1), 6 * MIB);
-    assert_eq!(round_size(&four, 33 * MIB), 40 * MIB);
-    assert_eq!(round_size(&four, 64 * MIB), 64 * MIB);
+    assert_eq!(roundup_power2_next_division(1200, 4), Some(1280));
+    assert_eq!(round_size(&four, 1200), Some(1536));
+    assert_eq!(round_size(&four, 2049), Some(2560));
+    assert_eq!(round_size(&four, 5 * MIB), Some(5 * MIB));
+    assert_eq!(round_size(&four, 5 * MIB + 1), Some(6 * MIB));
+    assert_eq!(round_size(&four, 33 * MIB), Some(40 * MIB));
+    assert_eq!(round_size(&four, 64 * MIB), Some(64 * MIB));
 }
 
 #[test]
 fn segment_sizes_follow_the_pools() {
     let d = AllocConf::default();
-    assert_eq!(allocation_size(&d, 512), 2 * MIB);
-    assert_eq!(allocation_size(&d, MIB), 2 * MIB);
-    assert_eq!(allocation_size(&d, MIB + 512), 20 * MIB);
-    assert_eq!(allocation_size(&d, 10 * MIB - 512), 20 * MIB);
-    assert_eq!(allocation_size(&d, 10 * MIB), 10 * MIB);
-    assert_eq!(allocation_size(&d, 11 * MIB + 1), 12 * MIB);
+    assert_eq!(allocation_size(&d, 512), Some(2 * MIB));
+    assert_eq!(allocation_size(&d, MIB), Some(2 * MIB));
+    assert_eq!(allocation_size(&d, MIB + 512), Some(20 * MIB));
+    assert_eq!(allocation_size(&d, 10 * MIB - 512), Some(20 * MIB));
+    assert_eq!(allocation_size(&d, 10 * MIB), Some(10 * MIB));
+    assert_eq!(allocation_size(&d, 11 * MIB + 1), Some(12 * MIB));
     let big = AllocConf::parse("large_segment_size_mb:64").unwrap();
-    assert_eq!(allocation_size(&big, 3 * MIB), 64 * MIB);
+    assert_eq!(allocation_size(&big, 3 * MIB), Some(64 * MIB));
 }
 
 #[test]
@@ -296,4 +296,47 @@ fn emptying_the_cache_gives_back_whole_segments_and_pages_of_every_stream() {
     e.release_cached_blocks();
     assert_eq!(e.reserved(), 4 * 2 * MIB);
     assert_eq!(e.visited, 4, "the small pages' remainders are not visited");
+}
+
+/// Sizes near 2^64 (a trace file can hold any): refused, as no device could serve them, and
+/// said to be the 64-bit bound's when no limit is known; never a saturated or wrapped
+/// reserve, and no panic, under any setting.
+#[test]
+fn requests_past_64_bits_are_refused_not_saturated() {
+    for conf in [
+        "",
+        "expandable_segments:True",
+        "roundup_power2_divisions:4",
+        "max_split_size_mb:64",
+        "garbage_collection_threshold:0.5,per_process_memory_fraction:0.5",
+    ] {
+        let mut a = Allocator::new(AllocConf::parse(conf).unwrap(), None);
+        let e = a.malloc(1, u64::MAX, 0).unwrap_err();
+        assert!(e.past_64_bits, "{conf:?}: {e:?}");
+        assert_eq!((e.alloc_size, e.reserved), (None, 0), "{conf:?}");
+        // Half of 2^64 fits; twice does not, on any stream.
+        a.malloc(2, 1 << 63, 0).unwrap();
+        let held = a.reserved();
+        assert!((1 << 63..u64::MAX).contains(&held), "{conf:?}: {held}");
+        for stream in [0, 1] {
+            let e = a.malloc(3, 1 << 63, stream).unwrap_err();
+            assert!(e.past_64_bits, "{conf:?}: {e:?}");
+            assert_eq!((e.reserved, e.allocated), (held, 1 << 63), "{conf:?}");
+        }
+        assert_eq!(a.peak_reserved(), held, "{conf:?}");
+        assert_eq!(a.peak_allocated(), 1 << 63, "{conf:?}");
+        // What fits still does.
+        a.malloc(4, MIB, 2).unwrap();
+        assert_eq!(a.live(), 2, "{conf:?}");
+    }
+    // A known device refuses them as it refuses any request above it.
+    let mut a = alloc("");
+    a.set_limit(80 << 30);
+    let e = a.malloc(1, u64::MAX - 100, 0).unwrap_err();
+    assert!(!e.past_64_bits, "{e:?}");
+    // Rounding near 2^64: none, rather than a size that wrapped to 0.
+    let four = AllocConf::parse("roundup_power2_divisions:4").unwrap();
+    assert_eq!(round_size(&four, u64::MAX), None);
+    assert_eq!(round_size(&AllocConf::default(), u64::MAX - 10), None);
+    assert_eq!(allocation_size(&AllocConf::default(), u64::MAX - 511), None);
 }
