@@ -170,7 +170,13 @@ fn text(pred: &Prediction, given: bool) -> String {
                 );
             }
             if d.device_total_bytes.is_none() {
-                s += "    (the trace never recorded the device's size: no OOM can be predicted)\n";
+                // The 64-bit bound's refusals above are the only ones it can make.
+                s += if d.past_64_bits.is_some() {
+                    "    (the trace never recorded the device's size: no other OOM can be \
+                     predicted)\n"
+                } else {
+                    "    (the trace never recorded the device's size: no OOM can be predicted)\n"
+                };
             }
         }
     }
