@@ -148,8 +148,35 @@ fn text(pred: &Prediction, given: bool) -> String {
                     fmt_bytes(first.reserved_bytes)
                 );
             }
+            if let Some(p) = &d.past_64_bits {
+                let (them, first) = if p.count == 1 {
+                    ("it", "it")
+                } else {
+                    ("them", "the first")
+                };
+                s += &format!(
+                    "    {} request{} would take the allocator past 2^64 - 1 bytes, which no \
+                     device holds: counted as out of memory, the peaks leave {them} out \
+                     ({first}: {} bytes at {:.2} s, {})\n",
+                    p.count,
+                    if p.count == 1 { "" } else { "s" },
+                    p.request_bytes,
+                    p.at_s,
+                    if p.granted {
+                        "which the run was granted: the trace's sizes are not a real device's"
+                    } else {
+                        "which the run was refused too"
+                    }
+                );
+            }
             if d.device_total_bytes.is_none() {
-                s += "    (the trace never recorded the device's size: no OOM can be predicted)\n";
+                // The 64-bit bound's refusals above are the only ones it can make.
+                s += if d.past_64_bits.is_some() {
+                    "    (the trace never recorded the device's size: no other OOM can be \
+                     predicted)\n"
+                } else {
+                    "    (the trace never recorded the device's size: no OOM can be predicted)\n"
+                };
             }
         }
     }

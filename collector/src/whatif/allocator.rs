@@ -29,6 +29,15 @@
 //! break ties between free blocks of one size, as torch's sets do.
 //!
 //! Memory: O(blocks), which is O(live tensors + free blocks); nothing grows with events.
+//! Time: O(log blocks) a request or free, amortized. Emptying the cache on an OOM visits only
+//! the free blocks it can give back (each once, as it goes), never every stream's split
+//! remainders: a program with a tensor on each of N streams would otherwise pay N for every
+//! request once the device is full (issue 41: 80,000 streams took 25 s, a million never ended).
+//!
+//! Arithmetic is checked: a rounded request, a segment or a reserve past 2^64 - 1 bytes does
+//! not exist on any device, so the driver would refuse it, and so does the model, instead of
+//! saturating (or wrapping) into a peak no device holds. With no limit known that refusal is
+//! the 64-bit bound's, not the device's, and [`OutOfMemory::past_64_bits`] says so.
 
 use std::collections::BTreeSet;
 
@@ -47,46 +56,49 @@ pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
 /// Larger segments are rounded up to this (`kRoundLarge`).
 pub const ROUND_LARGE: u64 = 2 << 20;
 
-/// The size torch allocates for a request of `size` bytes (`round_size`).
-pub fn round_size(conf: &AllocConf, size: u64) -> u64 {
+/// The size torch allocates for a request of `size` bytes (`round_size`); None when that
+/// passes 2^64 - 1 bytes.
+pub fn round_size(conf: &AllocConf, size: u64) -> Option<u64> {
     if size < MIN_BLOCK {
-        return MIN_BLOCK;
+        return Some(MIN_BLOCK);
     }
     let divisions = conf.divisions_for(size);
-    if divisions > 1 && size > MIN_BLOCK * divisions {
+    // Saturating is exact here: no size is above a product past 2^64 - 1.
+    if divisions > 1 && size > MIN_BLOCK.saturating_mul(divisions) {
         roundup_power2_next_division(size, divisions)
     } else {
-        size.div_ceil(MIN_BLOCK).saturating_mul(MIN_BLOCK)
+        size.div_ceil(MIN_BLOCK).checked_mul(MIN_BLOCK)
     }
 }
 
 /// `size` rounded up to the next of `divisions` equal steps between the powers of two around
-/// it (1200 with 4 divisions: 1280).
-fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
+/// it (1200 with 4 divisions: 1280); None past 2^64 - 1.
+fn roundup_power2_next_division(size: u64, divisions: u64) -> Option<u64> {
     if size.is_power_of_two() {
-        return size;
+        return Some(size);
     }
     let floor = 1u64 << (63 - size.leading_zeros());
     let step = floor >> (63 - divisions.leading_zeros());
     if step == 0 {
-        return floor << 1;
+        return floor.checked_mul(2);
     }
     let below = size & !(step - 1);
     if below == size {
-        size
+        Some(size)
     } else {
-        below + step
+        below.checked_add(step)
     }
 }
 
-/// The segment torch asks the driver for to serve a rounded request (`get_allocation_size`).
-pub fn allocation_size(conf: &AllocConf, size: u64) -> u64 {
+/// The segment torch asks the driver for to serve a rounded request (`get_allocation_size`);
+/// None when that passes 2^64 - 1 bytes.
+pub fn allocation_size(conf: &AllocConf, size: u64) -> Option<u64> {
     if size <= SMALL_SIZE {
-        SMALL_BUFFER
+        Some(SMALL_BUFFER)
     } else if size < MIN_LARGE_ALLOC {
-        conf.large_segment_size
+        Some(conf.large_segment_size)
     } else {
-        size.div_ceil(ROUND_LARGE).saturating_mul(ROUND_LARGE)
+        size.div_ceil(ROUND_LARGE).checked_mul(ROUND_LARGE)
     }
 }
 
@@ -126,6 +138,12 @@ impl Block {
 #[derive(Default)]
 struct Pool {
     free: BTreeSet<(u64, u64, u64, Id)>,
+    /// The free blocks emptying the cache gives back something of ([`Allocator::releasable`]),
+    /// in `free`'s order. Torch walks all of `free` for them; the rest (split remainders, the
+    /// bits of expandable pages) it passes over without a change, so visiting only these
+    /// gives the same result without the walk, which grows with the streams (one remainder
+    /// each).
+    releasable: BTreeSet<(u64, u64, u64, Id)>,
     unmapped: BTreeSet<(u64, u64, Id)>,
     /// `get_free_blocks_call_count`: searches of this pool while garbage collection is on.
     searches: u64,
@@ -141,13 +159,17 @@ struct Expandable {
 /// A request the allocator refused: what it held then.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OutOfMemory {
-    /// The request, rounded.
+    /// The request, rounded (as asked when rounded it would pass 2^64 - 1 bytes).
     pub size: u64,
-    /// The segment it would have needed.
-    pub alloc_size: u64,
+    /// The segment it would have needed (None: past 2^64 - 1 bytes).
+    pub alloc_size: Option<u64>,
     /// The reserve and allocated bytes after the cache was emptied.
     pub reserved: u64,
     pub allocated: u64,
+    /// Refused only because it would take the model past 2^64 - 1 bytes (of reserve, or of
+    /// address space), with no device limit known that refuses it anyway: no device could
+    /// serve it, but that is the model's bound speaking, which a prediction must say.
+    pub past_64_bits: bool,
 }
 
 /// One device's caching allocator under one setting.
@@ -168,6 +190,11 @@ pub struct Allocator {
     allocated: u64,
     peak_reserved: u64,
     peak_allocated: u64,
+    /// The request being served met the 64-bit bound ([`OutOfMemory::past_64_bits`]).
+    past_64_bits: bool,
+    /// Free-set entries the cache-emptying paths visited: for tests to bound the work.
+    #[cfg(test)]
+    visited: u64,
 }
 
 impl Allocator {
@@ -186,6 +213,9 @@ impl Allocator {
             allocated: 0,
             peak_reserved: 0,
             peak_allocated: 0,
+            past_64_bits: false,
+            #[cfg(test)]
+            visited: 0,
         }
     }
 
@@ -228,6 +258,11 @@ impl Allocator {
         Some((f * self.device_total? as f64) as u64)
     }
 
+    /// Nothing but the 64-bit bound refuses a request: no device limit, no memory fraction.
+    fn no_limit_known(&self) -> bool {
+        self.limit == u64::MAX && self.allowed().is_none()
+    }
+
     fn gc_on(&self) -> bool {
         self.conf.garbage_collection_threshold > 0.0 && self.allowed().is_some()
     }
@@ -260,17 +295,50 @@ impl Allocator {
         &mut self.pools[kind as usize]
     }
 
+    /// Whether emptying the cache gives back something of free block `id`: a whole segment
+    /// (unsplit), or whole pages inside an expandable one. Neither changes while the block is
+    /// free and cached: its size, place and neighbours change only once it is taken out of
+    /// the free set (to be handed out, merged, mapped or unmapped).
+    fn releasable(&self, id: Id) -> bool {
+        let b = self.b(id);
+        match b.expandable {
+            None => !b.is_split(),
+            Some(_) => self.whole_pages(b).is_some(),
+        }
+    }
+
+    /// The whole pages inside expandable block `b`, as (first page's address, bytes).
+    fn whole_pages(&self, b: &Block) -> Option<(u64, u64)> {
+        let seg = self.segments[b.expandable.expect("expandable") as usize].expect("segment");
+        let first = (b.addr - seg.base).div_ceil(seg.page);
+        let end = (b.addr + b.size - seg.base) / seg.page;
+        (first < end).then(|| (seg.base + first * seg.page, (end - first) * seg.page))
+    }
+
     fn insert_free(&mut self, id: Id) {
         let b = self.b(id);
         let (k, key) = (b.pool, (b.stream, b.size, b.addr, id));
         let searches = self.pools[k as usize].searches;
         self.bm(id).gc_base = searches;
-        self.pool(k).free.insert(key);
+        let releasable = self.releasable(id);
+        let pool = self.pool(k);
+        pool.free.insert(key);
+        if releasable {
+            pool.releasable.insert(key);
+        }
     }
     fn remove_free(&mut self, id: Id) {
         let b = self.b(id);
         let (k, key) = (b.pool, (b.stream, b.size, b.addr, id));
-        self.pool(k).free.remove(&key);
+        // Checked in tests: the two sets agree as long as `releasable` holds still.
+        let releasable = cfg!(debug_assertions) && self.releasable(id);
+        let pool = self.pool(k);
+        pool.free.remove(&key);
+        let was = pool.releasable.remove(&key);
+        debug_assert_eq!(
+            was, releasable,
+            "block {id} became (un)releasable while cached"
+        );
     }
     fn insert_unmapped(&mut self, id: Id) {
         let b = self.b(id);
@@ -283,15 +351,38 @@ impl Allocator {
         self.pool(k).unmapped.remove(&key);
     }
 
-    /// Address space for a new segment of `size` bytes (2 MiB apart, as the driver's are).
-    fn new_address(&mut self, size: u64) -> u64 {
+    /// Address space for a new segment of `size` bytes (2 MiB apart, as the driver's are);
+    /// None when the model's 64-bit address space has no room left for it: expandable
+    /// segments of a device reported near 2^64 bytes, or millions of them (each takes 1 1/8
+    /// of the device, 1 TiB when it is unknown).
+    fn new_address(&mut self, size: u64) -> Option<u64> {
         let a = self.next_addr;
-        self.next_addr = self
-            .next_addr
-            .saturating_add(size.div_ceil(ROUND_LARGE).saturating_add(1) * ROUND_LARGE);
-        a
+        let next = size
+            .div_ceil(ROUND_LARGE)
+            .checked_add(1)
+            .and_then(|pages| pages.checked_mul(ROUND_LARGE))
+            .and_then(|span| a.checked_add(span));
+        let Some(next) = next else {
+            // A limit of the model, never of the device: always said.
+            self.past_64_bits = true;
+            return None;
+        };
+        self.next_addr = next;
+        Some(a)
     }
 
+    /// The reserve with `n` bytes more, if the driver would give them: None past the limit,
+    /// and past 2^64 - 1 bytes (noted when no limit is known that refuses it anyway).
+    fn reserve_with(&mut self, n: u64) -> Option<u64> {
+        let Some(after) = self.reserved.checked_add(n) else {
+            self.past_64_bits |= self.no_limit_known();
+            return None;
+        };
+        (after <= self.limit).then_some(after)
+    }
+
+    /// Only after [`Allocator::reserve_with`] said yes: the reserve stays within 64 bits,
+    /// and so does `allocated`, which is part of it.
     fn grow_reserved(&mut self, n: u64) {
         self.reserved += n;
         self.peak_reserved = self.peak_reserved.max(self.reserved);
@@ -303,13 +394,18 @@ impl Allocator {
         if self.live.contains_key(&key) {
             self.free(key);
         }
-        let size = round_size(&self.conf, request);
+        self.past_64_bits = false;
+        let Some(size) = round_size(&self.conf, request) else {
+            return Err(self.unservable(PoolKind::Large, request));
+        };
         let kind = if size <= SMALL_SIZE {
             PoolKind::Small
         } else {
             PoolKind::Large
         };
-        let alloc_size = allocation_size(&self.conf, size);
+        let Some(alloc_size) = allocation_size(&self.conf, size) else {
+            return Err(self.unservable(kind, size));
+        };
         let mut found = self.get_free_block(kind, stream, size);
         if found.is_none() {
             if self.gc_on() {
@@ -327,15 +423,34 @@ impl Allocator {
         let Some(id) = found else {
             return Err(OutOfMemory {
                 size,
-                alloc_size,
+                alloc_size: Some(alloc_size),
                 reserved: self.reserved,
                 allocated: self.allocated,
+                past_64_bits: self.past_64_bits,
             });
         };
         let split = self.should_split(id, size);
         let id = self.alloc_found_block(id, size, split);
         self.live.insert(key, id);
         Ok(())
+    }
+
+    /// A request whose rounded size or segment passes 2^64 - 1 bytes: no cached block is
+    /// that large (segments are within 64 bits) and no segment can be made, so it goes the
+    /// way of every refused request: its pool searched (garbage collection counts searches),
+    /// the cache emptied, refused. Under a known limit that is simply a request above it.
+    fn unservable(&mut self, kind: PoolKind, size: u64) -> OutOfMemory {
+        if self.gc_on() {
+            self.pool(kind).searches += 1;
+        }
+        self.release_cached_blocks();
+        OutOfMemory {
+            size,
+            alloc_size: None,
+            reserved: self.reserved,
+            allocated: self.allocated,
+            past_64_bits: self.no_limit_known(),
+        }
     }
 
     /// The tensor known by `key` is freed (PyTorch's `FREE_COMPLETED`); false if unknown.
@@ -480,17 +595,20 @@ impl Allocator {
         alloc_size: u64,
     ) -> Option<Id> {
         if let Some(allowed) = self.allowed() {
-            if self.reserved + alloc_size > allowed {
+            // Past 2^64 - 1 it is past the fraction too: an ordinary refusal.
+            if self
+                .reserved
+                .checked_add(alloc_size)
+                .is_none_or(|r| r > allowed)
+            {
                 return None;
             }
         }
         if self.conf.expandable_segments {
             return self.try_allocate_expandable_block(kind, stream, size);
         }
-        if self.reserved.saturating_add(alloc_size) > self.limit {
-            return None;
-        }
-        let addr = self.new_address(alloc_size);
+        self.reserve_with(alloc_size)?;
+        let addr = self.new_address(alloc_size)?;
         self.grow_reserved(alloc_size);
         Some(self.add(Block {
             addr,
@@ -512,7 +630,7 @@ impl Allocator {
         stream: u64,
         size: u64,
     ) -> Option<Id> {
-        let mut c = self.find_expandable_block(kind, stream, size);
+        let mut c = self.find_expandable_block(kind, stream, size)?;
         if !self.b(c).mapped {
             let n = self.b(c).size.min(size);
             if !self.map_block(c, n) {
@@ -521,7 +639,9 @@ impl Allocator {
         }
         while self.b(c).size < size {
             let remaining = size - self.b(c).size;
-            let next = self.b(c).next.expect("room was found after it");
+            // Room was found after it, unless the request is larger than a whole segment's
+            // address space (1 1/8 of the device): more than the device, refused.
+            let next = self.b(c).next?;
             let n = remaining.min(self.b(next).size);
             if !self.map_block(next, n) {
                 return None;
@@ -533,8 +653,8 @@ impl Allocator {
     }
 
     /// The lowest place in a segment of this pool and stream with room for `size` (free and
-    /// unmapped blocks in a row), or a new segment.
-    fn find_expandable_block(&mut self, kind: PoolKind, stream: u64, size: u64) -> Id {
+    /// unmapped blocks in a row), or a new segment (None: no address space left for one).
+    fn find_expandable_block(&mut self, kind: PoolKind, stream: u64, size: u64) -> Option<Id> {
         let free_now = |a: &Allocator, id: Option<Id>| id.filter(|&i| !a.b(i).allocated);
         let starts: Vec<Id> = self.pools[kind as usize]
             .unmapped
@@ -551,17 +671,21 @@ impl Allocator {
                 at = self.b(i).next;
             }
             if bytes >= size {
-                return c;
+                return Some(c);
             }
         }
         let page = match kind {
             PoolKind::Small => SMALL_BUFFER,
             PoolKind::Large => self.conf.large_segment_size,
         };
-        // torch reserves address space for 1 1/8 of the device (1 TiB when it is unknown).
-        let space = self.device_total.map_or(1 << 40, |t| t + t / 8);
+        // torch reserves address space for 1 1/8 of the device. When it is unknown, 1 TiB, or
+        // the request if larger: nothing refuses a request before the device is known.
+        let space = self
+            .device_total
+            .map_or((1 << 40).max(size), |t| t.saturating_add(t / 8));
+        // Saturated, it is more than any address space: new_address refuses it.
         let span = space.div_ceil(page).max(1).saturating_mul(page);
-        let base = self.new_address(span);
+        let base = self.new_address(span)?;
         self.segments.push(Some(Expandable { base, page }));
         let id = self.add(Block {
             addr: base,
@@ -576,7 +700,7 @@ impl Allocator {
             gc_base: 0,
         });
         self.insert_unmapped(id);
-        id
+        Some(id)
     }
 
     /// Maps the pages under the first `size` bytes of unmapped block `id`; false when the
@@ -587,7 +711,7 @@ impl Allocator {
         let first = (b.addr - seg.base) / seg.page;
         let end = (b.addr + size - seg.base).div_ceil(seg.page);
         let mapped = (end - first) * seg.page;
-        if mapped == 0 || self.reserved.saturating_add(mapped) > self.limit {
+        if mapped == 0 || self.reserve_with(mapped).is_none() {
             return false;
         }
         self.remove_unmapped(id);
@@ -619,15 +743,10 @@ impl Allocator {
     /// Unmaps the whole pages inside free expandable block `id` (`unmap_block`).
     fn unmap_block(&mut self, id: Id) {
         let b = self.b(id).clone();
-        let seg = self.segments[b.expandable.expect("expandable") as usize].expect("segment");
-        let first = (b.addr - seg.base).div_ceil(seg.page);
-        let end = (b.addr + b.size - seg.base) / seg.page;
-        if first >= end {
+        let Some((start, len)) = self.whole_pages(&b) else {
             return;
-        }
+        };
         self.remove_free(id);
-        let start = seg.base + first * seg.page;
-        let len = (end - first) * seg.page;
         let before = start - b.addr;
         if before > 0 {
             let f = self.add(Block {
@@ -680,7 +799,17 @@ impl Allocator {
     /// Frees every unsplit cached segment of a pool and the unused pages of its expandable
     /// segments (`release_blocks`).
     fn release_blocks(&mut self, kind: PoolKind) {
-        let cached: Vec<Id> = self.pools[kind as usize].free.iter().map(|k| k.3).collect();
+        // Torch walks every cached block; those it would pass over (split remainders, pieces
+        // of expandable pages) are not in `releasable`, in the same order otherwise.
+        let cached: Vec<Id> = self.pools[kind as usize]
+            .releasable
+            .iter()
+            .map(|k| k.3)
+            .collect();
+        #[cfg(test)]
+        {
+            self.visited += cached.len() as u64;
+        }
         let mut to_unmap = Vec::new();
         for id in cached {
             let b = self.b(id);
@@ -760,22 +889,32 @@ impl Allocator {
         let target = self.reserved - threshold;
         let searches = self.pools[PoolKind::Large as usize].searches;
         let age = |a: &Allocator, id: Id| searches.saturating_sub(a.b(id).gc_base);
+        // Torch looks at the unsplit blocks among all cached ones: all of them are releasable
+        // (whole segments; an unsplit expandable one is its whole segment, pages and all).
         let (mut total_age, mut count) = (0u64, 0u64);
-        for k in &self.pools[PoolKind::Large as usize].free {
+        for k in &self.pools[PoolKind::Large as usize].releasable {
             if !self.b(k.3).is_split() {
                 total_age += age(self, k.3);
                 count += 1;
             }
+        }
+        #[cfg(test)]
+        {
+            self.visited += self.pools[PoolKind::Large as usize].releasable.len() as u64;
         }
         let (mut reclaimed, mut freed) = (0u64, true);
         while reclaimed < target && freed && count > 0 {
             let threshold_age = total_age as f64 / count as f64;
             freed = false;
             let cached: Vec<Id> = self.pools[PoolKind::Large as usize]
-                .free
+                .releasable
                 .iter()
                 .map(|k| k.3)
                 .collect();
+            #[cfg(test)]
+            {
+                self.visited += cached.len() as u64;
+            }
             for id in cached {
                 let b = self.b(id);
                 if !b.is_split() && b.expandable.is_none() && age(self, id) as f64 >= threshold_age

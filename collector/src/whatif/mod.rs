@@ -17,7 +17,8 @@ use std::path::PathBuf;
 
 pub use conf::{AllocConf, ConfError};
 pub use replay::{
-    predict, ConfSource, DevicePrediction, NewOom, OomPrediction, Prediction, ProcessPrediction,
+    predict, ConfSource, DevicePrediction, NewOom, OomPrediction, Past64Bits, Prediction,
+    ProcessPrediction,
 };
 
 /// Why there is no prediction. One sentence per variant.

@@ -24,6 +24,11 @@
 //! with). A request the program was granted but the model refuses is a new OOM under that
 //! setting; the replay goes on without that tensor, and what follows is counted as if the
 //! program had survived it (`new_ooms` says so).
+//!
+//! Sizes are whatever the file holds: a request (or a reserve) past 2^64 - 1 bytes is refused
+//! by the model, as by any driver, and counted apart (`past_64_bits`) when no device limit was
+//! known to refuse it; PyTorch's segments adding up past 2^64 - 1 are a warning. Nothing
+//! saturates into a peak silently.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -97,6 +102,23 @@ pub struct DevicePrediction {
     pub device_total_bytes: Option<u64>,
     /// The reserve at the end of the trace, under the setting.
     pub reserved_at_end_bytes: u64,
+    /// Requests the model refused only because they would take it past 2^64 - 1 bytes
+    /// (null: none).
+    pub past_64_bits: Option<Past64Bits>,
+}
+
+/// Requests past what 64 bits count: rounded, with their segment, or with the reserve, more
+/// than 2^64 - 1 bytes, and no device size known to refuse them. No device holds that, so the
+/// model refuses each as out of memory (in `ooms` or `new_ooms`), as a driver would, rather
+/// than saturate into a peak no device has; the line says the prediction met that bound.
+#[derive(Clone, Debug, Serialize)]
+pub struct Past64Bits {
+    pub count: u64,
+    /// The first one: the request as the trace holds it, and when.
+    pub request_bytes: u64,
+    pub at_s: f64,
+    /// The run was granted it: then the trace's sizes are not a real device's.
+    pub granted: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -132,6 +154,8 @@ struct DeviceRun {
     /// allocator hold (context, other processes), from the last `MemInfo`.
     unseen: u64,
     total: Option<u64>,
+    /// PyTorch's segments in the trace added up past 2^64 - 1 bytes (warned once).
+    recorded_past_64_bits: bool,
 }
 
 struct Model {
@@ -140,6 +164,24 @@ struct Model {
     new_ooms: Vec<NewOom>,
     new_oom_count: u64,
     requests: u64,
+    past_64_bits: Option<Past64Bits>,
+}
+
+impl Model {
+    /// Counts a refusal that was the 64-bit bound's (see [`Past64Bits`]).
+    fn past_64_bits(&mut self, request_bytes: u64, at_s: f64, granted: bool) {
+        match &mut self.past_64_bits {
+            Some(p) => p.count += 1,
+            None => {
+                self.past_64_bits = Some(Past64Bits {
+                    count: 1,
+                    request_bytes,
+                    at_s,
+                    granted,
+                })
+            }
+        }
+    }
 }
 
 struct ProcessRun {
@@ -248,12 +290,14 @@ impl ProcessRun {
                     new_ooms: Vec::new(),
                     new_oom_count: 0,
                     requests: 0,
+                    past_64_bits: None,
                 })
                 .collect(),
             recorded_reserved: 0,
             recorded_peak: 0,
             unseen: 0,
             total: None,
+            recorded_past_64_bits: false,
         })
     }
 }
@@ -307,9 +351,20 @@ pub fn predict(path: &Path, confs: &[Option<AllocConf>]) -> Result<Vec<Predictio
                 }
             }
             (EventKind::Segment, Api::oomtrace_torch_segment) => {
-                let dev = run.device(ev.device);
-                dev.recorded_reserved += ev.size;
+                let device = ev.device;
+                let dev = run.device(device);
+                let reserved = dev.recorded_reserved.checked_add(ev.size);
+                let first_past = reserved.is_none() && !dev.recorded_past_64_bits;
+                dev.recorded_past_64_bits |= reserved.is_none();
+                dev.recorded_reserved = reserved.unwrap_or(u64::MAX);
                 dev.recorded_peak = dev.recorded_peak.max(dev.recorded_reserved);
+                if first_past {
+                    run.warnings.push(format!(
+                        "on cuda:{device} PyTorch's segments in the trace add up to more than \
+                         2^64 - 1 bytes, which no device holds: its recorded peak stops there, \
+                         and the trace's sizes are not a real device's"
+                    ));
+                }
             }
             (EventKind::SegmentFree, Api::oomtrace_torch_segment) => {
                 let dev = run.device(ev.device);
@@ -324,6 +379,9 @@ pub fn predict(path: &Path, confs: &[Option<AllocConf>]) -> Result<Vec<Predictio
                     m.requests += 1;
                     m.alloc.set_limit(lim.unwrap_or(u64::MAX));
                     if let Err(e) = m.alloc.malloc(ev.ptr, ev.size, ev.aux) {
+                        if e.past_64_bits {
+                            m.past_64_bits(ev.size, at_s, true);
+                        }
                         m.new_oom_count += 1;
                         if m.new_ooms.len() < MAX_NEW_OOMS {
                             m.new_ooms.push(NewOom {
@@ -356,7 +414,12 @@ pub fn predict(path: &Path, confs: &[Option<AllocConf>]) -> Result<Vec<Predictio
                     m.alloc.set_limit(lim.unwrap_or(u64::MAX));
                     let outcome = m.alloc.malloc(key, ev.size, ev.aux);
                     let (reserved_bytes, allocated_bytes) = match outcome {
-                        Err(e) => (e.reserved, e.allocated),
+                        Err(e) => {
+                            if e.past_64_bits {
+                                m.past_64_bits(ev.size, at_s, false);
+                            }
+                            (e.reserved, e.allocated)
+                        }
                         Ok(()) => {
                             let held = (m.alloc.reserved(), m.alloc.allocated());
                             m.alloc.free(key);
@@ -401,6 +464,7 @@ pub fn predict(path: &Path, confs: &[Option<AllocConf>]) -> Result<Vec<Predictio
                         requests: m.requests,
                         device_total_bytes: d.total,
                         reserved_at_end_bytes: m.alloc.reserved(),
+                        past_64_bits: m.past_64_bits.clone(),
                     }
                 })
                 .collect();

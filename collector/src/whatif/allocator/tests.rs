@@ -11,32 +11,32 @@ fn alloc(conf: &str) -> Allocator {
 #[test]
 fn rounds_as_torch_does() {
     let d = AllocConf::default();
-    assert_eq!(round_size(&d, 1), 512);
-    assert_eq!(round_size(&d, 512), 512);
-    assert_eq!(round_size(&d, 513), 1024);
-    assert_eq!(round_size(&d, 5 * MIB + 1), 5 * MIB + 512);
+    assert_eq!(round_size(&d, 1), Some(512));
+    assert_eq!(round_size(&d, 512), Some(512));
+    assert_eq!(round_size(&d, 513), Some(1024));
+    assert_eq!(round_size(&d, 5 * MIB + 1), Some(5 * MIB + 512));
     let four = AllocConf::parse("roundup_power2_divisions:4").unwrap();
     // torch's own example: 1200 with 4 divisions is 1280; small sizes still go by 512.
-    assert_eq!(roundup_power2_next_division(1200, 4), 1280);
-    assert_eq!(round_size(&four, 1200), 1536);
-    assert_eq!(round_size(&four, 2049), 2560);
-    assert_eq!(round_size(&four, 5 * MIB), 5 * MIB);
-    assert_eq!(round_size(&four, 5 * MIB + 1), 6 * MIB);
-    assert_eq!(round_size(&four, 33 * MIB), 40 * MIB);
-    assert_eq!(round_size(&four, 64 * MIB), 64 * MIB);
+    assert_eq!(roundup_power2_next_division(1200, 4), Some(1280));
+    assert_eq!(round_size(&four, 1200), Some(1536));
+    assert_eq!(round_size(&four, 2049), Some(2560));
+    assert_eq!(round_size(&four, 5 * MIB), Some(5 * MIB));
+    assert_eq!(round_size(&four, 5 * MIB + 1), Some(6 * MIB));
+    assert_eq!(round_size(&four, 33 * MIB), Some(40 * MIB));
+    assert_eq!(round_size(&four, 64 * MIB), Some(64 * MIB));
 }
 
 #[test]
 fn segment_sizes_follow_the_pools() {
     let d = AllocConf::default();
-    assert_eq!(allocation_size(&d, 512), 2 * MIB);
-    assert_eq!(allocation_size(&d, MIB), 2 * MIB);
-    assert_eq!(allocation_size(&d, MIB + 512), 20 * MIB);
-    assert_eq!(allocation_size(&d, 10 * MIB - 512), 20 * MIB);
-    assert_eq!(allocation_size(&d, 10 * MIB), 10 * MIB);
-    assert_eq!(allocation_size(&d, 11 * MIB + 1), 12 * MIB);
+    assert_eq!(allocation_size(&d, 512), Some(2 * MIB));
+    assert_eq!(allocation_size(&d, MIB), Some(2 * MIB));
+    assert_eq!(allocation_size(&d, MIB + 512), Some(20 * MIB));
+    assert_eq!(allocation_size(&d, 10 * MIB - 512), Some(20 * MIB));
+    assert_eq!(allocation_size(&d, 10 * MIB), Some(10 * MIB));
+    assert_eq!(allocation_size(&d, 11 * MIB + 1), Some(12 * MIB));
     let big = AllocConf::parse("large_segment_size_mb:64").unwrap();
-    assert_eq!(allocation_size(&big, 3 * MIB), 64 * MIB);
+    assert_eq!(allocation_size(&big, 3 * MIB), Some(64 * MIB));
 }
 
 #[test]
@@ -217,4 +217,126 @@ fn memory_stays_with_the_blocks_not_the_events() {
     }
     assert_eq!(a.live(), 8);
     assert!(a.blocks.len() < 64, "{}", a.blocks.len());
+}
+
+/// A tensor on each of 200,000 streams, never freed, on a device with room for half of them:
+/// each stream's segment keeps its split remainder cached, and every request past a full
+/// device empties the cache. Emptying it must visit what it can give back, not every
+/// stream's remainder on every request (issue 41: 100,000 visits a request here, so 10^10).
+#[test]
+fn a_full_device_with_a_stream_per_tensor_costs_what_it_releases() {
+    const STREAMS: u64 = 200_000;
+    for (conf, size, segment) in [
+        ("", 4096, 2 * MIB),
+        ("expandable_segments:True", 4096, 2 * MIB),
+        ("max_split_size_mb:64", 3 * MIB, 20 * MIB),
+        // Collection before each new segment looks at the large pool's cached blocks.
+        (
+            "garbage_collection_threshold:0.5,per_process_memory_fraction:0.5",
+            3 * MIB,
+            20 * MIB,
+        ),
+    ] {
+        let mut a = alloc(conf);
+        a.set_limit(STREAMS / 2 * segment);
+        let mut refused = 0u64;
+        for stream in 0..STREAMS {
+            refused += u64::from(a.malloc(stream, size, stream).is_err());
+            // Each cached block can be given back once: a few visits a request, at most.
+            assert!(
+                a.visited <= 4 * (stream + 1),
+                "{conf:?}: {} cached blocks visited in {} requests",
+                a.visited,
+                stream + 1
+            );
+        }
+        assert!(refused >= STREAMS / 2, "{conf:?}: the device filled up");
+        assert_eq!(a.live() as u64 + refused, STREAMS, "{conf:?}");
+        // Nothing could be given back: every segment holds a live tensor.
+        assert_eq!(a.reserved(), (STREAMS - refused) * segment, "{conf:?}");
+    }
+}
+
+/// Emptying the cache visits only what it gives back, and gives back what it did when it
+/// walked every cached block: whole segments and the whole pages of expandable ones, of
+/// every stream, the split remainders staying.
+#[test]
+fn emptying_the_cache_gives_back_whole_segments_and_pages_of_every_stream() {
+    let mut a = alloc("");
+    // On each of 4 streams: two 3 MiB tensors made and freed (a whole 20 MiB segment
+    // cached), a 15 MiB one (its own 16 MiB segment) and a 4 KiB one (a small segment, split)
+    // kept.
+    for s in 0..4u64 {
+        a.malloc(10 + s, 3 * MIB, s).unwrap();
+        a.malloc(20 + s, 3 * MIB, s).unwrap();
+        a.malloc(30 + s, 15 * MIB, s).unwrap();
+        a.malloc(40 + s, 4096, s).unwrap();
+        a.free(10 + s);
+        a.free(20 + s);
+    }
+    assert_eq!(a.reserved(), 4 * (20 + 16 + 2) * MIB);
+    a.release_cached_blocks();
+    // Each stream's 20 MiB segment was cached whole; its 16 MiB one holds the 15 MiB tensor,
+    // its small segment the 4 KiB one, with the rest of its 2 MiB cached.
+    assert_eq!(a.reserved(), 4 * (16 + 2) * MIB);
+    assert_eq!(
+        a.visited, 4,
+        "the small segments' remainders are not visited"
+    );
+
+    let mut e = alloc("expandable_segments:True");
+    for s in 0..4u64 {
+        e.malloc(1 + s, 50 * MIB, s).unwrap();
+        e.malloc(10 + s, 4096, s).unwrap();
+        e.free(1 + s);
+    }
+    // 3 pages of 20 MiB and one of 2 MiB a stream; the 60 MiB are free, the small page is
+    // in use.
+    assert_eq!(e.reserved(), 4 * 62 * MIB);
+    e.release_cached_blocks();
+    assert_eq!(e.reserved(), 4 * 2 * MIB);
+    assert_eq!(e.visited, 4, "the small pages' remainders are not visited");
+}
+
+/// Sizes near 2^64 (a trace file can hold any): refused, as no device could serve them, and
+/// said to be the 64-bit bound's when no limit is known; never a saturated or wrapped
+/// reserve, and no panic, under any setting.
+#[test]
+fn requests_past_64_bits_are_refused_not_saturated() {
+    for conf in [
+        "",
+        "expandable_segments:True",
+        "roundup_power2_divisions:4",
+        "max_split_size_mb:64",
+        "garbage_collection_threshold:0.5,per_process_memory_fraction:0.5",
+    ] {
+        let mut a = Allocator::new(AllocConf::parse(conf).unwrap(), None);
+        let e = a.malloc(1, u64::MAX, 0).unwrap_err();
+        assert!(e.past_64_bits, "{conf:?}: {e:?}");
+        assert_eq!((e.alloc_size, e.reserved), (None, 0), "{conf:?}");
+        // Half of 2^64 fits; twice does not, on any stream.
+        a.malloc(2, 1 << 63, 0).unwrap();
+        let held = a.reserved();
+        assert!((1 << 63..u64::MAX).contains(&held), "{conf:?}: {held}");
+        for stream in [0, 1] {
+            let e = a.malloc(3, 1 << 63, stream).unwrap_err();
+            assert!(e.past_64_bits, "{conf:?}: {e:?}");
+            assert_eq!((e.reserved, e.allocated), (held, 1 << 63), "{conf:?}");
+        }
+        assert_eq!(a.peak_reserved(), held, "{conf:?}");
+        assert_eq!(a.peak_allocated(), 1 << 63, "{conf:?}");
+        // What fits still does.
+        a.malloc(4, MIB, 2).unwrap();
+        assert_eq!(a.live(), 2, "{conf:?}");
+    }
+    // A known device refuses them as it refuses any request above it.
+    let mut a = alloc("");
+    a.set_limit(80 << 30);
+    let e = a.malloc(1, u64::MAX - 100, 0).unwrap_err();
+    assert!(!e.past_64_bits, "{e:?}");
+    // Rounding near 2^64: none, rather than a size that wrapped to 0.
+    let four = AllocConf::parse("roundup_power2_divisions:4").unwrap();
+    assert_eq!(round_size(&four, u64::MAX), None);
+    assert_eq!(round_size(&AllocConf::default(), u64::MAX - 10), None);
+    assert_eq!(allocation_size(&AllocConf::default(), u64::MAX - 511), None);
 }
