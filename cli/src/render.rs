@@ -446,6 +446,10 @@ fn oom_text(
         }
         remedies_text(out, &o.remedies);
     }
+    if let Some(m) = &f.anatomy {
+        let _ = writeln!(out, "    what the device's memory was then:");
+        anatomy::moment(out, m, "      ");
+    }
     if let (true, Some(o)) = (with_holders, &f.oom) {
         if !o.top_sites.is_empty() {
             let _ = writeln!(out, "    memory held at that moment by:");

@@ -35,6 +35,7 @@ use std::collections::BTreeMap;
 use oomtrace_proto::python::PyFrame;
 use oomtrace_proto::{MemoryClass, DEVICE_UNKNOWN};
 use rustc_hash::FxHashMap;
+use serde::Serialize;
 
 use crate::model::{is_oomtrace_python_file, Alloc, Free, OutOfMemory, Process, SiteId};
 
@@ -615,6 +616,113 @@ impl Anatomy {
             activation_sites,
         }
     }
+}
+
+// ---- The JSON contract's shapes (docs/json-report.md), filled by the report ----------------
+
+/// A device's anatomy (docs/anatomy.md, docs/json-report.md).
+#[derive(Clone, Debug, Serialize)]
+pub struct AnatomyReport {
+    /// At the device's peak (`peak_bytes`): the parts add up to it exactly.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at_peak: Option<AnatomyMoment>,
+    /// At each out-of-memory of the device (the first 8), in order.
+    pub at_oom: Vec<AnatomyMoment>,
+    /// The live tensors by role at each step's end (every step up to 256, then evenly
+    /// spaced ones).
+    pub per_step: Vec<AnatomyStep>,
+}
+
+/// Bytes of PyTorch's tensors by role.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RoleBytesReport {
+    pub parameter: u64,
+    pub gradient: u64,
+    pub optimizer_state: u64,
+    pub activation: u64,
+    pub temporary: u64,
+    pub input: u64,
+    pub other: u64,
+}
+
+impl RoleBytesReport {
+    pub fn of(r: &RoleBytes) -> RoleBytesReport {
+        RoleBytesReport {
+            parameter: r[Role::Parameter as usize],
+            gradient: r[Role::Gradient as usize],
+            optimizer_state: r[Role::OptimizerState as usize],
+            activation: r[Role::Activation as usize],
+            temporary: r[Role::Temporary as usize],
+            input: r[Role::Input as usize],
+            other: r[Role::Other as usize],
+        }
+    }
+
+    /// (role name as the text says it, bytes), in the pinned order.
+    pub fn parts(&self) -> [(&'static str, u64); 7] {
+        [
+            ("parameters", self.parameter),
+            ("gradients", self.gradient),
+            ("optimizer state", self.optimizer_state),
+            ("activations", self.activation),
+            ("temporaries", self.temporary),
+            ("inputs", self.input),
+            ("other tensors", self.other),
+        ]
+    }
+
+    pub fn total(&self) -> u64 {
+        self.parts().iter().map(|(_, b)| b).sum()
+    }
+}
+
+/// A device at one moment: its bytes split into the tensors' roles, the reserve gap and the
+/// memory outside PyTorch (`roles` total + `reserve_gap_bytes` + `outside_pytorch_bytes` =
+/// `device_bytes`).
+#[derive(Clone, Debug, Serialize)]
+pub struct AnatomyMoment {
+    /// Seconds since the process's first event.
+    pub at_s: f64,
+    /// The moment on the events' clock (what an out-of-memory finding is matched by).
+    #[serde(skip)]
+    pub ts_ns: u64,
+    /// Step markers counted before it.
+    pub step: u64,
+    pub device_bytes: u64,
+    pub roles: RoleBytesReport,
+    /// The tensors' bytes (the roles' sum).
+    pub tensor_bytes: u64,
+    /// PyTorch's reserve (its segments) not in tensors.
+    pub reserve_gap_bytes: u64,
+    /// Device memory that is not PyTorch's reserve.
+    pub outside_pytorch_bytes: u64,
+    /// `outside_pytorch_bytes` by the library that allocated it, largest first.
+    pub outside_pytorch: Vec<LibraryBytes>,
+    /// The largest activations by the line that made them, largest first (at most 5).
+    pub activations: Vec<LineBytes>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LibraryBytes {
+    pub library: String,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LineBytes {
+    pub function: String,
+    pub file: String,
+    pub line: u32,
+    pub bytes: u64,
+}
+
+/// The live tensors by role at one step's end.
+#[derive(Clone, Debug, Serialize)]
+pub struct AnatomyStep {
+    /// The step marker it follows (1 = the first).
+    pub step: u64,
+    pub at_s: f64,
+    pub roles: RoleBytesReport,
 }
 
 const MADE: [Made; MADE_KINDS] = [

@@ -360,6 +360,10 @@ pub struct Finding {
     /// device (set by the report): absent elsewhere.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held: Option<Held>,
+    /// An out-of-memory's: what its device's memory was at that moment (docs/anatomy.md),
+    /// where PyTorch's tensors are traced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub anatomy: Option<anatomy::AnatomyMoment>,
 }
 
 /// What a call site's memory is on a device where PyTorch's trace tracker reports tensors.
@@ -418,6 +422,7 @@ impl Finding {
             culprit: None,
             backward_node: None,
             held: None,
+            anatomy: None,
         }
     }
 

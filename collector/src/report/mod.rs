@@ -23,6 +23,9 @@ pub mod roles;
 pub mod sections;
 pub mod symbolize;
 
+pub use crate::analysis::anatomy::{
+    AnatomyMoment, AnatomyReport, AnatomyStep, LibraryBytes, LineBytes, RoleBytesReport,
+};
 use serde::Serialize;
 
 pub use crate::analysis::oom::{OomDetail, SiteShare};
@@ -260,109 +263,6 @@ pub struct DeviceReport {
     pub anatomy: Option<AnatomyReport>,
 }
 
-/// A device's anatomy (docs/anatomy.md, docs/json-report.md).
-#[derive(Clone, Debug, Serialize)]
-pub struct AnatomyReport {
-    /// At the device's peak (`peak_bytes`): the parts add up to it exactly.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub at_peak: Option<AnatomyMoment>,
-    /// At each out-of-memory of the device (the first 8), in order.
-    pub at_oom: Vec<AnatomyMoment>,
-    /// The live tensors by role at each step's end (every step up to 256, then evenly
-    /// spaced ones).
-    pub per_step: Vec<AnatomyStep>,
-}
-
-/// Bytes of PyTorch's tensors by role.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct RoleBytesReport {
-    pub parameter: u64,
-    pub gradient: u64,
-    pub optimizer_state: u64,
-    pub activation: u64,
-    pub temporary: u64,
-    pub input: u64,
-    pub other: u64,
-}
-
-impl RoleBytesReport {
-    pub fn of(r: &crate::analysis::anatomy::RoleBytes) -> RoleBytesReport {
-        use crate::analysis::anatomy::Role;
-        RoleBytesReport {
-            parameter: r[Role::Parameter as usize],
-            gradient: r[Role::Gradient as usize],
-            optimizer_state: r[Role::OptimizerState as usize],
-            activation: r[Role::Activation as usize],
-            temporary: r[Role::Temporary as usize],
-            input: r[Role::Input as usize],
-            other: r[Role::Other as usize],
-        }
-    }
-
-    /// (role name as the text says it, bytes), in the pinned order.
-    pub fn parts(&self) -> [(&'static str, u64); 7] {
-        [
-            ("parameters", self.parameter),
-            ("gradients", self.gradient),
-            ("optimizer state", self.optimizer_state),
-            ("activations", self.activation),
-            ("temporaries", self.temporary),
-            ("inputs", self.input),
-            ("other tensors", self.other),
-        ]
-    }
-
-    pub fn total(&self) -> u64 {
-        self.parts().iter().map(|(_, b)| b).sum()
-    }
-}
-
-/// A device at one moment: its bytes split into the tensors' roles, the reserve gap and the
-/// memory outside PyTorch (`roles` total + `reserve_gap_bytes` + `outside_pytorch_bytes` =
-/// `device_bytes`).
-#[derive(Clone, Debug, Serialize)]
-pub struct AnatomyMoment {
-    /// Seconds since the process's first event.
-    pub at_s: f64,
-    /// Step markers counted before it.
-    pub step: u64,
-    pub device_bytes: u64,
-    pub roles: RoleBytesReport,
-    /// The tensors' bytes (the roles' sum).
-    pub tensor_bytes: u64,
-    /// PyTorch's reserve (its segments) not in tensors.
-    pub reserve_gap_bytes: u64,
-    /// Device memory that is not PyTorch's reserve.
-    pub outside_pytorch_bytes: u64,
-    /// `outside_pytorch_bytes` by the library that allocated it, largest first.
-    pub outside_pytorch: Vec<LibraryBytes>,
-    /// The largest activations by the line that made them, largest first (at most 5).
-    pub activations: Vec<LineBytes>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct LibraryBytes {
-    pub library: String,
-    pub bytes: u64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct LineBytes {
-    pub function: String,
-    pub file: String,
-    pub line: u32,
-    pub bytes: u64,
-}
-
-/// The live tensors by role at one step's end.
-#[derive(Clone, Debug, Serialize)]
-pub struct AnatomyStep {
-    /// The step marker it follows (1 = the first).
-    pub step: u64,
-    pub at_s: f64,
-    pub roles: RoleBytesReport,
-}
-
 /// The last reading of PyTorch's own statistics of a device (`torch.cuda.memory_allocated()`
 /// and friends), taken by the step hook right after a step marker.
 #[derive(Clone, Debug, Serialize)]
@@ -463,11 +363,13 @@ pub fn build_with_segments(
         let mut forward = ForwardLines::default();
         // Advice to trace the tensors is for runs that do not.
         let tensors_traced = traces_tensors(p);
-        processes.push(process_report(p, a, trace, &mut stack_of));
+        let report = process_report(p, a, trace, &mut stack_of);
         for mut f in a.findings(p) {
             complete_finding(&mut f, p, tensors_traced, &mut stack_of, &mut forward);
+            f.anatomy = oom_anatomy(&f, &report);
             detected.push(f);
         }
+        processes.push(report);
         live.extend(live_at_exit(
             p,
             a,
@@ -532,4 +434,18 @@ pub fn order(f: &Finding) -> u8 {
         Kind::Growth => 5,
         Kind::LiveAtExit => 6,
     }
+}
+
+/// An out-of-memory finding's anatomy: its device's, at its moment (matched by time).
+fn oom_anatomy(f: &Finding, p: &ProcessReport) -> Option<AnatomyMoment> {
+    let ts = f.record.as_ref().filter(|_| f.kind == Kind::Oom)?.ts_ns;
+    p.devices
+        .iter()
+        .find(|d| d.device == f.device)?
+        .anatomy
+        .as_ref()?
+        .at_oom
+        .iter()
+        .find(|m| m.ts_ns == ts)
+        .cloned()
 }

@@ -159,6 +159,7 @@ fn anatomy_reports(
         let roles = RoleBytesReport::of(&m.roles);
         AnatomyMoment {
             at_s: at_s(m.ts_ns),
+            ts_ns: m.ts_ns,
             step: m.step,
             device_bytes: m.device_bytes,
             roles,
