@@ -52,18 +52,22 @@ pub enum Role {
     Temporary,
     /// Made outside forward, backward and optimizer: batches, `.to("cuda")`.
     Input,
+    /// A library's workspace PyTorch allocates as a tensor (cuBLAS's, per handle and stream),
+    /// told by the native frames of its call site when the report names them.
+    Workspace,
     /// Kept past its step (a forward output a program holds on to), or undecided.
     Other,
 }
 
 /// Every role, in the order they are shown.
-pub const ROLES: [Role; 7] = [
+pub const ROLES: [Role; 8] = [
     Role::Parameter,
     Role::Gradient,
     Role::OptimizerState,
     Role::Activation,
     Role::Temporary,
     Role::Input,
+    Role::Workspace,
     Role::Other,
 ];
 
@@ -77,6 +81,7 @@ impl Role {
             Role::Activation => "activation",
             Role::Temporary => "temporary",
             Role::Input => "input",
+            Role::Workspace => "workspace",
             Role::Other => "other",
         }
     }
@@ -90,6 +95,7 @@ impl Role {
             Role::Activation => "activations",
             Role::Temporary => "temporaries",
             Role::Input => "inputs",
+            Role::Workspace => "library workspaces",
             Role::Other => "other tensors",
         }
     }
@@ -145,6 +151,11 @@ impl Made {
             Made::Forward | Made::Unknown => Role::Other,
             Made::Idle => Role::Input,
         }
+    }
+
+    /// Whether a survivor of this kind may be a library's workspace (kept by call site).
+    fn ambiguous(self) -> bool {
+        matches!(self, Made::Backward | Made::Forward | Made::Unknown)
     }
 
     /// What it is when the trace ends in the step that made it.
@@ -216,20 +227,16 @@ struct Moment {
     device_bytes: u64,
     reserved_bytes: u64,
     tensor_bytes: u64,
-    /// Roles of the moment's tensors freed since.
-    freed: RoleBytes,
-    /// Activation bytes by call site, of the moment's tensors freed since.
-    activations: FxHashMap<SiteId, u64>,
+    /// Bytes of the moment's tensors freed since, by call site and role (the report may
+    /// still tell a site's tensors a library's workspace).
+    freed: FxHashMap<(SiteId, Role), u64>,
     /// Device memory outside PyTorch's caching allocator at the moment, by library.
     outside: Vec<(String, u64)>,
 }
 
 impl Moment {
     fn count(&mut self, b: &Born, role: Role) {
-        self.freed[role as usize] += b.size;
-        if role == Role::Activation {
-            *self.activations.entry(b.site).or_default() += b.size;
-        }
+        *self.freed.entry((b.site, role)).or_default() += b.size;
     }
 }
 
@@ -264,6 +271,16 @@ pub struct StepAnatomy {
     pub roles: RoleBytes,
 }
 
+/// A step's end as kept until the report: the roles, and the gradients' and other tensors'
+/// bytes by call site (where a library's workspace hides until the report names the sites).
+#[derive(Clone, Debug)]
+struct StepEnd {
+    step: u64,
+    ts_ns: u64,
+    roles: RoleBytes,
+    by_site: Vec<(SiteId, Role, u64)>,
+}
+
 /// A device's anatomy, settled for a report.
 #[derive(Clone, Debug)]
 pub struct DeviceAnatomy {
@@ -279,6 +296,23 @@ const MAX_OOM_MOMENTS: usize = 8;
 /// fourth, ... (halved in place when full).
 const MAX_STEPS: usize = 256;
 
+impl DeviceClock {
+    /// A live tensor gone from the running totals.
+    fn forget(&mut self, b: &Born) {
+        let i = b.made as usize;
+        self.live_by_made[i] = self.live_by_made[i].saturating_sub(b.size);
+        if b.made.ambiguous() {
+            let key = (b.site, b.made as u8);
+            if let Some(v) = self.live_ambiguous.get_mut(&key) {
+                *v = v.saturating_sub(b.size);
+                if *v == 0 {
+                    self.live_ambiguous.remove(&key);
+                }
+            }
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 struct DeviceClock {
     /// The device's largest tracked total so far, and whether no event has come since it
@@ -290,7 +324,10 @@ struct DeviceClock {
     peak: Option<Moment>,
     ooms: Vec<Moment>,
     live_by_made: [u64; MADE_KINDS],
-    steps: Vec<StepAnatomy>,
+    /// Live bytes of the kinds whose survivors may be a library's workspace (backward,
+    /// forward, undecided), by call site.
+    live_ambiguous: FxHashMap<(SiteId, u8), u64>,
+    steps: Vec<StepEnd>,
     step_stride: u64,
 }
 
@@ -396,11 +433,13 @@ impl Anatomy {
         };
         let d = self.devices.entry(a.device).or_default();
         d.live_by_made[made as usize] += a.size;
+        if made.ambiguous() {
+            *d.live_ambiguous.entry((a.site, made as u8)).or_default() += a.size;
+        }
         // An address given again without its free: the old tensor's free was lost (the model
         // has dropped it the same way).
         if let Some(old) = self.live.insert((a.device, a.ptr), born) {
-            d.live_by_made[old.made as usize] =
-                d.live_by_made[old.made as usize].saturating_sub(old.size);
+            d.forget(&old);
         }
     }
 
@@ -428,7 +467,7 @@ impl Anatomy {
         let Some(d) = self.devices.get_mut(&f.device) else {
             return;
         };
-        d.live_by_made[b.made as usize] = d.live_by_made[b.made as usize].saturating_sub(b.size);
+        d.forget(&b);
         if let Some(m) = d.peak.as_mut().filter(|m| b.order <= m.order) {
             m.count(&b, r);
         }
@@ -469,8 +508,7 @@ impl Anatomy {
             device_bytes: d.peak_bytes,
             reserved_bytes: reserved,
             tensor_bytes,
-            freed: [0; ROLES.len()],
-            activations: FxHashMap::default(),
+            freed: FxHashMap::default(),
             outside,
         });
     }
@@ -492,8 +530,7 @@ impl Anatomy {
             device_bytes: o.live_bytes,
             reserved_bytes: reserved,
             tensor_bytes,
-            freed: [0; ROLES.len()],
-            activations: FxHashMap::default(),
+            freed: FxHashMap::default(),
             outside: outside_by_library(p, o.device),
         });
     }
@@ -512,10 +549,18 @@ impl Anatomy {
                     for (i, made) in MADE.iter().enumerate() {
                         roles[made.survivor() as usize] += d.live_by_made[i];
                     }
-                    d.steps.push(StepAnatomy {
+                    let by_site = d
+                        .live_ambiguous
+                        .iter()
+                        .map(|(&(site, made), &bytes)| {
+                            (site, MADE[made as usize].survivor(), bytes)
+                        })
+                        .collect();
+                    d.steps.push(StepEnd {
                         step: clock.step + 1,
                         ts_ns,
                         roles,
+                        by_site,
                     });
                     if d.steps.len() >= MAX_STEPS {
                         let mut keep = 0;
@@ -535,8 +580,15 @@ impl Anatomy {
         });
     }
 
-    /// Each device's anatomy, its tensors still alive settled as alive now.
-    pub fn report(&self, p: &Process) -> Vec<DeviceAnatomy> {
+    /// Each device's anatomy, its tensors still alive settled as alive now; a call site that
+    /// `workspace` says allocates a library's workspace has its tensors in that role.
+    pub fn report(
+        &self,
+        p: &Process,
+        workspace: &mut dyn FnMut(SiteId) -> bool,
+    ) -> Vec<DeviceAnatomy> {
+        let mut known: FxHashMap<SiteId, bool> = FxHashMap::default();
+        let mut is_workspace = |site: SiteId| *known.entry(site).or_insert_with(|| workspace(site));
         let now = self.clock().step;
         let mut out = Vec::new();
         for (&device, d) in &self.devices {
@@ -548,16 +600,41 @@ impl Anatomy {
             if !tensors {
                 continue;
             }
-            let settle = |m: &Moment| self.settle(device, m, now);
             let peak = d.peak.clone().or_else(|| {
                 // No event since the peak: it is now.
                 d.peak_pending.then(|| self.moment_now(p, device, d))
             });
+            let at_peak = peak
+                .as_ref()
+                .map(|m| self.settle(device, m, now, &mut is_workspace));
+            let at_oom = d
+                .ooms
+                .iter()
+                .map(|m| self.settle(device, m, now, &mut is_workspace))
+                .collect();
+            let per_step = d
+                .steps
+                .iter()
+                .map(|s| {
+                    let mut roles = s.roles;
+                    for &(site, role, bytes) in &s.by_site {
+                        if is_workspace(site) {
+                            roles[role as usize] = roles[role as usize].saturating_sub(bytes);
+                            roles[Role::Workspace as usize] += bytes;
+                        }
+                    }
+                    StepAnatomy {
+                        step: s.step,
+                        ts_ns: s.ts_ns,
+                        roles,
+                    }
+                })
+                .collect();
             out.push(DeviceAnatomy {
                 device,
-                at_peak: peak.as_ref().map(settle),
-                at_oom: d.ooms.iter().map(settle).collect(),
-                per_step: d.steps.clone(),
+                at_peak,
+                at_oom,
+                per_step,
             });
         }
         out
@@ -574,23 +651,38 @@ impl Anatomy {
             device_bytes: d.peak_bytes,
             reserved_bytes: reserved,
             tensor_bytes,
-            freed: [0; ROLES.len()],
-            activations: FxHashMap::default(),
+            freed: FxHashMap::default(),
             outside: outside_by_library(p, device),
         }
     }
 
-    fn settle(&self, device: i16, m: &Moment, now: u64) -> MomentAnatomy {
-        let mut roles = m.freed;
-        let mut activations = m.activations.clone();
+    fn settle(
+        &self,
+        device: i16,
+        m: &Moment,
+        now: u64,
+        is_workspace: &mut dyn FnMut(SiteId) -> bool,
+    ) -> MomentAnatomy {
+        let mut parts = m.freed.clone();
         for (&(d, _), b) in &self.live {
             if d != device || b.order > m.order {
                 continue;
             }
-            let r = role(b, Fate::Alive { now });
-            roles[r as usize] += b.size;
+            *parts
+                .entry((b.site, role(b, Fate::Alive { now })))
+                .or_default() += b.size;
+        }
+        let mut roles = [0u64; ROLES.len()];
+        let mut activations: FxHashMap<SiteId, u64> = FxHashMap::default();
+        for (&(site, r), &bytes) in &parts {
+            let r = if r != Role::Parameter && r != Role::OptimizerState && is_workspace(site) {
+                Role::Workspace
+            } else {
+                r
+            };
+            roles[r as usize] += bytes;
             if r == Role::Activation {
-                *activations.entry(b.site).or_default() += b.size;
+                *activations.entry(site).or_default() += bytes;
             }
         }
         let tensors: u64 = roles.iter().sum();
@@ -642,6 +734,8 @@ pub struct RoleBytesReport {
     pub activation: u64,
     pub temporary: u64,
     pub input: u64,
+    /// Added after the first seven: a library's workspace allocated as a tensor.
+    pub workspace: u64,
     pub other: u64,
 }
 
@@ -654,12 +748,13 @@ impl RoleBytesReport {
             activation: r[Role::Activation as usize],
             temporary: r[Role::Temporary as usize],
             input: r[Role::Input as usize],
+            workspace: r[Role::Workspace as usize],
             other: r[Role::Other as usize],
         }
     }
 
     /// (role name as the text says it, bytes), in the pinned order.
-    pub fn parts(&self) -> [(&'static str, u64); 7] {
+    pub fn parts(&self) -> [(&'static str, u64); 8] {
         [
             ("parameters", self.parameter),
             ("gradients", self.gradient),
@@ -667,6 +762,7 @@ impl RoleBytesReport {
             ("activations", self.activation),
             ("temporaries", self.temporary),
             ("inputs", self.input),
+            ("library workspaces", self.workspace),
             ("other tensors", self.other),
         ]
     }

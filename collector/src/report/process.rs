@@ -154,6 +154,9 @@ fn anatomy_reports(
     a: &Analysis,
     stack_of: &mut impl FnMut(&Process, SiteId) -> Vec<FrameInfo>,
 ) -> std::collections::BTreeMap<i16, AnatomyReport> {
+    let settled = a.anatomy.report(p, &mut |site| {
+        super::roles::allocates_library_workspace(&stack_of(p, site))
+    });
     let at_s = |ts: u64| ts.saturating_sub(p.first_ts_ns) as f64 / 1e9;
     let mut moment = |m: &MomentAnatomy| {
         let roles = RoleBytesReport::of(&m.roles);
@@ -177,8 +180,7 @@ fn anatomy_reports(
             activations: activation_lines(p, &m.activation_sites, stack_of),
         }
     };
-    a.anatomy
-        .report(p)
+    settled
         .into_iter()
         .map(|d| {
             let report = AnatomyReport {

@@ -81,6 +81,20 @@ fn is_allocator_symbol(function: &str) -> bool {
         || function.contains("4cupy_4cuda_6memory")
 }
 
+/// Whether a stack allocates a library's workspace through PyTorch's caching allocator: the
+/// cuBLAS (and cuBLASLt) workspace PyTorch keeps per handle and stream
+/// (`at::cuda::getCUDABlasLtWorkspace()`, `at::cuda::(anonymous namespace)::getNewWorkspace()`,
+/// or inlined into `at::cuda::getCurrentCUDABlasHandle()`, whose only tensor it is). Needs the
+/// native frames (not with `OOMTRACE_STACKS=python`).
+pub fn allocates_library_workspace(frames: &[FrameInfo]) -> bool {
+    frames.iter().any(|f| {
+        !f.python
+            && f.function.starts_with("at::cuda::")
+            && (f.function.contains("Workspace")
+                || f.function.starts_with("at::cuda::getCurrentCUDABlas"))
+    })
+}
+
 /// The autograd node whose `apply` an allocation ran in, e.g. `AddmmBackward0` from
 /// `torch::autograd::generated::AddmmBackward0::apply(...)`: the innermost such frame.
 pub fn backward_node(frames: &[FrameInfo]) -> Option<&str> {

@@ -513,9 +513,12 @@ fn the_memory_of_an_adam_training_loop_has_its_roles() {
                 expected.insert(role.to_string(), bytes);
             }
             let roles = roles_of(s);
+            // PyTorch's cuBLAS workspaces (one per handle and stream, kept) are told apart
+            // by their native frames: some releases allocate them through the caching
+            // allocator (a `workspace`), others inside cuBLAS (outside PyTorch).
             let decided: BTreeMap<String, u64> = roles
                 .iter()
-                .filter(|(k, _)| k.as_str() != "other")
+                .filter(|(k, _)| k.as_str() != "other" && k.as_str() != "workspace")
                 .map(|(k, v)| (k.clone(), *v))
                 .collect();
             assert_eq!(decided, expected, "{mode:?} step {}: {s}", s["step"]);

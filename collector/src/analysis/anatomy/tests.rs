@@ -112,7 +112,7 @@ fn roles(r: &RoleBytes) -> Vec<(&'static str, u64)> {
 fn a_training_step_is_parameters_gradients_optimizer_state_and_what_it_keeps() {
     let mut s = sim();
     train(&mut s, 4);
-    let a = s.a.anatomy.report(&s.p);
+    let a = s.a.anatomy.report(&s.p, &mut |_| false);
     assert_eq!(a.len(), 1);
     let d = &a[0];
     // After every step: the weights, their gradients, Adam's two moments, the batch and the
@@ -138,7 +138,7 @@ fn a_training_step_is_parameters_gradients_optimizer_state_and_what_it_keeps() {
 fn the_peak_adds_up_to_the_devices_bytes() {
     let mut s = sim();
     train(&mut s, 3);
-    let a = s.a.anatomy.report(&s.p);
+    let a = s.a.anatomy.report(&s.p, &mut |_| false);
     let peak = a[0].at_peak.as_ref().unwrap();
     assert_eq!(peak.device_bytes, 2348 * MIB);
     assert_eq!(peak.step, 0);
@@ -180,7 +180,7 @@ fn an_out_of_memory_in_the_backward_pass_shows_its_activations() {
     e.device = 0;
     e.stack = oomtrace_proto::StackId(12);
     s.p.apply_event(&e, &mut s.a);
-    let a = s.a.anatomy.report(&s.p);
+    let a = s.a.anatomy.report(&s.p, &mut |_| false);
     let oom = &a[0].at_oom[0];
     assert_eq!(oom.step, 2);
     let r = roles(&oom.roles);
@@ -205,8 +205,41 @@ fn without_python_frames_every_tensor_is_other() {
     s.alloc_at(T, 2, 0x1000_0100_0000, 10 * MIB);
     s.free_at(F, 0x1000_0100_0000);
     s.mark();
-    let a = s.a.anatomy.report(&s.p);
+    let a = s.a.anatomy.report(&s.p, &mut |_| false);
     let peak = a[0].at_peak.as_ref().unwrap();
     assert_eq!(roles(&peak.roles), [("other", 20)]);
     assert_eq!(peak.reserve_gap_bytes, 80 * MIB);
+}
+
+/// A library's workspace that PyTorch allocates as a tensor once per handle and keeps (on the
+/// autograd thread: it outlives its step like a gradient) is told apart when the report says
+/// its site is one, at every step's end and at the peak.
+#[test]
+fn a_library_workspace_is_not_a_gradient() {
+    let mut s = sim();
+    s.p.apply(
+        &oomtrace_proto::wire::Frame::StackDef {
+            id: oomtrace_proto::StackId(15),
+            frames: vec![0xf000],
+        },
+        &mut s.a,
+    );
+    let workspace = s.p.stack_site(oomtrace_proto::StackId(15));
+    // Made in the first backward pass, never freed.
+    s.alloc_at(Api::cudaMalloc, 0, 0x3000_0000_0000, 64 * MIB);
+    s.segment(0x3000_0000_0000, 64 * MIB);
+    train(&mut s, 1);
+    s.alloc_at(T, 11, 0x2000_7000_0000, 1 * MIB);
+    s.alloc_at(T, 12, 0x2000_7100_0000, 1 * MIB);
+    s.alloc_at(T, 15, 0x3000_0000_0000, 32 * MIB);
+    s.free_at(F, 0x2000_7000_0000);
+    s.mark();
+    let a = s.a.anatomy.report(&s.p, &mut |site| site == workspace);
+    let last = a[0].per_step.last().unwrap();
+    let r = roles(&last.roles);
+    assert!(r.contains(&("workspace", 32)), "{r:?}");
+    assert!(r.contains(&("gradient", 100 + 1)), "{r:?}");
+    let none = s.a.anatomy.report(&s.p, &mut |_| false);
+    let r = roles(&none[0].per_step.last().unwrap().roles);
+    assert!(r.contains(&("gradient", 100 + 1 + 32)), "{r:?}");
 }
