@@ -229,8 +229,8 @@ fn a_library_workspace_is_not_a_gradient() {
     s.alloc_at(Api::cudaMalloc, 0, 0x3000_0000_0000, 64 * MIB);
     s.segment(0x3000_0000_0000, 64 * MIB);
     train(&mut s, 1);
-    s.alloc_at(T, 11, 0x2000_7000_0000, 1 * MIB);
-    s.alloc_at(T, 12, 0x2000_7100_0000, 1 * MIB);
+    s.alloc_at(T, 11, 0x2000_7000_0000, MIB);
+    s.alloc_at(T, 12, 0x2000_7100_0000, MIB);
     s.alloc_at(T, 15, 0x3000_0000_0000, 32 * MIB);
     s.free_at(F, 0x2000_7000_0000);
     s.mark();
