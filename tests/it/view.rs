@@ -708,3 +708,57 @@ fn segment_mode_plots_pytorchs_readings_and_marks_fragmentation() {
     );
     assert_eq!(ten.matches("class=\"torch-reserved\"").count(), 0, "{ten}");
 }
+
+/// The view says what the memory is (docs/anatomy.md) for a PyTorch trace, above the chart by
+/// call site: the peak as one bar split into the roles, the cache not in tensors and the memory
+/// outside PyTorch (each part drawn, the largest activations named by their line), and the
+/// live tensors by role after each step; the chart by call site a click away.
+#[test]
+fn a_pytorch_trace_shows_what_the_memory_is() {
+    let Some(browser) = chromium() else {
+        precondition(false, "chromium (apt-get install chromium)");
+        return;
+    };
+    let dir = scratch("view-anatomy");
+    let trace = crate::torch::torch_trace("anatomy.py", &dir);
+    let page = dir.join("anatomy.html");
+    oomtrace_in(
+        &dir,
+        &[
+            "view",
+            trace.to_str().unwrap(),
+            "-o",
+            page.to_str().unwrap(),
+        ],
+    );
+    let dom = rendered_dom(&browser, &dir, &page);
+    let panel = between(&dom, "<h3>What the memory is</h3>", "<h3 id=\"chart-");
+    for part in ["parameter", "optimizer_state", "gap", "outside"] {
+        assert!(
+            panel.contains(&format!("data-part=\"{part}\"")),
+            "no {part} in the peak's bar: {panel}"
+        );
+    }
+    let line = crate::torch::torch_script_line("anatomy.py", "out = model(x)");
+    for words in [
+        "At the peak:",
+        "parameters ",
+        "optimizer state ",
+        "PyTorch's cache, not in tensors",
+        "outside PyTorch's allocator",
+        "By call site",
+        "Live tensors by role after each step",
+    ] {
+        assert!(panel.contains(words), "{words:?} not in: {panel}");
+    }
+    assert!(
+        panel.contains(&format!("made at anatomy.py:{line}")),
+        "the activations' line: {panel}"
+    );
+    for role in ["parameter", "gradient", "optimizer_state"] {
+        assert!(
+            panel.contains(&format!("data-role=\"{role}\"")),
+            "no {role} area in the steps chart: {panel}"
+        );
+    }
+}

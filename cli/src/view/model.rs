@@ -680,7 +680,11 @@ pub fn build(path: &Path, progress: &mut Progress) -> Result<Page, Failure> {
             s.down.finish(&s.live);
         }
         for (&d, s) in &st.series {
-            devices.push(device_json(d, s, &st, &secs, &mut sites));
+            let mut dev = device_json(d, s, &st, &secs, &mut sites);
+            // What the memory is (docs/anatomy.md), as the report says it: its roles over the
+            // steps and at the peak, drawn beside the chart by call site.
+            dev["anatomy"] = anatomy_of(&report_json, p.pid(), d);
+            devices.push(dev);
         }
         let stride = st.markers.len().div_ceil(MAX_MARKERS).max(1);
         let markers: Vec<Value> = st
@@ -990,6 +994,19 @@ fn device_json(
         "has_python": has_python,
         "torch_memory": torch_memory,
     })
+}
+
+/// The report's anatomy of `device` of process `pid` (null where it has none).
+fn anatomy_of(report: &Value, pid: u32, device: i16) -> Value {
+    report["processes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["pid"] == pid)
+        .flat_map(|p| p["devices"].as_array().into_iter().flatten())
+        .find(|d| d["device"] == device)
+        .map(|d| d["anatomy"].clone())
+        .unwrap_or(Value::Null)
 }
 
 /// A flame graph (an icicle, root at the top) of `held`: `{v: bytes, nodes: [[depth, name,

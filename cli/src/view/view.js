@@ -480,6 +480,69 @@
     }
   }
 
+  // What the memory is (docs/anatomy.md): the device's bytes at its peak split into the
+  // tensors' roles, PyTorch's cache not in tensors and memory outside its allocator (a bar
+  // whose parts add up to the device's bytes), and the live tensors by role after each step
+  // (stacked areas). The chart by call site follows.
+  var ROLES = [["parameter", "parameters", "#4e79a7"], ["gradient", "gradients", "#f28e2b"],
+    ["optimizer_state", "optimizer state", "#e15759"], ["activation", "activations", "#76b7b2"],
+    ["temporary", "temporaries", "#59a14f"], ["input", "inputs", "#edc948"],
+    ["workspace", "library workspaces", "#b07aa1"], ["other", "other tensors", "#ff9da7"]];
+
+  function renderAnatomy(dev, root, chartId) {
+    var a = dev.anatomy;
+    var m = a.at_peak;
+    var parts = ROLES.map(function (r) { return [r[1], m.roles[r[0]] || 0, r[2], r[0]]; });
+    parts.push(["PyTorch's cache, not in tensors", m.reserve_gap_bytes, OTHER, "gap"]);
+    parts.push(["outside PyTorch's allocator", m.outside_pytorch_bytes, "#9c755f", "outside"]);
+    parts = parts.filter(function (p) { return p[1] > 0; });
+    var wrap = el("div", "anatomy");
+    wrap.appendChild(el("p", null, "At the peak: " + esc(bytes(m.device_bytes)) + " at step " + esc(m.step) +
+      ", " + esc(secs(m.at_s)) + " into the run. <a href=\"#" + chartId + "\">By call site ↓</a>"));
+    var bar = el("div", "anatomy-bar");
+    bar.innerHTML = parts.map(function (p) {
+      return "<div data-part=\"" + p[3] + "\" style=\"width:" + (p[1] / Math.max(1, m.device_bytes) * 100) + "%;background:" + p[2] +
+        "\" title=\"" + esc(p[0] + " — " + bytes(p[1])) + "\"></div>";
+    }).join("");
+    wrap.appendChild(bar);
+    var lines = (m.activations || []).slice(0, 3).map(function (l) {
+      var file = String(l.file || "").split("/").pop();
+      return (l.line ? file + ":" + l.line : l.function) + " " + bytes(l.bytes);
+    });
+    var legend = el("div", "legend anatomy-legend");
+    legend.innerHTML = parts.map(function (p) {
+      var more = p[3] === "activation" && lines.length ? " (made at " + lines.join(", ") + ")" : "";
+      return "<span><i style=\"background:" + p[2] + "\"></i>" + esc(p[0] + " " + bytes(p[1]) + more) + "</span>";
+    }).join("");
+    wrap.appendChild(legend);
+    var steps = a.per_step || [];
+    if (steps.length > 1) {
+      var W = 900, H = 160, max = 1;
+      steps.forEach(function (s) {
+        var t = 0;
+        ROLES.forEach(function (r) { t += s.roles[r[0]] || 0; });
+        max = Math.max(max, t);
+      });
+      var x = function (i) { return i / (steps.length - 1) * W; };
+      var y = function (v) { return H - v / max * (H - 10); };
+      var below = steps.map(function () { return 0; });
+      var areas = ROLES.map(function (r) {
+        var top = steps.map(function (s, i) { return below[i] + (s.roles[r[0]] || 0); });
+        if (top.every(function (v, i) { return v === below[i]; })) return "";
+        var pts = top.map(function (v, i) { return x(i) + "," + y(v); });
+        for (var i = steps.length - 1; i >= 0; i--) pts.push(x(i) + "," + y(below[i]));
+        below = top;
+        return "<polygon data-role=\"" + r[0] + "\" fill=\"" + r[2] + "\" points=\"" + pts.join(" ") + "\"><title>" + esc(r[1]) + "</title></polygon>";
+      }).join("");
+      var chart = el("div", "chart anatomy-steps");
+      chart.innerHTML = "<svg viewBox=\"0 0 " + W + " " + H + "\" width=\"100%\" height=\"" + H + "\" preserveAspectRatio=\"none\">" + areas + "</svg>";
+      wrap.appendChild(el("p", "muted", "Live tensors by role after each step (steps " + esc(steps[0].step) + " to " +
+        esc(steps[steps.length - 1].step) + ", up to " + esc(bytes(max)) + ")"));
+      wrap.appendChild(chart);
+    }
+    root.appendChild(wrap);
+  }
+
   function main(D) {
     var app = document.getElementById("app");
     app.innerHTML = "";
@@ -498,9 +561,16 @@
             (proc.world_size ? "/" + esc(proc.world_size) : "")) + ") — " + esc(dev.label) +
           " <span class=\"muted\">peak " + esc(bytes(dev.peak)) + " at " + esc(secs(dev.peak_t)) + ", " + esc(bytes(dev.end)) + " at the end" +
           (dev.tensors ? "; tensors peak " + esc(bytes(dev.tensor_peak)) : "") + "</span>"));
-        sec.appendChild(el("h3", null, dev.tensors ?
+        var chartId = "chart-" + proc.pid + "-" + dev.device;
+        if (dev.anatomy && dev.anatomy.at_peak) {
+          sec.appendChild(el("h3", null, "What the memory is"));
+          renderAnatomy(dev, sec, chartId);
+        }
+        var chartHead = el("h3", null, dev.tensors ?
           "Memory over time: PyTorch's tensors by call site, its reserve, and memory outside it" :
-          "Memory over time, by call site"));
+          "Memory over time, by call site");
+        chartHead.id = chartId;
+        sec.appendChild(chartHead);
         renderChart(D, proc, dev, sec);
         renderOom(D, proc, dev, sec);
         sec.appendChild(el("h3", null, "Flame graph of the bytes held"));
