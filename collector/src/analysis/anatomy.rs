@@ -17,7 +17,7 @@
 //! | the optimizer | temporary | temporary | optimizer state |
 //! | the backward pass | temporary | temporary | gradient |
 //! | a forward pass | temporary | activation | other (kept past its step) |
-//! | between steps (before the forward) | temporary | input | input |
+//! | between steps (before the forward) | temporary | input | input for one step, then other |
 //!
 //! A tensor still alive when the trace ends, in the step it was made in, counts as what it
 //! was becoming (a forward pass's tensor as an activation: the backward that would free it
@@ -194,6 +194,15 @@ enum Fate {
 }
 
 fn role(b: &Born, fate: Fate) -> Role {
+    // A tensor made between steps is the next forward's input; one still alive after the
+    // step that followed (in a list, a cache) is kept, not an input.
+    let lived = match fate {
+        Fate::Freed { step, .. } => step.saturating_sub(b.step),
+        Fate::Alive { now } => now.saturating_sub(b.step),
+    };
+    if b.made == Made::Idle && lived >= 2 {
+        return Role::Other;
+    }
     let (survived, same_run) = match fate {
         Fate::Freed { run, step } => (step > b.step, run == b.run),
         Fate::Alive { now } => {
@@ -301,6 +310,16 @@ impl DeviceClock {
     fn forget(&mut self, b: &Born) {
         let i = b.made as usize;
         self.live_by_made[i] = self.live_by_made[i].saturating_sub(b.size);
+        if b.made == Made::Idle {
+            if b.step < self.idle_fold_below {
+                self.idle_folded = self.idle_folded.saturating_sub(b.size);
+            } else if let Some(v) = self.idle_by_step.get_mut(&b.step) {
+                *v = v.saturating_sub(b.size);
+                if *v == 0 {
+                    self.idle_by_step.remove(&b.step);
+                }
+            }
+        }
         if b.made.ambiguous() {
             let key = (b.site, b.made as u8);
             if let Some(v) = self.live_ambiguous.get_mut(&key) {
@@ -324,6 +343,12 @@ struct DeviceClock {
     peak: Option<Moment>,
     ooms: Vec<Moment>,
     live_by_made: [u64; MADE_KINDS],
+    /// Live bytes made between steps, by the step that made them, for the steps from
+    /// `idle_fold_below` on; those of earlier steps (kept past the step that used them, no
+    /// longer inputs) are summed in `idle_folded`.
+    idle_by_step: BTreeMap<u64, u64>,
+    idle_folded: u64,
+    idle_fold_below: u64,
     /// Live bytes of the kinds whose survivors may be a library's workspace (backward,
     /// forward, undecided), by call site.
     live_ambiguous: FxHashMap<(SiteId, u8), u64>,
@@ -435,6 +460,13 @@ impl Anatomy {
         d.live_by_made[made as usize] += a.size;
         if made.ambiguous() {
             *d.live_ambiguous.entry((a.site, made as u8)).or_default() += a.size;
+        }
+        if made == Made::Idle {
+            if clock.step < d.idle_fold_below {
+                d.idle_folded += a.size;
+            } else {
+                *d.idle_by_step.entry(clock.step).or_default() += a.size;
+            }
         }
         // An address given again without its free: the old tensor's free was lost (the model
         // has dropped it the same way).
@@ -549,6 +581,11 @@ impl Anatomy {
                     for (i, made) in MADE.iter().enumerate() {
                         roles[made.survivor() as usize] += d.live_by_made[i];
                     }
+                    // Made between steps before this one and still alive: kept, not inputs.
+                    let inputs = d.idle_by_step.get(&clock.step).copied().unwrap_or(0);
+                    let kept = d.live_by_made[Made::Idle as usize].saturating_sub(inputs);
+                    roles[Role::Input as usize] -= kept;
+                    roles[Role::Other as usize] += kept;
                     let by_site = d
                         .live_ambiguous
                         .iter()
@@ -572,6 +609,14 @@ impl Anatomy {
                     }
                 }
             }
+        }
+        for d in self.devices.values_mut() {
+            // Tensors made before the step that just ended have outlived their use.
+            let old: Vec<u64> = d.idle_by_step.range(..clock.step).map(|(&k, _)| k).collect();
+            for k in old {
+                d.idle_folded += d.idle_by_step.remove(&k).unwrap_or(0);
+            }
+            d.idle_fold_below = clock.step;
         }
         self.phase = Some(PhaseState {
             phase: Phase::Idle,

@@ -243,3 +243,22 @@ fn a_library_workspace_is_not_a_gradient() {
     let r = roles(&none[0].per_step.last().unwrap().roles);
     assert!(r.contains(&("gradient", 100 + 1 + 32)), "{r:?}");
 }
+
+/// A tensor made between steps and kept in a list is the next step's input only: once it has
+/// outlived that step it is kept (`other`), at every step's end and when settled.
+#[test]
+fn tensors_kept_past_their_step_are_not_inputs() {
+    let mut s = sim();
+    train(&mut s, 2);
+    for i in 0..3u64 {
+        // Made after the step's marker, never freed.
+        s.alloc_at(T, 14, 0x2000_6000_0000 + i * 0x10_0000, MIB);
+        s.mark();
+    }
+    let a = s.a.anatomy.report(&s.p, &mut |_| false);
+    let last = roles(&a[0].per_step.last().unwrap().roles);
+    // The newest kept tensor is an input; the two older ones are not, nor the last training
+    // step's batch (8 MiB, no step has replaced it) beside its output (2 MiB).
+    assert!(last.contains(&("input", 1)), "{last:?}");
+    assert!(last.contains(&("other", 8 + 2 + 2)), "{last:?}");
+}
