@@ -19,6 +19,7 @@ use oomtrace_collector::report::symbolize::{culprit, FrameInfo};
 use oomtrace_collector::report::thread_kind;
 use oomtrace_collector::report::{
     fmt_python_lines, EpochReport, Finding, Held, Kind, Level, ProcessReport, Report,
+    SimulatedDevice,
 };
 use oomtrace_collector::units::{device_name, fmt_bytes, fmt_count, fmt_duration, fmt_rate};
 
@@ -41,6 +42,9 @@ pub struct TextOptions {
     /// PyTorch's own C++ frames one by one, instead of folded into one line
     /// (`oomtrace report --native`).
     pub native: bool,
+    /// The trace ran on the simulated GPU: kernels did not run, so its seconds say nothing of
+    /// a real run; forecasts are said in steps only.
+    pub simulated: bool,
 }
 
 /// A frame's function as text: a C++ name shortened, `??` when unknown.
@@ -493,6 +497,7 @@ struct TrendText<'a> {
     peak_bytes: u64,
     peak_step: u32,
     time_to_oom_s: Option<f64>,
+    steps_to_oom: Option<f64>,
 }
 
 fn trend_text(e: &Evidence) -> Option<TrendText<'_>> {
@@ -503,6 +508,7 @@ fn trend_text(e: &Evidence) -> Option<TrendText<'_>> {
             peak_bytes: e.peak_bytes,
             peak_step: e.peak_step,
             time_to_oom_s: e.time_to_oom_s,
+            steps_to_oom: e.steps_to_oom,
         }),
         Evidence::DeviceGrowth(e) => e.trend.as_ref().map(|trend| TrendText {
             trend,
@@ -510,6 +516,7 @@ fn trend_text(e: &Evidence) -> Option<TrendText<'_>> {
             peak_bytes: e.peak_bytes,
             peak_step: e.peak_step,
             time_to_oom_s: e.time_to_oom_s,
+            steps_to_oom: e.steps_to_oom,
         }),
         Evidence::Fragmentation(_) | Evidence::Threshold(_) => None,
     }
@@ -563,12 +570,24 @@ fn detected_text(out: &mut String, f: &Finding, frames: usize, opts: &TextOption
             fmt_bytes(t.peak_bytes),
             t.peak_step,
         );
-        if let Some(s) = t.time_to_oom_s.filter(|s| s.is_finite()) {
-            let _ = writeln!(
-                out,
-                "      at this rate the device is full in {}",
-                fmt_duration(s)
-            );
+        // In steps, which mean the same on a real GPU; seconds too, except on the simulated
+        // one, where kernels take no time.
+        let steps = t
+            .steps_to_oom
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(|s| fmt_count(s.ceil() as u64, "step"));
+        let secs = t
+            .time_to_oom_s
+            .filter(|s| s.is_finite() && !opts.simulated)
+            .map(fmt_duration);
+        let when = match (steps, secs) {
+            (Some(n), Some(s)) => Some(format!("{n} ({s})")),
+            (Some(n), None) => Some(n),
+            (None, Some(s)) => Some(s),
+            (None, None) => None,
+        };
+        if let Some(when) = when {
+            let _ = writeln!(out, "      at this rate the device is full in {when}");
         }
     }
     // Which lines made the device (or PyTorch's cache) grow: a device's growth has no stack of
@@ -680,8 +699,15 @@ pub fn side_by_side(all: &Report, runs: &[Report], opts: &TextOptions) -> String
 
 /// The whole text report. OOMs open it: after a crash that is the first question.
 pub fn full_with(r: &Report, opts: &TextOptions) -> String {
+    let opts = &TextOptions {
+        simulated: r.trace.simulated.is_some(),
+        ..*opts
+    };
     let mut out = String::new();
     let _ = writeln!(out, "oomtrace report: {}", r.trace.path);
+    if let Some(sim) = &r.trace.simulated {
+        let _ = writeln!(out, "  ({})", simulated_words(sim));
+    }
     // The reasons are stated here, in the report itself: the warnings on stderr may never be
     // seen by whoever reads this text (redirected to a file, piped, shown by the demo).
     let mut warnings = r.trace.warnings.iter();
@@ -761,6 +787,15 @@ pub fn full_with(r: &Report, opts: &TextOptions) -> String {
         sections_text(&mut out, s);
     }
     fit(&out, MAX_LINE)
+}
+
+/// What a report says of a run on the simulated GPU.
+pub fn simulated_words(sim: &SimulatedDevice) -> String {
+    format!(
+        "ran on a simulated {} GPU: no kernel ran, so times say nothing of a real GPU; \
+         sizes, lifetimes and steps are real",
+        sim.device_memory
+    )
 }
 
 /// "40 tensors", "1 (cuMemAlloc_v2, outside PyTorch's allocator)", "6 (cudaMalloc)": how
@@ -1053,7 +1088,10 @@ fn ranks_text(out: &mut String, ranks: &Ranks) {
 
 /// A few lines for the end of `oomtrace run`.
 pub fn summary(r: &Report) -> String {
-    let opts = &TextOptions::default();
+    let opts = &TextOptions {
+        simulated: r.trace.simulated.is_some(),
+        ..TextOptions::default()
+    };
     let mut out = String::new();
     let _ = writeln!(out, "\noomtrace summary");
     if let Some(ranks) = &r.ranks {

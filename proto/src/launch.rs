@@ -44,6 +44,9 @@ pub const LAUNCH_VARS: &[&str] = &[
     // no other is asked for.
     "PYTORCH_CUDA_ALLOC_CONF",
     "PYTORCH_ALLOC_CONF",
+    // Not a launcher's: the simulated GPU's size (`oomtrace run --simulate` sets it), so that
+    // a trace says it was simulated whoever reads it later.
+    "SIMCUDA_MEMORY",
 ];
 
 /// Longest value the shim records for one variable (bytes); longer ones are cut.

@@ -144,13 +144,55 @@ fn a_cuda_program_runs_on_the_simulated_gpu_of_the_size_given() {
         Some(2 << 30)
     );
 
-    // Without --simulate the report says nothing of a simulated GPU.
-    let plain = report_json(&dir.join("large.oomt"));
-    assert!(
-        plain["trace"].get("simulated").is_none(),
+    // The trace itself says it was simulated: a later report of it knows (each process
+    // recorded its simulated device).
+    let later = report_json(&dir.join("large.oomt"));
+    assert_eq!(
+        later["trace"]["simulated"],
+        serde_json::json!({"device_memory": "2.00 GiB", "device_memory_bytes": 2u64 << 30}),
         "{:#}",
-        plain["trace"]
+        later["trace"]
     );
+}
+
+/// Under simulation a forecast is in steps, never seconds (kernels take no time there), in
+/// `run`'s summary and in a later report, which opens by saying the run was simulated.
+#[test]
+fn a_simulated_run_forecasts_in_steps_and_stays_marked() {
+    let dir = scratch("simulate-steps");
+    let program = scenario("leak_then_eval");
+    let out = output_within(
+        simulated_run(
+            &dir,
+            "1GiB",
+            &["-o", "l.oomt"],
+            &[&program, Path::new("2"), Path::new("0")],
+        ),
+        TIMEOUT,
+    );
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let text = report_text(&dir.join("l.oomt"));
+    assert!(
+        text.contains("(ran on a simulated 1.00 GiB GPU: no kernel ran"),
+        "{text}"
+    );
+    for (what, said) in [
+        ("run's summary", stderr.as_str()),
+        ("the report", text.as_str()),
+    ] {
+        let forecasts: Vec<&str> = said
+            .lines()
+            .filter(|l| l.contains("the device is full in"))
+            .collect();
+        assert!(!forecasts.is_empty(), "no forecast in {what}:\n{said}");
+        for l in forecasts {
+            assert!(
+                l.trim_end().ends_with(" steps") || l.trim_end().ends_with(" step"),
+                "{what}: a forecast in seconds: {l}"
+            );
+        }
+    }
 }
 
 #[test]

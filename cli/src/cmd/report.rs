@@ -404,6 +404,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         }
         let opts = render::TextOptions {
             native: args.native,
+            ..render::TextOptions::default()
         };
         let text = if runs.is_empty() {
             render::full_with(&report, &opts)

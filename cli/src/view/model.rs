@@ -715,6 +715,7 @@ pub fn build(path: &Path, progress: &mut Progress) -> Result<Page, Failure> {
         "producer": format!("oomtrace {}", env!("CARGO_PKG_VERSION")),
         "path": path.display().to_string(),
         "warnings": warnings,
+        "simulated": report_json["trace"]["simulated"].clone(),
         "processes": processes,
         "findings": findings,
         "bounds": {

@@ -547,6 +547,8 @@
     var app = document.getElementById("app");
     app.innerHTML = "";
     document.getElementById("meta").innerHTML = esc(D.path) + " — " + esc(D.producer) +
+      (D.simulated ? "<div class=\"simulated\">ran on a simulated " + esc(D.simulated.device_memory) +
+        " GPU: no kernel ran, so times say nothing of a real GPU; sizes, lifetimes and steps are real</div>" : "") +
       (D.warnings || []).map(function (w) { return "<div class=\"warn\">warning: " + esc(w) + "</div>"; }).join("");
     renderFindings(D, app);
     (D.processes || []).forEach(function (proc) {

@@ -612,7 +612,11 @@ impl Anatomy {
         }
         for d in self.devices.values_mut() {
             // Tensors made before the step that just ended have outlived their use.
-            let old: Vec<u64> = d.idle_by_step.range(..clock.step).map(|(&k, _)| k).collect();
+            let old: Vec<u64> = d
+                .idle_by_step
+                .range(..clock.step)
+                .map(|(&k, _)| k)
+                .collect();
             for k in old {
                 d.idle_folded += d.idle_by_step.remove(&k).unwrap_or(0);
             }

@@ -64,7 +64,7 @@ pub fn merge(reports: Vec<Report>) -> Report {
             .flat_map(|t| t.warnings.iter().map(move |w| format!("{}: {w}", t.path)))
             .collect(),
         incomplete: traces.iter().find_map(|t| t.incomplete.clone()),
-        simulated: None,
+        simulated: traces.iter().find_map(|t| t.simulated.clone()),
     };
     let ranks = ranks::build(&processes, &findings);
     Report {

@@ -402,7 +402,7 @@ pub fn build_with_segments(
                 oomtrace_proto::trace_file::Tail::Truncated { .. }
             ),
             warnings: trace.warnings.clone(),
-            simulated: None,
+            simulated: simulated_of(trace),
         },
         processes,
         findings,
@@ -448,4 +448,25 @@ fn oom_anatomy(f: &Finding, p: &ProcessReport) -> Option<AnatomyMoment> {
         .iter()
         .find(|m| m.ts_ns == ts)
         .cloned()
+}
+
+/// The simulated GPU a trace ran on, from its processes' own record of it (the shim keeps
+/// `SIMCUDA_MEMORY`, which `oomtrace run --simulate` sets, among the launch variables of its
+/// Hello): so a later `report`, `view` or `diff` of the file says it too.
+fn simulated_of(trace: &Trace<Analysis>) -> Option<SimulatedDevice> {
+    trace.processes.iter().find_map(|p| {
+        let bytes: u64 = p
+            .hello
+            .launch
+            .iter()
+            .find(|(k, _)| k == "SIMCUDA_MEMORY")?
+            .1
+            .trim()
+            .parse()
+            .ok()?;
+        Some(SimulatedDevice {
+            device_memory: crate::units::fmt_bytes(bytes),
+            device_memory_bytes: bytes,
+        })
+    })
 }
