@@ -67,7 +67,13 @@ fn pytorch_frames_fold_into_one_part_unless_native() {
             "3 PyTorch C++ frames"
         ]
     );
-    let all = native_parts(&refs, &TextOptions { native: true });
+    let all = native_parts(
+        &refs,
+        &TextOptions {
+            native: true,
+            ..TextOptions::default()
+        },
+    );
     assert_eq!(
         all[1..],
         [
@@ -99,7 +105,16 @@ fn pytorch_frames_fold_into_one_part_unless_native() {
         "{out}"
     );
     let mut out = String::new();
-    stack_text(&mut out, &stack, "", 8, &TextOptions { native: true });
+    stack_text(
+        &mut out,
+        &stack,
+        "",
+        8,
+        &TextOptions {
+            native: true,
+            ..TextOptions::default()
+        },
+    );
     assert!(
         out.contains("at AddmmBackward0::apply  [libtorch_cpu.so +]"),
         "{out}"
