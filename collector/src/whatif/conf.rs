@@ -357,10 +357,16 @@ impl AllocConf {
         for e in entries {
             let key = e.key.as_str();
             if !KEYS.iter().any(|(k, _)| *k == key) {
-                return Err(ConfError(format!(
-                    "unknown allocator setting '{key}' (torch 2.15 knows: {})",
-                    KEYS.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
-                )));
+                return Err(ConfError(match closest_key(key) {
+                    Some(k) => format!(
+                        "unknown allocator setting '{key}': did you mean '{k}'? (docs/whatif.md lists \
+                         torch 2.15's keys)"
+                    ),
+                    None => format!(
+                        "unknown allocator setting '{key}' (torch 2.15 knows: {})",
+                        KEYS.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
+                    ),
+                }));
             }
             if !take(key) {
                 continue;
@@ -536,6 +542,37 @@ fn divisions(e: &Entry) -> Result<[u64; ROUNDUP_INTERVALS], ConfError> {
     Ok(d)
 }
 
+/// The known key a mistyped one most likely meant: the nearest by edit distance, when it is
+/// near enough to be a typo (at most a third of the key's length, and 3) and nearer than any
+/// other known key.
+fn closest_key(typed: &str) -> Option<&'static str> {
+    let typed = typed.to_ascii_lowercase();
+    let mut scored: Vec<(usize, &'static str)> = KEYS
+        .iter()
+        .map(|(k, _)| (edit_distance(&typed, k), *k))
+        .collect();
+    scored.sort();
+    let (best, key) = *scored.first()?;
+    let unique = scored.get(1).is_none_or(|(second, _)| *second > best);
+    (best <= (key.len() / 3).min(3) && unique).then_some(key)
+}
+
+/// Levenshtein distance between two short ASCII strings.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, &ca) in a.iter().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, &cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != cb))
+                .min(prev[j + 1] + 1)
+                .min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -664,5 +701,28 @@ mod tests {
         assert_eq!(c.source, "expandable_segments:True");
         let c = AllocConf::from_env(None, Some("max_split_size_mb:64")).unwrap();
         assert_eq!(c.max_split_size, 64 * MIB);
+    }
+
+    #[test]
+    fn a_mistyped_key_gets_did_you_mean() {
+        for (typed, meant) in [
+            ("expandable_segment", "expandable_segments"),
+            ("max_split_size", "max_split_size_mb"),
+            (
+                "garbage_collection_treshold",
+                "garbage_collection_threshold",
+            ),
+            ("Expandable_Segments", "expandable_segments"),
+        ] {
+            let e = AllocConf::parse(&format!("{typed}:True")).unwrap_err();
+            assert!(
+                e.0.contains(&format!("did you mean '{meant}'?")),
+                "{typed}: {}",
+                e.0
+            );
+        }
+        // Nothing near: the list of keys.
+        let e = AllocConf::parse("colour:red").unwrap_err();
+        assert!(e.0.contains("torch 2.15 knows:"), "{}", e.0);
     }
 }
