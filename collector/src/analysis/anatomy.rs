@@ -306,6 +306,25 @@ const MAX_OOM_MOMENTS: usize = 8;
 const MAX_STEPS: usize = 256;
 
 impl DeviceClock {
+    /// The moment of this device's peak, its tensors those born up to `order`.
+    fn peak_moment(
+        &self,
+        order: u64,
+        (tensor_bytes, reserved_bytes): (u64, u64),
+        outside: Vec<(String, u64)>,
+    ) -> Moment {
+        Moment {
+            order,
+            ts_ns: self.peak_ts_ns,
+            step: self.peak_step,
+            device_bytes: self.peak_bytes,
+            reserved_bytes,
+            tensor_bytes,
+            freed: FxHashMap::default(),
+            outside,
+        }
+    }
+
     /// A live tensor gone from the running totals.
     fn forget(&mut self, b: &Born) {
         let i = b.made as usize;
@@ -519,9 +538,7 @@ impl Anatomy {
             return;
         }
         d.peak_pending = false;
-        let (tensor_bytes, reserved) = p.devices.get(&f.device).map_or((0, 0), |dev| {
-            (dev.tensor_bytes, dev.torch_reserved_bytes.unwrap_or(0))
-        });
+        let (tensor_bytes, reserved) = torch_bytes(p, f.device);
         let (tensor_bytes, reserved) = if tensor {
             (tensor_bytes.saturating_add(f.size), reserved)
         } else if f.reserve {
@@ -533,16 +550,7 @@ impl Anatomy {
         if !tensor && !f.reserve {
             add_library(&mut outside, library_of(p, f.site), f.size);
         }
-        d.peak = Some(Moment {
-            order,
-            ts_ns: d.peak_ts_ns,
-            step: d.peak_step,
-            device_bytes: d.peak_bytes,
-            reserved_bytes: reserved,
-            tensor_bytes,
-            freed: FxHashMap::default(),
-            outside,
-        });
+        d.peak = Some(d.peak_moment(order, (tensor_bytes, reserved), outside));
     }
 
     pub fn on_out_of_memory(&mut self, p: &Process, o: &OutOfMemory) {
@@ -552,9 +560,7 @@ impl Anatomy {
         if d.ooms.len() >= MAX_OOM_MOMENTS {
             return;
         }
-        let (tensor_bytes, reserved) = p.devices.get(&o.device).map_or((0, 0), |dev| {
-            (dev.tensor_bytes, dev.torch_reserved_bytes.unwrap_or(0))
-        });
+        let (tensor_bytes, reserved) = torch_bytes(p, o.device);
         d.ooms.push(Moment {
             order,
             ts_ns: o.ts_ns,
@@ -690,19 +696,11 @@ impl Anatomy {
     }
 
     fn moment_now(&self, p: &Process, device: i16, d: &DeviceClock) -> Moment {
-        let (tensor_bytes, reserved) = p.devices.get(&device).map_or((0, 0), |dev| {
-            (dev.tensor_bytes, dev.torch_reserved_bytes.unwrap_or(0))
-        });
-        Moment {
-            order: self.order,
-            ts_ns: d.peak_ts_ns,
-            step: d.peak_step,
-            device_bytes: d.peak_bytes,
-            reserved_bytes: reserved,
-            tensor_bytes,
-            freed: FxHashMap::default(),
-            outside: outside_by_library(p, device),
-        }
+        d.peak_moment(
+            self.order,
+            torch_bytes(p, device),
+            outside_by_library(p, device),
+        )
     }
 
     fn settle(
@@ -878,6 +876,13 @@ const MADE: [Made; MADE_KINDS] = [
     Made::Idle,
     Made::Unknown,
 ];
+
+/// The model's live tensor bytes and PyTorch's reserve on `device` now.
+fn torch_bytes(p: &Process, device: i16) -> (u64, u64) {
+    p.devices.get(&device).map_or((0, 0), |dev| {
+        (dev.tensor_bytes, dev.torch_reserved_bytes.unwrap_or(0))
+    })
+}
 
 /// The origin of a call site, from its Python frames (innermost first): the first rule that
 /// a frame matches, in this order.
