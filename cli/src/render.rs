@@ -10,13 +10,13 @@ use oomtrace_collector::analysis::device_growth::Events;
 use oomtrace_collector::analysis::fragmentation::{is_tensor_level, Remedy};
 use oomtrace_collector::analysis::trend::Trend;
 use oomtrace_collector::analysis::{Cause, Evidence};
+use oomtrace_collector::report::backward::in_backward;
 use oomtrace_collector::report::diff::{delta as diff_delta, Diff, SideSite};
 use oomtrace_collector::report::names::{ellipsize, is_torch_frame, short_function};
 use oomtrace_collector::report::ranks::Ranks;
-use oomtrace_collector::report::roles::{backward_node, FrameRole};
+use oomtrace_collector::report::roles::FrameRole;
 use oomtrace_collector::report::sections::{DeviceSections, ListsOf, SiteRow};
 use oomtrace_collector::report::symbolize::{culprit, FrameInfo};
-use oomtrace_collector::report::thread_kind;
 use oomtrace_collector::report::{
     fmt_python_lines, EpochReport, Finding, Held, Kind, Level, ProcessReport, Report,
     SimulatedDevice,
@@ -233,46 +233,16 @@ fn stack_text(
     }
 }
 
-/// A call site's name in a list: its culprit frame as `file:line function` when it is
-/// Python; in PyTorch's backward pass without Python frames, its autograd node; else its
-/// culprit's short name.
-fn site_text(stack: &[FrameInfo]) -> String {
-    let top = culprit(stack).or(stack.first());
-    match top {
-        None => "(no stack)".into(),
-        Some(f) if f.python => format!(
-            "{}:{} {}",
-            ellipsize(f.file.rsplit('/').next().unwrap_or(&f.file), MAX_FILE),
-            f.line,
-            function_text(f)
-        ),
-        Some(_) if backward_node(stack).is_some() => {
-            format!(
-                "{} (backward pass)",
-                backward_node(stack).unwrap_or_default()
-            )
-        }
-        // PyTorch's own code with no Python line above it: the thread it ran on, and the
-        // function's own name.
-        Some(f) if is_torch_frame(f) => {
-            let short = short_function(&f.function);
-            let name = short.rsplit("::").next().unwrap_or(&short);
-            format!("{}: {name}", thread_kind(stack))
-        }
-        Some(f) if !f.function.is_empty() => function_text(f),
-        Some(f) if !f.module.is_empty() => format!(
-            "{} +{}",
-            ellipsize(f.module.rsplit('/').next().unwrap_or(&f.module), MAX_FILE),
-            f.offset
-        ),
-        Some(f) => f.address.clone(),
-    }
-}
-
 /// For a call site in PyTorch's backward pass: its autograd node and the forward lines that
-/// ran its op, on one line.
+/// ran its op, on one line; for an allocation of the autograd engine outside any node, its
+/// name (the lines that ran the backward pass).
 fn backward_text(out: &mut String, f: &Finding, indent: &str) {
-    let Some(b) = &f.backward_node else { return };
+    let Some(b) = &f.backward_node else {
+        if in_backward(&f.stack) && !f.site_name.is_empty() {
+            let _ = writeln!(out, "{indent}in the backward pass: {}", f.site_name);
+        }
+        return;
+    };
     let forward = if b.forward_lines.is_empty() {
         String::new()
     } else {
@@ -392,11 +362,16 @@ fn process_text(out: &mut String, p: &ProcessReport) {
             d if d >= 0 => format!(" on device {d}"),
             _ => String::new(),
         };
-        // A Python stack is shown whole below the line; a native one by its culprit.
-        let at = culprit(&f.stack)
-            .filter(|_| !has_python(&f.stack))
-            .map(|fr| format!(" at {}", frame_text(fr)))
-            .unwrap_or_default();
+        // A Python stack is shown whole below the line; a native one by its culprit, a
+        // backward-pass one by its name.
+        let at = if in_backward(&f.stack) {
+            format!(" at {}", f.name)
+        } else {
+            culprit(&f.stack)
+                .filter(|_| !has_python(&f.stack))
+                .map(|fr| format!(" at {}", frame_text(fr)))
+                .unwrap_or_default()
+        };
         let _ = writeln!(
             out,
             "      {} failed {}{place}: {error}; last asked for {}{at}",
@@ -462,6 +437,8 @@ fn oom_text(
                 // whole Python stack below it.
                 let top = if has_python(&s.stack) {
                     String::new()
+                } else if in_backward(&s.stack) {
+                    format!("  {}", s.name)
                 } else {
                     culprit(&s.stack)
                         .map(|c| format!("  {}", frame_text(c)))
@@ -544,13 +521,18 @@ fn detected_text(out: &mut String, f: &Finding, frames: usize, opts: &TextOption
     };
     // Tensors kept by a Python line: that line is what to change, named first.
     let tensors = f.api.is_some_and(is_tensor_level);
-    let at = culprit(&f.stack)
-        .filter(|c| c.python && tensors)
-        .map(|c| {
-            let file = c.file.rsplit('/').next().unwrap_or(&c.file);
-            format!(" at {}:{}", ellipsize(file, MAX_FILE), c.line)
-        })
-        .unwrap_or_default();
+    // A backward-pass site by its name (its forward line).
+    let at = if in_backward(&f.stack) && !f.site_name.is_empty() {
+        format!(" at {}", f.site_name)
+    } else {
+        culprit(&f.stack)
+            .filter(|c| c.python && tensors)
+            .map(|c| {
+                let file = c.file.rsplit('/').next().unwrap_or(&c.file);
+                format!(" at {}:{}", ellipsize(file, MAX_FILE), c.line)
+            })
+            .unwrap_or_default()
+    };
     let head = format!("  [{tag}] pid {}{}{at}:", f.pid, rank_text(f));
     headline(out, &head, &f.message);
     if let Some(t) = f.evidence.as_ref().and_then(trend_text) {
@@ -887,7 +869,7 @@ fn site_row_text(out: &mut String, r: &SiteRow) {
         },
         r.temporary,
         fmt_rate(r.growth_per_step, None),
-        site_text(&r.stack),
+        r.name,
         outside(r.held)
     );
 }
@@ -962,7 +944,7 @@ fn sections_text(out: &mut String, s: &DeviceSections) {
                 "    {:>10} in {:>5}  {}{}",
                 fmt_bytes(c.bytes),
                 c.count,
-                site_text(&c.stack),
+                c.name,
                 outside(c.held)
             );
         }
@@ -980,7 +962,7 @@ fn sections_text(out: &mut String, s: &DeviceSections) {
                     "allocations,"
                 },
                 fmt_bytes(r.bytes_allocated),
-                site_text(&r.stack),
+                r.name,
                 outside(r.held)
             );
         }
@@ -994,7 +976,7 @@ fn sections_text(out: &mut String, s: &DeviceSections) {
                 r.temporary,
                 r.allocations,
                 if r.allocations == 1 { " " } else { "s" },
-                site_text(&r.stack),
+                r.name,
                 outside(r.held)
             );
         }

@@ -481,18 +481,18 @@ fn check_activation_leak(r: &TorchRun, mode: Mode, file: &str, line: u64) {
             );
             // Live while the job runs.
             assert!(r.stderr.contains("device growth] pid"), "{}", r.stderr);
-            // Which lines made the cache grow: the leaking line, or the autograd thread whose
-            // cuBLAS workspace happened to need the new segment; in text as in JSON.
+            // Which lines made the cache grow: the leaking line, or the backward pass whose
+            // cuBLAS workspace happened to need the new segment (named by its forward line, or
+            // the autograd thread's kind where no node says it); in text as in JSON.
             let lines = f["evidence"]["python_lines"]
                 .as_array()
                 .expect("python_lines");
             assert!(
                 lines.iter().any(|l| {
                     (l["file"].as_str().unwrap_or("").ends_with(file) && l["line"] == line)
-                        || l["description"]
-                            .as_str()
-                            .unwrap_or("")
-                            .contains("autograd thread")
+                        || l["description"].as_str().is_some_and(|d| {
+                            d.starts_with("backward") || d.contains("autograd thread")
+                        })
                 }),
                 "{lines:#?}"
             );
@@ -918,12 +918,207 @@ fn torch_a_backward_pass_leak_names_its_node_and_forward_line() {
     );
     assert!(r.text.contains(&said), "{}", r.text);
     assert!(r.stderr.contains(&said), "{}", r.stderr);
+    // Every list names it by its forward line: the live line and the finding's head.
+    let named = format!("backward of addmm at leak_backward.py:{forward}");
     assert!(
         r.stderr
             .lines()
-            .any(|l| l.contains(" leak] ") && l.ends_with(" at AddmmBackward0 (backward pass)")),
+            .any(|l| l.contains(" leak] ") && l.ends_with(&format!(" at {named}"))),
         "{}",
         r.stderr
+    );
+    assert_eq!(leak["site_name"], named.as_str(), "{leak:#}");
+    assert!(
+        r.text
+            .contains(&format!(" leak] pid {} at {named}:", leak["pid"])),
+        "{}",
+        r.text
+    );
+}
+
+/// `oomtrace ARGS...`'s standard output; fails the test if it fails.
+fn oomtrace_stdout(args: &[&str]) -> String {
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.args(args);
+    let out = output_within(cmd, TIMEOUT);
+    assert!(
+        out.status.success(),
+        "oomtrace {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What no name of a backward-pass site may say where its forward line is known: a C++ name
+/// of its node, or that it has no Python frames.
+fn assert_no_cpp_names(what: &str, text: &str) {
+    for bad in [
+        "AddmmBackward0::apply(",
+        "torch::autograd::",
+        "no Python frames",
+        "AddmmBackward0.apply",
+    ] {
+        assert!(!text.contains(bad), "{what} says {bad:?}:\n{text}");
+    }
+}
+
+/// `mlp_backward.py` trains two `nn.Linear` layers: their gradients are made on the autograd
+/// thread (no Python frames) inside `AddmmBackward0`. Every place that names a call site names
+/// them by the forward lines whose `addmm` made the node (`backward of addmm at
+/// mlp_backward.py:FC1 and mlp_backward.py:FC2`), and what the engine allocates outside any
+/// node by the line that ran `loss.backward()`: the report's sections and live-at-exit list
+/// (text and JSON), `diff` (text and JSON) and the exports (folded, chrome, JSON lines,
+/// memory-viz's last frame); never by a C++ name or as "no Python frames". `report --native`
+/// and the JSON frames keep the C++ frames.
+#[test]
+fn torch_backward_allocations_are_named_by_their_forward_lines() {
+    let script = "mlp_backward.py";
+    let r = run_torch(script, Mode::Run, &[]);
+    assert_ran(&r, 0);
+    assert_done(&r);
+    let fc1 = torch_line_of(script, "# FORWARD FC1");
+    let fc2 = torch_line_of(script, "# FORWARD FC2");
+    let call = torch_line_of(script, "# BACKWARD CALL");
+    let addmm = format!("backward of addmm at {script}:{fc1} and {script}:{fc2}");
+    let engine = format!("backward at {script}:{call} (autograd engine)");
+    let trace = r.trace.to_str().unwrap();
+
+    // The text report: its sections list them by name, and nothing names them in C++.
+    let sections = r.text.split("\nSections: ").nth(1).expect(&r.text);
+    for name in [&addmm, &engine] {
+        assert!(
+            sections.contains(&format!("  {name}\n")),
+            "no {name}:\n{sections}"
+        );
+    }
+    assert_no_cpp_names("the report", &r.text);
+    // Still live at exit: the weights' gradients, by their node and forward lines.
+    assert!(
+        r.text.contains(&format!(
+            "in the backward pass, autograd node AddmmBackward0; its forward op `addmm` ran at \
+             {script}:{fc1} ("
+        )),
+        "{}",
+        r.text
+    );
+    assert!(
+        r.text.lines().all(|l| l.chars().count() <= 200),
+        "{}",
+        r.text
+    );
+
+    // The JSON: the sections' rows and the live-at-exit findings have the same names; the
+    // frames stay C++.
+    let json = report_json(&r.trace);
+    let mut names: Vec<&str> = Vec::new();
+    for s in json["sections"].as_array().unwrap() {
+        for list in ["peak_consumers", "sites", "most_allocations"] {
+            names.extend(
+                s[list]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r["name"].as_str().unwrap()),
+            );
+        }
+    }
+    assert!(
+        names.contains(&addmm.as_str()) && names.contains(&engine.as_str()),
+        "{names:#?}"
+    );
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.contains("::") || n.contains("no Python")),
+        "{names:#?}"
+    );
+    let grads = json["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| {
+            f["kind"] == "live_at_exit"
+                && f["site_name"] == addmm.as_str()
+                && f["held"] == "tensors"
+        })
+        .unwrap_or_else(|| panic!("no live gradients named {addmm}: {:#}", json["findings"]));
+    // The two weights' gradients (WIDTH x WIDTH floats each).
+    assert!(grads["bytes"].as_u64().unwrap() >= 32 * MIB, "{grads:#}");
+    assert_eq!(
+        grads["backward_node"]["name"], "AddmmBackward0",
+        "{grads:#}"
+    );
+    assert!(
+        grads["culprit"]["function"]
+            .as_str()
+            .unwrap()
+            .starts_with("torch::autograd::generated::AddmmBackward0::apply"),
+        "{grads:#}"
+    );
+    assert!(
+        json["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["kind"] == "live_at_exit" && f["site_name"] == engine.as_str()),
+        "{:#}",
+        json["findings"]
+    );
+    // `--native` keeps the C++ frames for who wants them.
+    let native = report_output(&["--native"], &[&r.trace]);
+    assert!(native.contains("AddmmBackward0::apply"), "{native}");
+
+    // `oomtrace diff`: the same names, matched by the same keys.
+    let diff = oomtrace_stdout(&["diff", "--top", "100", trace, trace]);
+    assert!(
+        diff.contains(&format!("same    {addmm} (device 0)")),
+        "{diff}"
+    );
+    assert!(diff.contains(&engine), "{diff}");
+    assert_no_cpp_names("diff", &diff);
+    let diff_json: Value =
+        serde_json::from_str(&oomtrace_stdout(&["diff", "--json", trace, trace])).unwrap();
+    assert!(
+        diff_json["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["name"] == addmm.as_str()),
+        "{diff_json:#}"
+    );
+
+    // The exports.
+    let dir = r.trace.parent().unwrap();
+    let export = |format: &str| {
+        let out = dir.join(format!("export.{format}"));
+        oomtrace_stdout(&[
+            "export",
+            "--format",
+            format,
+            trace,
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        out
+    };
+    let folded = std::fs::read_to_string(export("folded")).unwrap();
+    assert!(folded.contains(&format!(";{addmm};")), "{folded}");
+    let chrome = std::fs::read_to_string(export("chrome")).unwrap();
+    assert!(
+        chrome.contains(&format!(": {addmm}\"")),
+        "no counter named {addmm}"
+    );
+    let lines = std::fs::read_to_string(export("json")).unwrap();
+    assert!(
+        lines.contains(&format!("\"backward\":\"{addmm}\"")),
+        "no site named {addmm}"
+    );
+    // memory-viz keeps PyTorch's frame format; its last frame is the forward line.
+    let pickle = std::fs::read(export("memory-viz")).unwrap();
+    let what = b"backward of addmm";
+    assert!(
+        pickle.windows(what.len()).any(|w| w == what),
+        "no forward line in the pickle"
     );
 }
 

@@ -531,6 +531,93 @@ fn a_pytorch_trace_shows_tensors_by_line_under_the_reserve() {
     eprintln!("screenshot of leak_activations' view: {}", kept.display());
 }
 
+/// PyTorch's backward pass on the page (`mlp_backward.py`: two `nn.Linear` layers whose
+/// gradients are made on the autograd thread, with no Python frames): the legend, the call-site
+/// table and the findings name those allocations by the forward lines whose `addmm` made their
+/// autograd node (`backward of addmm at mlp_backward.py:FC1 and mlp_backward.py:FC2`), never by
+/// a C++ frame (`libtorch_cpu.so AddmmBackward0.apply`) or as "no Python frames"; the Python
+/// flame graph puts them under the forward lines' Python frames.
+#[test]
+fn a_pytorch_backward_pass_is_named_by_its_forward_lines() {
+    let Some(browser) = chromium() else {
+        precondition(false, "chromium (apt-get install chromium)");
+        return;
+    };
+    let script = "mlp_backward.py";
+    let fc1 = crate::torch::torch_script_line(script, "# FORWARD FC1");
+    let fc2 = crate::torch::torch_script_line(script, "# FORWARD FC2");
+    let addmm = format!("backward of addmm at {script}:{fc1} and {script}:{fc2}");
+    let dir = scratch("view-backward");
+    let trace = crate::torch::torch_trace(script, &dir);
+    let page = dir.join("backward.html");
+    oomtrace_in(
+        &dir,
+        &[
+            "view",
+            trace.to_str().unwrap(),
+            "-o",
+            page.to_str().unwrap(),
+        ],
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    let dom = rendered_dom(&browser, &dir, &page);
+    let legend = site_labels(between(&dom, "<div class=\"legend\">", "</div>"));
+    let rows = site_labels(between(&dom, "<table class=\"sites\">", "</table>"));
+    for (what, labels) in [("legend", &legend), ("call sites", &rows)] {
+        assert!(
+            labels.iter().any(|l| l.starts_with(&addmm)),
+            "the {what} does not name {addmm}: {labels:#?}"
+        );
+        for l in labels {
+            assert!(
+                !l.contains("::") && !l.contains("Backward0") && !l.contains("no Python frames"),
+                "the {what} names a backward site in C++: {l}"
+            );
+        }
+    }
+    // The findings (what was live at exit) carry the same names.
+    let data = page_data(&html);
+    let culprits: Vec<&str> = data["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["culprit_label"].as_str())
+        .collect();
+    assert!(culprits.contains(&addmm.as_str()), "{culprits:#?}");
+    assert!(
+        !culprits.iter().any(|l| l.contains("Backward0")),
+        "{culprits:#?}"
+    );
+    // The Python flame graph: the backward pass under the frames its forward lines share (the
+    // call of the model), never under "(no Python frames)".
+    let flame = between(&dom, "<div class=\"flame\"", "</div></div>");
+    assert!(flame.contains("data-frames=\"python\""), "{flame}");
+    assert!(flame.contains(">backward of addmm<"), "{flame}");
+    assert!(!flame.contains("no Python frames"), "{flame}");
+    let cuda0 = &data["processes"][0]["devices"][0];
+    let nodes = cuda0["python_flames"]["end"]["nodes"].as_array().unwrap();
+    let at = nodes
+        .iter()
+        .position(|n| n[1] == "backward of addmm")
+        .expect("a backward node in the flame graph");
+    // Its ancestors, outermost first: the line that called the model leads them.
+    let mut ancestors: Vec<&str> = Vec::new();
+    let mut depth = nodes[at][0].as_u64().unwrap();
+    for n in nodes[..at].iter().rev() {
+        if n[0].as_u64().unwrap() + 1 == depth {
+            ancestors.insert(0, n[1].as_str().unwrap());
+            depth -= 1;
+        }
+    }
+    let call = crate::torch::torch_script_line(script, "# FORWARD CALL");
+    assert_eq!(ancestors.first(), Some(&"all"), "{ancestors:?}");
+    assert_eq!(
+        ancestors.get(1).copied(),
+        Some(format!("{script}:{call} <module>").as_str()),
+        "not under the forward lines: {ancestors:?}"
+    );
+}
+
 /// `run --segments` of a Python training loop (the stand-in torch, with a caching allocator):
 /// the page plots PyTorch's own readings at each step (allocated and reserved, read by the step
 /// hook) with the gap between them shaded, as lines over the segments; a fragmentation finding

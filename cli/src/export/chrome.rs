@@ -6,8 +6,9 @@
 //! - A counter per device, `cuda:N` (and `pinned host`), with one series `live_bytes`: the
 //!   tracked live bytes, as `oomtrace report` counts them, after every event that changed them.
 //! - Who holds that memory: a counter per top call site of each device (the [`TOP_SITES`] sites
-//!   that held the most bytes at once), `cuda:N site K: function (file:line)`, and, when the
-//!   device has more sites, `cuda:N other sites` (the rest of `live_bytes`); series
+//!   that held the most bytes at once), `cuda:N site K: function (file:line)` (a site in
+//!   PyTorch's backward pass as the reports name it, `backward of addmm at train.py:25`),
+//!   and, when the device has more sites, `cuda:N other sites` (the rest of `live_bytes`); series
 //!   `live_bytes`. Tensors of PyTorch's caching allocator (`--torch`) lie inside its segments
 //!   and are not among them: the segments' sites are.
 //! - Instant events, thread-scoped (`"s": "t"`: Perfetto shows a process-scoped instant's
@@ -338,16 +339,17 @@ fn top_sites(p: ProcessView<'_>, sym: &mut Symbolizer) -> BTreeMap<i16, DeviceSi
 }
 
 /// A call site as one line: its innermost named frame, `function (file:line)` ("" when no
-/// frame has a name); `short`: the file's name without its directory (for track names).
+/// frame has a name); in PyTorch's backward pass, as the reports name it (`backward of addmm
+/// at train.py:25`); `short`: the file's name without its directory (for track names).
 fn site_text(p: ProcessView<'_>, site: Site, sym: &mut Symbolizer, short: bool) -> String {
     if site.is_none() {
         return String::new();
     }
-    let Some(f) = sym
-        .site(p, site)
-        .into_iter()
-        .find(|f| !f.function.is_empty())
-    else {
+    let frames = sym.site(p, site);
+    if let Some(b) = sym.backward(p, &frames) {
+        return b.name;
+    }
+    let Some(f) = frames.into_iter().find(|f| !f.function.is_empty()) else {
         return String::new();
     };
     let file = frame_file(&f);

@@ -175,6 +175,12 @@ pub fn write(
             if frames.is_empty() {
                 stack.push_str(";[no stack]");
             }
+            // A backward-pass site under its name (its forward line), as reports name it:
+            // the autograd thread's own frames say nothing of the line that made it.
+            if let Some(b) = sym.backward(p, &frames) {
+                stack.push(';');
+                stack.push_str(&clean(&b.name));
+            }
             for f in frames.iter().rev().filter(|f| !start_up(f)) {
                 stack.push(';');
                 stack.push_str(&clean(&folded_frame(f)));

@@ -6,7 +6,9 @@
 //! - `site`: `pid`, `site` (a number, unique within the process), `stack`: symbolized frames
 //!   `{function, file, line, module, address, offset}` (and `python: true` for a Python
 //!   frame), innermost first (as in `report --json`); before the first line that refers to
-//!   it. Site 0 means "no stack" and is never defined.
+//!   it. Site 0 means "no stack" and is never defined. A site in PyTorch's backward pass also
+//!   has `backward`, its name in the reports (`backward of addmm at train.py:25`), from the
+//!   sites defined before its first use.
 //! - `event`: `pid`, `seq`, `ts_ns` (CLOCK_MONOTONIC), `tid`, `kind`, `api`, `device`,
 //!   `site` (of the call, 0 = none), `result` (when not 0), and per kind: `alloc`: `ptr`,
 //!   `size`, `stream`, `pool`/`flags` when set; `free`: `ptr`, `stream`, and when the trace saw
@@ -282,10 +284,15 @@ pub fn write(
             };
             for &site in &refs {
                 if !site.is_none() && defined.insert((p.conn(), site)) {
-                    let stack: Vec<Value> = sym.site(p, site).iter().map(frame_json).collect();
-                    w.line(&json!({
+                    let frames = sym.site(p, site);
+                    let stack: Vec<Value> = frames.iter().map(frame_json).collect();
+                    let mut line = json!({
                         "type": "site", "pid": p.pid(), "site": site.number(), "stack": stack,
-                    }));
+                    });
+                    if let Some(b) = sym.backward(p, &frames) {
+                        line["backward"] = b.name.into();
+                    }
+                    w.line(&line);
                 }
             }
             w.line(&line);

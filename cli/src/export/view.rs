@@ -13,18 +13,20 @@
 //! - [`ProcessView`]: a process's identity, end, per-device totals ([`DeviceTotals`]), live
 //!   allocations ([`LiveAlloc`]), physical VMM handles ([`Handle`]) and live and peak bytes
 //!   per call site ([`Site`]).
-//! - [`Symbolizer`]: a call site's frames ([`Frame`]), innermost first.
+//! - [`Symbolizer`]: a call site's frames ([`Frame`]), innermost first; a backward-pass
+//!   site's name and forward line ([`BackwardName`]), as the report names it.
 //!
 //! Wire-level records (`oomtrace_proto::Event`, `EventKind`, `Api`) are shown as they are:
 //! they are the trace format, not the collector's model.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use oomtrace_collector::model::history::{self, Seen as CollectorSeen};
 use oomtrace_collector::model::{self as state, EndState, Process, SiteId, Stacks};
-use oomtrace_collector::report::module_file;
 use oomtrace_collector::report::roles::FrameRole;
 use oomtrace_collector::report::symbolize::{self, FrameInfo, StackSymbolizer};
+use oomtrace_collector::report::{backward, module_file};
 use oomtrace_proto::wire::GoodbyeReason;
 use oomtrace_proto::{Event, MemoryClass};
 
@@ -436,6 +438,14 @@ pub fn culprit(frames: &[Frame]) -> Option<usize> {
     infos.iter().position(|f| std::ptr::eq(f, found))
 }
 
+/// Whether `frames` (innermost first) are a call site in PyTorch's backward pass (no Python
+/// frames, an autograd node or the autograd engine among them): named by
+/// [`Symbolizer::backward`], as every report names it.
+pub fn in_backward(frames: &[Frame]) -> bool {
+    let infos: Vec<FrameInfo> = frames.iter().map(FrameInfo::from).collect();
+    backward::in_backward(&infos)
+}
+
 /// Whether a frame is machinery between the user's code and the GPU that a summary looks
 /// past (the CUDA runtime, an allocator, the interpreter's own native code), by the
 /// collector's classification (`roles::FrameRole`).
@@ -443,8 +453,31 @@ pub fn is_machinery(f: &Frame) -> bool {
     FrameRole::of(&FrameInfo::from(f)).is_internal()
 }
 
-/// Symbolizes call sites (caching what it read of each module).
-pub struct Symbolizer(StackSymbolizer);
+/// A call site in PyTorch's backward pass, as every report names it (the collector's
+/// `report::backward`): by the forward line whose op made its autograd node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackwardName {
+    /// `backward of addmm at train.py:25`, `backward at train.py:27 (autograd engine)`.
+    pub name: String,
+    /// The Python frames of its forward line's call site (those its lines share when it has
+    /// several), outermost first; empty when no line is known.
+    pub path: Vec<Frame>,
+    /// What it is under `path` in a flame graph: `backward of addmm` (`name` when `path` is
+    /// empty).
+    pub leaf: String,
+    /// What it is without its lines (`backward of addmm`), and the file and line of its first
+    /// line, when one is known: a frame of its own for formats with frames of their own.
+    pub what: String,
+    pub line: Option<(String, u32)>,
+}
+
+/// Symbolizes call sites (caching what it read of each module), and names those of the
+/// backward pass (reading each process's other sites once).
+pub struct Symbolizer {
+    sym: StackSymbolizer,
+    /// By connection.
+    backward: HashMap<u32, backward::Lookup>,
+}
 
 impl Default for Symbolizer {
     fn default() -> Symbolizer {
@@ -454,17 +487,40 @@ impl Default for Symbolizer {
 
 impl Symbolizer {
     pub fn new() -> Symbolizer {
-        Symbolizer(StackSymbolizer::new())
+        Symbolizer {
+            sym: StackSymbolizer::new(),
+            backward: HashMap::new(),
+        }
     }
 
     /// The frames of `site` in process `p`, innermost first; inlined calls are frames of
     /// their own.
     pub fn site(&mut self, p: ProcessView<'_>, site: Site) -> Vec<Frame> {
-        self.0
+        self.sym
             .site(p.0, site.0)
             .into_iter()
             .map(Frame::from)
             .collect()
+    }
+
+    /// The name of a call site of `p` with `frames` in PyTorch's backward pass; `None` for
+    /// any other. The first one of a process reads its other sites: ask with the process as
+    /// it stands at the end of the trace (its forward lines all seen).
+    pub fn backward(&mut self, p: ProcessView<'_>, frames: &[Frame]) -> Option<BackwardName> {
+        let infos: Vec<FrameInfo> = frames.iter().map(FrameInfo::from).collect();
+        if !backward::in_backward(&infos) {
+            return None;
+        }
+        let Symbolizer { sym, backward } = self;
+        let lookup = backward.entry(p.conn()).or_default();
+        let b = lookup.backward(p.0, &infos, &mut |s| sym.site(p.0, s))?;
+        Some(BackwardName {
+            name: b.to_string(),
+            path: b.forward_path().into_iter().map(Frame::from).collect(),
+            leaf: b.leaf(),
+            what: b.what(),
+            line: b.first_line().map(|(file, line)| (file.to_string(), line)),
+        })
     }
 }
 

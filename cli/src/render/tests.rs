@@ -119,11 +119,58 @@ fn pytorch_frames_fold_into_one_part_unless_native() {
         out.contains("at AddmmBackward0::apply  [libtorch_cpu.so +]"),
         "{out}"
     );
-    assert_eq!(site_text(&stack), "AddmmBackward0 (backward pass)");
-    assert_eq!(
-        site_text(&stack[3..]),
-        "autograd thread (no Python frames): thread_main"
+}
+
+/// A backward-pass finding is named by the report's `site_name` (its forward line) in its
+/// head, and one made by the autograd engine outside any node says so on a line of its own;
+/// a tensor kept by a Python line keeps that line in its head.
+#[test]
+fn backward_pass_findings_are_named_by_their_forward_line() {
+    let engine = native(
+        "torch::autograd::Engine::evaluate_function(std::shared_ptr<torch::autograd::GraphTask>&)",
+        "libtorch_cpu.so",
     );
-    let with_python = [stack[0].clone(), python("forward", "/src/train.py", 42)];
-    assert_eq!(site_text(&with_python), "train.py:42 forward");
+    let mut f = Finding::new(Kind::Growth, Level::INFO, 0);
+    f.pid = 7;
+    f.message = "grew".into();
+    f.stack = vec![
+        native(
+            "at::_ops::sum_dim_IntList::call(at::Tensor const&)",
+            "libtorch_cpu.so",
+        ),
+        engine,
+    ];
+    f.site_name = "backward at train.py:27 (autograd engine)".into();
+    let mut out = String::new();
+    detected_text(&mut out, &f, 3, &TextOptions::default());
+    assert!(
+        out.starts_with(
+            "  [bounded growth] pid 7 at backward at train.py:27 (autograd engine): grew\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("\n      in the backward pass: backward at train.py:27 (autograd engine)\n"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("no Python frames") && !out.contains("::"),
+        "{out}"
+    );
+    f.stack = vec![
+        native(
+            "at::_ops::addmm::call(at::Tensor const&)",
+            "libtorch_cpu.so",
+        ),
+        python("<module>", "/src/train.py", 25),
+    ];
+    f.site_name = "train.py:25 <module>".into();
+    f.api = Some(oomtrace_proto::Api::oomtrace_torch_alloc);
+    let mut out = String::new();
+    detected_text(&mut out, &f, 3, &TextOptions::default());
+    assert!(
+        out.starts_with("  [bounded growth] pid 7 at train.py:25: grew\n"),
+        "{out}"
+    );
+    assert!(!out.contains("in the backward pass"), "{out}");
 }

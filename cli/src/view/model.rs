@@ -37,7 +37,9 @@ use oomtrace_proto::{EventKind, MemoryClass};
 use serde_json::{json, Value};
 
 use super::label::{distinct, elided, frame_label, site_details, site_label};
-use crate::export::view::{self, Frame, ProcessView, Seen, Site, Symbolizer, OUT_OF_MEMORY};
+use crate::export::view::{
+    self, in_backward, BackwardName, Frame, ProcessView, Seen, Site, Symbolizer, OUT_OF_MEMORY,
+};
 use crate::export::{device_label, frame_file, frame_name, short_name};
 use crate::progress::Progress;
 use crate::Failure;
@@ -479,8 +481,12 @@ struct SiteInfo {
 }
 
 impl SiteInfo {
-    fn new(frames: &[Frame], site: Site) -> SiteInfo {
-        let label = site_label(frames);
+    /// `backward`: the site's name in PyTorch's backward pass (labelled by it, and under its
+    /// forward line's Python frames in the flame graph).
+    fn new(frames: &[Frame], site: Site, backward: Option<BackwardName>) -> SiteInfo {
+        let label = backward
+            .as_ref()
+            .map_or_else(|| site_label(frames), |b| b.name.clone());
         let python: Vec<String> = frames
             .iter()
             .rev()
@@ -488,10 +494,14 @@ impl SiteInfo {
             .map(frame_label)
             .collect();
         let has_python = !python.is_empty();
-        let python_path = if has_python {
-            python
-        } else {
-            vec!["(no Python frames)".to_string(), label.clone()]
+        let python_path = match &backward {
+            _ if has_python => python,
+            Some(b) => {
+                let mut path: Vec<String> = b.path.iter().map(frame_label).collect();
+                path.push(b.leaf.clone());
+                path
+            }
+            None => vec!["(no Python frames)".to_string(), label.clone()],
         };
         let mut native_path: Vec<String> = frames
             .iter()
@@ -533,7 +543,11 @@ impl Sites<'_> {
         let (p, sym) = (self.p, &mut *self.sym);
         self.known
             .entry(site)
-            .or_insert_with(|| Rc::new(SiteInfo::new(&sym.site(p, site), site)))
+            .or_insert_with(|| {
+                let frames = sym.site(p, site);
+                let backward = sym.backward(p, &frames);
+                Rc::new(SiteInfo::new(&frames, site, backward))
+            })
             .clone()
     }
 }
@@ -747,8 +761,22 @@ fn frame_of_json(f: &Value) -> Frame {
 /// Gives the report's findings the page's labels: `culprit_label` for the frame a finding is
 /// named by, `label` for each site of an OOM's table ([`super::label`]'s rule).
 fn label_findings(findings: &mut Value) {
+    let frames_of = |stack: &Value| -> Vec<Frame> {
+        stack
+            .as_array()
+            .map(|s| s.iter().map(frame_of_json).collect())
+            .unwrap_or_default()
+    };
     for f in findings.as_array_mut().into_iter().flatten() {
-        let label = if f["culprit"].is_object() {
+        // A backward-pass site is named by its forward line, which only the report (reading
+        // the process's other sites) knows: its name.
+        let backward = f["site_name"]
+            .as_str()
+            .filter(|_| in_backward(&frames_of(&f["stack"])))
+            .map(str::to_string);
+        let label = if backward.is_some() {
+            backward
+        } else if f["culprit"].is_object() {
             Some(frame_label(&frame_of_json(&f["culprit"])))
         } else {
             f["stack"]
@@ -764,12 +792,13 @@ fn label_findings(findings: &mut Value) {
             .and_then(|o| o.get_mut("top_sites"))
             .and_then(Value::as_array_mut);
         for top in tops.into_iter().flatten() {
-            let frames: Vec<Frame> = top["stack"]
-                .as_array()
-                .map(|s| s.iter().map(frame_of_json).collect())
-                .unwrap_or_default();
+            let frames = frames_of(&top["stack"]);
+            let label = match top["name"].as_str() {
+                Some(name) if in_backward(&frames) => name.to_string(),
+                _ => site_label(&frames),
+            };
             if let Some(obj) = top.as_object_mut() {
-                obj.insert("label".into(), site_label(&frames).into());
+                obj.insert("label".into(), label.into());
             }
         }
     }

@@ -587,6 +587,7 @@ fn finding(device: i16, d: &DeviceFrag) -> Finding {
         record: None,
         culprit: None,
         backward_node: None,
+        site_name: String::new(),
         held: None,
         anatomy: None,
     }

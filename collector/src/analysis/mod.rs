@@ -356,6 +356,11 @@ pub struct Finding {
     /// its native frames): that node and the forward lines that made it (set by the report).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backward_node: Option<BackwardNode>,
+    /// How the text names the call site of `stack` (set by the report,
+    /// `report::names::site_name`): the culprit's `file:line function`, a backward-pass
+    /// allocation as `backward of addmm at train.py:25`; absent without a stack.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub site_name: String,
     /// Where a `live_at_exit` call site's memory sits when PyTorch's tensors are traced on its
     /// device (set by the report): absent elsewhere.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -421,6 +426,7 @@ impl Finding {
             record: None,
             culprit: None,
             backward_node: None,
+            site_name: String::new(),
             held: None,
             anatomy: None,
         }

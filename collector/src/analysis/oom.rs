@@ -196,6 +196,7 @@ fn finding_of(r: &OomRecord, nth: u64) -> Finding {
         record: None,
         culprit: None,
         backward_node: None,
+        site_name: String::new(),
         held: None,
         anatomy: None,
     }
@@ -300,4 +301,7 @@ pub struct SiteShare {
     pub bytes: u64,
     pub count: u64,
     pub stack: Vec<FrameInfo>,
+    /// How the text names the holder (`report::names::site_name`): its Python line, a
+    /// backward-pass allocation as `backward of addmm at train.py:25`.
+    pub name: String,
 }

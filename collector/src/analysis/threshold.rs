@@ -193,6 +193,7 @@ fn finding(device: i16, t: u32, line: &Line, peak: f64, cap: u64, live: u64) -> 
         record: None,
         culprit: None,
         backward_node: None,
+        site_name: String::new(),
         held: None,
         anatomy: None,
     }

@@ -31,7 +31,7 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use super::module_file::StaleModule;
-use super::sections::{self, site_key, site_name, SectionOptions, SiteOrder, NO_STACK};
+use super::sections::{self, site_key, SectionOptions, SiteOrder, NO_STACK};
 use super::symbolize::FrameInfo;
 use super::{Cause, Kind, Report, ReportOptions, REPLACED_BY_EXEC};
 use crate::analysis::Analysis;
@@ -134,12 +134,42 @@ pub struct DeviceDiff {
     pub regression: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+/// A finding's identity across traces: its kind, device and site key. Its `name` is for
+/// reading and is not compared: a backward-pass site is named by forward lines read from the
+/// rest of its run (`backward of addmm at train.py:25`), which another run may order or
+/// number differently while the site is the same code.
+#[derive(Clone, Debug, Serialize)]
 pub struct FindingKey {
     pub kind: &'static str,
     pub device: i16,
     pub key: String,
     pub name: String,
+}
+
+impl FindingKey {
+    fn identity(&self) -> (&'static str, i16, &str) {
+        (self.kind, self.device, &self.key)
+    }
+}
+
+impl PartialEq for FindingKey {
+    fn eq(&self, other: &FindingKey) -> bool {
+        self.identity() == other.identity()
+    }
+}
+
+impl Eq for FindingKey {}
+
+impl PartialOrd for FindingKey {
+    fn partial_cmp(&self, other: &FindingKey) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for FindingKey {
+    fn cmp(&self, other: &FindingKey) -> std::cmp::Ordering {
+        self.identity().cmp(&other.identity())
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -282,7 +312,7 @@ impl Side {
                     .sites
                     .entry((r.key, s.device))
                     .or_insert_with(|| SiteEntry {
-                        name: site_name(&r.stack),
+                        name: r.name.clone(),
                         stats: SideSite::default(),
                         modules: BTreeSet::new(),
                     });
@@ -312,7 +342,7 @@ impl Side {
                     kind: f.kind.name(),
                     device: f.device,
                     key: site_key(&f.stack),
-                    name: site_name(&f.stack),
+                    name: finding_name(f),
                 })
                 .or_default()
                 .extend(modules_of(&f.stack));
@@ -331,13 +361,22 @@ impl Side {
                     kind: f.kind.name(),
                     device: f.device,
                     key: site_key(&f.stack),
-                    name: site_name(&f.stack),
+                    name: finding_name(f),
                 })
                 .collect(),
             stopped_early: stopped_early(trace, &report),
         };
         side.stale = report.stale_modules;
         side
+    }
+}
+
+/// How a finding's site reads: the report's name of it, [`NO_STACK`] without a stack.
+fn finding_name(f: &super::Finding) -> String {
+    if f.site_name.is_empty() {
+        NO_STACK.to_string()
+    } else {
+        f.site_name.clone()
     }
 }
 

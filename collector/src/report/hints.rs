@@ -48,12 +48,13 @@ pub fn thread_kind(native: &[FrameInfo]) -> String {
 
 /// The allocations of `grew_at` by the innermost user Python frame of their call site (the
 /// line a user can change), the largest `PYTHON_LINES`; those without Python frames in one
-/// bucket per kind of thread, named from the native frames `native` gives. Empty when the
-/// process sent no Python code (not Python, or `OOMTRACE_PYTHON=0`).
+/// bucket per name `native_place` gives them (their backward-pass place, `backward of addmm
+/// at train.py:25`, else the kind of thread: [`super::backward::Lookup::native_place`]). Empty
+/// when the process sent no Python code (not Python, or `OOMTRACE_PYTHON=0`).
 pub fn python_lines(
     p: Stacks<'_>,
     grew_at: &[GrewAt],
-    mut native: impl FnMut(SiteId) -> Vec<FrameInfo>,
+    mut native_place: impl FnMut(SiteId) -> String,
 ) -> Vec<PythonLine> {
     if p.codes.is_empty() {
         return Vec::new();
@@ -68,12 +69,7 @@ pub fn python_lines(
                 let description = format!("{name}:{}", f.line);
                 (f.file.clone(), f.line, f.function.clone(), description)
             }
-            None => (
-                String::new(),
-                0,
-                String::new(),
-                thread_kind(&native(g.site)),
-            ),
+            None => (String::new(), 0, String::new(), native_place(g.site)),
         };
         let e = by_line.entry(key).or_default();
         e.0 = e.0.saturating_add(g.bytes);
@@ -101,8 +97,9 @@ pub fn python_lines(
     v
 }
 
-/// "train.py:42 (128.00 MiB in 4 segments), autograd thread (no Python frames): 64.00 MiB in
-/// 2 segments": the first `max` lines, then how many more. `unit` names one allocation.
+/// "train.py:42 (128.00 MiB in 4 segments), backward of addmm at train.py:40 (64.00 MiB in 2
+/// segments), threads without Python frames: 4.00 MiB in 1 segment": the first `max` lines,
+/// then how many more. `unit` names one allocation.
 pub fn fmt_python_lines(lines: &[PythonLine], unit: &str, max: usize) -> String {
     let amount = |l: &PythonLine| {
         format!(
@@ -116,7 +113,8 @@ pub fn fmt_python_lines(lines: &[PythonLine], unit: &str, max: usize) -> String 
         .iter()
         .take(max)
         .map(|l| {
-            if l.file.is_empty() {
+            // A name that ends in parentheses takes the amount after a colon.
+            if l.file.is_empty() && l.description.ends_with(')') {
                 format!("{}: {}", l.description, amount(l))
             } else {
                 format!("{} ({})", l.description, amount(l))
@@ -190,13 +188,13 @@ pub fn device_growth_hint(
 
 /// Completes a device growth's evidence from the process's stacks (the detector sees call
 /// sites only): the lines that made it grow, and whether its allocations are PyTorch's
-/// segments. `native` gives a site's symbolized stack.
+/// segments. `native_place` names a site without Python frames (see [`python_lines`]).
 pub fn resolve_device_growth(
     p: Stacks<'_>,
     e: &mut DeviceGrowthEvidence,
-    native: impl FnMut(SiteId) -> Vec<FrameInfo>,
+    native_place: impl FnMut(SiteId) -> String,
 ) {
-    e.python_lines = python_lines(p, &e.grew_at, native);
+    e.python_lines = python_lines(p, &e.grew_at, native_place);
     if e.events == Events::Allocations && torch_segments(p, &e.grew_at).is_some() {
         e.events = Events::Segments;
     }
@@ -242,7 +240,9 @@ mod tests {
                 },
             ]
         };
-        let lines = python_lines(sim.p.stacks(), &e.grew_at, autograd);
+        let lines = python_lines(sim.p.stacks(), &e.grew_at, |site| {
+            thread_kind(&autograd(site))
+        });
         let n: u64 = e.grew_at.iter().map(|g| g.count).sum();
         let line =
             |file: &str, line: u32, function: &str, count: u64, description: &str| PythonLine {
@@ -284,7 +284,7 @@ mod tests {
             "{text}"
         );
         // Without a name from the native frames: the generic bucket.
-        let generic = python_lines(sim.p.stacks(), &e.grew_at, |_| Vec::new());
+        let generic = python_lines(sim.p.stacks(), &e.grew_at, |_| thread_kind(&[]));
         assert!(generic
             .iter()
             .any(|l| l.description == "threads without Python frames"));
@@ -352,7 +352,7 @@ mod tests {
                 && hint.contains("torch.cuda.memory._record_memory_history()"),
             "{hint}"
         );
-        resolve_device_growth(sim.p.stacks(), &mut e, |_| Vec::new());
+        resolve_device_growth(sim.p.stacks(), &mut e, |_| thread_kind(&[]));
         assert_eq!(e.events, Events::Segments);
         // Not a Python program: no lines to name.
         assert!(e.python_lines.is_empty());

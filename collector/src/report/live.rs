@@ -2,22 +2,25 @@
 //! raise them (`oomtrace run`, `oomtrace collect`; the server hands it to its console).
 //! Concise on purpose: the report has the stacks and the evidence.
 
+use super::backward::Lookup;
 use super::hints::{fmt_python_lines, resolve_device_growth, torch_segments, traces_tensors};
-use super::roles::backward_node;
-use super::symbolize::{culprit, runs_python, StackSymbolizer};
+use super::symbolize::{culprit, StackSymbolizer};
 use crate::analysis::device_growth::{DeviceGrowthEvidence, Events};
 use crate::analysis::{Alert, Cause, Change, Evidence, Kind};
 use crate::model::{FrameInfo, Process};
 use crate::units::{fmt_bytes, fmt_rate};
 
 /// "history_append (leak_history.c:12)", or the module and offset without symbols; in
-/// PyTorch's backward pass, the autograd node: "AddmmBackward0 (backward pass)" (the report
-/// adds the forward lines that made it).
-fn place(frames: &[FrameInfo]) -> Option<String> {
-    if !runs_python(frames) {
-        if let Some(node) = backward_node(frames) {
-            return Some(format!("{node} (backward pass)"));
-        }
+/// PyTorch's backward pass, as every list names it: "backward of addmm at train.py:25" (the
+/// report adds the node and what the forward lines allocated).
+fn place(
+    p: &Process,
+    frames: &[FrameInfo],
+    sym: &mut StackSymbolizer,
+    backward: &mut Lookup,
+) -> Option<String> {
+    if let Some(b) = backward.backward(p, frames, &mut |s| sym.site(p, s)) {
+        return Some(b.to_string());
     }
     let f = culprit(frames)?;
     let file = f.file.rsplit('/').next().unwrap_or("");
@@ -44,6 +47,8 @@ fn largest_in_last_step(f: &crate::analysis::Finding) -> u64 {
 /// The line for alert `a` of process `p`.
 pub fn line(p: &Process, a: &Alert, sym: &mut StackSymbolizer) -> String {
     let f = &a.finding;
+    // Read from the process's other sites, and only for a backward-pass site.
+    let mut backward = Lookup::new();
     let working_set = f.cause == Cause::WorkingSetGrowing;
     let tag = match (a.change, f.kind) {
         (Change::Resolved, _) => "resolved".to_string(),
@@ -85,7 +90,7 @@ pub fn line(p: &Process, a: &Alert, sym: &mut StackSymbolizer) -> String {
                 _ => {
                     text.push_str(message);
                     if a.change != Change::Resolved && a.change != Change::Downgraded {
-                        device_growth_tail(&mut text, p, e, sym);
+                        device_growth_tail(&mut text, p, e, sym, &mut backward);
                     }
                 }
             }
@@ -103,7 +108,8 @@ pub fn line(p: &Process, a: &Alert, sym: &mut StackSymbolizer) -> String {
         _ => text.push_str(&f.message),
     }
     if f.site.0 != 0 {
-        if let Some(at) = place(&sym.site(p, f.site)) {
+        let frames = sym.site(p, f.site);
+        if let Some(at) = place(p, &frames, sym, &mut backward) {
             text.push_str(" at ");
             text.push_str(&at);
         }
@@ -118,9 +124,13 @@ fn device_growth_tail(
     p: &Process,
     e: &DeviceGrowthEvidence,
     sym: &mut StackSymbolizer,
+    backward: &mut Lookup,
 ) {
     let mut e = e.clone();
-    resolve_device_growth(p.stacks(), &mut e, |site| sym.site(p, site));
+    resolve_device_growth(p.stacks(), &mut e, |site| {
+        let frames = sym.site(p, site);
+        backward.native_place(p, &frames, &mut |s| sym.site(p, s))
+    });
     if !e.python_lines.is_empty() {
         text.push_str(&format!(
             "; {}: {}",

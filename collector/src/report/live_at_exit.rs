@@ -4,7 +4,8 @@
 
 use oomtrace_proto::wire::GoodbyeReason;
 
-use super::finding::{complete_site, ForwardLines};
+use super::backward::Lookup;
+use super::finding::complete_site;
 use super::{Cause, Finding, Held, Kind};
 use crate::analysis::{Analysis, Severity};
 use crate::model::{EndState, FrameInfo, Process, SiteId, HOST_DEVICE};
@@ -18,7 +19,7 @@ pub(super) fn live_at_exit(
     segments: bool,
     top: usize,
     stack_of: &mut impl FnMut(&Process, SiteId) -> Vec<FrameInfo>,
-    forward: &mut ForwardLines,
+    backward: &mut Lookup,
 ) -> Vec<Finding> {
     let mut live = Vec::new();
     for &device in p.devices.keys() {
@@ -65,7 +66,7 @@ pub(super) fn live_at_exit(
                 cause,
                 ..Finding::new(Kind::LiveAtExit, Severity::Info, device)
             };
-            complete_site(&mut f, p, stack_of, forward);
+            complete_site(&mut f, p, stack_of, backward);
             live.push(f);
         }
     }

@@ -8,6 +8,7 @@
 //! renames are not. Findings open with OOMs (what a user asks first after a crash), then the
 //! call sites that still held memory when each process ended.
 
+pub mod backward;
 pub mod diff;
 mod finding;
 pub mod hints;
@@ -33,7 +34,7 @@ use crate::analysis::Analysis;
 pub use crate::analysis::{BackwardNode, Cause, Finding, Held, Kind, Level, PythonLine};
 use crate::model::trace::Trace;
 use crate::model::{FrameInfo, Process, SiteId};
-use finding::{complete_finding, ForwardLines};
+use finding::complete_finding;
 pub use hints::{
     device_growth_hint, fmt_python_lines, in_torch, python_lines, resolve_device_growth,
     thread_kind, torch_segments, traces_tensors, without_tensor_advice,
@@ -201,6 +202,8 @@ pub struct FailedAllocations {
     pub count: u64,
     /// Bytes asked for by the most recent one.
     pub last_size: u64,
+    /// How the text names the most recent one's call site ([`names::site_name`]).
+    pub name: String,
     pub stack: Vec<FrameInfo>,
 }
 
@@ -359,13 +362,13 @@ pub fn build_with_segments(
     let mut detected = Vec::new();
     let mut live = Vec::new();
     for (p, a) in trace.processes.iter().zip(&trace.observers) {
-        // Forward lines by operator, found once per process.
-        let mut forward = ForwardLines::default();
+        // The forward lines of its backward-pass sites, found once per process.
+        let mut backward = backward::Lookup::new();
         // Advice to trace the tensors is for runs that do not.
         let tensors_traced = traces_tensors(p);
-        let report = process_report(p, a, trace, &mut stack_of);
+        let report = process_report(p, a, trace, &mut stack_of, &mut backward);
         for mut f in a.findings(p) {
-            complete_finding(&mut f, p, tensors_traced, &mut stack_of, &mut forward);
+            complete_finding(&mut f, p, tensors_traced, &mut stack_of, &mut backward);
             f.anatomy = oom_anatomy(&f, &report);
             detected.push(f);
         }
@@ -376,7 +379,7 @@ pub fn build_with_segments(
             segments,
             opts.top,
             &mut stack_of,
-            &mut forward,
+            &mut backward,
         ));
     }
     live.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));

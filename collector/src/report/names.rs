@@ -8,10 +8,57 @@
 //! components of the qualified name (`blas::gemm_and_bias`, `DeviceCachingAllocator::alloc_block`):
 //! the class and the method, or the namespace and the function.
 
+use super::backward::Backward;
+use super::hints::thread_kind;
+use super::symbolize::culprit;
 use crate::model::FrameInfo;
 
 /// The longest name [`short_function`] returns; longer ones keep their two ends.
 pub const MAX_NAME: usize = 80;
+
+/// The widest file name in a call site's name.
+const MAX_FILE: usize = 60;
+
+/// A call site's name in one line, the one rule of every list that names sites (the report's
+/// tables, `diff`, the sections' and findings' `name`): its culprit frame as `file:line
+/// function` when it is Python; in PyTorch's backward pass, `backward` (`backward of addmm at
+/// train.py:25`, see [`Backward`]); PyTorch's own code with no Python line above it, the kind
+/// of thread it ran on and the function; else the culprit's short name, module and offset or
+/// address. `backward` is the site's backward-pass place (`backward::Lookup`, which needs
+/// the process's other sites); without it a backward-pass site is named by its node alone.
+pub fn site_name(stack: &[FrameInfo], backward: Option<&Backward>) -> String {
+    let top = culprit(stack).or(stack.first());
+    if let Some(b) = backward {
+        return b.to_string();
+    }
+    match top {
+        None => "(no stack)".into(),
+        Some(f) if f.python => format!(
+            "{}:{} {}",
+            ellipsize(f.file.rsplit('/').next().unwrap_or(&f.file), MAX_FILE),
+            f.line,
+            ellipsize(&f.function, 2 * MAX_FILE)
+        ),
+        Some(_) if super::roles::backward_node(stack).is_some() => format!(
+            "{} (backward pass)",
+            super::roles::backward_node(stack).unwrap_or_default()
+        ),
+        // PyTorch's own code with no Python line above it: the thread it ran on, and the
+        // function's own name.
+        Some(f) if is_torch_frame(f) => {
+            let short = short_function(&f.function);
+            let name = short.rsplit("::").next().unwrap_or(&short);
+            format!("{}: {name}", thread_kind(stack))
+        }
+        Some(f) if !f.function.is_empty() => short_function(&f.function),
+        Some(f) if !f.module.is_empty() => format!(
+            "{} +{}",
+            ellipsize(f.module.rsplit('/').next().unwrap_or(&f.module), MAX_FILE),
+            f.offset
+        ),
+        Some(f) => f.address.clone(),
+    }
+}
 
 /// Namespaces of PyTorch's C++ code (c10, ATen, the autograd engine, the Python bindings).
 const TORCH_NAMESPACES: [&str; 4] = ["c10::", "at::", "torch::", "caffe2::"];

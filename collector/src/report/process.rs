@@ -20,6 +20,7 @@ pub(super) fn process_report(
     a: &Analysis,
     trace: &Trace<Analysis>,
     stack_of: &mut impl FnMut(&Process, SiteId) -> Vec<FrameInfo>,
+    backward: &mut super::backward::Lookup,
 ) -> ProcessReport {
     let mut anatomy = anatomy_reports(p, a, stack_of);
     let devices = p
@@ -109,6 +110,8 @@ pub(super) fn process_report(
             .iter()
             .map(|(&(api, code, device), f)| {
                 let known = oomtrace_proto::cuda_error::lookup(api, code);
+                let stack = stack_of(p, f.last_site);
+                let place = backward.backward(p, &stack, &mut |s| stack_of(p, s));
                 FailedAllocations {
                     api: api.name(),
                     error_code: code,
@@ -117,7 +120,8 @@ pub(super) fn process_report(
                     device,
                     count: f.count,
                     last_size: f.last_size,
-                    stack: stack_of(p, f.last_site),
+                    name: super::names::site_name(&stack, place.as_ref()),
+                    stack,
                 }
             })
             .collect(),

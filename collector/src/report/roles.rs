@@ -2,7 +2,8 @@
 //! machinery between it and the GPU (the CUDA runtime, an allocator, the Python interpreter).
 //! One classification, used by every place that picks the frame a finding is named by (the
 //! text report, the JSON `culprit`, the live line, through [`super::symbolize::culprit`]),
-//! and the autograd node of a backward-pass allocation ([`backward_node`]).
+//! the autograd node of a backward-pass allocation ([`backward_node`]) and the operators a
+//! stack dispatched ([`dispatched_ops`]), from which [`super::backward`] finds its forward line.
 
 use crate::model::{is_interpreter_module, FrameInfo};
 
@@ -139,17 +140,37 @@ pub fn forward_op(node: &str) -> Option<String> {
 /// Whether a frame runs the dispatcher entry of operator `op` (`at::_ops::addmm::call`, or an
 /// overload such as `at::_ops::pow_Tensor_Scalar::redispatch`; not the in-place `addmm_`).
 pub fn runs_op(f: &FrameInfo, op: &str) -> bool {
-    f.function.match_indices("at::_ops::").any(|(i, m)| {
+    dispatched_ops(f).any(|entry| is_op_entry(entry, op))
+}
+
+/// The dispatcher entries a frame runs, as named after `at::_ops::` (`addmm`,
+/// `pow_Tensor_Scalar`): read once per call site, matched to an operator by [`is_op_entry`].
+pub fn dispatched_ops(f: &FrameInfo) -> impl Iterator<Item = &str> {
+    f.function.match_indices("at::_ops::").filter_map(|(i, m)| {
         let rest = &f.function[i + m.len()..];
-        let Some(after) = rest.strip_prefix(op) else {
-            return false;
-        };
-        after.starts_with("::")
-            || after
-                .strip_prefix('_')
-                .and_then(|o| o.chars().next())
-                .is_some_and(|c| c.is_ascii_uppercase())
+        let end = rest.find("::")?;
+        Some(&rest[..end])
     })
+}
+
+/// Whether dispatcher entry `entry` (see [`dispatched_ops`]) is operator `op` or one of its
+/// overloads (`pow_Tensor_Scalar` is `pow`; the in-place `addmm_` is not `addmm`).
+pub fn is_op_entry(entry: &str, op: &str) -> bool {
+    let Some(after) = entry.strip_prefix(op) else {
+        return false;
+    };
+    after.is_empty()
+        || after
+            .strip_prefix('_')
+            .and_then(|o| o.chars().next())
+            .is_some_and(|c| c.is_ascii_uppercase())
+}
+
+/// Whether a frame is PyTorch's autograd engine (`torch::autograd::Engine::thread_main`,
+/// `evaluate_function`, ...): a stack through it without Python frames is the backward pass,
+/// also where no autograd node is on it (a gradient the engine sums to its input's shape).
+pub fn is_autograd_engine(f: &FrameInfo) -> bool {
+    f.function.contains("torch::autograd::Engine::")
 }
 
 #[cfg(test)]

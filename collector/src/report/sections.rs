@@ -24,7 +24,9 @@ use crate::model::trace::Trace;
 use crate::model::{FrameInfo, Process, SiteId, SiteStats, HOST_DEVICE};
 use oomtrace_proto::MemoryClass;
 
-use super::symbolize::{culprit, StackSymbolizer};
+use super::backward::Lookup;
+use super::names::site_name;
+use super::symbolize::StackSymbolizer;
 
 /// How the call-site table is ordered (`oomtrace report --sort`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -155,6 +157,9 @@ pub struct SiteBytes {
     pub held: Option<Held>,
     /// [`site_key`] of `stack`: equal for the same code in two runs.
     pub key: String,
+    /// How the text names the site ([`super::names::site_name`]): `train.py:42 <module>`, a
+    /// backward-pass allocation as `backward of addmm at train.py:25`.
+    pub name: String,
     pub stack: Vec<FrameInfo>,
 }
 
@@ -177,6 +182,8 @@ pub struct SiteRow {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held: Option<Held>,
     pub key: String,
+    /// How the text names the site, as in [`SiteBytes::name`].
+    pub name: String,
     pub stack: Vec<FrameInfo>,
 }
 
@@ -218,22 +225,6 @@ pub fn site_key(stack: &[FrameInfo]) -> String {
     }
 }
 
-/// A short name for a key's site: its culprit frame, as the text report names it.
-pub fn site_name(stack: &[FrameInfo]) -> String {
-    match culprit(stack).or(stack.first()) {
-        None => NO_STACK.into(),
-        Some(f) if f.python => format!(
-            "{}:{} {}",
-            f.file.rsplit('/').next().unwrap_or(&f.file),
-            f.line,
-            f.function
-        ),
-        Some(f) if !f.function.is_empty() => f.function.clone(),
-        Some(f) if !f.module.is_empty() => format!("{} +{}", f.module, f.offset),
-        Some(f) => f.address.clone(),
-    }
-}
-
 /// The totals of `device`'s CUDA memory outside PyTorch's allocator: sites that are neither
 /// tensors nor the allocator's segments.
 fn outside_torch(p: &Process, device: i16) -> OutsideTorch {
@@ -271,19 +262,28 @@ pub fn build_with(
     opts: &SectionOptions,
     sym: &mut StackSymbolizer,
 ) -> Vec<DeviceSections> {
-    // A site shows in several lists: symbolized once per process.
-    let mut seen: HashMap<(u32, u32, SiteId), Vec<FrameInfo>> = HashMap::new();
-    let mut stack_of = |p: &Process, site: SiteId| {
-        if opts.symbolize {
-            seen.entry((p.conn, p.pid(), site))
-                .or_insert_with(|| sym.site(p, site))
-                .clone()
-        } else {
-            super::raw_stack(p, site)
-        }
-    };
     let mut out = Vec::new();
     for p in &trace.processes {
+        // A site shows in several lists, on several devices: symbolized and named once.
+        let mut seen: HashMap<SiteId, (Vec<FrameInfo>, String)> = HashMap::new();
+        let mut backward = Lookup::new();
+        let mut named = |site: SiteId| {
+            seen.entry(site)
+                .or_insert_with(|| {
+                    let mut stack_of = |s: SiteId| {
+                        if opts.symbolize {
+                            sym.site(p, s)
+                        } else {
+                            super::raw_stack(p, s)
+                        }
+                    };
+                    let stack = stack_of(site);
+                    let place = backward.backward(p, &stack, &mut stack_of);
+                    let name = site_name(&stack, place.as_ref());
+                    (stack, name)
+                })
+                .clone()
+        };
         for (&device, d) in p.devices.iter().filter(|(_, d)| d.allocations > 0) {
             let tensors = p.tensors_traced(device) && !opts.segments;
             let held = |site: SiteId| super::held_at(p, device, site);
@@ -294,7 +294,7 @@ pub fn build_with(
             // A fixed order first, so that ties come out the same on every run.
             stats.sort_unstable_by_key(|(site, _)| *site);
             let mut row = |p: &Process, site: SiteId, s: &SiteStats| {
-                let stack = stack_of(p, site);
+                let (stack, name) = named(site);
                 SiteRow {
                     allocations: s.allocations,
                     frees: s.frees,
@@ -306,6 +306,7 @@ pub fn build_with(
                     growth_per_step: growth_per_step(p, s),
                     held: held(site),
                     key: site_key(&stack),
+                    name,
                     stack,
                 }
             };
@@ -343,12 +344,13 @@ pub fn build_with(
                 .into_iter()
                 .take(opts.top)
                 .map(|(site, bytes, count)| {
-                    let stack = stack_of(p, site);
+                    let (stack, name) = named(site);
                     SiteBytes {
                         bytes,
                         count,
                         held: held(site),
                         key: site_key(&stack),
+                        name,
                         stack,
                     }
                 })

@@ -50,6 +50,44 @@ fn a_growing_working_set_is_fragmentation_with_predicted_remedies_and_no_leak() 
             .any(|l| l["file"].as_str().unwrap().ends_with("growing_shapes.py")),
         "{e:#}"
     );
+    // The backward pass among them by its lines, never as a thread without Python frames:
+    // what its nodes allocated by the forward line, what the autograd engine allocated outside
+    // any node (most of this cache's growth) by the line that ran `loss.backward()`.
+    let forward = torch_line_of("growing_shapes.py", "# FORWARD");
+    let call = torch_line_of("growing_shapes.py", "# BACKWARD CALL");
+    let described: Vec<&str> = lines
+        .iter()
+        .map(|l| l["description"].as_str().unwrap())
+        .collect();
+    for name in [
+        format!("backward of addmm at growing_shapes.py:{forward}"),
+        format!("backward at growing_shapes.py:{call} (autograd engine)"),
+    ] {
+        assert!(
+            described.contains(&name.as_str()),
+            "no {name}: {described:#?}"
+        );
+    }
+    assert!(
+        !described.iter().any(|d| d.contains("no Python frames")),
+        "{described:#?}"
+    );
+    let finding = r
+        .text
+        .split("[fragmentation warning]")
+        .nth(1)
+        .expect(&r.text);
+    // Its lines as one (the text wraps them at 200 characters).
+    let grew = finding.split("      why: ").next().unwrap();
+    let grew = grew.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(grew.contains("cache grew at: "), "{grew}");
+    assert!(
+        grew.contains(&format!(
+            "backward of addmm at growing_shapes.py:{forward} ("
+        )),
+        "{grew}"
+    );
+    assert!(!grew.contains("no Python frames"), "{grew}");
     assert_eq!(
         e["remedies"][0]["alloc_conf"], "expandable_segments:True",
         "{e:#}"

@@ -14,8 +14,8 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(STEPS):
     seq = 4 + step
     x = torch.randn(seq, ROWS, WIDTH, device="cuda")  # the input grows 2.5 MiB per step
-    loss = model(x).pow(2).mean()
-    loss.backward()
+    loss = model(x).pow(2).mean()  # FORWARD
+    loss.backward()  # BACKWARD CALL
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     del x, loss

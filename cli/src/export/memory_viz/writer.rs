@@ -16,7 +16,7 @@ use std::io::Write;
 
 use super::model::{Action, Entry, Model, OutSeg};
 use crate::export::pickle::{Pickler, BATCH};
-use crate::export::view::{ProcessView, Site, Symbolizer};
+use crate::export::view::{Frame, ProcessView, Site, Symbolizer};
 use crate::export::{frame_file, frame_name, write_failed};
 use crate::Failure;
 
@@ -277,11 +277,22 @@ impl<W: Write> SnapshotWriter<'_, W> {
             self.p.get(i);
             return;
         }
-        let frames = if site.is_none() {
+        let mut frames = if site.is_none() {
             Vec::new()
         } else {
             self.sym.site(self.process, site)
         };
+        // A backward-pass site ends (outermost) with the forward line whose op made its
+        // autograd node, in PyTorch's own frame format: `train.py:25 backward of addmm`.
+        if let Some(b) = self.sym.backward(self.process, &frames) {
+            let (file, line) = b.line.unwrap_or_default();
+            frames.push(Frame {
+                function: if file.is_empty() { b.name } else { b.what },
+                file,
+                line,
+                ..Frame::default()
+            });
+        }
         self.p.empty_list();
         let i = self.p.memoize();
         self.frame_lists.insert(site, i);

@@ -86,3 +86,48 @@ fn flame_merges_small_sites_and_keeps_totals() {
         ])
     );
 }
+
+/// A backward-pass site is labelled by its name (its forward line, never the node's C++
+/// frame) and sits in the Python flame graph under its forward line's Python frames; without
+/// a name it stays under "(no Python frames)".
+#[test]
+fn backward_pass_sites_are_labelled_and_placed_by_their_forward_line() {
+    let native = |function: &str| Frame {
+        function: function.into(),
+        module: "libtorch_cpu.so".into(),
+        ..Default::default()
+    };
+    let frames = vec![
+        native("at::_ops::mm::call(at::Tensor const&, at::Tensor const&)"),
+        native("torch::autograd::generated::AddmmBackward0::apply(std::vector<at::Tensor>&&)"),
+        native("torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)"),
+    ];
+    let module = Frame {
+        function: "<module>".into(),
+        file: "/home/u/train.py".into(),
+        line: 25,
+        module: "python".into(),
+        python: true,
+        ..Default::default()
+    };
+    let name = BackwardName {
+        name: "backward of addmm at train.py:25".into(),
+        path: vec![module],
+        leaf: "backward of addmm".into(),
+        what: "backward of addmm".into(),
+        line: Some(("/home/u/train.py".into(), 25)),
+    };
+    let site = Site::from_number(3);
+    let info = SiteInfo::new(&frames, site, Some(name));
+    assert_eq!(info.label, "backward of addmm at train.py:25");
+    assert_eq!(
+        info.python_path,
+        ["train.py:25 <module>", "backward of addmm"]
+    );
+    assert!(!info.has_python);
+    let unnamed = SiteInfo::new(&frames, site, None);
+    assert_eq!(
+        unnamed.python_path,
+        ["(no Python frames)", "libtorch_cpu.so AddmmBackward0.apply"]
+    );
+}
