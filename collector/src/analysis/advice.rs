@@ -14,3 +14,10 @@ pub(crate) use trace_tensors;
 
 /// The same advice as a constant, for whoever does not `concat!` it.
 pub const TRACE_TENSORS: &str = trace_tensors!();
+
+/// A call site's growth whose memory was all freed while the program still ran its steps (the
+/// leak and site-growth detectors say it alike).
+pub const DRAINED_HINT: &str = "All the memory allocated here was freed while the program \
+    still ran its steps: it piled up for a while (a queue or backlog, results kept for a phase, \
+    a pool trimmed at the end of an epoch) and was given back, not a leak. If the peak it \
+    reached is too high, free it sooner.";

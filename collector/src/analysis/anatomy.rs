@@ -121,7 +121,7 @@ enum Phase {
 
 /// What a tensor was made as: its origin read with the phase it was made in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Made {
+pub enum Made {
     Parameter,
     Optimizer,
     Backward,
@@ -153,6 +153,15 @@ impl Made {
             other => other.survivor(),
         }
     }
+}
+
+/// What a call site's latest tensor was made as, and its place in the order of tensor events
+/// (of two sites, the one whose latest tensor came later has the larger `order`): what the
+/// analysis reads to tell a forward output from the tensors its graph keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SiteMade {
+    pub made: Made,
+    pub order: u64,
 }
 
 /// A live tensor as the anatomy keeps it.
@@ -304,6 +313,8 @@ pub struct Anatomy {
     order: u64,
     live: FxHashMap<(i16, u64), Born>,
     devices: BTreeMap<i16, DeviceClock>,
+    /// Each site's latest tensor, by the site's index.
+    made: Vec<Option<SiteMade>>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -393,6 +404,14 @@ impl Anatomy {
             run: clock.run,
             step: clock.step,
         };
+        let i = a.site.0 as usize;
+        if self.made.len() <= i {
+            self.made.resize(i + 1, None);
+        }
+        self.made[i] = Some(SiteMade {
+            made,
+            order: self.order,
+        });
         let d = self.devices.entry(a.device).or_default();
         d.live_by_made[made as usize] += a.size;
         // An address given again without its free: the old tensor's free was lost (the model
@@ -401,6 +420,11 @@ impl Anatomy {
             d.live_by_made[old.made as usize] =
                 d.live_by_made[old.made as usize].saturating_sub(old.size);
         }
+    }
+
+    /// What `site`'s latest tensor was made as (None: it made no tensor).
+    pub fn site_made(&self, site: SiteId) -> Option<SiteMade> {
+        self.made.get(site.0 as usize).copied().flatten()
     }
 
     pub fn on_free(&mut self, p: &Process, f: &Free) {

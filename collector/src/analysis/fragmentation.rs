@@ -588,6 +588,7 @@ fn finding(device: i16, d: &DeviceFrag) -> Finding {
         culprit: None,
         backward_node: None,
         held: None,
+        parts: Vec::new(),
     }
 }
 

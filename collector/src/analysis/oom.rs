@@ -197,6 +197,7 @@ fn finding_of(r: &OomRecord, nth: u64) -> Finding {
         culprit: None,
         backward_node: None,
         held: None,
+        parts: Vec::new(),
     }
 }
 

@@ -643,7 +643,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         ),
     };
     let (cause, hint) = if drained.is_some() {
-        (Cause::Drained, super::growth::DRAINED_HINT.to_string())
+        (Cause::Drained, super::advice::DRAINED_HINT.to_string())
     } else {
         hint(s, kind)
     };
@@ -689,6 +689,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             python_lines: Vec::new(),
             cache_grew_at: Vec::new(),
             replaced: s.replaced,
+            small: None,
         })),
     }
     .finding()

@@ -194,6 +194,7 @@ fn finding(device: i16, t: u32, line: &Line, peak: f64, cap: u64, live: u64) -> 
         culprit: None,
         backward_node: None,
         held: None,
+        parts: Vec::new(),
     }
 }
 
