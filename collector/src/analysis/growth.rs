@@ -260,7 +260,9 @@ impl GrowthDetector {
         let mut v: Vec<(SiteId, i16, &ByStep)> = self
             .sites
             .iter()
-            .filter(|(&(site, d), _)| self.is_leak(site, d))
+            .filter(|(_, s)| {
+                !s.resolved && s.class == Class::Leak && s.level >= Some(Confidence::Likely)
+            })
             .map(|(&(site, d), s)| (site, d, &s.by_step))
             .collect();
         v.sort_unstable_by_key(|&(site, d, _)| (d, site));

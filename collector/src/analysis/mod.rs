@@ -638,6 +638,10 @@ impl Analysis {
         while i < leaks.len() {
             let device = leaks[i].1;
             let n = leaks[i..].iter().take_while(|l| l.1 == device).count();
+            if !(2..=together::MAX_MEMBERS).contains(&n) {
+                i += n;
+                continue;
+            }
             let members: Vec<together::Member<'_>> = leaks[i..i + n]
                 .iter()
                 .map(|&(site, _, by_step)| together::Member {

@@ -143,8 +143,16 @@ impl Group {
     }
 }
 
-/// The groups among one device's leaking sites (the module comment's rule).
+/// Leaking sites a device may have for the grouping to run: it compares them two by two at
+/// every step boundary, and a program with more leaks than this has other problems first.
+pub const MAX_MEMBERS: usize = 256;
+
+/// The groups among one device's leaking sites (the module comment's rule); none beyond
+/// [`MAX_MEMBERS`] sites.
 pub fn groups(members: &[Member<'_>]) -> Vec<Group> {
+    if members.len() > MAX_MEMBERS {
+        return Vec::new();
+    }
     let graph: Vec<(&Member<'_>, SiteMade)> = members
         .iter()
         .filter_map(|m| m.made.map(|made| (m, made)))
