@@ -132,6 +132,7 @@ const SHARED: &[&str] = &[
     "births.rs",
     "stats.rs",
     "refusal.rs",
+    "together.rs",
 ];
 
 /// The detectors that must not name one another: the growth detectors (the leak detector is

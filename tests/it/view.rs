@@ -420,7 +420,12 @@ fn a_pytorch_trace_shows_tensors_by_line_under_the_reserve() {
         .clone();
     assert_eq!(leak_layer["memory"], "tensor", "{leak_layer}");
     // The reserve line, above the tensors: the reserve holds every tensor.
-    let svg = between(&dom, "<svg ", "</svg>");
+    // The chart by call site (after "What the memory is", whose steps chart is an SVG too).
+    let svg = between(
+        between(&dom, "<h3 id=\"chart-", "</section>"),
+        "<svg ",
+        "</svg>",
+    );
     assert_eq!(
         svg.matches("class=\"reserve\"").count(),
         1,

@@ -128,7 +128,7 @@ enum Phase {
 
 /// What a tensor was made as: its origin read with the phase it was made in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Made {
+pub enum Made {
     Parameter,
     Optimizer,
     Backward,
@@ -165,6 +165,15 @@ impl Made {
             other => other.survivor(),
         }
     }
+}
+
+/// What a call site's latest tensor was made as, and its place in the order of tensor events
+/// (of two sites, the one whose latest tensor came later has the larger `order`): what the
+/// analysis reads to tell a forward output from the tensors its graph keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SiteMade {
+    pub made: Made,
+    pub order: u64,
 }
 
 /// A live tensor as the anatomy keeps it.
@@ -386,6 +395,8 @@ pub struct Anatomy {
     order: u64,
     live: FxHashMap<(i16, u64), Born>,
     devices: BTreeMap<i16, DeviceClock>,
+    /// Each site's latest tensor, by the site's index.
+    made: Vec<Option<SiteMade>>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -475,6 +486,14 @@ impl Anatomy {
             run: clock.run,
             step: clock.step,
         };
+        let i = a.site.0 as usize;
+        if self.made.len() <= i {
+            self.made.resize(i + 1, None);
+        }
+        self.made[i] = Some(SiteMade {
+            made,
+            order: self.order,
+        });
         let d = self.devices.entry(a.device).or_default();
         d.live_by_made[made as usize] += a.size;
         if made.ambiguous() {
@@ -492,6 +511,11 @@ impl Anatomy {
         if let Some(old) = self.live.insert((a.device, a.ptr), born) {
             d.forget(&old);
         }
+    }
+
+    /// What `site`'s latest tensor was made as (None: it made no tensor).
+    pub fn site_made(&self, site: SiteId) -> Option<SiteMade> {
+        self.made.get(site.0 as usize).copied().flatten()
     }
 
     pub fn on_free(&mut self, p: &Process, f: &Free) {

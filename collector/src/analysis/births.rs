@@ -126,6 +126,24 @@ impl Births {
         self.by_epoch.get(self.first_from(from)).map(|g| g.epoch)
     }
 
+    /// The live allocations born in each epoch of `from..=upto`: what [`ByStep::lockstep`]
+    /// compares (one entry per bucket; a merged bucket's entry counts all its epochs).
+    pub fn by_step(&self, at: u32, from: u32, upto: u32) -> ByStep {
+        if upto < from {
+            return ByStep {
+                at,
+                steps: Vec::new(),
+            };
+        }
+        ByStep {
+            at,
+            steps: self
+                .range(from, upto)
+                .map(|g| (g.epoch, g.epochs, g.count))
+                .collect(),
+        }
+    }
+
     /// Buckets kept (at most [`MAX_GENERATIONS`]).
     pub fn buckets(&self) -> usize {
         self.by_epoch.len()
@@ -143,6 +161,51 @@ impl Births {
                 bytes: older.bytes.saturating_add(newer.bytes),
                 epochs: older.epochs + newer.epochs,
             });
+        }
+    }
+}
+
+/// A series' live allocations by the step they were born in, read at one step boundary:
+/// `(epoch, epochs merged, allocations)` in epoch order. Two series whose memory is kept by
+/// one object (an output with its autograd graph) have the same steps, in the same
+/// proportions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ByStep {
+    /// The step boundary it was read at.
+    pub at: u32,
+    pub steps: Vec<(u32, u32, u32)>,
+}
+
+impl ByStep {
+    /// Fewest steps two series must share to be in lockstep.
+    pub const MIN_STEPS: usize = 3;
+
+    /// Whether `self` and `other`, read at the same boundary, hold allocations born in exactly
+    /// the same steps (at least [`Self::MIN_STEPS`]), in the same proportion at every step
+    /// (`a` allocations here for each `b` there, the same `a : b` each step).
+    pub fn lockstep(&self, other: &ByStep) -> bool {
+        if self.at != other.at
+            || self.steps.len() != other.steps.len()
+            || self.steps.len() < Self::MIN_STEPS
+        {
+            return false;
+        }
+        let (a0, b0) = (self.steps[0].2, other.steps[0].2);
+        self.steps.iter().zip(&other.steps).all(|(a, b)| {
+            a.0 == b.0
+                && a.1 == b.1
+                && u64::from(a.2) * u64::from(b0) == u64::from(b.2) * u64::from(a0)
+        })
+    }
+
+    /// Allocations per step, on average over its steps.
+    pub fn per_step(&self) -> f64 {
+        let epochs: u32 = self.steps.iter().map(|s| s.1).sum();
+        let count: u64 = self.steps.iter().map(|s| u64::from(s.2)).sum();
+        if epochs == 0 {
+            0.0
+        } else {
+            count as f64 / f64::from(epochs)
         }
     }
 }
@@ -243,6 +306,36 @@ mod tests {
                 assert_eq!(b.born_between(from, epoch), born);
             }
         }
+    }
+
+    /// Series kept by one object are in lockstep: the same steps, in proportion; a series that
+    /// began later, skipped a step or kept a different number at one step is not.
+    #[test]
+    fn lockstep_is_the_same_steps_in_the_same_proportion() {
+        let series = |counts: &[(u32, u32)]| {
+            let mut b = Births::default();
+            for &(e, n) in counts {
+                for _ in 0..n {
+                    b.add(e, 8);
+                }
+            }
+            b.by_step(20, 4, 18)
+        };
+        let one: Vec<(u32, u32)> = (0..20).map(|e| (e, 1)).collect();
+        let two: Vec<(u32, u32)> = (0..20).map(|e| (e, 2)).collect();
+        assert!(series(&one).lockstep(&series(&two)));
+        assert_eq!(series(&two).per_step(), 2.0);
+        let later: Vec<(u32, u32)> = (8..20).map(|e| (e, 1)).collect();
+        assert!(!series(&one).lockstep(&series(&later)));
+        let mut skipped = one.clone();
+        skipped.remove(10);
+        assert!(!series(&one).lockstep(&series(&skipped)));
+        let mut uneven = two.clone();
+        uneven[12].1 = 3;
+        assert!(!series(&one).lockstep(&series(&uneven)));
+        // Too few steps to say.
+        let few: Vec<(u32, u32)> = (17..20).map(|e| (e, 1)).collect();
+        assert!(!series(&few).lockstep(&series(&few)));
     }
 
     #[test]

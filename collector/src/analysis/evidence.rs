@@ -170,6 +170,74 @@ impl AtEnd {
     }
 }
 
+/// "9.00 MiB held in 9 allocations surviving from 6 different steps".
+pub(crate) fn held_in(bytes: u64, count: u64, surviving: u32) -> String {
+    format!(
+        "{} held in {count} allocation{} surviving from {surviving} different step{}",
+        fmt_bytes(bytes),
+        if count == 1 { "" } else { "s" },
+        if surviving == 1 { "" } else { "s" }
+    )
+}
+
+/// The end of a leak's message: what became of the memory by the end of the trace. A leak's
+/// memory is still held, or was kept through the last step and freed after it (drained memory
+/// is growth, worded by its detector).
+pub(crate) fn end_clause(end: &AtEnd) -> String {
+    if end.count > 0 {
+        let mut text = format!(
+            "by the end {} still held in {} allocation{}",
+            fmt_bytes(end.bytes),
+            end.count,
+            if end.count == 1 { "" } else { "s" }
+        );
+        if end.freed_after_last_step_bytes > 0 {
+            text.push_str(&format!(
+                " ({} freed after the last step{})",
+                fmt_bytes(end.freed_after_last_step_bytes),
+                if end.process_ended { ", at exit" } else { "" }
+            ));
+        }
+        return text;
+    }
+    end.freed_after_last_step()
+        .unwrap_or_else(|| "by the end none of it is held".into())
+}
+
+/// Steps a small leak is projected over: what it reaches in a long job.
+pub const SMALL_PROJECTION_STEPS: f64 = 1e6;
+
+/// A leak too small to pass the trend's floor of growth, found because every step since
+/// warm-up left allocations that survive and none of them was ever freed (`evidence.small`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct SmallLeak {
+    /// Allocations (tensors, under PyTorch) kept per step, on average over the steps read.
+    pub allocations_per_step: f64,
+    pub bytes_per_step: f64,
+    /// What it holds after [`SMALL_PROJECTION_STEPS`] steps at this rate.
+    pub after_million_steps_bytes: f64,
+}
+
+impl SmallLeak {
+    /// "small but steady: 1 tensor a step kept, none freed (+512 B/step); 488.28 MiB after
+    /// 10^6 steps". `unit`: what an allocation is called (`tensor`, `allocation`).
+    pub fn words(&self, unit: &str) -> String {
+        let n = self.allocations_per_step;
+        let count = if (n - n.round()).abs() < 0.05 {
+            format!("{}", n.round() as u64)
+        } else {
+            format!("{n:.1}")
+        };
+        format!(
+            "small but steady: {count} {unit}{} a step kept, none freed (+{}/step); {} after \
+             10^6 steps",
+            if count == "1" { "" } else { "s" },
+            fmt_bytes(self.bytes_per_step.max(0.0).round() as u64),
+            fmt_bytes(self.after_million_steps_bytes.max(0.0).round() as u64)
+        )
+    }
+}
+
 /// The evidence of a leak finding in the JSON report.
 #[derive(Clone, Debug, Serialize)]
 pub struct LeakEvidence {
@@ -212,6 +280,10 @@ pub struct LeakEvidence {
     /// site-growth detector): what was replaced; absent for surviving allocations.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replaced: Option<Replaced>,
+    /// For a leak below the trend's floor of growth, found because every step's allocations
+    /// survive and none is ever freed: how small; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub small: Option<SmallLeak>,
 }
 
 /// What was replaced, in a leak's evidence (`evidence.replaced`).

@@ -590,6 +590,7 @@ fn finding(device: i16, d: &DeviceFrag) -> Finding {
         site_name: String::new(),
         held: None,
         anatomy: None,
+        parts: Vec::new(),
     }
 }
 

@@ -13,6 +13,13 @@
 //!   growth and ≥ 3 new surviving generations inside the window.
 //! - **confirmed**: likely over ≥ 10 samples with p·3 < 0.001, and the high-water mark still
 //!   being raised at the site's own cadence.
+//! - **small but steady** (`likely` at most, `evidence.small`): a leak whose growth stays
+//!   under the 1 MiB floor over every window (`losses.append(loss)`: 512 B a step) is found
+//!   when each of the last [`STEADY_STEPS`] steps left allocations that survive, the live bytes
+//!   rose at each of them, and none of the site's allocations born since warm-up was ever
+//!   freed: the same trend test without the floor then decides. It never reaches `confirmed`
+//!   (what `--fail-on-leak` gates on) on this rule alone, and its words say how small it is: the
+//!   allocations kept a step, the bytes a step, and what that reaches after 10^6 steps.
 //! - **downgrades**: growth that slows down (second-half slope < ¼ of the first half over 16
 //!   epochs: a bounded cache filling up), or growth made of sizes never live twice (a cache
 //!   keyed by shape) is capped at suspected; a site whose high-water mark has not moved for
@@ -30,15 +37,16 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
-use super::advice::{self, trace_tensors};
-use super::births::Births;
+use super::advice::{trace_tensors, DRAINED_HINT};
+use super::births::{Births, ByStep};
 use super::evidence::{
-    drained_at, drained_clause, AtDetection, AtEnd, Class, LeakEvidence, LevelChange,
+    drained_at, drained_clause, end_clause, held_in, AtDetection, AtEnd, Class, LeakEvidence,
+    LevelChange, SmallLeak, SMALL_PROJECTION_STEPS,
 };
 use super::growth_finding::GrowthFinding;
 use super::leaks::{GrewAt, Leaks};
 use super::trend::{
-    per_second, seconds, to_full, warmup_end, Trend, ALPHA_CONFIRMED, HISTORY, LAG,
+    per_second, seconds, to_full, warmup_end, Trend, ALPHA_CONFIRMED, HISTORY, LAG, WARMUP,
 };
 use super::window::{self, Sample, Series};
 use super::{
@@ -50,6 +58,13 @@ use crate::units::{fmt_bytes, fmt_duration, fmt_rate};
 use oomtrace_proto::{Api, MemoryClass};
 
 const MAX_SIZES: usize = 4096;
+/// Steps in a row, after warm-up, that must each leave allocations that survive (and none
+/// freed) for a leak under the trend's floor of growth to be one: twice the shortest trend
+/// window, as the bytes alone say little.
+pub const STEADY_STEPS: usize = 16;
+/// Steps whose survivors a leaking site keeps at each boundary ([`ByStep`]): what tells the
+/// analysis which leaks are kept by one object.
+const BY_STEP: u32 = 16;
 
 #[derive(Debug)]
 pub(crate) struct Site {
@@ -76,6 +91,12 @@ pub(crate) struct Site {
     at_detection: Option<AtDetection>,
     trend: Option<Trend>,
     history: Vec<LevelChange>,
+    /// The latest birth epoch among the allocations freed here (none yet: None).
+    freed_birth: Option<u32>,
+    /// Set while the level rests on the rule for small steady leaks alone.
+    small: Option<SmallLeak>,
+    /// Its live allocations by birth step at the last boundary, once it was reported.
+    by_step: ByStep,
 }
 
 impl Site {
@@ -102,6 +123,9 @@ impl Site {
             at_detection: None,
             trend: None,
             history: Vec::new(),
+            freed_birth: None,
+            small: None,
+            by_step: ByStep::default(),
         }
     }
 
@@ -228,6 +252,30 @@ impl GrowthDetector {
             !s.resolved && s.class == Class::Leak && s.level >= Some(Confidence::Likely)
         })
     }
+
+    /// The sites reported as leaks now, each with its device and its live allocations by
+    /// birth step at the last step boundary: what the analysis reads to tell leaks kept by one
+    /// object. By device, then site.
+    pub fn leaks_by_step(&self) -> Vec<(SiteId, i16, &ByStep)> {
+        let mut v: Vec<(SiteId, i16, &ByStep)> = self
+            .sites
+            .iter()
+            .filter(|(_, s)| {
+                !s.resolved && s.class == Class::Leak && s.level >= Some(Confidence::Likely)
+            })
+            .map(|(&(site, d), s)| (site, d, &s.by_step))
+            .collect();
+        v.sort_unstable_by_key(|&(site, d, _)| (d, site));
+        v
+    }
+
+    /// The finding of one site now, if it has one.
+    pub fn finding_of(&self, site: SiteId, device: i16, ctx: &Context<'_>) -> Option<Finding> {
+        self.sites
+            .get(&(site, device))
+            .filter(|s| s.max_level >= Some(Confidence::Likely))
+            .map(|s| finding(site, device, s, ctx))
+    }
 }
 
 impl Detector for GrowthDetector {
@@ -253,6 +301,7 @@ impl Detector for GrowthDetector {
         s.dirty = true;
         s.births.remove(birth, a.size);
         s.sizes.remove(a.size);
+        s.freed_birth = s.freed_birth.max(Some(birth));
     }
 
     fn on_epoch_end(&mut self, ctx: &Context<'_>, out: &mut Alerts) {
@@ -292,6 +341,12 @@ impl Detector for GrowthDetector {
             }
             let before = (s.level, s.class, s.resolved);
             evaluate(s, e, ctx.clock.stable_since);
+            if s.max_level >= Some(Confidence::Likely) {
+                let upto = e.saturating_sub(LAG);
+                s.by_step = s
+                    .births
+                    .by_step(e, warm.max(upto.saturating_sub(BY_STEP - 1)), upto);
+            }
             let after = (s.level, s.class, s.resolved);
             if before == after {
                 continue;
@@ -386,6 +441,15 @@ fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
         .count();
     let suspected = last.gens.saturating_sub(post[k - 5].gens) >= 3 && rises >= 3;
     let best = window::best_trend(post, |_, t| t.new_generations >= 3).map(|(t, _)| t);
+    // Under the trend's floor of growth, a steady survivor every step is evidence enough
+    // that it is a leak, however small (the module comment, "small but steady").
+    let warm = stable_since + WARMUP;
+    let small = match best {
+        None if steady(s, post, warm) => {
+            window::best_trend_above(post, 1.0, |_, t| t.new_generations >= 3).map(|(t, _)| t)
+        }
+        _ => None,
+    };
     let usual = s.usual_gap();
     let since_raise = e.saturating_sub(s.hwm_epoch);
     let mut level = match best {
@@ -397,11 +461,24 @@ fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
             Some(Confidence::Confirmed)
         }
         Some(_) => Some(Confidence::Likely),
+        None if small.is_some() => Some(Confidence::Likely),
         None if suspected => Some(Confidence::Suspected),
         None => None,
     };
-    if let Some(t) = best {
+    if let Some(t) = best.or(small) {
         s.trend = Some(t);
+    }
+    if best.is_some() {
+        s.small = None;
+    } else if let Some(t) = small {
+        let upto = e.saturating_sub(LAG);
+        let (_, count) = s.births.born_between(warm, upto);
+        let steps = s.generations(warm, upto).max(1);
+        s.small = Some(SmallLeak {
+            allocations_per_step: count as f64 / f64::from(steps),
+            bytes_per_step: t.slope_bytes_per_step,
+            after_million_steps_bytes: t.slope_bytes_per_step * SMALL_PROJECTION_STEPS,
+        });
     }
     // Levels rise on evidence and fall only through the rules below.
     level = level.max(s.level);
@@ -427,44 +504,22 @@ fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
     s.max_level = s.max_level.max(level);
 }
 
+/// Whether each of the last [`STEADY_STEPS`] steps left allocations here that survive, the
+/// live bytes rose at each of them, and none of the site's allocations born since warm-up
+/// (`warm`) was ever freed: the rule for small steady leaks.
+fn steady(s: &Site, post: &[Sample], warm: u32) -> bool {
+    let k = post.len();
+    k > STEADY_STEPS
+        && s.freed_birth.is_none_or(|b| b < warm)
+        && post[k - 1 - STEADY_STEPS..]
+            .windows(2)
+            .all(|w| w[1].live > w[0].live && w[1].gens > w[0].gens)
+}
+
 /// What became of the site's memory, from its last step-boundary sample and its live bytes now.
 fn at_end(s: &Site, ctx: &Context<'_>) -> AtEnd {
     let last = s.series.last().map(|x| (x.epoch, x.live));
     AtEnd::new(s.live, s.count, last, ctx.ended)
-}
-
-/// "9.00 MiB held in 9 allocations surviving from 6 different steps".
-fn held_in(bytes: u64, count: u64, surviving: u32) -> String {
-    format!(
-        "{} held in {count} allocation{} surviving from {surviving} different step{}",
-        fmt_bytes(bytes),
-        if count == 1 { "" } else { "s" },
-        if surviving == 1 { "" } else { "s" }
-    )
-}
-
-/// The end of a leak's message: what became of the memory by the end of the trace. A leak's
-/// memory is still held, or was kept through the last step and freed after it (drained memory
-/// is growth, worded in [`finding`]).
-fn end_clause(end: &AtEnd) -> String {
-    if end.count > 0 {
-        let mut text = format!(
-            "by the end {} still held in {} allocation{}",
-            fmt_bytes(end.bytes),
-            end.count,
-            if end.count == 1 { "" } else { "s" }
-        );
-        if end.freed_after_last_step_bytes > 0 {
-            text.push_str(&format!(
-                " ({} freed after the last step{})",
-                fmt_bytes(end.freed_after_last_step_bytes),
-                if end.process_ended { ", at exit" } else { "" }
-            ));
-        }
-        return text;
-    }
-    end.freed_after_last_step()
-        .unwrap_or_else(|| "by the end none of it is held".into())
 }
 
 fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
@@ -509,6 +564,15 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         (Kind::Growth, _, _, _) if drained.is_some() => format!(
             "grew ({rate}) {}",
             drained_clause(s.hwm, s.hwm_epoch, drained.unwrap_or_default(), s.live)
+        ),
+        // A small leak says how small first: what a step keeps, what it reaches in a long job.
+        (Kind::Leak, _, _, Some(d)) if s.small.is_some() => format!(
+            "{}; when detected at step {} ({} into the run): {}; {}",
+            s.small.map(|m| m.words(unit(s.api))).unwrap_or_default(),
+            d.step,
+            fmt_duration(d.time_s),
+            held_in(d.bytes, d.count, d.surviving_epochs),
+            end_clause(&end)
         ),
         // What was seen when it was detected, then what became of it: memory freed at exit
         // after the last step must not turn the evidence into "0 B held".
@@ -581,6 +645,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             python_lines: Vec::new(),
             cache_grew_at: Vec::new(),
             replaced: None,
+            small: s.small.filter(|_| kind == Kind::Leak),
         })),
     }
     .finding()
@@ -603,11 +668,28 @@ pub const TORCH_CACHE_HINT: &str = concat!(
     trace_tensors!()
 );
 
+/// What one allocation at a site is called in words: a tensor under PyTorch.
+fn unit(api: Api) -> &'static str {
+    match api {
+        Api::oomtrace_malloc | Api::oomtrace_torch_alloc => "tensor",
+        _ => "allocation",
+    }
+}
+
+/// A small steady leak of tensors: the textbook one.
+pub const SMALL_TENSORS_HINT: &str = "A few small tensors from every step are kept and none is \
+    ever freed: typically a per-step scalar kept as a tensor (`losses.append(loss)`, a metric \
+    accumulated in a list). Keep `loss.item()` (or `loss.detach()`) instead. Small as it is, it \
+    grows with every step without end.";
+
 /// The likely cause. What the site's API says is certain; what lies above it is a guess and
 /// is worded as one. `drained`: all its memory was freed while the program still ran.
 fn hint(s: &Site, kind: Kind, drained: bool) -> (Cause, String) {
     if kind == Kind::Growth && drained {
-        return (Cause::Drained, advice::DRAINED_HINT.into());
+        return (Cause::Drained, DRAINED_HINT.into());
+    }
+    if kind == Kind::Leak && s.small.is_some() && unit(s.api) == "tensor" {
+        return (Cause::TensorsKept, SMALL_TENSORS_HINT.into());
     }
     if kind == Kind::Growth {
         return match (s.resolved, s.class) {

@@ -51,6 +51,7 @@ pub(crate) mod sim;
 pub mod site_growth;
 pub mod stats;
 pub mod threshold;
+pub mod together;
 pub mod trend;
 pub mod window;
 
@@ -369,6 +370,11 @@ pub struct Finding {
     /// where PyTorch's tensors are traced.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub anatomy: Option<anatomy::AnatomyMoment>,
+    /// For a leak whose tensors are kept by one object with those of other call sites (an
+    /// output with its autograd graph): every call site of it by role, the keeper (this
+    /// finding's site) first ([`together`]); absent otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<together::Part>,
 }
 
 /// What a call site's memory is on a device where PyTorch's trace tracker reports tensors.
@@ -429,6 +435,7 @@ impl Finding {
             site_name: String::new(),
             held: None,
             anatomy: None,
+            parts: Vec::new(),
         }
     }
 
@@ -561,6 +568,10 @@ impl Analysis {
         let ctx = self.context(p);
         let mut v = self.oom.findings(&ctx);
         v.extend(self.growth.findings(&ctx));
+        // Leaks kept by one object are one finding, at the keeper's line.
+        for (device, g) in self.kept_together(p) {
+            together::merge(&mut v, device, &g);
+        }
         // One finding per site: the leak detector's when it has one.
         v.extend(
             self.site_growth
@@ -629,6 +640,34 @@ impl Analysis {
         }
     }
 
+    /// The leaks kept by one object on each device now ([`together`]): the leak detector's
+    /// sites read with what the anatomy says each made.
+    fn kept_together(&self, p: &Process) -> Vec<(i16, together::Group)> {
+        let leaks = self.growth.leaks_by_step();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < leaks.len() {
+            let device = leaks[i].1;
+            let n = leaks[i..].iter().take_while(|l| l.1 == device).count();
+            if !(2..=together::MAX_MEMBERS).contains(&n) {
+                i += n;
+                continue;
+            }
+            let members: Vec<together::Member<'_>> = leaks[i..i + n]
+                .iter()
+                .map(|&(site, _, by_step)| together::Member {
+                    site,
+                    by_step,
+                    made: self.anatomy.site_made(site),
+                    path: together::python_path(p, site),
+                })
+                .collect();
+            out.extend(together::groups(&members).into_iter().map(|g| (device, g)));
+            i += n;
+        }
+        out
+    }
+
     /// Whether a call site is reported as a leak now, by either per-site detector.
     pub fn is_leak(&self, site: SiteId, device: i16) -> bool {
         self.growth.is_leak(site, device) || self.site_growth.is_leak(site, device)
@@ -651,16 +690,109 @@ impl Analysis {
             devices: &p.devices,
             ended: p.end != EndState::Running,
         };
+        let first = self.alerts.list.len();
         self.growth.on_epoch_end(&ctx, &mut self.alerts);
+        // Leaks kept by one object: one line, at the keeper's.
+        let kept = self.kept_together(p);
+        merge_alerts(&mut self.alerts, first, &kept, &self.growth, &ctx);
         // After the leaks: a site they report is theirs, and their generations say whether a
         // site's allocations survive.
         self.site_growth
             .on_epoch_end_after_leaks(&ctx, &self.growth, &mut self.alerts);
-        // After the leaks: device growth reads their generations and findings.
+        // After the leaks: device growth reads their generations and findings, the leaks kept
+        // by one object counted once.
+        let leaks = KeptOnce {
+            leaks: &self.growth,
+            kept: &kept,
+        };
         self.device_growth
-            .on_epoch_end_after_leaks(&ctx, &self.growth, &mut self.alerts);
+            .on_epoch_end_after_leaks(&ctx, &leaks, &mut self.alerts);
         self.fragmentation.on_epoch_end(&ctx, &mut self.alerts);
         self.threshold.on_epoch_end(&ctx, &mut self.alerts);
+    }
+}
+
+/// The leak detector as the device-growth detector reads it, with the leaks that one object
+/// keeps counted as the one finding they are (a device growth is then "explained by 1 leak
+/// finding", as the report has one).
+struct KeptOnce<'a> {
+    leaks: &'a growth::GrowthDetector,
+    kept: &'a [(i16, together::Group)],
+}
+
+impl Leaks for KeptOnce<'_> {
+    fn born_between(&self, device: i16, from: u32, upto: u32) -> Vec<leaks::GrewAt> {
+        self.leaks.born_between(device, from, upto)
+    }
+
+    fn leaks_on(&self, device: i16) -> (u32, f64) {
+        let (n, slope) = self.leaks.leaks_on(device);
+        let parts: usize = self
+            .kept
+            .iter()
+            .filter(|(d, _)| *d == device)
+            .map(|(_, g)| g.members.len().saturating_sub(1))
+            .sum();
+        (
+            n.saturating_sub(u32::try_from(parts).unwrap_or(u32::MAX)),
+            slope,
+        )
+    }
+
+    fn reported(&self, site: SiteId, device: i16) -> bool {
+        self.leaks.reported(site, device)
+    }
+
+    fn generations(&self, site: SiteId, device: i16, from: u32, upto: u32) -> u32 {
+        self.leaks.generations(site, device, from, upto)
+    }
+}
+
+/// The leak alerts raised since `first` whose sites one object keeps together: the keeper's
+/// becomes the group's (its parts listed, the sums), the others' are not said (the keeper's
+/// line says them).
+fn merge_alerts(
+    alerts: &mut Alerts,
+    first: usize,
+    kept: &[(i16, together::Group)],
+    leaks: &growth::GrowthDetector,
+    ctx: &Context<'_>,
+) {
+    if kept.is_empty() || alerts.list.len() <= first {
+        return;
+    }
+    let raised = |a: &Alert| {
+        a.finding.kind == Kind::Leak && matches!(a.change, Change::New | Change::Upgraded)
+    };
+    for (device, g) in kept {
+        let of_group = |a: &Alert| {
+            raised(a)
+                && a.finding.device == *device
+                && g.members.iter().any(|m| m.0 == a.finding.site)
+        };
+        if let Some(k) = (first..alerts.list.len())
+            .find(|&i| of_group(&alerts.list[i]) && alerts.list[i].finding.site == g.keeper)
+        {
+            let mut v: Vec<Finding> = g
+                .members
+                .iter()
+                .filter_map(|m| leaks.finding_of(m.0, *device, ctx))
+                .collect();
+            if together::merge(&mut v, *device, g) {
+                if let Some(f) = v.into_iter().find(|f| f.site == g.keeper) {
+                    alerts.list[k].finding = f;
+                }
+            }
+        }
+        let mut i = first;
+        while i < alerts.list.len() {
+            let a = &alerts.list[i];
+            if of_group(a) && g.is_part(a.finding.site) {
+                alerts.list.remove(i);
+            } else {
+                i += 1;
+            }
+        }
     }
 }
 

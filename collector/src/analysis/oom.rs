@@ -199,6 +199,7 @@ fn finding_of(r: &OomRecord, nth: u64) -> Finding {
         site_name: String::new(),
         held: None,
         anatomy: None,
+        parts: Vec::new(),
     }
 }
 

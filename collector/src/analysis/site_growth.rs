@@ -689,6 +689,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             python_lines: Vec::new(),
             cache_grew_at: Vec::new(),
             replaced: s.replaced,
+            small: None,
         })),
     }
     .finding()

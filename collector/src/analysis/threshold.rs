@@ -196,6 +196,7 @@ fn finding(device: i16, t: u32, line: &Line, peak: f64, cap: u64, live: u64) -> 
         site_name: String::new(),
         held: None,
         anatomy: None,
+        parts: Vec::new(),
     }
 }
 

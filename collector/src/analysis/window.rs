@@ -101,6 +101,16 @@ pub fn usual_gap(raise_gaps: &VecDeque<u32>) -> f64 {
 /// index in `post`.
 pub fn best_trend(
     post: &[Sample],
+    accept: impl FnMut(usize, &Trend) -> bool,
+) -> Option<(Trend, Window)> {
+    best_trend_above(post, MIN_GROWTH, accept)
+}
+
+/// [`best_trend`] with another floor on the growth over the window than `MIN_GROWTH` (a
+/// leak detector's rule for small leaks that other evidence makes certain).
+pub fn best_trend_above(
+    post: &[Sample],
+    min_growth: f64,
     mut accept: impl FnMut(usize, &Trend) -> bool,
 ) -> Option<(Trend, Window)> {
     let k = post.len();
@@ -114,10 +124,10 @@ pub fn best_trend(
         seen = n;
         let start = k - n;
         let win = &post[start..];
-        // A window that did not grow by MIN_GROWTH cannot pass (`growth_bytes` below): the
+        // A window that did not grow by `min_growth` cannot pass (`growth_bytes` below): the
         // statistics, quadratic in the window, are skipped. Most windows of most series are
         // flat, and a series per device and per site is tested at every step.
-        if (win[n - 1].live as f64 - win[0].live as f64) < MIN_GROWTH {
+        if (win[n - 1].live as f64 - win[0].live as f64) < min_growth {
             continue;
         }
         let x: Vec<f64> = win.iter().map(|s| s.live as f64).collect();
@@ -137,7 +147,7 @@ pub fn best_trend(
         };
         let passes = trend.p_value < ALPHA_LIKELY
             && trend.slope_bytes_per_step > 0.0
-            && trend.growth_bytes >= MIN_GROWTH
+            && trend.growth_bytes >= min_growth
             && accept(start, &trend);
         if passes && best.is_none_or(|(b, _)| trend.p_value < b.p_value) {
             let window = Window {

@@ -11,7 +11,7 @@ use super::hints::{
 use super::names::site_name;
 use super::symbolize::culprit;
 use super::{Cause, Finding, Kind, OomDetail, SiteShare};
-use crate::analysis::{fragmentation, growth, Evidence};
+use crate::analysis::{fragmentation, growth, together, Evidence};
 use crate::model::{FrameInfo, Process, SiteId};
 
 /// Completes `f`, a finding of `p`'s analysis. `tensors_traced`: the run traced PyTorch's
@@ -63,6 +63,17 @@ pub(super) fn complete_finding(
         f.stack = stack_of(p, f.site);
     }
     complete_site(f, p, stack_of, backward);
+    // Leaks kept by one object: each part named by its line, and the message says them.
+    if !f.parts.is_empty() {
+        for part in &mut f.parts {
+            part.stack = stack_of(p, part.site);
+            if let Some(c) = culprit(&part.stack) {
+                (part.file, part.line, part.function) =
+                    (c.file.clone(), c.line, c.function.clone());
+            }
+        }
+        f.message = together::describe(f);
+    }
     // Decided from the stacks, hence here: a native leak whose site runs in PyTorch's CUDA
     // library is its cache's segments.
     if f.kind == Kind::Leak && f.cause == Cause::NativeLeak && segments_of_torch(p, f) {

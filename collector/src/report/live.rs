@@ -6,7 +6,8 @@ use super::backward::Lookup;
 use super::hints::{fmt_python_lines, resolve_device_growth, torch_segments, traces_tensors};
 use super::symbolize::{culprit, StackSymbolizer};
 use crate::analysis::device_growth::{DeviceGrowthEvidence, Events};
-use crate::analysis::{Alert, Cause, Change, Evidence, Kind};
+use crate::analysis::fragmentation::is_tensor_level;
+use crate::analysis::{together, Alert, Cause, Change, Evidence, Finding, Kind};
 use crate::model::{FrameInfo, Process};
 use crate::units::{fmt_bytes, fmt_rate};
 
@@ -114,7 +115,36 @@ pub fn line(p: &Process, a: &Alert, sym: &mut StackSymbolizer) -> String {
             text.push_str(&at);
         }
     }
+    if f.kind == Kind::Leak {
+        leak_tail(&mut text, p, f, sym);
+    }
     text
+}
+
+/// What a leak's live line adds after its place: the parts kept with the output (named by
+/// their lines), or how small a small steady leak is.
+fn leak_tail(text: &mut String, p: &Process, f: &Finding, sym: &mut StackSymbolizer) {
+    if f.parts.len() > 1 {
+        let mut parts = f.parts.clone();
+        for part in &mut parts {
+            if let Some(c) = culprit(&sym.site(p, part.site)) {
+                (part.file, part.line) = (c.file.clone(), c.line);
+            }
+        }
+        text.push_str(&format!(
+            ", each step's output with its graph: {}",
+            together::parts_clause(&parts, false, false)
+        ));
+    } else if let Some(Evidence::Leak(e)) = &f.evidence {
+        if let Some(small) = e.small {
+            let unit = if f.api.is_some_and(is_tensor_level) {
+                "tensor"
+            } else {
+                "allocation"
+            };
+            text.push_str(&format!("; {}", small.words(unit)));
+        }
+    }
 }
 
 /// What a device growth's live line adds to its message: the lines that made the device grow
