@@ -261,7 +261,7 @@ impl TraceFile {
 
     /// Takes the writer's lock on the file (`flock`, exclusive), released when the collector
     /// closes it, finished or killed: a reader that finds it held knows the trace is still
-    /// being written and waits for it ([`crate::model::Trace::load`]). Best effort: a
+    /// being written and waits for it ([`crate::model::trace::Trace::load`]). Best effort: a
     /// filesystem without locks just means readers do not wait.
     pub fn hold_writer_lock(&self) {
         // SAFETY: flock on the descriptor this TraceFile owns; it only sets an advisory lock.
