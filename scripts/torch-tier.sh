@@ -27,6 +27,10 @@ python=$(scripts/torch-env.sh "$version")
 echo "torch-tier: torch $version from $python" >&2
 
 if [ $# -eq 0 ]; then
-    set -- torch::every_version:: torch::simcuda_runs_real_pytorch
+    # Also what issue 34 asks of every release: one bug one finding, backward-pass memory in
+    # forward lines (report, diff, exports, view) and what the memory is in the view.
+    set -- torch::every_version:: torch::simcuda_runs_real_pytorch torch::one_bug:: \
+        torch::torch_backward_allocations_are_named torch::torch_a_backward_pass \
+        view::a_pytorch_backward_pass view::a_pytorch_trace_shows_what
 fi
 TORCH_TIER_VERSION=$version exec cargo test -p oomtrace-tests --test it -- "$@"

@@ -1262,8 +1262,13 @@ fn spawned_workers_are_labelled_by_init_process_group() {
 /// `oomtrace run --torch -o trace.oomt -- python tests/scenarios/torch/<script_name>` in `dir`,
 /// as this tier runs it; returns the trace once the program has run to its end.
 pub(crate) fn torch_trace(script_name: &str, dir: &Path) -> PathBuf {
+    torch_trace_with(script_name, dir, &[])
+}
+
+/// [`torch_trace`] with extra environment for the script.
+pub(crate) fn torch_trace_with(script_name: &str, dir: &Path, env: &[(&str, &str)]) -> PathBuf {
     for attempt in 0..2 {
-        let out = output_within(command(script_name, Mode::Torch, dir, &[]), TORCH_TIMEOUT);
+        let out = output_within(command(script_name, Mode::Torch, dir, env), TORCH_TIMEOUT);
         let stderr = String::from_utf8_lossy(&out.stderr);
         if attempt == 0 && pytorch_exit_abort(&out.status, &stderr) {
             continue;

@@ -812,7 +812,9 @@ fn a_pytorch_trace_shows_what_the_memory_is() {
         return;
     };
     let dir = scratch("view-anatomy");
-    let trace = crate::torch::torch_trace("anatomy.py", &dir);
+    // A batch large enough that the peak comes in the backward pass, with activations, on
+    // every release (with small ones 2.4 peaks in Adam's first step, after the backward).
+    let trace = crate::torch::torch_trace_with("anatomy.py", &dir, &[("BATCH", "4096")]);
     let page = dir.join("anatomy.html");
     oomtrace_in(
         &dir,
