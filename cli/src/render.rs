@@ -1141,6 +1141,11 @@ fn signed_bytes(d: i64) -> String {
 pub fn diff(d: &Diff) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "oomtrace diff: {} -> {}", d.before, d.after);
+    for (side, work) in [("BEFORE", &d.before_work), ("AFTER", &d.after_work)] {
+        if let Some(sim) = &work.simulated {
+            let _ = writeln!(out, "  ({side} {})", simulated_words(sim));
+        }
+    }
     let _ = writeln!(out, "\nDevices");
     for v in &d.devices {
         let _ = writeln!(

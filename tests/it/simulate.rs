@@ -177,6 +177,30 @@ fn a_simulated_run_forecasts_in_steps_and_stays_marked() {
         text.contains("(ran on a simulated 1.00 GiB GPU: no kernel ran"),
         "{text}"
     );
+    // A diff of it says so too, for each side (the same trace twice here).
+    let trace = dir.join("l.oomt");
+    let diff = |json: bool| {
+        let mut c = base_command(oomtrace_bin());
+        c.arg("diff");
+        if json {
+            c.arg("--json");
+        }
+        c.arg(&trace).arg(&trace);
+        output_within(c, TIMEOUT).stdout
+    };
+    let text_diff = String::from_utf8_lossy(&diff(false)).into_owned();
+    for side in ["BEFORE", "AFTER"] {
+        assert!(
+            text_diff.contains(&format!("({side} ran on a simulated 1.00 GiB GPU")),
+            "{text_diff}"
+        );
+    }
+    let v: Value = serde_json::from_slice(&diff(true)).expect("diff --json");
+    assert_eq!(
+        v["after_work"]["simulated"]["device_memory_bytes"].as_u64(),
+        Some(1 << 30),
+        "{v:#}"
+    );
     for (what, said) in [
         ("run's summary", stderr.as_str()),
         ("the report", text.as_str()),

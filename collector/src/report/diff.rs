@@ -206,6 +206,10 @@ pub struct Work {
     /// cut short); absent when it finished.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped_early: Option<String>,
+    /// The simulated GPU the run was on (`run --simulate`), as its trace recorded it; absent
+    /// on a real one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub simulated: Option<super::SimulatedDevice>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -365,6 +369,7 @@ impl Side {
                 })
                 .collect(),
             stopped_early: stopped_early(trace, &report),
+            simulated: report.trace.simulated.clone(),
         };
         side.stale = report.stale_modules;
         side
@@ -712,6 +717,7 @@ mod tests {
     /// A run of `steps` steps that ran out of memory at the call sites `at` (none: it did not).
     fn work(steps: u64, at: &[&str]) -> Work {
         Work {
+            simulated: None,
             steps,
             out_of_memory: at.len() as u64,
             out_of_memory_at: at

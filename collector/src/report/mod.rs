@@ -115,7 +115,7 @@ pub struct TraceInfo {
 }
 
 /// The simulated GPU a program ran on (`oomtrace run --simulate SIZE`).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SimulatedDevice {
     /// SIZE as given (`16GiB`).
     pub device_memory: String,
