@@ -254,7 +254,7 @@ struct Moment {
 
 impl Moment {
     fn count(&mut self, b: &Born, role: Role) {
-        *self.freed.entry((b.site, role)).or_default() += b.size;
+        add(self.freed.entry((b.site, role)).or_default(), b.size);
     }
 }
 
@@ -495,15 +495,18 @@ impl Anatomy {
             order: self.order,
         });
         let d = self.devices.entry(a.device).or_default();
-        d.live_by_made[made as usize] += a.size;
+        add(&mut d.live_by_made[made as usize], a.size);
         if made.ambiguous() {
-            *d.live_ambiguous.entry((a.site, made as u8)).or_default() += a.size;
+            add(
+                d.live_ambiguous.entry((a.site, made as u8)).or_default(),
+                a.size,
+            );
         }
         if made == Made::Idle {
             if clock.step < d.idle_fold_below {
-                d.idle_folded += a.size;
+                add(&mut d.idle_folded, a.size);
             } else {
-                *d.idle_by_step.entry(clock.step).or_default() += a.size;
+                add(d.idle_by_step.entry(clock.step).or_default(), a.size);
             }
         }
         // An address given again without its free: the old tensor's free was lost (the model
@@ -609,13 +612,13 @@ impl Anatomy {
                 if clock.step.is_multiple_of(stride) {
                     let mut roles = [0u64; ROLES.len()];
                     for (i, made) in MADE.iter().enumerate() {
-                        roles[made.survivor() as usize] += d.live_by_made[i];
+                        add(&mut roles[made.survivor() as usize], d.live_by_made[i]);
                     }
                     // Made between steps before this one and still alive: kept, not inputs.
                     let inputs = d.idle_by_step.get(&clock.step).copied().unwrap_or(0);
                     let kept = d.live_by_made[Made::Idle as usize].saturating_sub(inputs);
-                    roles[Role::Input as usize] -= kept;
-                    roles[Role::Other as usize] += kept;
+                    roles[Role::Input as usize] = roles[Role::Input as usize].saturating_sub(kept);
+                    add(&mut roles[Role::Other as usize], kept);
                     let by_site = d
                         .live_ambiguous
                         .iter()
@@ -648,7 +651,7 @@ impl Anatomy {
                 .map(|(&k, _)| k)
                 .collect();
             for k in old {
-                d.idle_folded += d.idle_by_step.remove(&k).unwrap_or(0);
+                add(&mut d.idle_folded, d.idle_by_step.remove(&k).unwrap_or(0));
             }
             d.idle_fold_below = clock.step;
         }
@@ -699,7 +702,7 @@ impl Anatomy {
                     for &(site, role, bytes) in &s.by_site {
                         if is_workspace(site) {
                             roles[role as usize] = roles[role as usize].saturating_sub(bytes);
-                            roles[Role::Workspace as usize] += bytes;
+                            add(&mut roles[Role::Workspace as usize], bytes);
                         }
                     }
                     StepAnatomy {
@@ -739,9 +742,12 @@ impl Anatomy {
             if d != device || b.order > m.order {
                 continue;
             }
-            *parts
-                .entry((b.site, role(b, Fate::Alive { now })))
-                .or_default() += b.size;
+            add(
+                parts
+                    .entry((b.site, role(b, Fate::Alive { now })))
+                    .or_default(),
+                b.size,
+            );
         }
         let mut roles = [0u64; ROLES.len()];
         let mut activations: FxHashMap<SiteId, u64> = FxHashMap::default();
@@ -751,12 +757,12 @@ impl Anatomy {
             } else {
                 r
             };
-            roles[r as usize] += bytes;
+            add(&mut roles[r as usize], bytes);
             if r == Role::Activation {
-                *activations.entry(site).or_default() += bytes;
+                add(activations.entry(site).or_default(), bytes);
             }
         }
-        let tensors: u64 = roles.iter().sum();
+        let tensors: u64 = roles.iter().fold(0u64, |t, &b| t.saturating_add(b));
         // The parts add up to the device's bytes: tensors, then the rest of the reserve, then
         // what lies outside it. (Tensors over the reserve, which only lost events could make,
         // leave no gap.)
@@ -839,7 +845,9 @@ impl RoleBytesReport {
     }
 
     pub fn total(&self) -> u64 {
-        self.parts().iter().map(|(_, b)| b).sum()
+        self.parts()
+            .iter()
+            .fold(0u64, |t, (_, b)| t.saturating_add(*b))
     }
 }
 
@@ -900,6 +908,12 @@ const MADE: [Made; MADE_KINDS] = [
     Made::Idle,
     Made::Unknown,
 ];
+
+/// Adds bytes, saturating: a trace's sizes are whatever the file says (a hostile one claims
+/// sizes near 2^64), and no sum may wrap or panic.
+fn add(slot: &mut u64, bytes: u64) {
+    *slot = slot.saturating_add(bytes);
+}
 
 /// The model's live tensor bytes and PyTorch's reserve on `device` now.
 fn torch_bytes(p: &Process, device: i16) -> (u64, u64) {
@@ -1003,7 +1017,7 @@ fn library_of(p: &Process, site: SiteId) -> String {
 
 fn add_library(v: &mut Vec<(String, u64)>, name: String, bytes: u64) {
     match v.iter_mut().find(|(n, _)| *n == name) {
-        Some((_, b)) => *b += bytes,
+        Some((_, b)) => add(b, bytes),
         None => v.push((name, bytes)),
     }
     v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
@@ -1014,12 +1028,12 @@ fn outside_by_library(p: &Process, device: i16) -> Vec<(String, u64)> {
     let mut by_site: FxHashMap<SiteId, u64> = FxHashMap::default();
     for a in p.live.values() {
         if a.device == device && !a.reserve && a.api.memory_class().on_device() {
-            *by_site.entry(a.site).or_default() += a.size;
+            add(by_site.entry(a.site).or_default(), a.size);
         }
     }
     for h in p.handles.values() {
         if h.device == device && !h.reserve {
-            *by_site.entry(h.site).or_default() += h.size;
+            add(by_site.entry(h.site).or_default(), h.size);
         }
     }
     let mut out = Vec::new();

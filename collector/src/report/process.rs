@@ -224,7 +224,7 @@ fn activation_lines(
             .iter_mut()
             .find(|l| l.file == file && l.line == line && l.function == function)
         {
-            Some(l) => l.bytes += bytes,
+            Some(l) => l.bytes = l.bytes.saturating_add(bytes),
             None => lines.push(LineBytes {
                 function,
                 file,
