@@ -262,3 +262,25 @@ fn tensors_kept_past_their_step_are_not_inputs() {
     assert!(last.contains(&("input", 1)), "{last:?}");
     assert!(last.contains(&("other", 8 + 2 + 2)), "{last:?}");
 }
+
+/// Sizes a hostile trace claims (near 2^64) saturate in every sum: no wrap, no panic.
+#[test]
+fn sizes_near_2_64_saturate() {
+    let mut s = sim();
+    s.alloc_at(Api::cudaMalloc, 0, 0x1000_0000_0000, u64::MAX - 1);
+    s.segment(0x1000_0000_0000, u64::MAX - 1);
+    for i in 0..3u64 {
+        s.alloc_at(T, 11, 0x1000_0000_0000 + i, u64::MAX - 1);
+    }
+    s.free_at(F, 0x1000_0000_0000);
+    s.mark();
+    s.alloc_at(T, 14, 0x2000_0000_0000, u64::MAX - 1);
+    s.mark();
+    let a = s.a.anatomy.report(&s.p, &mut |_| true);
+    let peak = a[0].at_peak.as_ref().unwrap();
+    assert_eq!(
+        peak.roles.iter().fold(0u64, |t, &b| t.saturating_add(b)),
+        u64::MAX
+    );
+    assert!(!a[0].per_step.is_empty());
+}
