@@ -372,11 +372,17 @@ fn process_text(out: &mut String, p: &ProcessReport) {
                 .map(|fr| format!(" at {}", frame_text(fr)))
                 .unwrap_or_default()
         };
+        // oomtrace's own entry points are no name a user knows: what they allocate is.
+        let s = if f.count == 1 { "" } else { "s" };
+        let api = match f.api {
+            "oomtrace_torch_alloc" => format!("tensor allocation{s} (PyTorch's allocator)"),
+            "oomtrace_malloc" => format!("tensor allocation{s} (through oomtrace's allocator)"),
+            other => other.to_string(),
+        };
         let _ = writeln!(
             out,
-            "      {} failed {}{place}: {error}; last asked for {}{at}",
+            "      {} failed {api}{place}: {error}; last asked for {}{at}",
             f.count,
-            f.api,
             fmt_bytes(f.last_size)
         );
         python_text(out, &f.stack, "          ");

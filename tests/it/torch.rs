@@ -585,6 +585,18 @@ fn oom(mode: Mode) {
             r.stderr
         );
     }
+    if mode.tensor_level() && !mode.swapped() {
+        // One OOM, one finding: the cudaMalloc refusals PyTorch's allocator met while placing
+        // the scratch (before and after emptying its cache) are that tensor's out-of-memory,
+        // said once, live too, and never by oomtrace's entry point's name.
+        let errors = ooms.iter().filter(|f| f["level"] == "error").count();
+        assert_eq!(errors, 1, "{:#?}", r.report["findings"]);
+        assert!(!r.text.contains("oomtrace_torch_alloc"), "{}", r.text);
+        if mode != Mode::Preload {
+            assert_eq!(r.stderr.matches("[oom error]").count(), 1, "{}", r.stderr);
+            assert!(!r.stderr.contains("oomtrace_torch_alloc"), "{}", r.stderr);
+        }
+    }
     let o = &oom["oom"];
     assert_eq!(o["total_bytes"].as_u64(), Some(512 * MIB), "{o:#}");
     let asked = o["requested_bytes"].as_u64().unwrap_or(0);

@@ -32,6 +32,8 @@ pub struct OomDetector {
     pub records: Vec<OomRecord>,
     /// All out-of-memory failures, kept in full or not.
     pub count: u64,
+    /// Those that could be said live (not a refusal inside PyTorch's allocator).
+    said: u64,
     pending: Option<Pending>,
 }
 
@@ -44,6 +46,11 @@ impl OomDetector {
 
     pub fn on_failure(&mut self, r: OomRecord, out: &mut Alerts) {
         self.count += 1;
+        // Inside PyTorch's caching allocator (its tensors are traced), a refused cudaMalloc is
+        // not yet an out-of-memory: PyTorch frees its cache and retries, and only a tensor it
+        // cannot place is one (its own record follows). Said live then, not now.
+        let inside_torch =
+            r.tensor_bytes.is_some() && r.api.memory_class() != oomtrace_proto::MemoryClass::Tensor;
         let record = (self.records.len() < MAX_RECORDS).then_some(self.records.len());
         self.pending = Some(Pending {
             record,
@@ -54,7 +61,10 @@ impl OomDetector {
             freed_bytes: 0,
         });
         // The first failure, and then every 10th: a retry storm must not flood stderr.
-        if self.count == 1 || self.count.is_multiple_of(10) {
+        if !inside_torch {
+            self.said += 1;
+        }
+        if !inside_torch && (self.said == 1 || self.said.is_multiple_of(10)) {
             out.push(Alert {
                 finding: finding_of(&r, self.count),
                 change: Change::New,
@@ -119,9 +129,11 @@ impl Detector for OomDetector {
     }
 
     fn findings(&self, _ctx: &Context<'_>) -> Vec<Finding> {
+        let merged = merged_into_tensor(&self.records);
         self.records
             .iter()
             .enumerate()
+            .filter(|(i, _)| !merged[*i])
             .map(|(i, r)| {
                 let mut f = finding_of(r, i as u64 + 1);
                 f.record = Some(Box::new(r.clone()));
@@ -129,6 +141,32 @@ impl Detector for OomDetector {
             })
             .collect()
     }
+}
+
+/// Which records are one out-of-memory with the tensor record after them: the cudaMalloc
+/// refusals PyTorch's allocator met (before and after emptying its cache) while placing a
+/// tensor it then could not place, on the same device and thread, unrecovered, just before
+/// it. One OOM is one finding: the tensor's, which names the line that asked.
+fn merged_into_tensor(records: &[OomRecord]) -> Vec<bool> {
+    let mut merged = vec![false; records.len()];
+    for (i, t) in records.iter().enumerate() {
+        if t.api.memory_class() != oomtrace_proto::MemoryClass::Tensor || t.recovered.is_some() {
+            continue;
+        }
+        for j in (0..i).rev() {
+            let d = &records[j];
+            let same = d.device == t.device
+                && d.tid == t.tid
+                && d.recovered.is_none()
+                && d.api.memory_class() != oomtrace_proto::MemoryClass::Tensor
+                && t.ts_ns.saturating_sub(d.ts_ns) <= RETRY_WINDOW_NS;
+            if !same {
+                break;
+            }
+            merged[j] = true;
+        }
+    }
+    merged
 }
 
 fn result_name(rc: i32) -> &'static str {
@@ -183,7 +221,7 @@ fn finding_of(r: &OomRecord, nth: u64) -> Finding {
         api: Some(r.api),
         message: format!(
             "{} of {} failed ({}) on device {}{}; {} tracked live{}",
-            r.api.name(),
+            what_failed(r.api),
             fmt_bytes(r.size),
             result_name(r.result),
             r.device,
@@ -200,6 +238,16 @@ fn finding_of(r: &OomRecord, nth: u64) -> Finding {
         held: None,
         anatomy: None,
         parts: Vec::new(),
+    }
+}
+
+/// What was refused, in a user's words: a tensor (PyTorch's allocator; never oomtrace's own
+/// entry point's name), or the CUDA call.
+fn what_failed(api: Api) -> &'static str {
+    match api {
+        Api::oomtrace_torch_alloc => "a tensor",
+        Api::oomtrace_malloc => "a tensor (through oomtrace's allocator)",
+        other => other.name(),
     }
 }
 
