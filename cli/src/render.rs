@@ -720,16 +720,30 @@ pub fn full_with(r: &Report, opts: &TextOptions) -> String {
     if let Some(ranks) = &r.ranks {
         ranks_text(&mut out, ranks);
     }
-    let ooms: Vec<&Finding> = r.findings.iter().filter(|f| f.kind == Kind::Oom).collect();
-    if !ooms.is_empty() {
-        let _ = writeln!(out, "\nOut of memory ({})", ooms.len());
-        for (i, f) in ooms.iter().enumerate() {
+    // Refusals the program recovered from (PyTorch's allocator freed its cache and retried)
+    // are not out-of-memory errors: counted in one line after those, each in the JSON.
+    let (failed, retried): (Vec<&Finding>, Vec<&Finding>) = r
+        .findings
+        .iter()
+        .filter(|f| f.kind == Kind::Oom)
+        .partition(|f| f.cause != Cause::RetriedAfterFree);
+    if !failed.is_empty() {
+        let _ = writeln!(out, "\nOut of memory ({})", failed.len());
+        for (i, f) in failed.iter().enumerate() {
             // The first failure tells the story; later ones are usually retries.
             oom_text(&mut out, f, i == 0, TEXT_FRAMES, opts);
             if i == 0 {
                 let _ = writeln!(out, "      why: {}", f.hint);
             }
         }
+    }
+    if !retried.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{} recovered: the allocator freed cached memory and retried (each a \
+             `warning` oom finding in the JSON; see the fragmentation finding)",
+            fmt_count(retried.len() as u64, "refused allocation")
+        );
     }
     let detected: Vec<&Finding> = r.findings.iter().filter(|f| is_detected(f)).collect();
     if !detected.is_empty() {
@@ -1091,7 +1105,13 @@ pub fn summary(r: &Report) -> String {
         process_text(&mut out, p);
     }
     anatomy::section(&mut out, &r.processes);
-    if let Some(f) = r.findings.iter().find(|f| f.kind == Kind::Oom) {
+    // The first that was not recovered from; a recovered retry only when none failed.
+    let first_oom = r
+        .findings
+        .iter()
+        .filter(|f| f.kind == Kind::Oom)
+        .min_by_key(|f| f.cause == Cause::RetriedAfterFree);
+    if let Some(f) = first_oom {
         let _ = writeln!(out, "  first out-of-memory:");
         oom_text(&mut out, f, false, TEXT_FRAMES, opts);
     }

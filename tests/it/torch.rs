@@ -591,6 +591,18 @@ fn oom(mode: Mode) {
         // said once, live too, and never by oomtrace's entry point's name.
         let errors = ooms.iter().filter(|f| f["level"] == "error").count();
         assert_eq!(errors, 1, "{:#?}", r.report["findings"]);
+        // What the device's memory was then (docs/anatomy.md), in JSON and text; the parts
+        // add up to the device's bytes then.
+        let a = &oom["anatomy"];
+        let parts = a["tensor_bytes"].as_u64().unwrap()
+            + a["reserve_gap_bytes"].as_u64().unwrap()
+            + a["outside_pytorch_bytes"].as_u64().unwrap();
+        assert_eq!(Some(parts), a["device_bytes"].as_u64(), "{a:#}");
+        assert!(
+            r.text.contains("what the device's memory was then"),
+            "{}",
+            r.text
+        );
         assert!(!r.text.contains("oomtrace_torch_alloc"), "{}", r.text);
         if mode != Mode::Preload {
             assert_eq!(r.stderr.matches("[oom error]").count(), 1, "{}", r.stderr);

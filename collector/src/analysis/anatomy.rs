@@ -581,6 +581,16 @@ impl Anatomy {
     }
 
     pub fn on_out_of_memory(&mut self, p: &Process, o: &OutOfMemory) {
+        // Where PyTorch's tensors are traced, a refused cudaMalloc inside its allocator is not
+        // yet an out-of-memory (it frees its cache and retries); the tensor it could not
+        // place is, and that is the moment kept.
+        let tensors = p
+            .devices
+            .get(&o.device)
+            .is_some_and(|d| d.tensor_tally.allocations > 0);
+        if tensors && o.api.memory_class() != MemoryClass::Tensor {
+            return;
+        }
         let order = self.order;
         let step = self.clock().step;
         let d = self.devices.entry(o.device).or_default();

@@ -174,13 +174,22 @@ fn an_out_of_memory_in_the_backward_pass_shows_its_activations() {
     s.alloc_at(T, 14, base, 8 * MIB);
     s.alloc_at(T, 11, base + 0x10_0000, 500 * MIB);
     s.alloc_at(T, 12, base + 0x20_0000, 30 * MIB);
-    let mut e = oomtrace_proto::Event::new(oomtrace_proto::EventKind::AllocFailed, Api::cudaMalloc);
+    // The allocator's cudaMalloc is refused first: not kept (PyTorch may still recover).
+    let mut refused =
+        oomtrace_proto::Event::new(oomtrace_proto::EventKind::AllocFailed, Api::cudaMalloc);
+    refused.size = 4096 * MIB;
+    refused.result = 2;
+    refused.device = 0;
+    s.p.apply_event(&refused, &mut s.a);
+    // PyTorch's own: the tensor it could not place.
+    let mut e = oomtrace_proto::Event::new(oomtrace_proto::EventKind::AllocFailed, T);
     e.size = 4096 * MIB;
     e.result = 2;
     e.device = 0;
     e.stack = oomtrace_proto::StackId(12);
     s.p.apply_event(&e, &mut s.a);
     let a = s.a.anatomy.report(&s.p, &mut |_| false);
+    assert_eq!(a[0].at_oom.len(), 1);
     let oom = &a[0].at_oom[0];
     assert_eq!(oom.step, 2);
     let r = roles(&oom.roles);
