@@ -47,7 +47,7 @@ pub(super) fn moment(out: &mut String, m: &AnatomyMoment, indent: &str) {
     let mut row = |what: &str, bytes: u64, more: String| {
         let _ = writeln!(
             out,
-            "{indent}{what:<34} {:>11} {:>5.1} %{more}",
+            "{indent}{what:<38} {:>11} {:>5.1} %{more}",
             fmt_bytes(bytes),
             share(bytes)
         );
@@ -57,9 +57,11 @@ pub(super) fn moment(out: &mut String, m: &AnatomyMoment, indent: &str) {
             continue;
         }
         let more = if what == "activations" && !m.activations.is_empty() {
+            // Lines that hold a visible share (a scalar's 4 B beside megabytes is noise).
             let lines: Vec<String> = m
                 .activations
                 .iter()
+                .filter(|l| l.bytes.saturating_mul(100) >= bytes)
                 .take(LINES)
                 .map(|l| {
                     let file = l.file.rsplit('/').next().unwrap_or(&l.file);
