@@ -66,7 +66,10 @@ pub enum EventKind {
     /// A free. `ptr`; `aux` = stream; `size` when the API passes it. Recorded *before* the real
     /// call, so that another thread that gets the same address back is ordered after it.
     Free = 2,
-    /// An allocation that the real call refused. `size` requested, `result`, `device`.
+    /// An allocation that the real call refused. `size` requested, `result`, `device`. For
+    /// PyTorch's out-of-memory error (`Api::oomtrace_torch_alloc`): `aux` = stream, `extra` =
+    /// what its allocator was allowed to reserve on the device as its out-of-memory observer
+    /// said (the `set_per_process_memory_fraction` cap, or the device's total); 0 = not said.
     AllocFailed = 3,
     /// `cuMemCreate`: physical memory. `ptr` = handle, `size`, `device`.
     PhysCreate = 4,

@@ -295,7 +295,37 @@ def _attach_tracker_now(torch):
     attach.argtypes = []
     attach.restype = ctypes.c_char_p
     why = attach()
+    if why is None:
+        _observe_out_of_memory(torch, lib)
     return None if why is None else why.decode(errors="replace")
+
+
+def _observe_out_of_memory(torch, lib):
+    """Registers PyTorch's out-of-memory observer, which its caching allocator calls on the
+    thread that asked, just before it raises OutOfMemoryError, with what it was allowed to
+    reserve: under `set_per_process_memory_fraction` the allocator refuses before the driver
+    does, and this is the only word of that OOM (and of the cap). PyTorch releases its
+    allocator's lock before it calls observers and takes the GIL for them itself (only at an
+    OOM); the observer makes one ctypes call into liboomtrace and never raises. Silent when
+    this PyTorch or library has no observer: the driver's refusals are still seen."""
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    said = getattr(lib, "oomtrace_torch_out_of_memory", None)
+    if attach is None or said is None:
+        return
+    said.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64]
+    said.restype = ctypes.c_int
+
+    def observer(device, segment, allowed, free):
+        # Raising here would replace the user's OutOfMemoryError with our exception.
+        try:
+            said(int(device), max(int(segment), 0), max(int(allowed), 0), max(int(free), 0))
+        except Exception:
+            pass
+
+    try:
+        attach(observer)
+    except Exception:
+        pass
 
 
 def _tracker_failed(why, torch):

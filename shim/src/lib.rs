@@ -143,6 +143,34 @@ pub extern "C" fn oomtrace_torch_memory(
     }
 }
 
+/// PyTorch's out-of-memory observer (`torch._C._cuda_attach_out_of_memory_observer`, which the
+/// `oomtrace` Python package registers): PyTorch's caching allocator calls it on the thread
+/// that asked, inside the allocation, just before it raises `OutOfMemoryError`, with the
+/// device, its segment size, what it was allowed to reserve (the
+/// `set_per_process_memory_fraction` cap, or the device's total) and the driver's free
+/// memory. Nothing is recorded here: the allocation's own wrapper records the OOM as it
+/// unwinds, with the request and `allowed`, also when the driver refused nothing (a cap's
+/// refusal). Returns 0 when it will, -1 otherwise (tracing off, a device out of range, or not
+/// inside an allocation oomtrace wraps: PyTorch's trace tracker records its own OOM then).
+#[unsafe(no_mangle)]
+pub extern "C" fn oomtrace_torch_out_of_memory(
+    device: c_int,
+    _segment: u64,
+    allowed: u64,
+    _free: u64,
+) -> c_int {
+    let Ok(device) = i16::try_from(device) else {
+        return -1;
+    };
+    if !(0..oomtrace_proto::MAX_DEVICES).contains(&device) {
+        return -1;
+    }
+    match guard::catch(|| torch_reserve::allocator_out_of_memory(device, allowed)) {
+        Some(true) => 0,
+        _ => -1,
+    }
+}
+
 /// Makes sure everything recorded so far has reached the collector (waits at most 2 s).
 /// Returns 0 on success, -1 if tracing is off or the flush timed out.
 #[unsafe(no_mangle)]

@@ -371,14 +371,16 @@ fn torch_segment_event(kind: EventKind, device: i16, addr: u64, size: u64, strea
 }
 
 /// PyTorch's allocator could not give a tensor of `size` bytes (what was asked).
-pub fn torch_oom(device: i16, size: u64, stream: u64) {
+/// `allowed`: what the allocator may reserve on the device as PyTorch's out-of-memory observer
+/// said (its memory-fraction cap, or the device's total), 0 when not said.
+pub fn torch_oom(device: i16, size: u64, stream: u64, allowed: u64) {
     alloc_on(
         Api::oomtrace_torch_alloc,
         OUT_OF_MEMORY,
         0,
         size,
         stream,
-        0,
+        allowed,
         device,
     );
 }

@@ -27,10 +27,12 @@
 //!   `caching_allocator_alloc`) are recorded as tensors are.
 //! - While a method runs, the device memory the driver hands out is the allocator's reserve
 //!   (`torch_reserve.rs`; the hooks record the segments). A method that unwinds (PyTorch
-//!   raised) after the driver refused memory inside it is the allocator's OOM: recorded with
-//!   what the driver was asked for, as the tracker's OOM entry says. An exception with no
-//!   refused allocation inside (a CUDA error surfacing, or PyTorch's own limit from
-//!   `set_per_process_memory_fraction`) is not called an OOM.
+//!   raised) after the driver refused memory inside it, or after PyTorch's out-of-memory
+//!   observer spoke inside it (`oomtrace_torch_out_of_memory`, which the Python package
+//!   registers: the only word of an OOM under `set_per_process_memory_fraction`, where the
+//!   allocator refuses before the driver does), is the allocator's OOM: recorded with the
+//!   request as PyTorch rounds it, and what the observer said the allocator was allowed. An
+//!   exception with neither inside (a CUDA error surfacing) is not called an OOM.
 //!
 //! Differences from the tracker, said in docs/pytorch.md: a free is recorded when PyTorch is
 //! asked to free (the tracker said when the block was free again, later under
@@ -138,7 +140,7 @@ impl Drop for Inside {
             // What PyTorch's OOM entry says: the request rounded as its allocator rounds
             // (whole 512-byte blocks; a `roundup_power2_divisions` setting rounds further,
             // which `oomtrace whatif` applies itself).
-            record_oom(f.device, rounded(self.request));
+            record_oom(f.device, rounded(self.request), f.allowed);
         }
     }
 }
@@ -151,11 +153,11 @@ fn rounded(n: usize) -> u64 {
 
 /// Records the allocator's OOM as every hook records: only when recording, once, never
 /// unwinding.
-fn record_oom(device: i16, size: u64) {
+fn record_oom(device: i16, size: u64, allowed: u64) {
     if !guard::enter() {
         return;
     }
-    guard::catch(|| recording::torch_oom(device, size, 0));
+    guard::catch(|| recording::torch_oom(device, size, 0, allowed));
     guard::leave();
 }
 

@@ -9,7 +9,9 @@
 //! module keeps state only and records nothing.
 //!
 //! Also kept: the last device allocation that failed inside the method (what PyTorch's OOM
-//! asked the driver for), and the devices tensors were seen on, so that a free, which PyTorch
+//! asked the driver for), what PyTorch's out-of-memory observer said inside it (its own
+//! refusal under `set_per_process_memory_fraction`, where the driver refuses nothing), and
+//! the devices tensors were seen on, so that a free, which PyTorch
 //! hands over as a bare pointer, is put on its device without a lookup in a one-device process.
 
 use std::cell::Cell;
@@ -29,13 +31,20 @@ static SEGMENTS: Mutex<BTreeMap<u64, (u64, i16)>> = Mutex::new(BTreeMap::new());
 /// Devices tensors were allocated on (bit per device 0..63).
 static DEVICES: AtomicU64 = AtomicU64::new(0);
 
-/// A device allocation that failed inside an allocator method: its CUDA result, size, device.
+/// A device allocation that failed inside an allocator method: its CUDA result, size, device;
+/// or PyTorch's own out-of-memory, as its observer said it (`allocator_out_of_memory`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Failed {
     pub rc: i32,
     pub size: u64,
     pub device: i16,
+    /// What the allocator was allowed to reserve, as PyTorch's out-of-memory observer said (its
+    /// memory-fraction cap, or the device's total); 0 when the observer did not speak.
+    pub allowed: u64,
 }
+
+/// CUDA_ERROR_OUT_OF_MEMORY: what an out-of-memory the observer said is recorded as.
+const OUT_OF_MEMORY: i32 = 2;
 
 /// This thread's place in the allocator's methods: one thread-local for both words, since
 /// every method enters and leaves it (a thread-local costs a call in a shared object).
@@ -105,7 +114,12 @@ pub fn device_alloc(rc: i32, ptr: u64, size: u64, device: i16) -> bool {
         return false;
     }
     if rc != 0 {
-        let failed = Some(Failed { rc, size, device });
+        let failed = Some(Failed {
+            rc,
+            size,
+            device,
+            allowed: 0,
+        });
         let _ = METHOD.try_with(|m| m.set(Method { failed, ..m.get() }));
         return false;
     }
@@ -118,6 +132,32 @@ pub fn device_alloc(rc: i32, ptr: u64, size: u64, device: i16) -> bool {
     } else {
         false
     }
+}
+
+/// PyTorch's out-of-memory observer spoke on this thread (its allocator is about to raise
+/// `OutOfMemoryError`): the method running here failed, whether or not the driver refused
+/// anything (under `set_per_process_memory_fraction` the allocator refuses first). `allowed`
+/// is what the observer said the allocator may reserve. False outside a method (PyTorch's
+/// trace tracker records its own OOM entry then).
+pub fn allocator_out_of_memory(device: i16, allowed: u64) -> bool {
+    if !inside_method() {
+        return false;
+    }
+    METHOD
+        .try_with(|m| {
+            let now = m.get();
+            let size = now.failed.map_or(0, |f| f.size);
+            m.set(Method {
+                failed: Some(Failed {
+                    rc: OUT_OF_MEMORY,
+                    size,
+                    device,
+                    allowed,
+                }),
+                ..now
+            });
+        })
+        .is_ok()
 }
 
 /// A device free (or unmap) of `ptr`, before the real call: the segment it gives back.
@@ -179,7 +219,26 @@ mod tests {
             Some(Failed {
                 rc: 2,
                 size: 20 << 20,
-                device: 1
+                device: 1,
+                allowed: 0,
+            })
+        );
+        assert!(
+            !allocator_out_of_memory(1, 1 << 30),
+            "outside a method: the tracker's"
+        );
+        enter();
+        assert!(
+            allocator_out_of_memory(1, 1 << 30),
+            "a cap's refusal: no driver failure"
+        );
+        assert_eq!(
+            leave(),
+            Some(Failed {
+                rc: 2,
+                size: 0,
+                device: 1,
+                allowed: 1 << 30,
             })
         );
         enter();

@@ -147,7 +147,7 @@ fn record(e: Entry) {
             recording::torch_segment_free(device, e.addr, e.size, e.stream)
         }
         // `addr` is the free bytes the driver reported; the tensor's size is what was asked.
-        action::OOM => recording::torch_oom(device, e.size, e.stream),
+        action::OOM => recording::torch_oom(device, e.size, e.stream, 0),
         _ => {}
     }
 }

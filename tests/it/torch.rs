@@ -34,6 +34,7 @@ use serde_json::Value;
 
 mod every_version;
 mod fragmentation;
+mod memory_cap;
 mod one_bug;
 mod simulate;
 mod step_memory;

@@ -99,6 +99,13 @@ fn text(pred: &Prediction, given: bool) -> String {
         }
         for d in &p.devices {
             s += &format!("  cuda:{}\n", d.device);
+            if let Some(cap) = d.program_cap_bytes {
+                s += &format!(
+                    "    under the memory cap the program set: {} \
+                     (torch.cuda.set_per_process_memory_fraction, as its out-of-memory said)\n",
+                    fmt_bytes(cap)
+                );
+            }
             s += &format!(
                 "    torch.cuda.max_memory_reserved()  would be {} (the run reserved {}: {})\n",
                 fmt_bytes(d.peak_reserved_bytes),

@@ -692,10 +692,14 @@ impl Anatomy {
             if !tensors {
                 continue;
             }
-            let peak = d.peak.clone().or_else(|| {
-                // No event since the peak: it is now.
-                d.peak_pending.then(|| self.moment_now(p, device, d))
-            });
+            // A peak still pending (no free since it) is newer than the last one taken: it is
+            // now. (Taking the older one instead named a peak below the device's own when the
+            // program ended, or ran out of memory, still holding its largest total.)
+            let peak = if d.peak_pending {
+                Some(self.moment_now(p, device, d))
+            } else {
+                d.peak.clone()
+            };
             let at_peak = peak
                 .as_ref()
                 .map(|m| self.settle(device, m, now, &mut is_workspace));

@@ -238,11 +238,15 @@ impl FragmentationDetector {
         }
     }
 
-    /// The driver's reading after a failure: enough free memory means fragmentation.
+    /// The driver's reading after a failure: enough free memory means fragmentation, unless
+    /// the memory cap the program set refused it (the driver was never asked).
     pub fn on_failure_info(&mut self, r: &OomRecord, out: &mut Alerts) {
         let Some(free) = r.free_bytes.filter(|&f| f >= r.size) else {
             return;
         };
+        if r.cap().is_some() {
+            return;
+        }
         let d = self.devices.entry(r.device).or_default();
         d.ev.failures_with_free_memory += 1;
         d.ev.free_at_failure_bytes = Some(free);

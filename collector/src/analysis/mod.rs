@@ -243,6 +243,9 @@ pub enum Cause {
     /// An out-of-memory while PyTorch's cache held at least the request reserved but
     /// unallocated: the memory was there, in pieces.
     ReservedInPieces,
+    /// PyTorch refused a tensor under the memory cap the program set
+    /// (`set_per_process_memory_fraction`), before the driver was asked.
+    MemoryCap,
     /// Reserved memory that the requests cannot use.
     Fragmented,
     /// Little of the device left.
@@ -915,6 +918,8 @@ impl Observer for Analysis {
             free_bytes: None,
             total_bytes: None,
             live_bytes: o.live_bytes,
+            allowed_bytes: o.allowed_bytes,
+            capacity_bytes: p.devices.get(&o.device).and_then(|d| d.capacity),
             torch_reserved_bytes: p
                 .devices
                 .get(&o.device)

@@ -223,7 +223,15 @@ fn finding_of(r: &OomRecord, nth: u64) -> Finding {
             "{} of {} failed ({}) on device {}{}; {} tracked live{}",
             what_failed(r.api),
             fmt_bytes(r.size),
-            result_name(r.result),
+            match r.cap() {
+                Some(cap) => format!(
+                    "out of memory under PyTorch's memory cap of {}, \
+                     set_per_process_memory_fraction({})",
+                    fmt_bytes(cap),
+                    r.cap_fraction().unwrap_or(0.0)
+                ),
+                None => result_name(r.result).to_string(),
+            },
             r.device,
             free,
             fmt_bytes(r.live_bytes),
@@ -252,6 +260,22 @@ fn what_failed(api: Api) -> &'static str {
 }
 
 impl OomRecord {
+    /// The memory cap the program set (`torch.cuda.set_per_process_memory_fraction`), in bytes:
+    /// what PyTorch's out-of-memory observer said its allocator was allowed to reserve, when
+    /// that is less than the device's total (the observer says the total when no cap is set).
+    pub fn cap(&self) -> Option<u64> {
+        let allowed = self.allowed_bytes?;
+        (allowed < self.total_bytes.or(self.capacity_bytes)?).then_some(allowed)
+    }
+
+    /// The cap as the fraction the program passed (PyTorch keeps `fraction * total`, rounded
+    /// down), to two decimals.
+    pub fn cap_fraction(&self) -> Option<f64> {
+        let cap = self.cap()?;
+        let f = cap as f64 / self.total_bytes.or(self.capacity_bytes)? as f64;
+        Some((f * 100.0).round() / 100.0)
+    }
+
     /// PyTorch's "reserved but unallocated" at the failure, when it was at least the request:
     /// the memory was there, in pieces.
     pub fn in_pieces(&self) -> Option<u64> {
@@ -268,15 +292,55 @@ impl OomRecord {
 }
 
 fn oom_hint(r: &OomRecord) -> (Cause, String) {
+    let under_cap = r
+        .cap()
+        .map(|cap| {
+            format!(
+                ", under the memory cap of {} the program set",
+                fmt_bytes(cap)
+            )
+        })
+        .unwrap_or_default();
     if let Some(unallocated) = r.in_pieces() {
         return (
             Cause::ReservedInPieces,
             format!(
-                "The memory was there but in pieces: PyTorch's cache held {} reserved but                  unallocated ({} reserved, {} in tensors), more than the {} requested, in no                  block that large (fragmentation; see the remedies below).                  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets a segment grow instead.",
+                "The memory was there but in pieces: PyTorch's cache held {} reserved but \
+                 unallocated ({} reserved, {} in tensors{under_cap}), more than the {} \
+                 requested, in no block that large (fragmentation; see the remedies below). \
+                 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets a segment grow instead.",
                 fmt_bytes(unallocated),
                 fmt_bytes(r.torch_reserved_bytes.unwrap_or(0)),
                 fmt_bytes(r.tensor_bytes.unwrap_or(0)),
                 fmt_bytes(r.size)
+            ),
+        );
+    }
+    if let Some(cap) = r.cap() {
+        let held = match (r.torch_reserved_bytes, r.tensor_bytes) {
+            (Some(reserved), Some(tensors)) => format!(
+                " It held {} reserved, {} of it in tensors, and needed {} more.",
+                fmt_bytes(reserved),
+                fmt_bytes(tensors),
+                fmt_bytes(r.size)
+            ),
+            _ => String::new(),
+        };
+        let free = match r.free_bytes {
+            Some(free) if free >= r.size => format!(
+                " The device itself had {} free: the cap refused it, not the GPU.",
+                fmt_bytes(free)
+            ),
+            _ => String::new(),
+        };
+        return (
+            Cause::MemoryCap,
+            format!(
+                "PyTorch refused it itself: the program capped its allocator at {} on this \
+                 device (torch.cuda.set_per_process_memory_fraction({})).{held}{free} Raise the \
+                 fraction, or make the job need less (see what held the memory below).",
+                fmt_bytes(cap),
+                r.cap_fraction().unwrap_or(0.0)
             ),
         );
     }
@@ -335,6 +399,12 @@ pub struct OomDetail {
     pub reserved_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allocated_bytes: Option<u64>,
+    /// The memory cap the program set (`torch.cuda.set_per_process_memory_fraction`) that
+    /// refused the request, in bytes, and as the fraction passed (absent: no cap seen).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_cap_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_fraction: Option<f64>,
     /// Reserved but unallocated, when at least the request: the memory was there, in pieces.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reserved_unallocated_bytes: Option<u64>,

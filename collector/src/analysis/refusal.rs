@@ -29,6 +29,12 @@ pub struct OomRecord {
     /// pieces too small for the request.
     pub torch_reserved_bytes: Option<u64>,
     pub tensor_bytes: Option<u64>,
+    /// What PyTorch's allocator was allowed to reserve, as its out-of-memory observer said (the
+    /// `set_per_process_memory_fraction` cap, or the device's total; see [`OomRecord::cap`]).
+    pub allowed_bytes: Option<u64>,
+    /// The device's total memory as the driver last reported it before the failure (the
+    /// reading right after it, `total_bytes`, comes later: the live line cannot wait).
+    pub capacity_bytes: Option<u64>,
     /// The largest holders on that device at the failure: (site, live bytes, live count).
     pub top_sites: Vec<(SiteId, u64, u64)>,
     /// Set when a free-then-retry of the same size succeeded.

@@ -59,6 +59,10 @@ pub struct OutOfMemory {
     pub tid: u32,
     /// Tracked live bytes on the device at the failure.
     pub live_bytes: u64,
+    /// For PyTorch's out-of-memory error: what its allocator was allowed to reserve, as its
+    /// out-of-memory observer said (the `set_per_process_memory_fraction` cap, or the device's
+    /// total); None when not said.
+    pub allowed_bytes: Option<u64>,
 }
 
 /// The driver's free and total memory of a device, as thread `tid` read it.

@@ -52,6 +52,8 @@ pub(super) fn complete_finding(
             .collect(),
         reserved_bytes: o.torch_reserved_bytes,
         allocated_bytes: o.tensor_bytes,
+        memory_cap_bytes: o.cap(),
+        memory_fraction: o.cap_fraction(),
         reserved_unallocated_bytes: o.in_pieces(),
         remedies: if o.in_pieces().is_some() {
             fragmentation::remedies(&Default::default())

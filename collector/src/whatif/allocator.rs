@@ -186,6 +186,9 @@ pub struct Allocator {
     limit: u64,
     /// The device's total memory, for the memory fraction and the expandable address space.
     device_total: Option<u64>,
+    /// The cap the program set itself (`torch.cuda.set_per_process_memory_fraction`), in
+    /// bytes, as its out-of-memory said it: applies unless the setting names a fraction.
+    program_cap: Option<u64>,
     reserved: u64,
     allocated: u64,
     peak_reserved: u64,
@@ -209,6 +212,7 @@ impl Allocator {
             next_addr: 1 << 40,
             limit: u64::MAX,
             device_total,
+            program_cap: None,
             reserved: 0,
             allocated: 0,
             peak_reserved: 0,
@@ -233,6 +237,13 @@ impl Allocator {
         self.device_total = Some(total);
     }
 
+    /// The memory-fraction cap the program set itself, in bytes (`allowed_memory_maximum`):
+    /// the setting's own `per_process_memory_fraction`, when it has one, is what is asked
+    /// about and wins.
+    pub fn set_program_cap(&mut self, allowed: u64) {
+        self.program_cap = Some(allowed);
+    }
+
     /// `torch.cuda.memory_reserved()`.
     pub fn reserved(&self) -> u64 {
         self.reserved
@@ -252,10 +263,13 @@ impl Allocator {
         self.live.len()
     }
 
-    /// The memory-fraction cap, when set (`allowed_memory_maximum`).
+    /// The memory-fraction cap, when set (`allowed_memory_maximum`): the setting's, else the
+    /// program's own.
     fn allowed(&self) -> Option<u64> {
-        let f = self.conf.per_process_memory_fraction?;
-        Some((f * self.device_total? as f64) as u64)
+        match self.conf.per_process_memory_fraction {
+            Some(f) => Some((f * self.device_total? as f64) as u64),
+            None => self.program_cap,
+        }
     }
 
     /// Nothing but the 64-bit bound refuses a request: no device limit, no memory fraction.

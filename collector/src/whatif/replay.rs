@@ -11,6 +11,13 @@
 //!   `OutOfMemoryError` for `size` bytes (already rounded);
 //! - `Segment` / `SegmentFree`: the reserve PyTorch really held (the recorded peak);
 //! - `MemInfo`: the device's total and free memory, whence the limit each model runs under.
+//! - On PyTorch's OOM, `extra`: what its allocator was allowed to reserve, as its out-of-memory
+//!   observer said. Below the device's total it is the cap the program set with
+//!   `torch.cuda.set_per_process_memory_fraction`: every model of that process and device runs
+//!   under it from the process's start (a first pass over the file finds it: PyTorch fixes
+//!   the cap when the program sets it, usually first thing, and the trace learns it only at the
+//!   OOM; a cap set midway is replayed as if set from the start), unless the setting asked
+//!   about names its own `per_process_memory_fraction`.
 //!
 //! The limit: the device total less what the process's own other CUDA allocations hold now
 //! (tracked allocations that are not PyTorch's segments: cuBLAS workspaces, NCCL buffers,
@@ -41,6 +48,7 @@ use super::allocator::Allocator;
 use super::conf::{AllocConf, Backend};
 use super::Error;
 use crate::model::history::{self, Seen};
+use crate::model::trace::Trace;
 use crate::model::Process;
 
 /// What PyTorch's allocator failure reads as (CUDA_ERROR_OUT_OF_MEMORY).
@@ -105,6 +113,11 @@ pub struct DevicePrediction {
     /// Requests the model refused only because they would take it past 2^64 - 1 bytes
     /// (null: none).
     pub past_64_bits: Option<Past64Bits>,
+    /// The memory cap the program set itself (`torch.cuda.set_per_process_memory_fraction`),
+    /// in bytes, as its OOM said it: the replay ran under it (absent: none seen, or the
+    /// setting replayed names its own `per_process_memory_fraction`, which replaces it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub program_cap_bytes: Option<u64>,
 }
 
 /// Requests past what 64 bits count: rounded, with their segment, or with the reserve, more
@@ -191,6 +204,8 @@ struct ProcessRun {
     confs: Vec<(AllocConf, ConfSource)>,
     devices: BTreeMap<i16, DeviceRun>,
     warnings: Vec<String>,
+    /// The memory caps the program set itself, by device ([`program_caps`]).
+    caps: BTreeMap<i16, u64>,
 }
 
 /// The setting a process recorded: its two variables from the Hello, as torch reads them.
@@ -216,8 +231,42 @@ pub fn recorded_conf(p: &Process) -> (Result<AllocConf, String>, String) {
     )
 }
 
+/// The memory caps each process set itself, by connection and device: the least that its
+/// out-of-memory observer said its allocator was allowed to reserve, where that is less than
+/// the device's total (its `MemInfo` readings). An event-only first pass over the file (no
+/// model): see the module comment.
+fn program_caps(path: &Path) -> Result<FxHashMap<u32, BTreeMap<i16, u64>>, Error> {
+    let mut allowed: FxHashMap<(u32, i16), u64> = FxHashMap::default();
+    let mut totals: FxHashMap<(u32, i16), u64> = FxHashMap::default();
+    let mut scan = |p: &mut Process, _: &mut (), frame: &oomtrace_proto::wire::Frame<'_>| {
+        let oomtrace_proto::wire::Frame::Events(batch) = frame else {
+            return;
+        };
+        for ev in batch.iter() {
+            match (ev.kind(), ev.api()) {
+                (Some(EventKind::MemInfo), _) if ev.size != 0 => {
+                    totals.insert((p.conn, ev.device), ev.size);
+                }
+                (Some(EventKind::AllocFailed), Api::oomtrace_torch_alloc) if ev.extra != 0 => {
+                    let a = allowed.entry((p.conn, ev.device)).or_insert(u64::MAX);
+                    *a = (*a).min(ev.extra);
+                }
+                _ => {}
+            }
+        }
+    };
+    Trace::<()>::load_with(path, &mut scan, &mut |_, _| {})?;
+    let mut caps: FxHashMap<u32, BTreeMap<i16, u64>> = FxHashMap::default();
+    for ((conn, device), a) in allowed {
+        if totals.get(&(conn, device)).is_some_and(|&t| a < t) {
+            caps.entry(conn).or_default().insert(device, a);
+        }
+    }
+    Ok(caps)
+}
+
 impl ProcessRun {
-    fn new(p: &Process, asked: &[Option<AllocConf>]) -> ProcessRun {
+    fn new(p: &Process, asked: &[Option<AllocConf>], caps: BTreeMap<i16, u64>) -> ProcessRun {
         let mut warnings = Vec::new();
         let (recorded, shown) = recorded_conf(p);
         let recorded = match recorded {
@@ -256,13 +305,16 @@ impl ProcessRun {
                     .to_string(),
             );
         }
-        if confs.iter().any(|(c, _)| {
-            c.garbage_collection_threshold > 0.0 && c.per_process_memory_fraction.is_none()
-        }) {
+        if caps.is_empty()
+            && confs.iter().any(|(c, _)| {
+                c.garbage_collection_threshold > 0.0 && c.per_process_memory_fraction.is_none()
+            })
+        {
             warnings.push(
                 "garbage_collection_threshold acts only with a memory fraction \
                  (per_process_memory_fraction, or torch.cuda.set_per_process_memory_fraction, \
-                 which a trace does not record): without one it changes nothing"
+                 which a trace learns only from an out-of-memory under it): without one it \
+                 changes nothing"
                     .to_string(),
             );
         }
@@ -276,16 +328,24 @@ impl ProcessRun {
             confs,
             devices: BTreeMap::new(),
             warnings,
+            caps,
         }
     }
 
     fn device(&mut self, device: i16) -> &mut DeviceRun {
         let confs = &self.confs;
+        let cap = self.caps.get(&device).copied();
         self.devices.entry(device).or_insert_with(|| DeviceRun {
             models: confs
                 .iter()
                 .map(|(c, _)| Model {
-                    alloc: Allocator::new(c.clone(), None),
+                    alloc: {
+                        let mut a = Allocator::new(c.clone(), None);
+                        if let Some(cap) = cap {
+                            a.set_program_cap(cap);
+                        }
+                        a
+                    },
                     ooms: Vec::new(),
                     new_ooms: Vec::new(),
                     new_oom_count: 0,
@@ -324,6 +384,7 @@ pub fn predict(path: &Path, confs: &[Option<AllocConf>]) -> Result<Vec<Predictio
             ));
         }
     }
+    let mut caps = program_caps(path)?;
     let mut runs: FxHashMap<u32, ProcessRun> = FxHashMap::default();
     let mut order: Vec<u32> = Vec::new();
     let mut tensor_events = 0u64;
@@ -333,7 +394,7 @@ pub fn predict(path: &Path, confs: &[Option<AllocConf>]) -> Result<Vec<Predictio
         };
         let run = runs.entry(p.conn).or_insert_with(|| {
             order.push(p.conn);
-            ProcessRun::new(p, confs)
+            ProcessRun::new(p, confs, caps.remove(&p.conn).unwrap_or_default())
         });
         if run.first_ts_ns == 0 {
             run.first_ts_ns = ev.ts_ns;
@@ -465,6 +526,11 @@ pub fn predict(path: &Path, confs: &[Option<AllocConf>]) -> Result<Vec<Predictio
                         device_total_bytes: d.total,
                         reserved_at_end_bytes: m.alloc.reserved(),
                         past_64_bits: m.past_64_bits.clone(),
+                        program_cap_bytes: run
+                            .caps
+                            .get(&device)
+                            .copied()
+                            .filter(|_| run.confs[i].0.per_process_memory_fraction.is_none()),
                     }
                 })
                 .collect();

@@ -149,7 +149,7 @@ fn traced(script: &str, conf: &str, dir: &Path) -> (PathBuf, Peaks) {
 }
 
 /// `oomtrace whatif TRACE [--alloc-conf CONF] --json`: the one device of the one process.
-fn whatif(trace: &Path, conf: Option<&str>) -> Value {
+pub(super) fn whatif(trace: &Path, conf: Option<&str>) -> Value {
     let mut cmd = base_command(oomtrace_bin());
     cmd.arg("whatif").arg(trace);
     if let Some(conf) = conf {
@@ -176,7 +176,7 @@ fn whatif(trace: &Path, conf: Option<&str>) -> Value {
     v
 }
 
-fn device0(whatif: &Value) -> &Value {
+pub(super) fn device0(whatif: &Value) -> &Value {
     &whatif["processes"][0]["devices"][0]
 }
 

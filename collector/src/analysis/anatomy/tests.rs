@@ -163,6 +163,29 @@ fn the_peak_adds_up_to_the_devices_bytes() {
     assert_eq!(peak.activation_sites.len(), 1);
 }
 
+/// A program that ends at its largest total, with no free after it (it kept buffers until an
+/// out-of-memory and exited): the peak is then, not the earlier one a free had settled.
+#[test]
+fn a_peak_that_no_free_followed_is_the_peak() {
+    let mut s = sim();
+    train(&mut s, 2);
+    let base = 0x2000_0000_0000u64 + 0x10_0000 * 40;
+    s.alloc_at(Api::cudaMalloc, 0, 0x3000_0000_0000, 1024 * MIB);
+    s.segment(0x3000_0000_0000, 1024 * MIB);
+    for i in 0..4 {
+        s.alloc_at(T, 14, base + i * 0x100_0000, 16 * MIB);
+    }
+    let a = s.a.anatomy.report(&s.p, &mut |_| false);
+    let peak = a[0].at_peak.as_ref().unwrap();
+    assert_eq!(peak.device_bytes, (300 + 2048 + 1024) * MIB);
+    assert_eq!(peak.step, 2);
+    let tensors: u64 = peak.roles.iter().sum();
+    assert_eq!(
+        tensors + peak.reserve_gap_bytes + peak.outside_bytes,
+        peak.device_bytes
+    );
+}
+
 /// An out-of-memory in the middle of a backward pass: what was alive then, and the
 /// activations that backward never got to free are activations.
 #[test]

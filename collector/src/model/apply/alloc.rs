@@ -101,6 +101,8 @@ impl Process {
                 site,
                 tid: ev.tid,
                 live_bytes,
+                allowed_bytes: (api == Api::oomtrace_torch_alloc && ev.extra != 0)
+                    .then_some(ev.extra),
             };
             obs.out_of_memory(self, &oom);
         }
