@@ -37,6 +37,7 @@ mod fragmentation;
 mod memory_cap;
 mod one_bug;
 mod simulate;
+mod slow_leaks;
 mod step_memory;
 mod whatif;
 mod words;

@@ -173,6 +173,11 @@ struct DeviceSeries {
     level: Option<Confidence>,
     max_level: Option<Confidence>,
     bounded: bool,
+    /// The step boundary that first found the growth slowing down (`bounded`): from then on
+    /// it is judged on the samples since, so that only new growth raises it again (the old
+    /// window, re-read once the slow part left the halves, made findings flip every few
+    /// steps). Cleared while a leak on the device makes it grow.
+    judged_from: Option<u32>,
     resolved: bool,
     /// The step boundary that found the device back where its trend window began, and its
     /// live bytes then (it drained, and is resolved); cleared once it grows past its
@@ -300,6 +305,7 @@ impl DeviceGrowthDetector {
                 epoch: e,
                 live,
                 gens: d.generations(warm, e.saturating_sub(LAG)),
+                count: 0,
             });
             if live > d.peak.0 {
                 d.peak = (live, e);
@@ -333,7 +339,9 @@ impl DeviceGrowthDetector {
                 d.drained = None;
             }
             let before = (d.level, d.bounded, d.resolved);
-            let trended = evaluate(d, e, ctx.clock.stable_since);
+            // Leaks found on the device now: growth they make is theirs, however it slows.
+            let leaking = leaks.leaks_on(device).0 > 0;
+            let trended = evaluate(d, e, ctx.clock.stable_since, leaking);
             if trended && d.level >= Some(Confidence::Likely) {
                 // Born in the window after warm-up, still live: what raised the total.
                 let from = d.window.map_or(e, |w| w.from_step + 1).max(warm);
@@ -438,7 +446,7 @@ impl Detector for DeviceGrowthDetector {
 
 /// The rules of the module comment at the end of epoch `e`. Returns whether a window passed
 /// (the trend and its window are then fresh).
-fn evaluate(d: &mut DeviceSeries, e: u32, stable_since: u32) -> bool {
+fn evaluate(d: &mut DeviceSeries, e: u32, stable_since: u32, leaking: bool) -> bool {
     // Back where the growth's window began, at a step boundary: the program gave the memory
     // back while it still ran its steps (a backlog that drained). No growth to report,
     // whatever the trend that raised it. It stays resolved until it grows past its old
@@ -463,7 +471,13 @@ fn evaluate(d: &mut DeviceSeries, e: u32, stable_since: u32) -> bool {
     if !d.reported() && d.flat_from <= stable_since {
         return false;
     }
-    let post = window::since(&d.series, stable_since);
+    // Found slowing down once: judged on what came since (new evidence only), unless a leak
+    // on the device keeps it growing.
+    if leaking {
+        d.judged_from = None;
+    }
+    let from = d.judged_from.map_or(stable_since, |b| b.max(stable_since));
+    let post = window::since(&d.series, from);
     let k = post.len();
     if k < 6 {
         return false;
@@ -489,8 +503,13 @@ fn evaluate(d: &mut DeviceSeries, e: u32, stable_since: u32) -> bool {
         d.level = None;
         return false;
     }
-    if let Some((b1, b2)) = window::halves(post) {
+    if leaking || (d.bounded && d.judged_from.is_some() && best.is_some()) {
+        // A leak's growth, or growth that passed the trend test again on samples taken since
+        // it was found slowing: not bounded.
+        d.bounded = false;
+    } else if let Some((b1, b2)) = window::halves(post) {
         if b1 > 0.0 && b2 < 0.25 * b1 {
+            d.judged_from.get_or_insert(e);
             d.bounded = true;
         } else if d.bounded && b2 >= 0.25 * b1 && b2 > 0.0 {
             d.bounded = false;

@@ -238,6 +238,48 @@ impl SmallLeak {
     }
 }
 
+/// A leak found on what its site holds (`evidence.kept`): allocations that keep arriving,
+/// however irregularly and however the rate thins, none ever freed since warm-up.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct KeptLeak {
+    /// Kept allocations born since warm-up (all still live), and their bytes.
+    pub allocations: u64,
+    pub bytes: u64,
+    /// Steps that left survivors, and the steps from the first of them to the last.
+    pub steps_with_survivors: u32,
+    pub over_steps: u32,
+    /// The longest run of steps between two of them.
+    pub longest_gap_steps: u32,
+    /// Steps since the last one, and how long none may come before the growth counts as
+    /// stopped (max(8, twice the longest gap, half the steps they came over)).
+    pub steps_since_last: u32,
+    pub quiet_limit_steps: u32,
+    /// Every live allocation has a size no other has: a cache keyed by input shape.
+    pub one_per_distinct_size: bool,
+}
+
+impl KeptLeak {
+    /// What it kept per step, on average over the steps they came over.
+    pub fn bytes_per_step(&self) -> f64 {
+        self.bytes as f64 / f64::from(self.over_steps.max(1))
+    }
+
+    /// "a cache keyed by input shape: 44 tensors, one per distinct size, never evicted", or
+    /// "44 tensors kept over 110 steps, none freed" (`unit`: what an allocation is called).
+    pub fn words(&self, unit: &str) -> String {
+        let n = self.allocations;
+        let units = format!("{n} {unit}{}", if n == 1 { "" } else { "s" });
+        if self.one_per_distinct_size {
+            format!("a cache keyed by input shape: {units}, one per distinct size, never evicted")
+        } else {
+            format!(
+                "{units} kept over {} steps, none freed, arriving irregularly",
+                self.over_steps
+            )
+        }
+    }
+}
+
 /// The evidence of a leak finding in the JSON report.
 #[derive(Clone, Debug, Serialize)]
 pub struct LeakEvidence {
@@ -284,6 +326,10 @@ pub struct LeakEvidence {
     /// survive and none is ever freed: how small; absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub small: Option<SmallLeak>,
+    /// For a leak found on what it holds (allocations kept, none ever freed, still
+    /// arriving): the counts; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept: Option<KeptLeak>,
 }
 
 /// What was replaced, in a leak's evidence (`evidence.replaced`).

@@ -122,6 +122,10 @@ pub struct FragEvidence {
     /// The reserve and the tensors at peak over the last steps, oldest first.
     pub reserved_samples: Vec<u64>,
     pub tensor_peak_samples: Vec<u64>,
+    /// How much of the reserve's growth over those samples the tensors at peak grew by
+    /// (0..1): what the tensors held explain of it (absent: the reserve did not grow).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensors_share_of_reserve_growth: Option<f64>,
     pub onset_step: Option<u32>,
     pub onset_s: Option<f64>,
     pub detected_step: Option<u32>,
@@ -405,6 +409,9 @@ impl Detector for FragmentationDetector {
             ev.reserved_to_allocated = (at_peak > 0).then(|| reserved as f64 / at_peak as f64);
             ev.reserved_samples = d.reserved.iter().map(|&x| x as u64).collect();
             ev.tensor_peak_samples = d.tensor_peaks.iter().map(|&x| x as u64).collect();
+            ev.tensors_share_of_reserve_growth = ev
+                .growth()
+                .map(|(reserve, tensors)| tensors as f64 / reserve as f64);
             if ctx.epoch < super::trend::warmup_end(ctx) || d.reserved.len() < CREEP_MIN_SAMPLES {
                 continue;
             }
@@ -586,7 +593,11 @@ fn finding(device: i16, d: &DeviceFrag) -> Finding {
         count: ev.retries + ev.failures_with_free_memory,
         api: None,
         message: format!("device {device}: {}", parts.join("; ")),
-        hint: if d.creep { gap_hint(ev) } else { HINT.into() },
+        hint: if d.creep {
+            gap_hint(ev, 0)
+        } else {
+            HINT.into()
+        },
         evidence: Some(Evidence::Fragmentation(Box::new(ev.clone()))),
         record: None,
         culprit: None,
@@ -638,8 +649,25 @@ fn gap_sentence(ev: &FragEvidence) -> String {
     )
 }
 
-/// The pattern behind the gap, in a PyTorch user's words, and what to do.
-fn gap_hint(ev: &FragEvidence) -> String {
+impl FragEvidence {
+    /// The reserve's growth and the tensors' at peak over the samples, when the reserve grew.
+    fn growth(&self) -> Option<(u64, u64)> {
+        let reserve = self
+            .reserved_samples
+            .last()?
+            .saturating_sub(*self.reserved_samples.first()?);
+        let tensors = self
+            .tensor_peak_samples
+            .last()?
+            .saturating_sub(*self.tensor_peak_samples.first()?);
+        (reserve > 0).then_some((reserve, tensors.min(reserve)))
+    }
+}
+
+/// The pattern behind the gap, in a PyTorch user's words, and what to do. `leaks`: the leak
+/// findings on the device (the analysis knows them; the detector says 0): the tensors are then
+/// not all freed, and the words never say they are.
+pub fn gap_hint(ev: &FragEvidence, leaks: u32) -> String {
     let mut why = Vec::new();
     if let Some(p) = &ev.pattern {
         if p.segments_taken_with_room > 0 {
@@ -673,12 +701,37 @@ fn gap_hint(ev: &FragEvidence) -> String {
     } else {
         format!(" Seen: {}.", why.join("; "))
     };
+    let explained = ev
+        .growth()
+        .map(|(reserve, tensors)| {
+            format!(
+                " The tensors held at the step's peak explain {:.0} % of the reserve's growth \
+                 ({} of {} over the last {} steps).",
+                100.0 * tensors as f64 / reserve as f64,
+                fmt_bytes(tensors),
+                fmt_bytes(reserve),
+                ev.reserved_samples.len().saturating_sub(1)
+            )
+        })
+        .unwrap_or_default();
+    let opening = if leaks == 0 {
+        "Not a leak: the tensors are freed, but PyTorch's caching allocator keeps every segment \
+         it took, and the requests that come (larger each step, or of many sizes) fit none of its \
+         free blocks, so it takes more."
+            .to_string()
+    } else {
+        format!(
+            "Besides the tensors that the leak finding{} on this device keep{}, PyTorch's \
+             caching allocator keeps every segment it took, and the requests that come (larger \
+             each step, or of many sizes) fit none of its free blocks, so it takes more.",
+            if leaks == 1 { "" } else { "s" },
+            if leaks == 1 { "s" } else { "" }
+        )
+    };
     format!(
-        "Not a leak: the tensors are freed, but PyTorch's caching allocator keeps every \
-         segment it took, and the requests that come (larger each step, or of many sizes) fit \
-         none of its free blocks, so it takes more.{pattern} Try \
-         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow in place), or pad \
-         dynamic shapes to a few sizes; torch.cuda.empty_cache() only hides it."
+        "{opening}{explained}{pattern} Try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+         (segments grow in place), or pad dynamic shapes to a few sizes; \
+         torch.cuda.empty_cache() only hides it."
     )
 }
 

@@ -10,7 +10,9 @@
 //!   ≥ 3 of the last 4 transitions.
 //! - **likely**: over a window of 8, 16 or 32 epochs (at least 6 samples), Mann-Kendall
 //!   p·3 < 0.01 (Bonferroni over the three scales), a positive Theil-Sen slope, ≥ 1 MiB of
-//!   growth and ≥ 3 new surviving generations inside the window.
+//!   growth, ≥ 3 new surviving generations inside the window and ≥ 3 more live allocations at
+//!   its end than at its start (a cache that evicts holds new generations too, never more
+//!   allocations).
 //! - **confirmed**: likely over ≥ 10 samples with p·3 < 0.001, and the high-water mark still
 //!   being raised at the site's own cadence.
 //! - **small but steady** (`likely` at most, `evidence.small`): a leak whose growth stays
@@ -20,10 +22,20 @@
 //!   freed: the same trend test without the floor then decides. It never reaches `confirmed`
 //!   (what `--fail-on-leak` gates on) on this rule alone, and its words say how small it is: the
 //!   allocations kept a step, the bytes a step, and what that reaches after 10^6 steps.
+//! - **kept, never freed** (`likely` at least, `evidence.kept`): allocations that keep
+//!   arriving however irregularly and however the rate thins, none ever freed, are a leak
+//!   judged on what the site holds, not on a slope: since warm-up, none of its allocations
+//!   was freed, at least [`KEPT_STEPS`] steps left survivors there, spread over at least
+//!   [`KEPT_SPAN`] steps, adding up to the 1 MiB floor, and the last one came no longer ago
+//!   than the site's quiet limit: max(8, twice its longest gap between two such steps, half
+//!   the steps over which they came). A memo cache of tensors keyed by input shape
+//!   (`functools.lru_cache` over sequence lengths from a widening range) is this; its words
+//!   say so when every live size is distinct.
 //! - **downgrades**: growth that slows down (second-half slope < ¼ of the first half over 16
 //!   epochs: a bounded cache filling up), or growth made of sizes never live twice (a cache
-//!   keyed by shape) is capped at suspected; a site whose high-water mark has not moved for
-//!   max(8, 3 × its usual gap) epochs is resolved, and so is one that a step boundary finds
+//!   keyed by shape) is capped at suspected, unless the site is kept and never freed (above);
+//!   a site whose high-water mark has not moved for max(8, 3 × its usual gap) epochs (and, for
+//!   a site that never freed anything, its quiet limit) is resolved, and so is one that a step boundary finds
 //!   holding nothing (it drained: the program gave its memory back while it still ran).
 //!   Memory kept through the last step and freed only after it (a cleanup before exit, an
 //!   interpreter's teardown) leaves a leak a leak ([`super::evidence::Fate`]).
@@ -40,13 +52,14 @@ use rustc_hash::FxHashMap;
 use super::advice::{trace_tensors, DRAINED_HINT};
 use super::births::{Births, ByStep};
 use super::evidence::{
-    drained_at, drained_clause, end_clause, held_in, AtDetection, AtEnd, Class, LeakEvidence,
-    LevelChange, SmallLeak, SMALL_PROJECTION_STEPS,
+    drained_at, drained_clause, end_clause, held_in, AtDetection, AtEnd, Class, KeptLeak,
+    LeakEvidence, LevelChange, SmallLeak, SMALL_PROJECTION_STEPS,
 };
 use super::growth_finding::GrowthFinding;
 use super::leaks::{GrewAt, Leaks};
 use super::trend::{
-    per_second, seconds, to_full, warmup_end, Trend, ALPHA_CONFIRMED, HISTORY, LAG, WARMUP,
+    per_second, seconds, to_full, warmup_end, Trend, ALPHA_CONFIRMED, HISTORY, LAG, MIN_GROWTH,
+    WARMUP,
 };
 use super::window::{self, Sample, Series};
 use super::{
@@ -62,6 +75,12 @@ const MAX_SIZES: usize = 4096;
 /// freed) for a leak under the trend's floor of growth to be one: twice the shortest trend
 /// window, as the bytes alone say little.
 pub const STEADY_STEPS: usize = 16;
+/// Steps (after warm-up) that must have left survivors at a site that never freed anything
+/// for the kept rule to call it a leak (module comment).
+pub const KEPT_STEPS: u32 = 6;
+/// The fewest steps those must be spread over: a warm-up that allocates in a few steps in a
+/// row, then never again, is not a leak.
+pub const KEPT_SPAN: u32 = 12;
 /// Steps whose survivors a leaking site keeps at each boundary ([`ByStep`]): what tells the
 /// analysis which leaks are kept by one object.
 const BY_STEP: u32 = 16;
@@ -97,6 +116,44 @@ pub(crate) struct Site {
     small: Option<SmallLeak>,
     /// Its live allocations by birth step at the last boundary, once it was reported.
     by_step: ByStep,
+    /// The step boundaries that found a new surviving generation here (after warm-up).
+    arrivals: Arrivals,
+    /// Set while the kept rule holds (module comment).
+    kept: Option<KeptLeak>,
+    /// The kept rule alone makes it a leak now (no trend passes): its words say how it holds.
+    kept_only: bool,
+}
+
+/// The step boundaries at which a site's count of surviving generations rose: when its kept
+/// allocations arrived, however irregularly.
+#[derive(Clone, Copy, Debug, Default)]
+struct Arrivals {
+    first: Option<u32>,
+    last: u32,
+    count: u32,
+    longest_gap: u32,
+}
+
+impl Arrivals {
+    fn arrived(&mut self, e: u32) {
+        match self.first {
+            None => self.first = Some(e),
+            Some(_) => self.longest_gap = self.longest_gap.max(e.saturating_sub(self.last)),
+        }
+        self.last = e;
+        self.count += 1;
+    }
+
+    /// The steps they came over.
+    fn span(&self) -> u32 {
+        self.first.map_or(0, |f| self.last.saturating_sub(f))
+    }
+
+    /// How long none may arrive before the growth counts as stopped: relative to how they
+    /// came (module comment).
+    fn quiet_limit(&self) -> u32 {
+        (2 * self.longest_gap).max(self.span() / 2).max(8)
+    }
 }
 
 impl Site {
@@ -126,6 +183,9 @@ impl Site {
             freed_birth: None,
             small: None,
             by_step: ByStep::default(),
+            arrivals: Arrivals::default(),
+            kept: None,
+            kept_only: false,
         }
     }
 
@@ -313,10 +373,14 @@ impl Detector for GrowthDetector {
             }
             s.dirty = false;
             let gens = s.generations(warm, e.saturating_sub(LAG));
+            if s.series.last().is_some_and(|x| gens > x.gens) {
+                s.arrivals.arrived(e);
+            }
             s.series.push(Sample {
                 epoch: e,
                 live: s.live,
                 gens,
+                count: s.count,
             });
             if s.live > s.hwm {
                 if s.hwm > 0 {
@@ -358,7 +422,7 @@ impl Detector for GrowthDetector {
             };
             if change == Change::New && s.detected.is_none() {
                 s.detected = Some((e, ctx.ts_ns));
-                let per_step = s.trend.map_or(0.0, |t| t.slope_bytes_per_step);
+                let per_step = per_step_of(s).unwrap_or(0.0);
                 s.at_detection = Some(AtDetection {
                     step: e,
                     time_s: seconds(ctx, ctx.ts_ns),
@@ -440,13 +504,27 @@ fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
         .filter(|w| w[1].live > w[0].live)
         .count();
     let suspected = last.gens.saturating_sub(post[k - 5].gens) >= 3 && rises >= 3;
-    let best = window::best_trend(post, |_, t| t.new_generations >= 3).map(|(t, _)| t);
+    // Survivors accumulate in a leak: its live allocations rise with its generations. A
+    // bounded cache that evicts (an LRU of 8 tables over a widening range of lengths) keeps
+    // new generations too, and its bytes drift up with the sizes, but it holds as many
+    // allocations as it always did.
+    let best = window::best_trend(post, |start, t| {
+        t.new_generations >= 3 && post[k - 1].count >= post[start].count.saturating_add(3)
+    })
+    .map(|(t, _)| t);
     // Under the trend's floor of growth, a steady survivor every step is evidence enough
     // that it is a leak, however small (the module comment, "small but steady").
     let warm = stable_since + WARMUP;
     let small = match best {
         None if steady(s, post, warm) => {
             window::best_trend_above(post, 1.0, |_, t| t.new_generations >= 3).map(|(t, _)| t)
+        }
+        _ => None,
+    };
+    let kept = kept(s, e, warm);
+    let kept_trend = match (best, small, kept) {
+        (None, None, Some(_)) => {
+            window::best_trend_above(post, 1.0, |_, t| t.new_generations >= 1).map(|(t, _)| t)
         }
         _ => None,
     };
@@ -461,13 +539,15 @@ fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
             Some(Confidence::Confirmed)
         }
         Some(_) => Some(Confidence::Likely),
-        None if small.is_some() => Some(Confidence::Likely),
+        None if small.is_some() || kept.is_some() => Some(Confidence::Likely),
         None if suspected => Some(Confidence::Suspected),
         None => None,
     };
-    if let Some(t) = best.or(small) {
+    if let Some(t) = best.or(small).or(kept_trend) {
         s.trend = Some(t);
     }
+    s.kept = kept;
+    s.kept_only = kept.is_some() && best.is_none() && small.is_none();
     if best.is_some() {
         s.small = None;
     } else if let Some(t) = small {
@@ -482,26 +562,71 @@ fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
     }
     // Levels rise on evidence and fall only through the rules below.
     level = level.max(s.level);
-    if s.max_level >= Some(Confidence::Likely) && f64::from(since_raise) > (3.0 * usual).max(8.0) {
+    // Stopped: quiet for longer than its usual gap between raises, and, where nothing was
+    // ever freed, longer than its own arrivals allow (how they grew, however they thinned).
+    let mut quiet_limit = (3.0 * usual).max(8.0);
+    if never_freed(s, warm) {
+        quiet_limit = quiet_limit.max(f64::from(s.arrivals.quiet_limit()));
+    }
+    if s.max_level >= Some(Confidence::Likely) && f64::from(since_raise) > quiet_limit {
         s.resolved = true;
         s.level = None;
+        s.kept = None;
         return;
     }
-    if let Some((b1, b2)) = window::halves(post) {
-        if b1 > 0.0 && b2 < 0.25 * b1 {
-            s.class = Class::Bounded;
-        } else if s.class == Class::Bounded && b2 >= 0.25 * b1 && b2 > 0.0 {
-            s.class = Class::Leak;
+    if kept.is_some() {
+        // Kept and never freed, still arriving: slowing down or new sizes only are how such a
+        // leak looks (a cache keyed by shape that is never evicted), not a bound.
+        s.class = Class::Leak;
+    } else {
+        if let Some((b1, b2)) = window::halves(post) {
+            if b1 > 0.0 && b2 < 0.25 * b1 {
+                s.class = Class::Bounded;
+            } else if s.class == Class::Bounded && b2 >= 0.25 * b1 && b2 > 0.0 {
+                s.class = Class::Leak;
+            }
         }
-    }
-    if s.count >= 4 && s.distinct_size_share() >= 0.8 {
-        s.class = Class::ShapeKeyed;
+        if s.count >= 4 && s.distinct_size_share() >= 0.8 {
+            s.class = Class::ShapeKeyed;
+        }
     }
     if s.class != Class::Leak {
         level = level.min(Some(Confidence::Suspected));
     }
     s.level = level;
     s.max_level = s.max_level.max(level);
+}
+
+/// None of the site's allocations born since warm-up (`warm`) was ever freed.
+fn never_freed(s: &Site, warm: u32) -> bool {
+    s.freed_birth.is_none_or(|b| b < warm)
+}
+
+/// The kept rule (module comment), at the end of epoch `e`: what the site holds, if it is a
+/// leak by it.
+fn kept(s: &Site, e: u32, warm: u32) -> Option<KeptLeak> {
+    let a = &s.arrivals;
+    if !never_freed(s, warm) || a.count < KEPT_STEPS || a.span() < KEPT_SPAN {
+        return None;
+    }
+    let since_last = e.saturating_sub(a.last);
+    if since_last > a.quiet_limit() {
+        return None;
+    }
+    let (bytes, allocations) = s.births.born_between(warm, e.saturating_sub(LAG));
+    if (bytes as f64) < MIN_GROWTH {
+        return None;
+    }
+    Some(KeptLeak {
+        allocations,
+        bytes,
+        steps_with_survivors: a.count,
+        over_steps: a.span(),
+        longest_gap_steps: a.longest_gap,
+        steps_since_last: since_last,
+        quiet_limit_steps: a.quiet_limit(),
+        one_per_distinct_size: s.count >= 4 && s.distinct_size_share() >= 0.8,
+    })
 }
 
 /// Whether each of the last [`STEADY_STEPS`] steps left allocations here that survive, the
@@ -522,8 +647,15 @@ fn at_end(s: &Site, ctx: &Context<'_>) -> AtEnd {
     AtEnd::new(s.live, s.count, last, ctx.ended)
 }
 
+/// Its rate: the trend's, else what the kept rule measured.
+fn per_step_of(s: &Site) -> Option<f64> {
+    s.trend
+        .map(|t| t.slope_bytes_per_step)
+        .or_else(|| s.kept.map(|k| k.bytes_per_step()))
+}
+
 fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
-    let per_step = s.trend.map(|t| t.slope_bytes_per_step);
+    let per_step = per_step_of(s);
     let per_s = per_step.and_then(|b| per_second(b, ctx));
     let onset = s.births.oldest().unwrap_or(s.first_epoch);
     let end = at_end(s, ctx);
@@ -574,6 +706,20 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             held_in(d.bytes, d.count, d.surviving_epochs),
             end_clause(&end)
         ),
+        // Found on what it holds: what it kept first (a cache keyed by shape says so).
+        (Kind::Leak, _, _, Some(d))
+            if s.kept_only || s.kept.is_some_and(|k| k.one_per_distinct_size) =>
+        {
+            format!(
+                "{}; {} when detected at step {} ({} into the run): {}; {}",
+                s.kept.map(|k| k.words(unit(s.api))).unwrap_or_default(),
+                fmt_rate(d.slope_bytes_per_step, d.slope_bytes_per_s),
+                d.step,
+                fmt_duration(d.time_s),
+                held_in(d.bytes, d.count, d.surviving_epochs),
+                end_clause(&end)
+            )
+        }
         // What was seen when it was detected, then what became of it: memory freed at exit
         // after the last step must not turn the evidence into "0 B held".
         (Kind::Leak, _, _, Some(d)) => format!(
@@ -646,6 +792,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             cache_grew_at: Vec::new(),
             replaced: None,
             small: s.small.filter(|_| kind == Kind::Leak),
+            kept: s.kept.filter(|_| kind == Kind::Leak),
         })),
     }
     .finding()
@@ -682,6 +829,13 @@ pub const SMALL_TENSORS_HINT: &str = "A few small tensors from every step are ke
     accumulated in a list). Keep `loss.item()` (or `loss.detach()`) instead. Small as it is, it \
     grows with every step without end.";
 
+/// A cache keyed by shape that is never evicted, still growing.
+pub const SHAPE_CACHE_HINT: &str = "Every allocation here has a size no other live one has, and \
+    none was ever freed: a cache keyed by input shape or sequence length (functools.lru_cache \
+    with maxsize=None around a function that builds a tensor per length, a dict of per-shape \
+    tables) that is never evicted. It grows with the number of distinct shapes, and new ones keep \
+    coming: bound it (lru_cache(maxsize=N)), or pad inputs to a few lengths.";
+
 /// The likely cause. What the site's API says is certain; what lies above it is a guess and
 /// is worded as one. `drained`: all its memory was freed while the program still ran.
 fn hint(s: &Site, kind: Kind, drained: bool) -> (Cause, String) {
@@ -690,6 +844,9 @@ fn hint(s: &Site, kind: Kind, drained: bool) -> (Cause, String) {
     }
     if kind == Kind::Leak && s.small.is_some() && unit(s.api) == "tensor" {
         return (Cause::TensorsKept, SMALL_TENSORS_HINT.into());
+    }
+    if kind == Kind::Leak && s.kept.is_some_and(|k| k.one_per_distinct_size) {
+        return (Cause::ShapeKeyedCache, SHAPE_CACHE_HINT.into());
     }
     if kind == Kind::Growth {
         return match (s.resolved, s.class) {

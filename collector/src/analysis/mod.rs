@@ -629,8 +629,18 @@ impl Analysis {
                 fmt_bytes(leaked_at_oom)
             );
         }
+        let leaks = self.growth.leaks_on(f.device).0;
         match f.evidence.as_mut() {
-            Some(Evidence::DeviceGrowth(_)) if self.fragmentation.gap_growing(f.device) => {
+            // Tensors that leak on the device grow too: the reserve's growth is not only the
+            // cache's unused part, and the words never say the tensors are freed.
+            Some(Evidence::Fragmentation(e))
+                if leaks > 0 && e.gap_slope_bytes_per_step.is_some() =>
+            {
+                f.hint = fragmentation::gap_hint(e, leaks);
+            }
+            Some(Evidence::DeviceGrowth(_))
+                if self.fragmentation.gap_growing(f.device) && leaks == 0 =>
+            {
                 // The reserve grows away from the tensors: what grows is the cache's unused
                 // part, not memory any line holds.
                 f.cause = Cause::Fragmented;

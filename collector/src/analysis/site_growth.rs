@@ -17,7 +17,13 @@
 //!   are replaced) and < 3 surviving generations among its live allocations born in the window
 //!   (otherwise it is the leak detector's), and the site's high-water mark raised within its
 //!   usual gap between raises (the last epoch for a buffer growing every step): it is still
-//!   growing.
+//!   growing; and its buffers are replaced: in at least [`LARGER_SHARE`] of the window's
+//!   steps that both allocated and freed there, the largest allocation was larger than the
+//!   largest freed, and the window made at least one allocation per [`STEPS_PER_BUFFER`]
+//!   steps for each allocation the site holds (a KV cache of 24 layers replaces its 24
+//!   tensors every step). A cache that evicts (an LRU of 8 tables over a widening range of
+//!   lengths) also allocates and frees in the same steps, and its bytes drift up with the
+//!   sizes, but it makes one table now and then while it holds eight.
 //! - **confirmed**: likely over ≥ 10 samples with p·3 < 0.001.
 //! - **bounded** (reported as `growth` at `info`): second-half slope < ¼ of the first half over
 //!   16 epochs. **resolved** (`growth`, `info`): the high-water mark has not moved for
@@ -61,6 +67,11 @@ pub const MIN_SAMPLES: usize = 8;
 const MIN_REPLACED: u64 = 3;
 /// Surviving generations from which a site is the leak detector's.
 const MAX_GENERATIONS: u32 = 3;
+/// The share of a window's replacing steps whose new allocation was the larger one.
+pub const LARGER_SHARE: f64 = 0.8;
+/// Each allocation a growing buffer's site holds is replaced at least once per this many
+/// steps, on average over the window.
+pub const STEPS_PER_BUFFER: u64 = 4;
 
 #[derive(Clone, Copy, Debug)]
 struct Point {
@@ -72,6 +83,10 @@ struct Point {
     largest: u64,
     /// The least the site held during the epoch that ended here (its boundaries included).
     trough: u64,
+    /// Cumulative steps that both allocated and freed at the site, and those of them whose
+    /// largest allocation was larger than their largest free.
+    replacing: u64,
+    larger: u64,
 }
 
 #[derive(Debug)]
@@ -83,6 +98,10 @@ struct Site {
     allocs: u64,
     frees: u64,
     largest: u64,
+    /// The largest allocation freed at the site during the current epoch.
+    largest_freed: u64,
+    replacing: u64,
+    larger: u64,
     series: Series<Point>,
     hwm: u64,
     hwm_epoch: u32,
@@ -121,6 +140,9 @@ impl Site {
             allocs: 0,
             frees: 0,
             largest: 0,
+            largest_freed: 0,
+            replacing: 0,
+            larger: 0,
             series: Series::default(),
             hwm: 0,
             hwm_epoch: a.epoch,
@@ -200,16 +222,24 @@ impl SiteGrowthDetector {
             }
             leveled |= s.level.is_some();
             s.dirty = false;
+            let freed = std::mem::take(&mut s.largest_freed);
+            if s.largest > 0 && freed > 0 {
+                s.replacing += 1;
+                s.larger += u64::from(s.largest > freed);
+            }
             s.series.push(Point {
                 sample: Sample {
                     epoch: e,
                     live: s.live,
                     gens: 0,
+                    count: s.count,
                 },
                 allocs: s.allocs,
                 frees: s.frees,
                 largest: std::mem::take(&mut s.largest),
                 trough: std::mem::replace(&mut s.trough, s.live),
+                replacing: s.replacing,
+                larger: s.larger,
             });
             if s.live > s.hwm {
                 if s.hwm > 0 {
@@ -349,6 +379,7 @@ impl Detector for SiteGrowthDetector {
         s.trough = s.trough.min(s.live);
         s.count = s.count.saturating_sub(1);
         s.frees += 1;
+        s.largest_freed = s.largest_freed.max(a.size);
         s.dirty = true;
     }
 
@@ -398,9 +429,15 @@ fn evaluate(s: &mut Site, e: u32, warm: u32, generations: impl Fn(u32) -> u32) {
     let best = window::best_trend(&post, |start, t| {
         let first = points[start];
         let gens = generations(first.sample.epoch);
+        let replacing = last.replacing - first.replacing;
+        let larger = last.larger - first.larger;
+        let steps = u64::from(last.sample.epoch.saturating_sub(first.sample.epoch)).max(1);
+        let made = last.allocs - first.allocs;
         let pass = t.window >= MIN_SAMPLES
             && last.frees - first.frees >= MIN_REPLACED
-            && gens < MAX_GENERATIONS;
+            && gens < MAX_GENERATIONS
+            && larger as f64 >= LARGER_SHARE * replacing as f64
+            && made.saturating_mul(STEPS_PER_BUFFER) >= steps.saturating_mul(last.sample.count);
         if pass {
             gens_at_best = gens;
         }
@@ -690,6 +727,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             cache_grew_at: Vec::new(),
             replaced: s.replaced,
             small: None,
+            kept: None,
         })),
     }
     .finding()

@@ -30,6 +30,9 @@ pub struct Sample {
     pub live: u64,
     /// Distinct surviving generations (birth epochs after warm-up, at least `LAG` old).
     pub gens: u32,
+    /// Live allocations at the boundary (the leak detector's; 0 where a detector does not
+    /// count them).
+    pub count: u64,
 }
 
 /// The first and last sample of the window a trend was measured on.
@@ -196,6 +199,7 @@ mod tests {
                 epoch: i,
                 live: u64::from(i) * per_step,
                 gens: if gens { i } else { 0 },
+                count: 0,
             })
             .collect()
     }
@@ -219,6 +223,7 @@ mod tests {
             epoch: i,
             live: 16 * MIB,
             gens: 0,
+            count: 0,
         }));
         let (b1, b2) = halves(&post).unwrap();
         assert!(b1 > 0.0 && b2 == 0.0, "{b1} {b2}");

@@ -29,6 +29,10 @@ pub fn without_tensor_advice(hint: &str) -> String {
 
 /// Lines kept in `python_lines`, largest first.
 const PYTHON_LINES: usize = 10;
+/// A line listed beside others caused at least this share of their bytes, and at least
+/// [`LINE_FLOOR_BYTES`]: "4 B in 1 segment" beside 302 MiB a step is not a cause.
+const LINE_SHARE: f64 = 0.01;
+const LINE_FLOOR_BYTES: u64 = 64 << 10;
 
 /// The kind of thread a stack without Python frames ran on, from its native frames; on
 /// PyTorch's autograd thread with the backward node it ran in, when a frame names one:
@@ -92,6 +96,15 @@ pub fn python_lines(
         b.bytes
             .cmp(&a.bytes)
             .then(a.description.cmp(&b.description))
+    });
+    // Ranked by the bytes each caused; the largest always stays, the others only when they
+    // caused a share worth naming.
+    let total = v.iter().fold(0u64, |acc, l| acc.saturating_add(l.bytes));
+    let floor = ((total as f64 * LINE_SHARE) as u64).max(LINE_FLOOR_BYTES);
+    let mut i = 0;
+    v.retain(|l| {
+        i += 1;
+        i == 1 || l.bytes >= floor
     });
     v.truncate(PYTHON_LINES);
     v
@@ -288,6 +301,21 @@ mod tests {
         assert!(generic
             .iter()
             .any(|l| l.description == "threads without Python frames"));
+        // A line that caused a few bytes beside them is not listed as a cause.
+        let mut with_tiny = e.grew_at.clone();
+        with_tiny.push(GrewAt {
+            site: SiteId(999_999),
+            bytes: 4,
+            count: 1,
+        });
+        let lines = python_lines(sim.p.stacks(), &with_tiny, |site| {
+            if site == SiteId(999_999) {
+                "tiny".to_string()
+            } else {
+                thread_kind(&[])
+            }
+        });
+        assert!(lines.iter().all(|l| l.description != "tiny"), "{lines:#?}");
     }
 
     #[test]

@@ -51,6 +51,10 @@ use crate::model::history::{self, Seen};
 use crate::model::trace::Trace;
 use crate::model::Process;
 
+/// How far the replay of a run's own setting may land from the peak reserve the run really
+/// held before a prediction says so (`own_setting_check`, a warning).
+pub const OWN_SETTING_TOLERANCE: f64 = 0.02;
+
 /// What PyTorch's allocator failure reads as (CUDA_ERROR_OUT_OF_MEMORY).
 const OUT_OF_MEMORY: i32 = 2;
 /// New OOMs listed per device (all are counted).
@@ -113,11 +117,27 @@ pub struct DevicePrediction {
     /// Requests the model refused only because they would take it past 2^64 - 1 bytes
     /// (null: none).
     pub past_64_bits: Option<Past64Bits>,
+    /// The replay of the run's own setting beside the peak reserve the run held, when the
+    /// two differ by more than [`OWN_SETTING_TOLERANCE`] (absent: they agree): the model
+    /// missed something of this run, and every prediction for it is off by about as much.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub own_setting_check: Option<OwnSettingCheck>,
     /// The memory cap the program set itself (`torch.cuda.set_per_process_memory_fraction`),
     /// in bytes, as its OOM said it: the replay ran under it (absent: none seen, or the
     /// setting replayed names its own `per_process_memory_fraction`, which replaces it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub program_cap_bytes: Option<u64>,
+}
+
+/// The run's own setting replayed, against what the run reserved.
+#[derive(Clone, Debug, Serialize)]
+pub struct OwnSettingCheck {
+    pub replayed_peak_reserved_bytes: u64,
+    pub recorded_peak_reserved_bytes: u64,
+    /// (replayed - recorded) / recorded.
+    pub off_by: f64,
+    /// What the trace shows that the model cannot replay, one phrase each (may be empty).
+    pub why: Vec<String>,
 }
 
 /// Requests past what 64 bits count: rounded, with their segment, or with the reserve, more
@@ -169,6 +189,8 @@ struct DeviceRun {
     total: Option<u64>,
     /// PyTorch's segments in the trace added up past 2^64 - 1 bytes (warned once).
     recorded_past_64_bits: bool,
+    /// Segments the run gave back to the driver.
+    segments_given_back: u64,
 }
 
 struct Model {
@@ -266,13 +288,20 @@ fn program_caps(path: &Path) -> Result<FxHashMap<u32, BTreeMap<i16, u64>>, Error
 }
 
 impl ProcessRun {
-    fn new(p: &Process, asked: &[Option<AllocConf>], caps: BTreeMap<i16, u64>) -> ProcessRun {
+    /// `asked`: the settings replayed; `asked_own`: whether the user asked for the run's own
+    /// (its warnings about it are said only then).
+    fn new(
+        p: &Process,
+        asked: &[Option<AllocConf>],
+        asked_own: bool,
+        caps: BTreeMap<i16, u64>,
+    ) -> ProcessRun {
         let mut warnings = Vec::new();
         let (recorded, shown) = recorded_conf(p);
         let recorded = match recorded {
             Ok(c) => c,
             Err(e) => {
-                if asked.iter().any(Option::is_none) {
+                if asked_own {
                     warnings.push(format!(
                         "its recorded setting {shown:?} cannot be read ({e}): replayed with \
                          PyTorch's defaults instead"
@@ -284,7 +313,7 @@ impl ProcessRun {
                 }
             }
         };
-        if asked.iter().any(Option::is_none) && recorded.backend == Backend::CudaMallocAsync {
+        if asked_own && recorded.backend == Backend::CudaMallocAsync {
             warnings.push(
                 "it ran with backend:cudaMallocAsync, which is not PyTorch's caching allocator: \
                  its own setting is replayed as the native allocator's defaults"
@@ -358,6 +387,7 @@ impl ProcessRun {
             unseen: 0,
             total: None,
             recorded_past_64_bits: false,
+            segments_given_back: 0,
         })
     }
 }
@@ -372,6 +402,74 @@ fn limit(p: &Process, run: &DeviceRun, device: i16) -> Option<u64> {
     Some(total.saturating_sub(run.unseen).saturating_sub(others))
 }
 
+/// The check of the model on one device: its replay of the run's own setting against the peak
+/// reserve the run held, when they differ by more than [`OWN_SETTING_TOLERANCE`], with what the
+/// trace shows that the model cannot replay.
+fn own_setting_check(m: &Model, d: &DeviceRun, p: Option<&Process>) -> Option<OwnSettingCheck> {
+    let recorded = d.recorded_peak;
+    if recorded == 0 {
+        return None;
+    }
+    let replayed = m.alloc.peak_reserved();
+    let off_by = (replayed as f64 - recorded as f64) / recorded as f64;
+    if off_by.abs() <= OWN_SETTING_TOLERANCE {
+        return None;
+    }
+    let mut why = Vec::new();
+    if d.segments_given_back > 0 {
+        why.push(format!(
+            "the run gave {} segment{} back to the driver, by torch.cuda.empty_cache() or a \
+             retry before an out-of-memory, and the replay gives segments back only before an \
+             out-of-memory",
+            d.segments_given_back,
+            if d.segments_given_back == 1 { "" } else { "s" }
+        ));
+    }
+    if let Some(p) = p {
+        if p.lost_events() > 0 {
+            why.push(format!("the trace lost {} events", p.lost_events()));
+        }
+        if p.unmatched_frees > 0 {
+            why.push(format!(
+                "{} frees of memory allocated before tracing began (tensors made before the \
+                 tracker attached are not in the trace)",
+                p.unmatched_frees
+            ));
+        }
+        if recorded_conf(p)
+            .0
+            .is_ok_and(|c| c.backend == Backend::CudaMallocAsync)
+        {
+            why.push("the run used backend:cudaMallocAsync".to_string());
+        }
+    }
+    Some(OwnSettingCheck {
+        replayed_peak_reserved_bytes: replayed,
+        recorded_peak_reserved_bytes: recorded,
+        off_by,
+        why,
+    })
+}
+
+impl OwnSettingCheck {
+    /// The warning line: how far, and why if the trace says.
+    pub fn sentence(&self, device: i16) -> String {
+        let why = if self.why.is_empty() {
+            String::new()
+        } else {
+            format!("; why: {}", self.why.join("; "))
+        };
+        format!(
+            "on cuda:{device} the replay of the run's own setting reaches a peak reserve of {} \
+             where the run reserved {} ({:+.1} %), so its predictions here are off by about as \
+             much{why}",
+            crate::units::fmt_bytes(self.replayed_peak_reserved_bytes),
+            crate::units::fmt_bytes(self.recorded_peak_reserved_bytes),
+            100.0 * self.off_by
+        )
+    }
+}
+
 /// Replays the trace at `path` through one model per setting (`None`: each process's recorded
 /// setting), and returns one prediction per setting, in order.
 pub fn predict(path: &Path, confs: &[Option<AllocConf>]) -> Result<Vec<Prediction>, Error> {
@@ -384,17 +482,28 @@ pub fn predict(path: &Path, confs: &[Option<AllocConf>]) -> Result<Vec<Predictio
             ));
         }
     }
+    // The run's own setting is always replayed too: what checks the model against the peak
+    // reserve the run really held (`own_setting_check`).
+    let mut all: Vec<Option<AllocConf>> = confs.to_vec();
+    let own = match confs.iter().position(Option::is_none) {
+        Some(i) => i,
+        None => {
+            all.push(None);
+            all.len() - 1
+        }
+    };
+    let asked_own = own < confs.len();
     let mut caps = program_caps(path)?;
     let mut runs: FxHashMap<u32, ProcessRun> = FxHashMap::default();
     let mut order: Vec<u32> = Vec::new();
     let mut tensor_events = 0u64;
-    history::replay(path, |p, seen| {
+    let trace = history::replay(path, |p, seen| {
         let Seen::Event { event: ev, .. } = seen else {
             return;
         };
         let run = runs.entry(p.conn).or_insert_with(|| {
             order.push(p.conn);
-            ProcessRun::new(p, confs, caps.remove(&p.conn).unwrap_or_default())
+            ProcessRun::new(p, &all, asked_own, caps.remove(&p.conn).unwrap_or_default())
         });
         if run.first_ts_ns == 0 {
             run.first_ts_ns = ev.ts_ns;
@@ -430,6 +539,7 @@ pub fn predict(path: &Path, confs: &[Option<AllocConf>]) -> Result<Vec<Predictio
             (EventKind::SegmentFree, Api::oomtrace_torch_segment) => {
                 let dev = run.device(ev.device);
                 dev.recorded_reserved = dev.recorded_reserved.saturating_sub(ev.size);
+                dev.segments_given_back += 1;
             }
             (EventKind::Alloc, Api::oomtrace_torch_alloc) => {
                 tensor_events += 1;
@@ -526,6 +636,11 @@ pub fn predict(path: &Path, confs: &[Option<AllocConf>]) -> Result<Vec<Predictio
                         device_total_bytes: d.total,
                         reserved_at_end_bytes: m.alloc.reserved(),
                         past_64_bits: m.past_64_bits.clone(),
+                        own_setting_check: own_setting_check(
+                            &d.models[own],
+                            d,
+                            trace.processes.iter().find(|p| p.conn == *conn),
+                        ),
                         program_cap_bytes: run
                             .caps
                             .get(&device)
@@ -538,12 +653,18 @@ pub fn predict(path: &Path, confs: &[Option<AllocConf>]) -> Result<Vec<Predictio
                 continue;
             }
             let (conf, source) = &run.confs[i];
+            let mut warnings = run.warnings.clone();
+            for d in &devices {
+                if let Some(c) = &d.own_setting_check {
+                    warnings.push(c.sentence(d.device));
+                }
+            }
             processes.push(ProcessPrediction {
                 pid: run.pid,
                 alloc_conf: conf.source.clone(),
                 alloc_conf_source: *source,
                 devices,
-                warnings: run.warnings.clone(),
+                warnings,
             });
         }
         let alloc_conf = match asked {

@@ -271,3 +271,60 @@ fn a_buffer_freed_while_steps_go_on_is_growth_not_a_leak() {
     );
     assert!(!sim.a.site_growth.is_leak(SiteId(BUFFER), 0));
 }
+
+/// An LRU of 8 tables over a widening range of lengths (`functools.lru_cache(maxsize=8)`):
+/// it allocates and frees in the same steps and its bytes drift up with the lengths, but what
+/// it evicts is as often larger as smaller than what it makes: no buffer is replaced by a
+/// larger one, and no finding (its bytes grew, held in as many tables as ever).
+#[test]
+fn a_cache_that_evicts_over_growing_lengths_is_not_one_buffer_growing() {
+    let mut sim = Sim::new(1_000_000);
+    let mut lru: std::collections::VecDeque<(u64, u64)> = std::collections::VecDeque::new();
+    let mut seed = 7u64;
+    for i in 0..120u64 {
+        step(&mut sim);
+        // xorshift: a length from a range that widens by one every other step.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let length = seed % (4 + i / 2);
+        if let Some(at) = lru.iter().position(|&(l, _)| l == length) {
+            let hit = lru.remove(at).unwrap();
+            lru.push_back(hit);
+        } else {
+            let ptr = sim.alloc(BUFFER, 4 * MIB + length * 64 * 1024);
+            lru.push_back((length, ptr));
+            if lru.len() > 8 {
+                let (_, oldest) = lru.pop_front().unwrap();
+                sim.free(oldest);
+            }
+        }
+        sim.mark();
+    }
+    let leaks: Vec<Finding> = at(&sim, BUFFER)
+        .into_iter()
+        .filter(|f| f.kind == Kind::Leak)
+        .collect();
+    assert!(
+        leaks.is_empty(),
+        "{:?}",
+        leaks.iter().map(|f| &f.message).collect::<Vec<_>>()
+    );
+    let said: Vec<(Kind, String)> = sim
+        .a
+        .alerts
+        .list
+        .iter()
+        .map(|a| {
+            (
+                a.finding.kind,
+                format!("{:?} {}", a.change, a.finding.message),
+            )
+        })
+        .collect();
+    assert!(
+        said.iter().all(|(k, _)| *k == Kind::DeviceGrowth),
+        "{said:#?}"
+    );
+    assert!(said.len() <= 3, "{said:#?}");
+}
