@@ -25,6 +25,14 @@
 //!   Device memory outside the allocator (an extension's own cudaMalloc) is not reserve;
 //!   under the swapped allocator (`--torch=swap`) there is no reserve to see.
 //!
+//!   A gap that stops growing is said to have stopped: once its widest point is
+//!   [`CREEP_WINDOW`] steps old and the gap's trend over the window fails the test, the
+//!   finding says it grew until that step and has held since (`evidence.settled_step`), never
+//!   "the gap grows"; growing again clears it. Whether such a finding stays is the remedies'
+//!   word: the report drops one whose every remedy, replayed, saves nothing
+//!   (`report/remedies.rs`): a cache that grew while the program warmed up and then holds,
+//!   with no setting that would reserve less, is the allocator settling.
+//!
 //! The finding carries the pattern behind the gap (requests larger than every cached free
 //! block, sizes growing step after step, many sizes), the lines where the cache grew (named by
 //! the report) and the remedies (`PYTORCH_CUDA_ALLOC_CONF` settings), whose predicted effect
@@ -55,6 +63,9 @@ pub const CREEP_WINDOW: usize = 16;
 const CREEP_MIN_SAMPLES: usize = 6;
 /// Reserve above this multiple of the tensors at peak (the common rule of thumb).
 pub const RATIO: f64 = 1.5;
+/// What a reading of PyTorch's reserve may differ from the traced one by (beside 1 %) before
+/// the readings are the source (four times this, beside 5 %, for its tensors).
+const MISMATCH_FLOOR: f64 = (2u64 << 20) as f64;
 /// The gap must be at least one large segment of PyTorch's allocator (kLargeBuffer, 20 MiB):
 /// less is the normal slack of a cache.
 pub const MIN_GAP: u64 = 20 << 20;
@@ -122,6 +133,14 @@ pub struct FragEvidence {
     /// The reserve and the tensors at peak over the last steps, oldest first.
     pub reserved_samples: Vec<u64>,
     pub tensor_peak_samples: Vec<u64>,
+    /// The step the gap last grew at, once it has held for [`CREEP_WINDOW`] steps since
+    /// (absent while it grows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settled_step: Option<u32>,
+    /// PyTorch's own `memory_reserved() / memory_allocated()` at the latest step reading (the
+    /// `oomtrace` package's step hook), where it read them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pytorch_reserved_to_allocated: Option<f64>,
     /// How much of the reserve's growth over those samples the tensors at peak grew by
     /// (0..1): what the tensors held explain of it (absent: the reserve did not grow).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -178,6 +197,9 @@ struct DeviceFrag {
     creep: bool,
     /// The latest reading of PyTorch's counters (step hook).
     reading: Option<Reading>,
+    /// A reading found PyTorch's reserve other than the segments traced added up to: the
+    /// readings are the source from then on.
+    reserve_mismatch: bool,
     /// A segment was just taken while this much reserve was unallocated: the tensor request
     /// that made the allocator take it comes next.
     pending_segment: Option<u64>,
@@ -283,6 +305,24 @@ impl FragmentationDetector {
     /// PyTorch's own counters for `device` (see [`FragmentationDetector::torch_memory`]).
     pub fn on_reading(&mut self, device: i16, allocated: u64, max_allocated: u64, reserved: u64) {
         let d = self.devices.entry(device).or_default();
+        // Read right after the step marker whose sample was just taken: where PyTorch's own
+        // reserve, or its tensors, are not what the traced segments and tensors add up to, its
+        // counters are what the finding rests on from then on (and what its ratio says).
+        if let Some(&ours) = d.reserved.back().filter(|_| d.tensors) {
+            // The reserve is the segments, exactly; the tensors differ by PyTorch's rounding
+            // (512-byte blocks) and a tensor in flight at the reading (a few MiB): only a
+            // difference beyond that says the traced tensors are not PyTorch's.
+            let reserve_off =
+                (ours - reserved as f64).abs() > (0.01 * reserved as f64).max(MISMATCH_FLOOR);
+            let tensors_off = (d.tensor_live as f64 - allocated as f64).abs()
+                > (0.05 * allocated as f64).max(4.0 * MISMATCH_FLOOR);
+            if reserve_off || tensors_off {
+                d.reserve_mismatch = true;
+            }
+        }
+        if allocated > 0 {
+            d.ev.pytorch_reserved_to_allocated = Some(reserved as f64 / allocated as f64);
+        }
         d.reading = Some(Reading {
             allocated,
             max_allocated,
@@ -373,7 +413,7 @@ impl Detector for FragmentationDetector {
                 .devices
                 .get(&device)
                 .and_then(|dev| dev.torch_reserved_bytes)
-                .filter(|_| d.tensors);
+                .filter(|_| d.tensors && !(d.reserve_mismatch && d.reading.is_some()));
             let (source, reserved, at_peak, live) = match (tracked, d.reading) {
                 (Some(reserved), _) => (
                     FragSource::Tensors,
@@ -446,6 +486,13 @@ impl Detector for FragmentationDetector {
                 // Found: keep its figures current for the report.
                 if ev.widest.is_none_or(|w| gap > w.gap_bytes) {
                     ev.widest = Some(now);
+                }
+                // Stopped growing, or growing again (the module comment).
+                let widest_step = ev.widest.map_or(ctx.epoch, |w| w.step);
+                if growing {
+                    ev.settled_step = None;
+                } else if ctx.epoch.saturating_sub(widest_step) as usize >= CREEP_WINDOW {
+                    ev.settled_step.get_or_insert(widest_step);
                 }
                 if growing {
                     ev.reserved_slope_bytes_per_step = Some(slope);
@@ -636,16 +683,21 @@ fn gap_sentence(ev: &FragEvidence) -> String {
     if let Some(w) = ev.widest {
         why.push(format!("step {}", w.step));
     }
+
     let why = if why.is_empty() {
         String::new()
     } else {
         format!(" ({})", why.join(", "))
     };
+    let rate = fmt_rate(ev.reserved_slope_bytes_per_step.unwrap_or(0.0), None);
+    let trend = match ev.settled_step {
+        Some(step) => format!("the gap grew {rate} until step {step} and has held since"),
+        None => format!("the gap grows {rate}"),
+    };
     format!(
-        "PyTorch's cache reserved {} for {} of {what}{why}; the gap grows {}",
+        "PyTorch's cache reserved {} for {} of {what}{why}; {trend}",
         fmt_bytes(reserved),
         fmt_bytes(at_peak),
-        fmt_rate(ev.reserved_slope_bytes_per_step.unwrap_or(0.0), None)
     )
 }
 

@@ -71,7 +71,52 @@ pub fn predict(report: &mut Report, trace: &Trace<Analysis>, path: &Path) -> Opt
             fill(remedies, &names, &predictions, pid, device, at_s);
         }
     }
+    // A growing gap whose every remedy, replayed, reserves no less than the run: the cache
+    // grows with what the program asks for, and no setting changes it; not a finding.
+    let dropped: Vec<(u32, i16)> = report
+        .findings
+        .iter()
+        .filter(|f| nothing_helps(f))
+        .map(|f| (f.pid, f.device))
+        .collect();
+    report.findings.retain(|f| !nothing_helps(f));
+    // A device growth that pointed at it says what it is instead.
+    for f in report.findings.iter_mut().filter(|f| {
+        f.kind == crate::analysis::Kind::DeviceGrowth
+            && f.cause == crate::analysis::Cause::Fragmented
+            && dropped.contains(&(f.pid, f.device))
+    }) {
+        f.hint = SETTLED_CACHE_HINT.to_string();
+    }
     None
+}
+
+/// A device growth whose fragmentation finding no remedy helps.
+const SETTLED_CACHE_HINT: &str = "PyTorch's cache grows with what the program asks for: every \
+    PYTORCH_CUDA_ALLOC_CONF remedy, replayed on this trace, reserves as much. The requests \
+    themselves grow (larger batches or sequences): bound them, or pad them to a few sizes.";
+
+/// The least share of the baseline's peak reserve a remedy must save to count as helping.
+const HELPS: f64 = 0.05;
+
+/// A fragmentation finding that rests on the growing gap alone (no retries, no failures) and
+/// whose remedies were all predicted, none saving [`HELPS`] of the peak reserve.
+fn nothing_helps(f: &crate::analysis::Finding) -> bool {
+    let Some(Evidence::Fragmentation(e)) = &f.evidence else {
+        return false;
+    };
+    if e.retries > 0 || e.failures_with_free_memory > 0 || e.remedies.is_empty() {
+        return false;
+    }
+    e.remedies.iter().all(|r| {
+        match (
+            r.predicted_peak_reserved_bytes,
+            r.baseline_peak_reserved_bytes,
+        ) {
+            (Some(p), Some(b)) => p as f64 > b as f64 * (1.0 - HELPS),
+            _ => false,
+        }
+    })
 }
 
 fn has_remedies(f: &crate::analysis::Finding) -> bool {

@@ -407,7 +407,8 @@ fn limit(p: &Process, run: &DeviceRun, device: i16) -> Option<u64> {
 /// trace shows that the model cannot replay.
 fn own_setting_check(m: &Model, d: &DeviceRun, p: Option<&Process>) -> Option<OwnSettingCheck> {
     let recorded = d.recorded_peak;
-    if recorded == 0 {
+    // Sizes past 64 bits are said on their own: no real device's peak to check against.
+    if recorded == 0 || d.recorded_past_64_bits || m.past_64_bits.is_some() {
         return None;
     }
     let replayed = m.alloc.peak_reserved();

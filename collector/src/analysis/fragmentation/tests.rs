@@ -1,5 +1,5 @@
 use super::{FragSource, RATIO};
-use crate::analysis::{Analysis, Detector, Evidence, Finding, Level, Severity};
+use crate::analysis::{Analysis, Detector, Evidence, Finding, Kind, Level, Severity};
 use crate::model::{Process, OUT_OF_MEMORY};
 use oomtrace_proto::wire::{Frame, Hello};
 use oomtrace_proto::{Api, Event, EventKind, StackId};
@@ -96,6 +96,15 @@ fn reserved_creeping_while_tensors_stay_flat_is_fragmentation() {
 /// With `reserve_follows`, the cache gives back the old segment each step (the reserve
 /// tracks the tensors: no gap).
 fn growing_working_set(reserve_follows: bool) -> Vec<Finding> {
+    growing_then_flat(reserve_follows, 0).0
+}
+
+/// [`growing_working_set`], then `flat` steps whose tensor is the last one's size (it fits
+/// the cached segment: the reserve and the gap hold). Also the live alerts.
+fn growing_then_flat(
+    reserve_follows: bool,
+    flat: u64,
+) -> (Vec<Finding>, Vec<crate::analysis::Alert>) {
     let mut p = Proc::new();
     let mut ts = 1;
     let mut prev_seg = None;
@@ -136,7 +145,43 @@ fn growing_working_set(reserve_follows: bool) -> Vec<Finding> {
         p.apply_event(&ev(EventKind::Free, Api::oomtrace_torch_free, base, 0, ts));
         mark(&mut p, ts + 5);
     }
-    frag(&p)
+    let (base, size) = prev_seg.unwrap();
+    for _ in 0..flat {
+        ts += 20;
+        p.apply_event(&ev(
+            EventKind::Alloc,
+            Api::oomtrace_torch_alloc,
+            base,
+            size,
+            ts,
+        ));
+        ts += 10;
+        p.apply_event(&ev(EventKind::Free, Api::oomtrace_torch_free, base, 0, ts));
+        mark(&mut p, ts + 5);
+    }
+    (frag(&p), p.a.alerts.list.clone())
+}
+
+/// A cache that grew while the program warmed up, then held for 30 steps: the finding says
+/// the gap grew until its widest step and has held since, never that it grows; said live once.
+#[test]
+fn a_gap_that_stops_growing_says_so() {
+    let (f, alerts) = growing_then_flat(false, 30);
+    assert_eq!(f.len(), 1, "{f:?}");
+    let Some(Evidence::Fragmentation(e)) = &f[0].evidence else {
+        panic!("{f:?}")
+    };
+    assert!(e.settled_step.is_some(), "{e:?}");
+    assert!(
+        f[0].message.contains("and has held since") && !f[0].message.contains("the gap grows"),
+        "{}",
+        f[0].message
+    );
+    let said = alerts
+        .iter()
+        .filter(|a| a.finding.kind == Kind::Fragmentation)
+        .count();
+    assert_eq!(said, 1);
 }
 
 #[test]
