@@ -140,7 +140,11 @@ impl Drop for Inside {
             // What PyTorch's OOM entry says: the request rounded as its allocator rounds
             // (whole 512-byte blocks; a `roundup_power2_divisions` setting rounds further,
             // which `oomtrace whatif` applies itself).
-            record_oom(f.device, rounded(self.request), f.allowed);
+            record_oom(
+                f.device,
+                rounded(self.request),
+                torch_reserve::take_observed(),
+            );
         }
     }
 }
@@ -304,7 +308,8 @@ unsafe extern "C-unwind" fn raw_deleter(_this: *const c_void) -> Option<Deleter>
 /// The protection of the mapping that holds `addr` (`/proc/self/maps`, read in a window in
 /// which the program's close calls wait: the descriptor read and closed is the shim's own).
 fn protection_of(addr: usize) -> Option<c_int> {
-    let maps = fd_guard::transient(|| std::fs::read_to_string("/proc/self/maps"))?.ok()?;
+    let maps = fd_guard::read_own(std::path::Path::new("/proc/self/maps"))?.ok()?;
+    let maps = String::from_utf8(maps).ok()?;
     maps.lines().find_map(|line| {
         let (range, rest) = line.split_once(' ')?;
         let (lo, hi) = range.split_once('-')?;

@@ -32,15 +32,13 @@ static SEGMENTS: Mutex<BTreeMap<u64, (u64, i16)>> = Mutex::new(BTreeMap::new());
 static DEVICES: AtomicU64 = AtomicU64::new(0);
 
 /// A device allocation that failed inside an allocator method: its CUDA result, size, device;
-/// or PyTorch's own out-of-memory, as its observer said it (`allocator_out_of_memory`).
+/// or PyTorch's own out-of-memory, as its observer said it (`allocator_out_of_memory`; what it
+/// said the allocator was allowed: `take_observed`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Failed {
     pub rc: i32,
     pub size: u64,
     pub device: i16,
-    /// What the allocator was allowed to reserve, as PyTorch's out-of-memory observer said (its
-    /// memory-fraction cap, or the device's total); 0 when the observer did not speak.
-    pub allowed: u64,
 }
 
 /// CUDA_ERROR_OUT_OF_MEMORY: what an out-of-memory the observer said is recorded as.
@@ -59,6 +57,10 @@ struct Method {
 thread_local! {
     /// `const`, no `Drop`: usable while the thread is torn down.
     static METHOD: Cell<Method> = const { Cell::new(Method { depth: 0, failed: None }) };
+    /// What PyTorch's out-of-memory observer said the allocator was allowed to reserve, in the
+    /// method running on this thread (0: it did not speak). A cell of its own, touched only
+    /// at an OOM: `METHOD` is copied in and out at every tensor.
+    static OBSERVED: Cell<u64> = const { Cell::new(0) };
 }
 
 pub fn activate() {
@@ -114,12 +116,7 @@ pub fn device_alloc(rc: i32, ptr: u64, size: u64, device: i16) -> bool {
         return false;
     }
     if rc != 0 {
-        let failed = Some(Failed {
-            rc,
-            size,
-            device,
-            allowed: 0,
-        });
+        let failed = Some(Failed { rc, size, device });
         let _ = METHOD.try_with(|m| m.set(Method { failed, ..m.get() }));
         return false;
     }
@@ -143,6 +140,7 @@ pub fn allocator_out_of_memory(device: i16, allowed: u64) -> bool {
     if !inside_method() {
         return false;
     }
+    let _ = OBSERVED.try_with(|o| o.set(allowed));
     METHOD
         .try_with(|m| {
             let now = m.get();
@@ -152,12 +150,17 @@ pub fn allocator_out_of_memory(device: i16, allowed: u64) -> bool {
                     rc: OUT_OF_MEMORY,
                     size,
                     device,
-                    allowed,
                 }),
                 ..now
             });
         })
         .is_ok()
+}
+
+/// What the observer said in the method that just unwound on this thread, cleared (0: it did
+/// not speak).
+pub fn take_observed() -> u64 {
+    OBSERVED.try_with(|o| o.replace(0)).unwrap_or(0)
 }
 
 /// A device free (or unmap) of `ptr`, before the real call: the segment it gives back.
@@ -220,9 +223,9 @@ mod tests {
                 rc: 2,
                 size: 20 << 20,
                 device: 1,
-                allowed: 0,
             })
         );
+        assert_eq!(take_observed(), 0, "the observer did not speak");
         assert!(
             !allocator_out_of_memory(1, 1 << 30),
             "outside a method: the tracker's"
@@ -238,9 +241,10 @@ mod tests {
                 rc: 2,
                 size: 0,
                 device: 1,
-                allowed: 1 << 30,
             })
         );
+        assert_eq!(take_observed(), 1 << 30);
+        assert_eq!(take_observed(), 0, "taken once");
         enter();
         assert_eq!(leave(), None, "a new method starts with no failure");
         assert!(

@@ -1,5 +1,5 @@
 //! The Hello: what the stream's first frame says of this process, read from `/proc` on the
-//! drain thread (each read in a window of the descriptor guard, `fd_guard::transient`).
+//! drain thread (each read in a window of the descriptor guard, `fd_guard::read_own`).
 
 use oomtrace_proto::wire::{self, Hello};
 
@@ -30,7 +30,7 @@ pub(super) fn hello(pid: u32, stacks: bool) -> Hello {
 }
 
 fn read_cmdline() -> Vec<String> {
-    fd_guard::transient(|| std::fs::read("/proc/self/cmdline"))
+    fd_guard::read_own(std::path::Path::new("/proc/self/cmdline"))
         .and_then(Result::ok)
         .map(|b| {
             b.split(|&c| c == 0)
@@ -46,7 +46,7 @@ fn read_cmdline() -> Vec<String> {
 /// may be calling `setenv`, and launchers set these before `exec`.
 fn read_launch_vars() -> Vec<(String, String)> {
     use oomtrace_proto::launch::{LAUNCH_VARS, MAX_VALUE};
-    let Some(Ok(environ)) = fd_guard::transient(|| std::fs::read("/proc/self/environ")) else {
+    let Some(Ok(environ)) = fd_guard::read_own(std::path::Path::new("/proc/self/environ")) else {
         return Vec::new();
     };
     environ
@@ -66,8 +66,8 @@ fn read_launch_vars() -> Vec<(String, String)> {
 
 /// The host's name, "" when unreadable (a trace from many nodes tells them apart by it).
 fn read_host() -> String {
-    fd_guard::transient(|| std::fs::read_to_string("/proc/sys/kernel/hostname"))
+    fd_guard::read_own(std::path::Path::new("/proc/sys/kernel/hostname"))
         .and_then(Result::ok)
-        .map(|h| h.trim().to_string())
+        .map(|h| String::from_utf8_lossy(&h).trim().to_string())
         .unwrap_or_default()
 }

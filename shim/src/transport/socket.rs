@@ -121,7 +121,7 @@ impl Sink for UnixSink {
         if now.duration_since(self.peer_checked) >= PEER_CHECK_EVERY {
             self.peer_checked = now;
             let stat = format!("/proc/{}/stat", self.peer_pid);
-            self.peer_was_stopped = fd_guard::transient(|| std::fs::read(&stat))
+            self.peer_was_stopped = fd_guard::read_own(std::path::Path::new(&stat))
                 .and_then(Result::ok)
                 .and_then(|stat| {
                     // "pid (comm) S ...": the state follows the last ')'.
