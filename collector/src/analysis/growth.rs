@@ -35,8 +35,9 @@
 //!   epochs: a bounded cache filling up), or growth made of sizes never live twice (a cache
 //!   keyed by shape) is capped at suspected, unless the site is kept and never freed (above);
 //!   a site whose high-water mark has not moved for max(8, 3 × its usual gap) epochs (and, for
-//!   a site that never freed anything, its quiet limit) is resolved, and so is one that a step boundary finds
-//!   holding nothing (it drained: the program gave its memory back while it still ran).
+//!   a site that never freed anything, its quiet limit) is resolved, and so is one that a step
+//!   boundary finds holding nothing (it drained: the program gave its memory back while it
+//!   still ran).
 //!   Memory kept through the last step and freed only after it (a cleanup before exit, an
 //!   interpreter's teardown) leaves a leak a leak ([`super::evidence::Fate`]).
 //!
