@@ -5,8 +5,10 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use oomtrace_collector::analysis::fragmentation::{self, FragPattern, MANY_SIZES};
 use oomtrace_collector::units::fmt_bytes;
 use oomtrace_collector::whatif::{self, AllocConf, ConfSource, Prediction};
+use serde::Serialize;
 
 use crate::output::Output;
 use crate::Failure;
@@ -20,7 +22,8 @@ pub struct Args {
     pub file: PathBuf,
     /// The allocator setting to try, as PYTORCH_CUDA_ALLOC_CONF takes it (for example
     /// expandable_segments:True or max_split_size_mb:128); without it, each process's own
-    /// recorded setting is replayed.
+    /// recorded setting is replayed, and then the usual remedies added to it, ranked by the
+    /// peak reserve each would reach.
     #[arg(long, value_name = "CONF")]
     pub alloc_conf: Option<String>,
     /// Print the JSON document instead of text.
@@ -33,13 +36,24 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         Some(s) => Some(AllocConf::parse(s).map_err(|e| Failure::new(e.to_string()))?),
         None => None,
     };
+    let given = conf.is_some();
     let prediction = whatif::predict(&args.file, &[conf])
         .map_err(|e| Failure::new(e.to_string()))?
         .pop()
         .expect("one prediction per setting");
+    // Without a setting asked about: the remedies, each added to the run's own, ranked.
+    let tried = if given {
+        Vec::new()
+    } else {
+        try_remedies(&args.file, &prediction)?
+    };
     let mut out = Output::stdout().named("the prediction");
     if args.json {
-        let _ = serde_json::to_writer_pretty(&mut out, &prediction)
+        let doc = Document {
+            prediction: &prediction,
+            tried: &tried,
+        };
+        let _ = serde_json::to_writer_pretty(&mut out, &doc)
             .map_err(std::io::Error::from)
             .and_then(|()| out.write_all(b"\n"));
     } else {
@@ -48,10 +62,135 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
                 eprintln!("oomtrace: warning: process {}: {w}", p.pid);
             }
         }
-        let _ = out.write_all(text(&prediction, args.alloc_conf.is_some()).as_bytes());
+        let mut s = text(&prediction, given);
+        s += &tried_text(&tried);
+        let _ = out.write_all(s.as_bytes());
     }
     out.finish()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The JSON document: the prediction, and (without `--alloc-conf`) the remedies tried.
+#[derive(Serialize)]
+struct Document<'a> {
+    #[serde(flatten)]
+    prediction: &'a Prediction,
+    #[serde(skip_serializing_if = "<[Tried]>::is_empty")]
+    tried: &'a [Tried],
+}
+
+/// One remedy added to the run's own setting, replayed (`tried` in JSON, best first).
+#[derive(Serialize)]
+struct Tried {
+    /// The remedy, as PYTORCH_CUDA_ALLOC_CONF takes it (added to the run's own setting).
+    remedy: String,
+    /// The peak reserves of every device, added up: with the remedy, and with the run's own
+    /// setting as the same model replays it.
+    peak_reserved_bytes: u64,
+    baseline_peak_reserved_bytes: u64,
+    /// The run's out-of-memory errors the remedy would avoid, and the new ones it would cause.
+    ooms_avoided: u64,
+    ooms: u64,
+    new_ooms: u64,
+    prediction: Prediction,
+}
+
+/// Each remedy oomtrace suggests for fragmentation, added to the run's own setting (when every
+/// process ran with the same one) and replayed in one pass, best first.
+fn try_remedies(file: &std::path::Path, own: &Prediction) -> Result<Vec<Tried>, Failure> {
+    let mut settings = own.processes.iter().map(|p| p.alloc_conf.as_str());
+    let Some(first) = settings.next() else {
+        return Ok(Vec::new());
+    };
+    if settings.any(|s| s != first) {
+        return Ok(Vec::new());
+    }
+    let Ok(base) = AllocConf::parse(first) else {
+        return Ok(Vec::new());
+    };
+    let pattern = FragPattern {
+        distinct_large_sizes: MANY_SIZES + 1,
+        ..Default::default()
+    };
+    let mut names = Vec::new();
+    let mut confs = Vec::new();
+    for r in fragmentation::remedies(&pattern) {
+        if let Ok(c) = base.with(&r.alloc_conf) {
+            names.push(r.alloc_conf);
+            confs.push(Some(c));
+        }
+    }
+    if confs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let predictions = whatif::predict(file, &confs).map_err(|e| Failure::new(e.to_string()))?;
+    let sum = |p: &Prediction, f: &dyn Fn(&whatif::DevicePrediction) -> u64| -> u64 {
+        p.processes
+            .iter()
+            .flat_map(|p| &p.devices)
+            .fold(0u64, |acc, d| acc.saturating_add(f(d)))
+    };
+    let baseline = sum(own, &|d| d.peak_reserved_bytes);
+    let mut tried: Vec<Tried> = names
+        .into_iter()
+        .zip(predictions)
+        .map(|(remedy, prediction)| Tried {
+            remedy,
+            peak_reserved_bytes: sum(&prediction, &|d| d.peak_reserved_bytes),
+            baseline_peak_reserved_bytes: baseline,
+            ooms_avoided: sum(&prediction, &|d| {
+                d.ooms.iter().filter(|o| !o.would_still_happen).count() as u64
+            }),
+            ooms: sum(&prediction, &|d| d.ooms.len() as u64),
+            new_ooms: sum(&prediction, &|d| d.new_oom_count),
+            prediction,
+        })
+        .collect();
+    // Fewest new out-of-memory errors, most avoided, then the lowest peak reserve.
+    tried.sort_by(|a, b| {
+        a.new_ooms
+            .cmp(&b.new_ooms)
+            .then(b.ooms_avoided.cmp(&a.ooms_avoided))
+            .then(a.peak_reserved_bytes.cmp(&b.peak_reserved_bytes))
+            .then(a.remedy.cmp(&b.remedy))
+    });
+    Ok(tried)
+}
+
+/// The remedies tried, best first, one line each.
+fn tried_text(tried: &[Tried]) -> String {
+    if tried.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "settings to try, best first (each added to the run's own and replayed on this trace; \
+         `--alloc-conf` for the details of one):\n",
+    );
+    let width = tried.iter().map(|t| t.remedy.len()).max().unwrap_or(0);
+    for t in tried {
+        let mut effect = format!(
+            "max_memory_reserved() {} ({})",
+            fmt_bytes(t.peak_reserved_bytes),
+            change(t.peak_reserved_bytes, t.baseline_peak_reserved_bytes)
+        );
+        if t.ooms > 0 {
+            effect += &format!(
+                "; avoids {} of the run's {} out-of-memory error{}",
+                t.ooms_avoided,
+                t.ooms,
+                if t.ooms == 1 { "" } else { "s" }
+            );
+        }
+        if t.new_ooms > 0 {
+            effect += &format!(
+                "; {} new out-of-memory error{}",
+                t.new_ooms,
+                if t.new_ooms == 1 { "" } else { "s" }
+            );
+        }
+        s += &format!("  {:<width$}  {effect}\n", t.remedy);
+    }
+    s
 }
 
 /// How a setting reads in a sentence.

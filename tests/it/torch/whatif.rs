@@ -293,6 +293,39 @@ fn validate(script: &str, settings: &[&str]) -> Vec<(String, Peaks)> {
          recorded {recorded}, PyTorch's own {}: {d:#}",
         default.reserved
     );
+    // Without --alloc-conf the remedies are tried too, each added to the run's own setting
+    // (PyTorch's defaults here), best first: each one measured here lands within the bound of
+    // PyTorch's own peak reserve under it, as `--alloc-conf` does.
+    let tried = replay["tried"].as_array().expect("the remedies tried");
+    assert!(tried.len() >= 3, "{replay:#}");
+    for pair in tried.windows(2) {
+        let key = |t: &Value| {
+            (
+                t["new_ooms"].as_u64(),
+                u64::MAX - t["ooms_avoided"].as_u64().unwrap(),
+            )
+        };
+        assert!(
+            key(&pair[0]) < key(&pair[1])
+                || (key(&pair[0]) == key(&pair[1])
+                    && pair[0]["peak_reserved_bytes"].as_u64()
+                        <= pair[1]["peak_reserved_bytes"].as_u64()),
+            "{script}: not best first: {tried:#?}"
+        );
+    }
+    for t in tried {
+        let remedy = t["remedy"].as_str().unwrap();
+        if let Some((_, m)) = measured.iter().find(|(c, _)| c == remedy) {
+            if !oom_script || m.oom {
+                let predicted = t["peak_reserved_bytes"].as_u64().unwrap();
+                assert!(
+                    error(predicted, m.reserved).abs() <= TOLERANCE,
+                    "{script}: tried {remedy}: {predicted}, PyTorch's own {}",
+                    m.reserved
+                );
+            }
+        }
+    }
     // Beyond 2 % of the recorded reserve the prediction says it missed something; within, it
     // says nothing.
     assert_eq!(
