@@ -1112,8 +1112,9 @@ pub fn summary(r: &Report) -> String {
         .filter(|f| f.kind == Kind::Oom)
         .min_by_key(|f| f.cause == Cause::RetriedAfterFree);
     if let Some(f) = first_oom {
+        // As the report says it: what held the memory at that moment too.
         let _ = writeln!(out, "  first out-of-memory:");
-        oom_text(&mut out, f, false, TEXT_FRAMES, opts);
+        oom_text(&mut out, f, true, TEXT_FRAMES, opts);
     }
     for f in r
         .findings

@@ -609,6 +609,12 @@ fn oom(mode: Mode) {
         if mode != Mode::Preload {
             assert_eq!(r.stderr.matches("[oom error]").count(), 1, "{}", r.stderr);
             assert!(!r.stderr.contains("oomtrace_torch_alloc"), "{}", r.stderr);
+            // The run's summary says the OOM as the report does, with what held the memory.
+            let summary = &r.stderr[r.stderr.find("first out-of-memory:").expect("summary")..];
+            assert!(
+                summary.contains("memory held at that moment by:"),
+                "{summary}"
+            );
         }
     }
     let o = &oom["oom"];

@@ -142,7 +142,7 @@ impl Arrivals {
             Some(_) => self.longest_gap = self.longest_gap.max(e.saturating_sub(self.last)),
         }
         self.last = e;
-        self.count += 1;
+        self.count = self.count.saturating_add(1);
     }
 
     /// The steps they came over.
@@ -153,7 +153,10 @@ impl Arrivals {
     /// How long none may arrive before the growth counts as stopped: relative to how they
     /// came (module comment).
     fn quiet_limit(&self) -> u32 {
-        (2 * self.longest_gap).max(self.span() / 2).max(8)
+        self.longest_gap
+            .saturating_mul(2)
+            .max(self.span() / 2)
+            .max(8)
     }
 }
 
