@@ -14,7 +14,9 @@
 //!   `RLIMIT_NOFILE`, never raising it; where the limit is tiny it stays where it is), and its
 //!   identity (device, inode, file type: `fstat`) is remembered. The drain thread's short-lived
 //!   descriptors (`/proc` reads) are opened and closed inside a window too.
-//! - The hooks below cost one atomic load and a compare for any other descriptor. A call that
+//! - The hooks below cost one atomic load and a compare for any other descriptor, between two
+//!   counts of the calls in flight (`IN_FLIGHT`): a window opens only once every call that
+//!   looked before it opened has returned. A call that
 //!   would close or replace ours takes the lock, marks ours taken, then makes the real call;
 //!   the drain thread holds the same lock around each non-blocking write (`Owned::sys`), so a
 //!   write can never land after the program's close. Under the lock it also checks the
@@ -73,6 +75,35 @@ thread_local! {
 const LOCK_GIVE_UP: Duration = Duration::from_secs(2);
 /// Hooks that went on without the lock while a window was open (module comment).
 static GAVE_UP: AtomicU64 = AtomicU64::new(0);
+/// Close-family calls on the fast path, from their look at `WATCH` to the end of the real
+/// call. A window opens only once none is left: a call that had looked before the window
+/// said `EVERY` would otherwise close the descriptor the window is about to make, and the
+/// program reuse its number (`Owned::create` then took the program's pipe for its socket and
+/// closed it while moving it high: the program's next write failed with EBADF, about one run
+/// in 100 of programs that close every descriptor right after their first CUDA calls).
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+/// How long a window waits for the calls in flight before it gives up opening (its caller
+/// then makes nothing, as when the lock could not be had).
+const FLIGHT_WAIT: Duration = Duration::from_millis(200);
+
+/// One close-family call on the fast path (see `IN_FLIGHT`): counted from before its look at
+/// `WATCH`; dropped when its real call returned, or before it takes the slow path.
+struct Flight;
+
+impl Flight {
+    #[inline]
+    fn start() -> Flight {
+        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+        Flight
+    }
+}
+
+impl Drop for Flight {
+    #[inline]
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 /// Held lock; released when dropped (also on unwind).
 struct Held {
@@ -220,9 +251,11 @@ fn real_close(fd: c_int) -> c_int {
 /// the number can be reused (see the module doc).
 #[unsafe(no_mangle)]
 pub extern "C" fn close(fd: c_int) -> c_int {
+    let flight = Flight::start();
     if !watched(fd) {
         return real_close(fd);
     }
+    drop(flight);
     // Linux releases the number whatever close returns: taken before the call.
     slow(true, |_| false, |o| o == fd, || real_close(fd))
 }
@@ -243,9 +276,11 @@ pub extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_in
         None => unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) as c_int },
     };
     let keeps = (flags as c_uint & (libc::CLOSE_RANGE_CLOEXEC | libc::CLOSE_RANGE_UNSHARE)) != 0;
+    let flight = Flight::start();
     if keeps || !watched_range(first, last) {
         return call();
     }
+    drop(flight);
     // Marked after a success only: a failed close_range (EINVAL) closes nothing.
     slow(
         false,
@@ -266,9 +301,11 @@ pub extern "C" fn closefrom(low: c_int) {
             unsafe { libc::syscall(libc::SYS_close_range, low as c_uint, c_uint::MAX, 0) };
         }
     };
+    let flight = Flight::start();
     if !watched_range(low.max(0) as c_uint, c_uint::MAX) {
         return call();
     }
+    drop(flight);
     slow(true, |_| false, |o| o >= low, call)
 }
 
@@ -289,9 +326,11 @@ pub extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
         // SAFETY: the dup3 system call without flags is dup2 for two different numbers.
         None => unsafe { libc::syscall(libc::SYS_dup3, old, new, 0) as c_int },
     };
+    let flight = Flight::start();
     if !watched(new) {
         return call();
     }
+    drop(flight);
     // Marked after a success: a failed dup2 (a bad `old`) leaves `new` as it was.
     slow(false, |&r| r >= 0 && old != new, |o| o == new, call)
 }
@@ -309,9 +348,11 @@ pub extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
         // SAFETY: the dup3 system call; it sets errno like dup3.
         None => unsafe { libc::syscall(libc::SYS_dup3, old, new, flags) as c_int },
     };
+    let flight = Flight::start();
     if !watched(new) {
         return call();
     }
+    drop(flight);
     slow(false, |&r| r >= 0, |o| o == new, call)
 }
 
@@ -382,7 +423,16 @@ impl Window {
         OWNER_PID.store(getpid(), Ordering::SeqCst);
         WINDOW.store(true, Ordering::SeqCst);
         rewatch();
-        Some(Window { _held: held })
+        let window = Window { _held: held };
+        // Calls that looked at `WATCH` before it said EVERY finish first (`IN_FLIGHT`).
+        let start = Instant::now();
+        while IN_FLIGHT.load(Ordering::SeqCst) != 0 {
+            if start.elapsed() >= FLIGHT_WAIT {
+                return None; // closes the window (its drop) and releases the lock
+            }
+            std::thread::yield_now();
+        }
+        Some(window)
     }
 }
 
@@ -651,6 +701,8 @@ fn move_high(low: RawFd, identity: Identity) -> RawFd {
 /// it; the parent's lock and windows mean nothing here.
 pub fn close_inherited_sink() {
     LOCKED.store(false, Ordering::SeqCst);
+    // Calls in flight on the parent's other threads are not in flight here.
+    IN_FLIGHT.store(0, Ordering::SeqCst);
     let _ = HOLDING.try_with(|h| h.set(false));
     WINDOW.store(false, Ordering::SeqCst);
     let fd = OWNED.swap(NONE, Ordering::SeqCst);
@@ -706,6 +758,27 @@ mod tests {
     fn write(o: &Owned, b: &[u8]) -> std::io::Result<usize> {
         // SAFETY: write of a valid buffer to the descriptor `with` hands over.
         o.sys(|fd| unsafe { libc::write(fd, b.as_ptr().cast(), b.len()) })
+    }
+
+    /// A window waits for the close-family calls that looked at `WATCH` before it opened
+    /// (one of them could close what the window makes); one that never ends makes the window
+    /// give up, never hang.
+    #[test]
+    fn a_window_opens_once_the_calls_in_flight_have_returned() {
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let stuck = Flight::start();
+        let started = Instant::now();
+        assert!(Window::open().is_none(), "opened over a call in flight");
+        assert!(started.elapsed() >= FLIGHT_WAIT);
+        assert!(!WINDOW.load(Ordering::SeqCst), "the window was left open");
+        let ending = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            drop(stuck);
+        });
+        let w = Window::open().expect("opens once the call returned");
+        assert_eq!(IN_FLIGHT.load(Ordering::SeqCst), 0);
+        drop(w);
+        ending.join().unwrap();
     }
 
     /// A window's own descriptor whose number the program closed and reused (a hook that
