@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use oomtrace_collector::analysis::fragmentation::{self, FragPattern, MANY_SIZES};
+use oomtrace_collector::analysis::fragmentation;
 use oomtrace_collector::units::fmt_bytes;
 use oomtrace_collector::whatif::{self, AllocConf, ConfSource, Prediction};
 use serde::Serialize;
@@ -108,13 +108,9 @@ fn try_remedies(file: &std::path::Path, own: &Prediction) -> Result<Vec<Tried>, 
     let Ok(base) = AllocConf::parse(first) else {
         return Ok(Vec::new());
     };
-    let pattern = FragPattern {
-        distinct_large_sizes: MANY_SIZES + 1,
-        ..Default::default()
-    };
     let mut names = Vec::new();
     let mut confs = Vec::new();
-    for r in fragmentation::remedies(&pattern) {
+    for r in fragmentation::every_remedy() {
         if let Ok(c) = base.with(&r.alloc_conf) {
             names.push(r.alloc_conf);
             confs.push(Some(c));

@@ -552,6 +552,15 @@ impl FragmentationDetector {
     }
 }
 
+/// Every setting [`remedies`] may suggest, whatever the pattern: what a replay tries when
+/// it answers for all of them at once (the report's predictions, `whatif` without a setting).
+pub fn every_remedy() -> Vec<Remedy> {
+    remedies(&FragPattern {
+        distinct_large_sizes: MANY_SIZES + 1,
+        ..Default::default()
+    })
+}
+
 /// The settings worth trying for a pattern, best first. Their effect is predicted by the
 /// report; the order and the sentences are what the pattern alone says.
 pub fn remedies(p: &FragPattern) -> Vec<Remedy> {

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::analysis::fragmentation::{self, FragPattern, Remedy, MANY_SIZES};
+use crate::analysis::fragmentation::{self, Remedy};
 use crate::analysis::{Analysis, Evidence};
 use crate::model::trace::Trace;
 use crate::whatif::{self, replay::recorded_conf, AllocConf, Prediction};
@@ -29,13 +29,10 @@ pub fn predict(report: &mut Report, trace: &Trace<Analysis>, path: &Path) -> Opt
         return None;
     }
     // Every candidate, whatever a finding's pattern says: one pass answers all of them.
-    let candidates: Vec<String> = fragmentation::remedies(&FragPattern {
-        distinct_large_sizes: MANY_SIZES + 1,
-        ..Default::default()
-    })
-    .into_iter()
-    .map(|r| r.alloc_conf)
-    .collect();
+    let candidates: Vec<String> = fragmentation::every_remedy()
+        .into_iter()
+        .map(|r| r.alloc_conf)
+        .collect();
     // The processes by the setting they ran with: each group is one replay.
     let mut groups: BTreeMap<String, (AllocConf, Vec<u32>)> = BTreeMap::new();
     for p in trace.processes.iter().filter(|p| wanted.contains(&p.pid())) {
