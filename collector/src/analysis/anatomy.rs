@@ -454,8 +454,15 @@ impl Anatomy {
         }
     }
 
-    fn on_tensor(&mut self, p: &Process, a: &Alloc) {
-        let origin = self.origin(p, a.site);
+    /// What a tensor made now at `site` would be made as (an out-of-memory's request: what
+    /// `fit` scales it by), the phase clock left as it is.
+    pub fn would_make(&mut self, p: &Process, site: SiteId) -> Made {
+        self.made_now(p, site).0
+    }
+
+    /// What a tensor made now at `site` is made as, and the phase clock it moves to.
+    fn made_now(&mut self, p: &Process, site: SiteId) -> (Made, PhaseState) {
+        let origin = self.origin(p, site);
         let mut clock = self.clock();
         let next = match origin {
             Origin::Forward => Some(Phase::Forward),
@@ -468,7 +475,6 @@ impl Anatomy {
             clock.phase = next;
             clock.run += 1;
         }
-        self.phase = Some(clock);
         let made = match (origin, clock.phase) {
             (Origin::Parameter, _) => Made::Parameter,
             (Origin::NoPython, _) if !self.python_seen => Made::Unknown,
@@ -477,6 +483,12 @@ impl Anatomy {
             (_, Phase::Forward) => Made::Forward,
             (_, Phase::Idle) => Made::Idle,
         };
+        (made, clock)
+    }
+
+    fn on_tensor(&mut self, p: &Process, a: &Alloc) {
+        let (made, clock) = self.made_now(p, a.site);
+        self.phase = Some(clock);
         self.order += 1;
         let born = Born {
             order: self.order,
@@ -521,19 +533,19 @@ impl Anatomy {
         self.made.get(site.0 as usize).copied().flatten()
     }
 
-    pub fn on_free(&mut self, p: &Process, f: &Free) {
+    /// A free; for a tensor, what it was made as and the role its life gave it (what
+    /// `fit` scales by).
+    pub fn on_free(&mut self, p: &Process, f: &Free) -> Option<(Made, Role)> {
         let class = f.api.memory_class();
         if class != MemoryClass::Tensor && !class.on_device() {
-            return;
+            return None;
         }
         let tensor = class == MemoryClass::Tensor;
         self.take_pending_peak(p, f, tensor);
         if !tensor {
-            return;
+            return None;
         }
-        let Some(b) = self.live.remove(&(f.device, f.ptr)) else {
-            return;
-        };
+        let b = self.live.remove(&(f.device, f.ptr))?;
         let clock = self.clock();
         let r = role(
             &b,
@@ -542,16 +554,31 @@ impl Anatomy {
                 step: clock.step,
             },
         );
-        let Some(d) = self.devices.get_mut(&f.device) else {
-            return;
-        };
-        d.forget(&b);
-        if let Some(m) = d.peak.as_mut().filter(|m| b.order <= m.order) {
-            m.count(&b, r);
+        if let Some(d) = self.devices.get_mut(&f.device) {
+            d.forget(&b);
+            if let Some(m) = d.peak.as_mut().filter(|m| b.order <= m.order) {
+                m.count(&b, r);
+            }
+            for m in d.ooms.iter_mut().filter(|m| b.order <= m.order) {
+                m.count(&b, r);
+            }
         }
-        for m in d.ooms.iter_mut().filter(|m| b.order <= m.order) {
-            m.count(&b, r);
-        }
+        Some((b.made, r))
+    }
+
+    /// What a tensor still alive is made as, and its role were the trace to end now (as a
+    /// report settles it), if it is one.
+    pub fn alive(&self, device: i16, ptr: u64) -> Option<(Made, Role)> {
+        let b = self.live.get(&(device, ptr))?;
+        Some((
+            b.made,
+            role(
+                b,
+                Fate::Alive {
+                    now: self.clock().step,
+                },
+            ),
+        ))
     }
 
     /// The first free after the device reached a new peak: the moment of the peak is now,

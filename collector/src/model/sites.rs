@@ -186,6 +186,26 @@ impl Process {
     }
 }
 
+/// Files of the interpreter's own library and of installed packages: a frame there is rarely
+/// the line a user can change.
+pub fn is_library_file(file: &str) -> bool {
+    file.starts_with('<')
+        || file.contains("/site-packages/")
+        || file.contains("/dist-packages/")
+        || is_stdlib_file(file)
+        || is_oomtrace_python_file(file)
+}
+
+/// `.../lib/python3.N/...`: the standard library of an installed interpreter (a user directory
+/// that merely starts with `python3` is not).
+fn is_stdlib_file(file: &str) -> bool {
+    file.match_indices("/lib/python3.").any(|(i, m)| {
+        let rest = &file[i + m.len()..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        digits > 0 && rest[digits..].starts_with(['/', 't'])
+    })
+}
+
 /// oomtrace's own Python code, matched by what it is: the package is the modules
 /// `oomtrace/__init__.py` and `oomtrace/_abi.py`, and `run` adds `boot/sitecustomize.py`
 /// beside it in its cache directory. Never by a path fragment such as `/oomtrace/`: a user's project cloned

@@ -24,7 +24,7 @@ use oomtrace_proto::python::PyFrame;
 use super::module_file::{ModuleFiles, StaleModule};
 use super::roles::{backward_node_frame, FrameRole};
 pub use crate::model::FrameInfo;
-use crate::model::{is_oomtrace_python_file, RawFrame, SiteId, Stacks};
+use crate::model::{is_library_file, is_oomtrace_python_file, RawFrame, SiteId, Stacks};
 
 /// CPython's interpreter loop: one native frame per group of Python frames it runs.
 fn is_eval_loop(function: &str) -> bool {
@@ -32,26 +32,6 @@ fn is_eval_loop(function: &str) -> bool {
         function,
         "_PyEval_EvalFrameDefault" | "PyEval_EvalFrameEx" | "_PyEval_EvalFrame"
     )
-}
-
-/// Files of the interpreter's own library and of installed packages: a frame there is rarely
-/// the line a user can change.
-fn is_library_file(file: &str) -> bool {
-    file.starts_with('<')
-        || file.contains("/site-packages/")
-        || file.contains("/dist-packages/")
-        || is_stdlib_file(file)
-        || is_oomtrace_python_file(file)
-}
-
-/// `.../lib/python3.N/...`: the standard library of an installed interpreter (a user directory
-/// that merely starts with `python3` is not).
-fn is_stdlib_file(file: &str) -> bool {
-    file.match_indices("/lib/python3.").any(|(i, m)| {
-        let rest = &file[i + m.len()..];
-        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-        digits > 0 && rest[digits..].starts_with(['/', 't'])
-    })
 }
 
 /// The frame a one-line summary should name: the innermost Python frame in the user's own
