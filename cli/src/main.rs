@@ -51,6 +51,7 @@ enum Command {
     Diff(cmd::diff::Args),
     View(cmd::view::Args),
     Whatif(cmd::whatif::Args),
+    Fit(cmd::fit::Args),
     #[command(aliases = ["lib-path", "libpath", "preload"])]
     Lib(cmd::lib::Args),
 }
@@ -198,6 +199,7 @@ fn main() -> ExitCode {
         Command::Diff(a) => cmd::diff::run(a),
         Command::View(a) => cmd::view::run(a),
         Command::Whatif(a) => cmd::whatif::run(a),
+        Command::Fit(a) => cmd::fit::run(a),
         Command::Lib(a) => cmd::lib::run(a),
     };
     match result {

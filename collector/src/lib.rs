@@ -10,8 +10,11 @@
 //!   [`analysis::Analysis`] that observes the model.
 //! - [`whatif`]: a trace's tensor requests replayed through a model of PyTorch's caching
 //!   allocator under another setting (imports model and units only).
+//! - [`fit`]: the levers that make a job fit (the batch, checkpointing, a setting), each a
+//!   replay of the trace changed as the lever would change it (imports model, analysis,
+//!   whatif, units).
 //! - [`report`]: findings completed from the stacks, symbolization, the `--json` contract,
-//!   the live line (may import whatif).
+//!   the live line (may import whatif and fit).
 //! - The top: [`server`] (the collector process, `oomtrace collect`), [`inbox`] (a
 //!   connection's undecoded bytes, bounded), [`trace_writer`] (its trace file), [`console`] (where its lines go: the library never prints), [`metrics`]
 //!   (its Prometheus metrics, from snapshots the connections publish).
@@ -20,6 +23,7 @@
 
 pub mod analysis;
 pub mod console;
+pub mod fit;
 pub mod inbox;
 pub mod metrics;
 pub mod model;

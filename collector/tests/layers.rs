@@ -37,6 +37,7 @@ const RULES: &[(&str, &[&str])] = &[
         &[
             "units",
             "analysis",
+            "fit",
             "report",
             "server",
             "inbox",
@@ -48,6 +49,7 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "analysis",
         &[
+            "fit",
             "report",
             "server",
             "inbox",
@@ -60,6 +62,18 @@ const RULES: &[(&str, &[&str])] = &[
         "whatif",
         &[
             "analysis",
+            "fit",
+            "report",
+            "server",
+            "inbox",
+            "trace_writer",
+            "console",
+            "metrics",
+        ],
+    ),
+    (
+        "fit",
+        &[
             "report",
             "server",
             "inbox",

@@ -131,6 +131,10 @@ mod wheel;
 /// coalesced; `report DIR` in parallel, naming each member it cannot read.
 mod bounds;
 
+/// `oomtrace fit`: bad input in one line (its predictions against real PyTorch are
+/// `torch::fit`).
+mod fit;
+
 /// `oomtrace whatif`: bad input in one line; a real PyTorch program's own allocator setting,
 /// recorded at start, is what the replay uses without `--alloc-conf`, and it reproduces the
 /// recorded reserve.

@@ -33,6 +33,7 @@ use oomtrace_tests::*;
 use serde_json::Value;
 
 mod every_version;
+mod fit;
 mod fragmentation;
 mod memory_cap;
 mod one_bug;

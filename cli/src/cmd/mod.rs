@@ -5,6 +5,7 @@ pub mod collect;
 pub mod demo;
 pub mod diff;
 pub mod export;
+pub mod fit;
 pub mod lib;
 pub mod report;
 pub mod run;

@@ -190,7 +190,7 @@ fn tried_text(tried: &[Tried]) -> String {
 }
 
 /// How a setting reads in a sentence.
-fn setting(s: &str) -> String {
+pub(crate) fn setting(s: &str) -> String {
     if s.trim().is_empty() {
         "PyTorch's default allocator settings".to_string()
     } else {
@@ -199,7 +199,7 @@ fn setting(s: &str) -> String {
 }
 
 /// `b` against `was`, as "+1.2 GiB, +35%".
-fn change(b: u64, was: u64) -> String {
+pub(crate) fn change(b: u64, was: u64) -> String {
     let (sign, d) = if b >= was {
         ('+', b - was)
     } else {

@@ -11,6 +11,7 @@
 pub mod backward;
 pub mod diff;
 mod finding;
+pub mod fit;
 pub mod hints;
 pub mod live;
 mod live_at_exit;

@@ -38,13 +38,13 @@ const OOM_DEVICE: &str = "1GiB";
 
 /// The JSON line a `whatif_*.py` script prints last (`whatif_common.report_peaks`).
 #[derive(Clone, Copy, Debug, PartialEq)]
-struct Peaks {
-    reserved: u64,
-    allocated: u64,
-    oom: bool,
+pub(super) struct Peaks {
+    pub(super) reserved: u64,
+    pub(super) allocated: u64,
+    pub(super) oom: bool,
 }
 
-fn peaks_of(stdout: &str, what: &str) -> Peaks {
+pub(super) fn peaks_of(stdout: &str, what: &str) -> Peaks {
     let line = stdout
         .lines()
         .rev()
@@ -76,7 +76,7 @@ fn script_env(script: &str) -> Vec<(&'static str, &'static str)> {
 
 /// Runs `cmd` (made afresh by `make` for a second try) to its end with exit code 0, once more
 /// if PyTorch aborts at exit (pytorch#38228); returns its standard output.
-fn run_to_end(what: &str, mut make: impl FnMut() -> Command) -> String {
+pub(super) fn run_to_end(what: &str, mut make: impl FnMut() -> Command) -> String {
     for attempt in 0..2 {
         let out = output_within(make(), TORCH_TIMEOUT);
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -1,0 +1,18 @@
+//! `fit` with the stacks read: a call site whose native frames allocate a library's workspace
+//! (cuBLAS's, through PyTorch's allocator) keeps its size whatever the batch. What `oomtrace
+//! fit` and the report's lever lines call.
+
+use std::path::Path;
+
+use super::roles::allocates_library_workspace;
+use super::symbolize::StackSymbolizer;
+use crate::fit::{self, Fit, Options};
+
+/// Fits the trace at `path` (see [`fit::fit_trace`]).
+pub fn fit(path: &Path, opts: &Options) -> Result<Fit, fit::Error> {
+    let trace = fit::load(path)?;
+    let mut sym = StackSymbolizer::new();
+    fit::fit_trace(path, &trace, opts, &mut |p, site| {
+        allocates_library_workspace(&sym.site(p, site))
+    })
+}
