@@ -18,7 +18,7 @@ use oomtrace_collector::report::roles::FrameRole;
 use oomtrace_collector::report::sections::{DeviceSections, ListsOf, SiteRow};
 use oomtrace_collector::report::symbolize::{culprit, FrameInfo};
 use oomtrace_collector::report::{
-    fmt_python_lines, EpochReport, Finding, Held, Kind, Level, ProcessReport, Report,
+    fmt_python_lines, EpochReport, Finding, Held, Kind, Level, Lever, ProcessReport, Report,
     SimulatedDevice,
 };
 use oomtrace_collector::units::{device_name, fmt_bytes, fmt_count, fmt_duration, fmt_rate};
@@ -435,6 +435,7 @@ fn oom_text(
         let _ = writeln!(out, "    what the device's memory was then:");
         anatomy::moment(out, m, "      ");
     }
+    levers_text(out, &f.levers, "    ", "to make it fit");
     if let (true, Some(o)) = (with_holders, &f.oom) {
         if !o.top_sites.is_empty() {
             let _ = writeln!(out, "    memory held at that moment by:");
@@ -598,9 +599,33 @@ fn detected_text(out: &mut String, f: &Finding, frames: usize, opts: &TextOption
     if let Some(Evidence::Fragmentation(e)) = &f.evidence {
         remedies_text(out, &e.remedies);
     }
+    levers_text(out, &f.levers, "      ", "or");
     backward_text(out, f, "      ");
     if !f.stack.is_empty() {
         stack_text(out, &f.stack, "      ", frames, opts);
+    }
+}
+
+/// A finding's or a device's levers (`oomtrace fit`), one line each after `what`.
+pub fn levers_text(out: &mut String, levers: &[Lever], indent: &str, what: &str) {
+    for (i, l) in levers.iter().enumerate() {
+        let at_least = if l.lower_bound { "at least " } else { "" };
+        let more = if i + 1 == levers.len() {
+            " (`oomtrace fit` for more)"
+        } else {
+            ""
+        };
+        let fits = match (l.fits, l.capacity_bytes) {
+            (Some(true), Some(c)) => format!(", fits {}", fmt_bytes(c)),
+            (Some(false), Some(c)) => format!(", does not fit {}", fmt_bytes(c)),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "{indent}{what}: {}: max_memory_reserved() {at_least}{}{fits}{more}",
+            l.name,
+            fmt_bytes(l.peak_reserved_bytes)
+        );
     }
 }
 

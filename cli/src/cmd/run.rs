@@ -568,6 +568,9 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
             if let Some(w) = report::remedies::predict(&mut r, &trace, &output) {
                 r.trace.warnings.push(w);
             }
+            if let Some(w) = report::levers::attach(&mut r, &output) {
+                r.trace.warnings.push(w);
+            }
             r
         })
         .map_err(Failure::from);

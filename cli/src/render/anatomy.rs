@@ -32,6 +32,7 @@ pub(super) fn section(out: &mut String, processes: &[ProcessReport]) {
             fmt_duration(m.at_s)
         );
         moment(out, m, "    ");
+        super::levers_text(out, &d.levers, "    ", "to hold more");
     }
 }
 

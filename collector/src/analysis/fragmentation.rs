@@ -662,6 +662,7 @@ fn finding(device: i16, d: &DeviceFrag) -> Finding {
         held: None,
         anatomy: None,
         parts: Vec::new(),
+        levers: Vec::new(),
     }
 }
 

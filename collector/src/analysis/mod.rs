@@ -378,6 +378,11 @@ pub struct Finding {
     /// finding's site) first ([`together`]); absent otherwise.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub parts: Vec<together::Part>,
+    /// For an out-of-memory or a fragmentation finding: the levers that would make the job fit
+    /// (or take the most off its peak), best first, one or two (set by the report from
+    /// `fit`: docs/fit.md); absent otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub levers: Vec<refusal::Lever>,
 }
 
 /// What a call site's memory is on a device where PyTorch's trace tracker reports tensors.
@@ -439,6 +444,7 @@ impl Finding {
             held: None,
             anatomy: None,
             parts: Vec::new(),
+            levers: Vec::new(),
         }
     }
 

@@ -246,6 +246,7 @@ fn finding_of(r: &OomRecord, nth: u64) -> Finding {
         held: None,
         anatomy: None,
         parts: Vec::new(),
+        levers: Vec::new(),
     }
 }
 

@@ -67,3 +67,22 @@ pub struct Remedy {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oom_avoided: Option<bool>,
 }
+
+/// A lever a user pulls to make a job fit (a batch, checkpointing a module, a setting), with
+/// what a replay of the trace predicts (filled in by the report from `fit`: docs/fit.md).
+#[derive(Clone, Debug, Serialize)]
+pub struct Lever {
+    /// `batch`, `largest_batch`, `checkpoint`, `checkpoint_largest_batch`, or `setting`.
+    pub kind: &'static str,
+    /// As the text says it (`largest batch that fits: x0.62`, `checkpoint Block at
+    /// model.py:30`, `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`).
+    pub name: String,
+    /// `torch.cuda.max_memory_reserved()` with it.
+    pub peak_reserved_bytes: u64,
+    /// It fits the device (null: its size unknown).
+    pub fits: Option<bool>,
+    /// The device's size it was judged against.
+    pub capacity_bytes: Option<u64>,
+    /// The peak is at least this (the run ended in the step that ran out of memory).
+    pub lower_bound: bool,
+}

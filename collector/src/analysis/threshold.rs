@@ -197,6 +197,7 @@ fn finding(device: i16, t: u32, line: &Line, peak: f64, cap: u64, live: u64) -> 
         held: None,
         anatomy: None,
         parts: Vec::new(),
+        levers: Vec::new(),
     }
 }
 

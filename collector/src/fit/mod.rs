@@ -484,10 +484,15 @@ impl DeviceCtx<'_> {
     fn fit(&self, device: i16, asked_matched: &mut [bool]) -> (DeviceFit, Vec<String>) {
         let d = self.d;
         let (capacity, capacity_source) = self.capacity();
-        let base = self.try_lever(&Lever {
-            factor: 1.0,
-            checkpoint: Vec::new(),
-        });
+        // The run itself, replayed on its own device: the check of the model (a recorded
+        // out-of-memory is refused here as it was in the run).
+        let base = {
+            let plan = Plan::build(d, self.calls, self.follows, &Lever::default());
+            match d.total {
+                Some(total) => plan.replay(self.own, Some(total), Some(total), d.program_cap),
+                None => plan.replay(self.own, None, None, None),
+            }
+        };
         let outside_bytes = d
             .ops
             .iter()
@@ -685,7 +690,8 @@ impl DeviceCtx<'_> {
                         None => (
                             LeverKind::LargestBatch,
                             format!(
-                                "largest batch that fits: {}",
+                                "largest batch that fits: {}{}",
+                                if complete { "" } else { "at most " },
                                 batch_name(factor, batch_of(factor))
                             ),
                         ),
@@ -731,7 +737,7 @@ impl DeviceCtx<'_> {
                 capacity_source,
                 program_cap_bytes: self.cap(),
                 recorded_peak_reserved_bytes: d.recorded_peak_reserved,
-                replayed_peak_reserved_bytes: base.outcome.peak_reserved,
+                replayed_peak_reserved_bytes: base.peak_reserved,
                 outside_bytes,
                 complete,
                 at_peak,

@@ -28,12 +28,22 @@ use crate::whatif::allocator::Allocator;
 use crate::whatif::AllocConf;
 
 /// What to change.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Lever {
     /// The batch, as a multiple of the traced one.
     pub factor: f64,
     /// Module calls to checkpoint.
     pub checkpoint: Vec<CallKey>,
+}
+
+impl Default for Lever {
+    /// The run as it was.
+    fn default() -> Lever {
+        Lever {
+            factor: 1.0,
+            checkpoint: Vec::new(),
+        }
+    }
 }
 
 /// A timeline under a lever, ready to replay: ops over `sizes`/`streams` (copies made by a
@@ -134,15 +144,16 @@ fn instances(d: &DeviceTimeline, calls: &Calls, key: CallKey) -> Vec<Instance> {
 }
 
 /// One run of requests under a call, ending before op `end`, as instances: split where its
-/// call sites repeat whole (`a b c a b c`: a call made in a loop, or a module list's blocks).
+/// call sites repeat (`a b c a b c a`: a call made in a loop, or a module list's blocks).
 fn split_run(d: &DeviceTimeline, run: &[(usize, u32)], end: usize, out: &mut Vec<Instance>) {
     let sites: Vec<crate::model::SiteId> = run
         .iter()
         .map(|&(_, t)| d.tensors[t as usize].site)
         .collect();
     let n = sites.len();
-    let period = (1..n)
-        .filter(|&p| n.is_multiple_of(p))
+    // At least two whole repetitions; the last may be cut short (a forward pass that ran out
+    // of memory inside a block).
+    let period = (1..=n / 2)
         .find(|&p| (p..n).all(|i| sites[i] == sites[i - p]))
         .unwrap_or(n);
     for (c, chunk) in run.chunks(period).enumerate() {

@@ -135,8 +135,30 @@ impl Recorder {
             .saturating_add(self.unseen.get(&device).copied().unwrap_or(0))
     }
 
-    /// Settles the tensors still alive at the end (as the report does).
+    /// Settles the tensors still alive at the end (as the report does), and the forward
+    /// pass's tensors that an out-of-memory's exception freed: what the step would have kept
+    /// for its backward pass, had it gone on, is an activation.
     pub fn finish(&mut self) {
+        for d in self.devices.values_mut() {
+            let mut made_at: Vec<usize> = vec![usize::MAX; d.tensors.len()];
+            let mut last_oom: Option<usize> = None;
+            for (i, op) in d.ops.iter().enumerate() {
+                match *op {
+                    Op::Alloc { t, .. } => made_at[t as usize] = i,
+                    Op::Oom { .. } => last_oom = Some(i),
+                    Op::Free { t } => {
+                        let tensor = &mut d.tensors[t as usize];
+                        if tensor.made == Made::Forward
+                            && tensor.role == Role::Temporary
+                            && last_oom.is_some_and(|o| o > made_at[t as usize])
+                        {
+                            tensor.role = Role::Activation;
+                        }
+                    }
+                    Op::Step => last_oom = None,
+                }
+            }
+        }
         for (&(device, ptr), &t) in &self.live {
             let Some(d) = self.devices.get_mut(&device) else {
                 continue;

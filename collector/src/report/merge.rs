@@ -79,6 +79,7 @@ pub fn merge(reports: Vec<Report>) -> Report {
         runs: Vec::new(),
         stale_modules,
         skipped: Vec::new(),
+        fit: None,
     }
 }
 

@@ -13,6 +13,7 @@ pub mod diff;
 mod finding;
 pub mod fit;
 pub mod hints;
+pub mod levers;
 pub mod live;
 mod live_at_exit;
 pub mod merge;
@@ -31,6 +32,7 @@ pub use crate::analysis::anatomy::{
 use serde::Serialize;
 
 pub use crate::analysis::oom::{OomDetail, SiteShare};
+pub use crate::analysis::refusal::Lever;
 use crate::analysis::Analysis;
 pub use crate::analysis::{BackwardNode, Cause, Finding, Held, Kind, Level, PythonLine};
 use crate::model::trace::Trace;
@@ -84,6 +86,11 @@ pub struct Report {
     /// why; the report covers the others. Absent when none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<Skipped>,
+    /// What makes the job fit (the `fit` object of `oomtrace fit --json`, docs/fit.md),
+    /// predicted with each process's own allocator setting; absent without PyTorch's tensors
+    /// or steps, or for a trace too large to replay for a report ([`levers`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fit: Option<crate::fit::Fit>,
 }
 
 /// A member of a directory that is not a readable trace (corrupt, a FIFO, a device, ...).
@@ -265,6 +272,11 @@ pub struct DeviceReport {
     /// each step's end. Present where PyTorch's tensors are traced.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub anatomy: Option<AnatomyReport>,
+    /// The levers that would let the device hold more (the largest batch that fits, the module
+    /// whose checkpointing takes the most off the peak), from `fit` ([`levers`]); absent
+    /// where not predicted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub levers: Vec<Lever>,
 }
 
 /// The last reading of PyTorch's own statistics of a device (`torch.cuda.memory_allocated()`
@@ -421,6 +433,7 @@ pub fn build_with_segments(
             Vec::new()
         },
         skipped: Vec::new(),
+        fit: None,
     }
 }
 

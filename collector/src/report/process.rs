@@ -61,6 +61,7 @@ pub(super) fn process_report(
                 at_s: m.ts_ns.saturating_sub(p.first_ts_ns) as f64 / 1e9,
             }),
             anatomy: anatomy.remove(&device),
+            levers: Vec::new(),
         })
         .collect();
     ProcessReport {

@@ -243,3 +243,70 @@ fn adamw_with_gradient_accumulation() {
         largest: Largest::Fits,
     });
 }
+
+/// A transformer whose batch does not fit a 1 GiB device runs out of memory in its first
+/// forward pass: the report's out-of-memory finding ends with the levers that would make it
+/// fit, checkpointing its blocks first; and with its blocks checkpointed, the same batch fits
+/// for real.
+#[test]
+fn an_out_of_memory_ends_with_the_levers_that_make_it_fit() {
+    let dir = scratch("torch-fit-oom");
+    run_to_end("fit_transformer.py traced at batch 120 on 1 GiB", || {
+        command(
+            "fit_transformer.py",
+            Mode::Run,
+            &dir,
+            &[
+                ("BATCH", "120"),
+                ("STEPS", "3"),
+                ("SIMCUDA_MEMORY", SMALL_DEVICE),
+            ],
+        )
+    });
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("report.json")).unwrap()).unwrap();
+    let oom = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "oom")
+        .unwrap_or_else(|| panic!("no OOM finding: {report}"));
+    let levers = oom["levers"].as_array().expect("the OOM has levers");
+    assert!((1..=2).contains(&levers.len()), "{levers:?}");
+    assert_eq!(levers[0]["kind"], "checkpoint", "{levers:?}");
+    assert!(
+        levers[0]["name"].as_str().unwrap().contains("Block"),
+        "{levers:?}"
+    );
+    assert_eq!(levers[0]["fits"], true);
+    // The run ended in the step that ran out of memory: a bound, and said to be one.
+    assert_eq!(levers[0]["lower_bound"], true);
+    assert!(report["fit"]["processes"][0]["devices"][0]["complete"] == false);
+    let case = Case {
+        script: "fit_transformer.py",
+        batch: 120,
+        ckpt_env: "block",
+        ckpt_arg: "Block".into(),
+        tolerance: [0.0; 3],
+        largest: Largest::Fits,
+    };
+    assert!(
+        real(&case, 120, "", Some(SMALL_DEVICE)).oom,
+        "batch 120 fits 1 GiB after all"
+    );
+    assert!(
+        !real(&case, 120, "block", Some(SMALL_DEVICE)).oom,
+        "checkpointing the blocks did not make batch 120 fit"
+    );
+    // The text says it in one line at the end of the finding.
+    let mut cmd = base_command(oomtrace_bin());
+    cmd.arg("report").arg(dir.join("trace.oomt"));
+    let out = output_within(cmd, TORCH_TIMEOUT);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines().any(|l| l
+            .trim_start()
+            .starts_with("to make it fit: checkpoint Block at fit_transformer.py:")),
+        "{text}"
+    );
+}
