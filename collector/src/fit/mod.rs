@@ -395,19 +395,17 @@ impl DeviceCtx<'_> {
         }
         // Under pressure the allocator empties its cache and retries: what it then reaches
         // is the peak, when it fits; when it does not, what it would need.
-        let held = plan.replay(conf, Some(c), total, self.cap());
-        if held.refused == 0 {
-            (held, Some(true))
-        } else {
-            (free, Some(false))
+        if !plan.fits(conf, Some(c), total, self.cap()) {
+            return (free, Some(false));
         }
+        (plan.replay(conf, Some(c), total, self.cap()), Some(true))
     }
 
     fn fits(&self, plan: &Plan, conf: &AllocConf) -> bool {
         let (capacity, _) = self.capacity();
         match capacity {
-            Some(c) => plan.replay(conf, Some(c), self.d.total, self.cap()).refused == 0,
-            None => plan.replay(conf, None, self.d.total, None).refused == 0,
+            Some(c) => plan.fits(conf, Some(c), self.d.total, self.cap()),
+            None => plan.fits(conf, None, self.d.total, None),
         }
     }
 

@@ -304,6 +304,29 @@ impl Plan {
         total: Option<u64>,
         cap: Option<u64>,
     ) -> Outcome {
+        self.run(conf, budget, total, cap, false)
+    }
+
+    /// Whether the plan fits `budget` under `conf`: [`Plan::replay`] that stops at the first
+    /// refusal (a search for the largest batch asks this many times).
+    pub fn fits(
+        &self,
+        conf: &AllocConf,
+        budget: Option<u64>,
+        total: Option<u64>,
+        cap: Option<u64>,
+    ) -> bool {
+        self.run(conf, budget, total, cap, true).refused == 0
+    }
+
+    fn run(
+        &self,
+        conf: &AllocConf,
+        budget: Option<u64>,
+        total: Option<u64>,
+        cap: Option<u64>,
+        stop_at_refusal: bool,
+    ) -> Outcome {
         let mut a = Allocator::new(conf.clone(), total.or(budget));
         if let Some(cap) = cap {
             a.set_program_cap(cap);
@@ -312,6 +335,9 @@ impl Plan {
         // A key no tensor has: the plan's tensors are numbered from 0.
         let probe = u64::MAX - 1;
         for op in &self.ops {
+            if stop_at_refusal && out.refused > 0 {
+                break;
+            }
             match *op {
                 Op::Alloc { t, outside } => {
                     if let Some(b) = budget {

@@ -17,7 +17,7 @@ use super::Report;
 
 /// The most events on devices with PyTorch's tensors (every process) a report replays for its
 /// levers.
-pub const MAX_TENSOR_EVENTS: u64 = 2_000_000;
+pub const MAX_TENSOR_EVENTS: u64 = 1_000_000;
 /// A checkpointing lever is shown when it takes at least this share off the peak reserve.
 const WORTH: f64 = 0.05;
 
