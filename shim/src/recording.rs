@@ -142,7 +142,6 @@ fn alloc_on(api: Api, rc: c_int, ptr: u64, size: u64, aux: u64, extra: u64, devi
         if ptr == 0 {
             return;
         }
-        first_sight(device);
         let mut ev = Event::new(EventKind::Alloc, api);
         ev.ptr = ptr;
         ev.size = size;
@@ -151,6 +150,10 @@ fn alloc_on(api: Api, rc: c_int, ptr: u64, size: u64, aux: u64, extra: u64, devi
         ev.device = device;
         ev.stack = stack::capture();
         emit(ev);
+        // After the allocation's event: the driver's reading already counts it, and a reader
+        // takes what the reading holds beyond the tracked allocations for the context and
+        // other processes (it took the first allocation twice when the reading came first).
+        first_sight(device);
     } else {
         let mut ev = Event::new(EventKind::AllocFailed, api);
         ev.size = size;
@@ -198,7 +201,6 @@ pub fn release_failed(api: Api, ptr: u64, rc: c_int) {
 #[inline]
 pub fn phys_create(api: Api, rc: c_int, handle: u64, size: u64, device: i16) {
     let mut ev = if rc == 0 {
-        first_sight(device);
         let mut ev = Event::new(EventKind::PhysCreate, api);
         ev.ptr = handle;
         ev
@@ -211,7 +213,10 @@ pub fn phys_create(api: Api, rc: c_int, handle: u64, size: u64, device: i16) {
     ev.device = device;
     ev.stack = stack::capture();
     emit(ev);
-    if rc != 0 {
+    if rc == 0 {
+        // After the event, as for an allocation (`alloc_on`).
+        first_sight(device);
+    } else {
         device_memory_info(device);
         // Expandable segments: the physical memory PyTorch's allocator could not get.
         crate::torch_reserve::device_alloc(rc, 0, size, device);
