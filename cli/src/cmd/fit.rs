@@ -57,7 +57,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         memory: args.memory.as_ref().map(|m| m.bytes),
         batch: args.batch,
         checkpoint: args.checkpoint.clone(),
-        own_setting_only: false,
+        brief: false,
     };
     let fit = oomtrace_collector::report::fit::fit(&args.file, &opts)
         .map_err(|e| Failure::new(e.to_string()))?;

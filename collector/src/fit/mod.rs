@@ -42,6 +42,9 @@ const UNKNOWN_SHARE: f64 = 0.10;
 const FACTOR_UNITS: u64 = 64;
 /// The largest batch searched: this many times the traced one.
 const MAX_FACTOR: u64 = 1024;
+/// The grid the largest batch is searched down on, in steps between the guess and a batch
+/// that cannot fit.
+const GRID: u64 = 16;
 /// Call sites of tensors this large or larger are asked whether they allocate a library's
 /// workspace (smaller ones are not worth symbolizing).
 const WORKSPACE_MIN: u64 = 1 << 20;
@@ -58,8 +61,10 @@ pub struct Options {
     /// Module calls to checkpoint (a class, `file:line`, `Class@file:line`); empty: the
     /// calls holding the most saved activations.
     pub checkpoint: Vec<String>,
-    /// Skip the allocator settings (the report's lines: fewer replays).
-    pub own_setting_only: bool,
+    /// Only what the report's lines show, for fewer replays: the run's own setting (no
+    /// other), the checkpointing candidates and the largest batch (not the batch halved or
+    /// doubled, nor the largest batch with checkpointing).
+    pub brief: bool,
 }
 
 /// Why there is no fit. One sentence per variant.
@@ -284,7 +289,7 @@ pub fn fit_trace(
         let (conf, shown) = recorded_conf(p);
         let own = conf.unwrap_or_default();
         let mut settings = Vec::new();
-        if !opts.own_setting_only {
+        if !opts.brief {
             for remedy in fragmentation::every_remedy() {
                 if let Ok(c) = own.with(&remedy.alloc_conf) {
                     settings.push(c);
@@ -316,6 +321,15 @@ pub fn fit_trace(
                 d,
                 calls: &calls,
                 follows: &follows,
+                outside_max: d
+                    .ops
+                    .iter()
+                    .filter_map(|op| match *op {
+                        Op::Alloc { outside, .. } | Op::Oom { outside, .. } => Some(outside),
+                        _ => None,
+                    })
+                    .max()
+                    .unwrap_or(0),
                 own: &own,
                 settings: &settings,
                 opts,
@@ -353,6 +367,8 @@ struct DeviceCtx<'a> {
     d: &'a DeviceTimeline,
     calls: &'a Calls,
     follows: &'a [bool],
+    /// The most the device held outside PyTorch's reserve at a request.
+    outside_max: u64,
     own: &'a AllocConf,
     settings: &'a [AllocConf],
     opts: &'a Options,
@@ -440,34 +456,68 @@ impl DeviceCtx<'_> {
     }
 
     /// The largest batch (in `units` of the traced one) that fits under `conf`, with
-    /// `checkpoint`; None when even one unit does not.
-    fn largest(&self, conf: &AllocConf, checkpoint: &[CallKey], units: u64) -> Option<u64> {
-        let fits = |u: u64| {
-            let lever = Lever {
-                factor: u as f64 / units as f64,
-                checkpoint: checkpoint.to_vec(),
-            };
-            self.fits(&Plan::build(self.d, self.calls, self.follows, &lever), conf)
+    /// `checkpoint`; None when even one unit does not. Whether a batch fits is not monotone
+    /// in the batch (the allocator's rounding and caching make a slightly larger batch fit
+    /// where a smaller did not), so a bisection would stop at whichever edge it met first.
+    /// Instead: up from `guess` (a linear estimate) by a quarter at a time until the tensors
+    /// alone could not fit (a batch no cache can save), then down from there on a grid of
+    /// [`GRID`] steps to the first batch that fits, then a bisection inside that step.
+    fn largest(
+        &self,
+        conf: &AllocConf,
+        checkpoint: &[CallKey],
+        units: u64,
+        guess: u64,
+    ) -> Option<u64> {
+        let (capacity, _) = self.capacity();
+        let capacity = capacity?;
+        let most = units.saturating_mul(MAX_FACTOR);
+        let plan = |u: u64| {
+            Plan::build(
+                self.d,
+                self.calls,
+                self.follows,
+                &Lever {
+                    factor: u as f64 / units as f64,
+                    checkpoint: checkpoint.to_vec(),
+                },
+            )
         };
-        let (mut lo, mut hi) = if fits(units) {
-            // Up by doubling until it does not fit.
-            let mut lo = units;
-            loop {
-                let next = lo.saturating_mul(2);
-                if next > units * MAX_FACTOR {
-                    return Some(lo);
-                }
-                if !fits(next) {
-                    break (lo, next);
-                }
-                lo = next;
+        let fits = |u: u64| self.fits(&plan(u), conf);
+        // A batch whose tensors alone (rounded, with what is outside the reserve) pass the
+        // capacity never fits.
+        let hopeless = |u: u64| {
+            let o = plan(u).replay(conf, None, self.d.total, None);
+            o.peak_allocated.saturating_add(self.outside_max) > capacity
+        };
+        let mut hi = guess.clamp(1, most);
+        while !hopeless(hi) {
+            if hi >= most {
+                return Some(most)
+                    .filter(|&m| fits(m))
+                    .or_else(|| self.down(&fits, 1, most));
             }
-        } else {
-            if !fits(1) {
+            hi = (hi + hi.div_ceil(4)).min(most);
+        }
+        self.down(&fits, 1, hi)
+    }
+
+    /// The largest `u` in `lo..hi` with `fits(u)`, searched down from `hi` on a grid, then
+    /// bisected inside the grid step (see [`DeviceCtx::largest`]).
+    fn down(&self, fits: &dyn Fn(u64) -> bool, lo: u64, hi: u64) -> Option<u64> {
+        let step = (hi.saturating_sub(lo) / GRID).max(1);
+        let mut top = hi;
+        let found = loop {
+            let u = top.saturating_sub(step).max(lo);
+            if fits(u) {
+                break u;
+            }
+            if u == lo {
                 return None;
             }
-            (1, units)
+            top = u;
         };
+        let (mut lo, mut hi) = (found, top);
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
             if fits(mid) {
@@ -477,6 +527,36 @@ impl DeviceCtx<'_> {
             }
         }
         Some(lo)
+    }
+
+    /// A first guess at the largest batch, in `units`: the peak reserve grows from its value
+    /// at the traced batch as it did to twice that batch (None: it did not grow).
+    fn guess(&self, units: u64, checkpoint: &[CallKey]) -> u64 {
+        let (capacity, _) = self.capacity();
+        let peak = |factor: f64| {
+            let lever = Lever {
+                factor,
+                checkpoint: checkpoint.to_vec(),
+            };
+            Plan::build(self.d, self.calls, self.follows, &lever).replay(
+                self.own,
+                None,
+                self.d.total,
+                None,
+            )
+        };
+        let (one, two) = (peak(1.0), peak(2.0));
+        let room = capacity.unwrap_or(0).saturating_sub(one.peak_with_outside) as f64;
+        let per_batch = two.peak_with_outside.saturating_sub(one.peak_with_outside) as f64;
+        if per_batch <= 0.0 {
+            return units.saturating_mul(MAX_FACTOR);
+        }
+        let factor = if one.peak_with_outside > capacity.unwrap_or(0) {
+            1.0 - (one.peak_with_outside - capacity.unwrap_or(0)) as f64 / per_batch
+        } else {
+            1.0 + room / per_batch
+        };
+        (factor.max(0.0) * units as f64) as u64
     }
 
     fn fit(&self, device: i16, asked_matched: &mut [bool]) -> (DeviceFit, Vec<String>) {
@@ -491,15 +571,7 @@ impl DeviceCtx<'_> {
                 None => plan.replay(self.own, None, None, None),
             }
         };
-        let outside_bytes = d
-            .ops
-            .iter()
-            .filter_map(|op| match *op {
-                Op::Alloc { outside, .. } | Op::Oom { outside, .. } => Some(outside),
-                _ => None,
-            })
-            .max()
-            .unwrap_or(0);
+        let outside_bytes = self.outside_max;
         let last_oom = d.ops.iter().rposition(|op| matches!(op, Op::Oom { .. }));
         let last_step = d.ops.iter().rposition(|op| matches!(op, Op::Step));
         let complete = match (last_oom, last_step) {
@@ -550,7 +622,7 @@ impl DeviceCtx<'_> {
             assumed: assumed.clone(),
             best_setting: t.best,
         };
-        if batch_ok {
+        if batch_ok && !self.opts.brief {
             for factor in [0.5, 2.0] {
                 let t = self.try_lever(&Lever {
                     factor,
@@ -636,7 +708,8 @@ impl DeviceCtx<'_> {
             } else {
                 let units = self.opts.batch.unwrap_or(FACTOR_UNITS).max(1);
                 let mut found = |ckpt: &[CallKey], label: Option<&str>| -> Option<LeverFit> {
-                    let Some(u) = self.largest(self.own, ckpt, units) else {
+                    let guess = self.guess(units, ckpt);
+                    let Some(u) = self.largest(self.own, ckpt, units, guess) else {
                         withheld.push(Withheld {
                             lever: "largest_batch",
                             reason: format!(
@@ -658,7 +731,7 @@ impl DeviceCtx<'_> {
                     // A setting that fits a larger batch.
                     let mut best: Option<SettingFit> = None;
                     for conf in self.settings {
-                        if let Some(v) = self.largest(conf, ckpt, units).filter(|&v| v > u) {
+                        if let Some(v) = self.largest(conf, ckpt, units, u).filter(|&v| v > u) {
                             if best.as_ref().is_none_or(|b| {
                                 b.batch_factor.is_some_and(|f| f < v as f64 / units as f64)
                             }) {
@@ -712,7 +785,7 @@ impl DeviceCtx<'_> {
                 if let Some(l) = found(&[], None) {
                     levers.push(l);
                 }
-                if let Some((keys, label, _)) = &best_ckpt {
+                if let Some((keys, label, _)) = best_ckpt.as_ref().filter(|_| !self.opts.brief) {
                     if let Some(l) = found(keys, Some(label)) {
                         levers.push(l);
                     }

@@ -41,7 +41,7 @@ pub fn attach(report: &mut Report, path: &Path) -> Option<String> {
         ));
     }
     let opts = Options {
-        own_setting_only: true,
+        brief: true,
         ..Options::default()
     };
     let fit = match super::fit::fit(path, &opts) {
