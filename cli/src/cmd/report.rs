@@ -174,7 +174,7 @@ fn report_of(
     if let Some(w) = report::remedies::predict(&mut report, &trace, file) {
         report.trace.warnings.push(w);
     }
-    if let Some(w) = report::levers::attach(&mut report, file) {
+    if let Some(w) = report::levers::attach(&mut report, file, sym) {
         report.trace.warnings.push(w);
     }
     report.sections = sections::build_with(

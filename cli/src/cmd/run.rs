@@ -568,7 +568,11 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
             if let Some(w) = report::remedies::predict(&mut r, &trace, &output) {
                 r.trace.warnings.push(w);
             }
-            if let Some(w) = report::levers::attach(&mut r, &output) {
+            if let Some(w) = report::levers::attach(
+                &mut r,
+                &output,
+                &mut report::symbolize::StackSymbolizer::new(),
+            ) {
                 r.trace.warnings.push(w);
             }
             r

@@ -45,6 +45,9 @@ const MAX_FACTOR: u64 = 1024;
 /// The grid the largest batch is searched down on, in steps between the guess and a batch
 /// that cannot fit.
 const GRID: u64 = 16;
+/// The grid of a report's search (brief): coarser, for fewer replays (`oomtrace fit` searches
+/// on [`GRID`]).
+const BRIEF_GRID: u64 = 4;
 /// Call sites of tensors this large or larger are asked whether they allocate a library's
 /// workspace (smaller ones are not worth symbolizing).
 const WORKSPACE_MIN: u64 = 1 << 20;
@@ -62,8 +65,8 @@ pub struct Options {
     /// calls holding the most saved activations.
     pub checkpoint: Vec<String>,
     /// Only what the report's lines show, for fewer replays: the run's own setting (no
-    /// other), the checkpointing candidates and the largest batch (not the batch halved or
-    /// doubled, nor the largest batch with checkpointing).
+    /// other), the first checkpointing candidate and the largest batch on a coarser grid (not
+    /// the batch halved or doubled, nor the largest batch with checkpointing).
     pub brief: bool,
 }
 
@@ -505,7 +508,8 @@ impl DeviceCtx<'_> {
     /// The largest `u` in `lo..hi` with `fits(u)`, searched down from `hi` on a grid, then
     /// bisected inside the grid step (see [`DeviceCtx::largest`]).
     fn down(&self, fits: &dyn Fn(u64) -> bool, lo: u64, hi: u64) -> Option<u64> {
-        let step = (hi.saturating_sub(lo) / GRID).max(1);
+        let grid = if self.opts.brief { BRIEF_GRID } else { GRID };
+        let step = (hi.saturating_sub(lo) / grid).max(1);
         let mut top = hi;
         let found = loop {
             let u = top.saturating_sub(step).max(lo);
@@ -518,7 +522,9 @@ impl DeviceCtx<'_> {
             top = u;
         };
         let (mut lo, mut hi) = (found, top);
-        while hi - lo > 1 {
+        // A report's line is said to two digits: a step of 1/64 of the batch found is enough.
+        let enough = if self.opts.brief { (lo / 64).max(1) } else { 1 };
+        while hi - lo > enough {
             let mid = lo + (hi - lo) / 2;
             if fits(mid) {
                 lo = mid;
@@ -646,7 +652,7 @@ impl DeviceCtx<'_> {
         let chosen: Vec<(Vec<CallKey>, String)> = if self.opts.checkpoint.is_empty() {
             candidates
                 .iter()
-                .take(CANDIDATES)
+                .take(if self.opts.brief { 1 } else { CANDIDATES })
                 .map(|c| (vec![c.key], call_label(&c.name)))
                 .collect()
         } else {

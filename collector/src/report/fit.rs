@@ -10,8 +10,12 @@ use crate::fit::{self, Fit, Options};
 
 /// Fits the trace at `path` (see [`fit::fit_trace`]).
 pub fn fit(path: &Path, opts: &Options) -> Result<Fit, fit::Error> {
+    fit_with(path, opts, &mut StackSymbolizer::new())
+}
+
+/// [`fit`], reading stacks with `sym` (a report's, which has read most of them already).
+pub fn fit_with(path: &Path, opts: &Options, sym: &mut StackSymbolizer) -> Result<Fit, fit::Error> {
     let trace = fit::load(path)?;
-    let mut sym = StackSymbolizer::new();
     fit::fit_trace(path, &trace, opts, &mut |p, site| {
         allocates_library_workspace(&sym.site(p, site))
     })

@@ -13,6 +13,7 @@ use crate::analysis::refusal::Lever;
 use crate::analysis::Kind;
 use crate::fit::{self, DeviceFit, LeverFit, LeverKind, Options};
 
+use super::symbolize::StackSymbolizer;
 use super::Report;
 
 /// The most events on devices with PyTorch's tensors (every process) a report replays for its
@@ -21,9 +22,10 @@ pub const MAX_TENSOR_EVENTS: u64 = 1_000_000;
 /// A checkpointing lever is shown when it takes at least this share off the peak reserve.
 const WORTH: f64 = 0.05;
 
-/// Fills in the levers of `report` (built from the trace at `path`) and its `fit` object.
-/// Returns a sentence when they are not predicted for a reason a reader should know.
-pub fn attach(report: &mut Report, path: &Path) -> Option<String> {
+/// Fills in the levers of `report` (built from the trace at `path`, its stacks read with
+/// `sym`) and its `fit` object. Returns a sentence when they are not predicted for a reason a
+/// reader should know.
+pub fn attach(report: &mut Report, path: &Path, sym: &mut StackSymbolizer) -> Option<String> {
     let tensors: u64 = report
         .processes
         .iter()
@@ -44,7 +46,7 @@ pub fn attach(report: &mut Report, path: &Path) -> Option<String> {
         brief: true,
         ..Options::default()
     };
-    let fit = match super::fit::fit(path, &opts) {
+    let fit = match super::fit::fit_with(path, &opts, sym) {
         Ok(f) => f,
         Err(fit::Error::NoTensors(_) | fit::Error::NoSteps(_)) => return None,
         Err(e) => return Some(format!("the levers could not be predicted: {e}")),
