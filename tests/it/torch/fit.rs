@@ -282,6 +282,14 @@ fn an_out_of_memory_ends_with_the_levers_that_make_it_fit() {
     // The run ended in the step that ran out of memory: a bound, and said to be one.
     assert_eq!(levers[0]["lower_bound"], true);
     assert!(report["fit"]["processes"][0]["devices"][0]["complete"] == false);
+    // The anatomy section's device has them too.
+    let device = &report["processes"][0]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["anatomy"].is_object())
+        .unwrap_or_else(|| panic!("no device with an anatomy: {report}"));
+    assert!(!device["levers"].as_array().unwrap().is_empty(), "{device}");
     let case = Case {
         script: "fit_transformer.py",
         batch: 120,
