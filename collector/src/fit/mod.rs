@@ -436,7 +436,8 @@ impl DeviceCtx<'_> {
             let (o, f) = self.judge(&plan, conf);
             let better_fit = f == Some(true) && fits == Some(false);
             let lower = (o.peak_reserved as f64) < outcome.peak_reserved as f64 * (1.0 - BETTER);
-            if (better_fit || lower) && f != Some(false) || (better_fit && lower) {
+            // Better: it fits where the run's own does not, or it is lower and fits as well.
+            if better_fit || (lower && f != Some(false)) {
                 let beats = best
                     .as_ref()
                     .is_none_or(|b| o.peak_reserved < b.peak_reserved_bytes);
