@@ -13,7 +13,7 @@ pub fn fit(path: &Path, opts: &Options) -> Result<Fit, fit::Error> {
     fit_with(path, opts, &mut StackSymbolizer::new())
 }
 
-/// [`fit`], reading stacks with `sym` (a report's, which has read most of them already).
+/// [`fit()`], reading stacks with `sym` (a report's, which has read most of them already).
 pub fn fit_with(path: &Path, opts: &Options, sym: &mut StackSymbolizer) -> Result<Fit, fit::Error> {
     let trace = fit::load(path)?;
     fit::fit_trace(path, &trace, opts, &mut |p, site| {
