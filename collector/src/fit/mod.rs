@@ -196,6 +196,18 @@ pub enum LeverKind {
     CheckpointLargestBatch,
 }
 
+impl LeverKind {
+    /// Its name in the JSON contract (as serialized).
+    pub fn name(self) -> &'static str {
+        match self {
+            LeverKind::Batch => "batch",
+            LeverKind::LargestBatch => "largest_batch",
+            LeverKind::Checkpoint => "checkpoint",
+            LeverKind::CheckpointLargestBatch => "checkpoint_largest_batch",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct LeverFit {
     pub kind: LeverKind,
@@ -956,4 +968,24 @@ fn candidates(p: &Process, d: &DeviceTimeline, calls: &Calls) -> Vec<CallHeld> {
         .collect();
     out.sort_by(|a, b| b.saved.cmp(&a.saved).then(a.name.call.cmp(&b.name.call)));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lever_kind_is_named_as_it_serializes() {
+        for k in [
+            LeverKind::Batch,
+            LeverKind::LargestBatch,
+            LeverKind::Checkpoint,
+            LeverKind::CheckpointLargestBatch,
+        ] {
+            assert_eq!(
+                serde_json::to_value(k).unwrap(),
+                serde_json::Value::from(k.name())
+            );
+        }
+    }
 }

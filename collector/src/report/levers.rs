@@ -102,12 +102,7 @@ fn chosen(d: &DeviceFit, oom: bool) -> Vec<Lever> {
 
 fn lever(l: &LeverFit, d: &DeviceFit) -> Lever {
     Lever {
-        kind: match l.kind {
-            LeverKind::Batch => "batch",
-            LeverKind::LargestBatch => "largest_batch",
-            LeverKind::Checkpoint => "checkpoint",
-            LeverKind::CheckpointLargestBatch => "checkpoint_largest_batch",
-        },
+        kind: l.kind.name(),
         name: match l.kind {
             // After an out-of-memory in its first steps, the rest of the step is not in the
             // trace: a batch that fits what was traced is the most that could.
