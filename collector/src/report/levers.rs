@@ -3,7 +3,7 @@
 //! setting (the settings are the findings' remedies already), and the one or two levers that
 //! would make the job fit, or take the most off its peak, kept per device.
 //!
-//! A trace with more tensor events than [`MAX_TENSOR_EVENTS`] is left to `oomtrace fit`: the
+//! A trace with more events on PyTorch's devices than [`MAX_EVENTS`] is left to `oomtrace fit`: the
 //! largest batch is a bisection of whole replays, which a report should not pay for a huge
 //! trace (the report says so in one line).
 
@@ -18,7 +18,7 @@ use super::Report;
 
 /// The most events on devices with PyTorch's tensors (every process) a report replays for its
 /// levers.
-pub const MAX_TENSOR_EVENTS: u64 = 1_000_000;
+pub const MAX_EVENTS: u64 = 1_000_000;
 /// A checkpointing lever is shown when it takes at least this share off the peak reserve.
 const WORTH: f64 = 0.05;
 
@@ -26,20 +26,20 @@ const WORTH: f64 = 0.05;
 /// `sym`) and its `fit` object. Returns a sentence when they are not predicted for a reason a
 /// reader should know.
 pub fn attach(report: &mut Report, path: &Path, sym: &mut StackSymbolizer) -> Option<String> {
-    let tensors: u64 = report
+    let events: u64 = report
         .processes
         .iter()
         .flat_map(|p| &p.devices)
         .filter(|d| d.anatomy.is_some())
         .map(|d| d.events)
         .sum();
-    if tensors == 0 {
+    if events == 0 {
         return None;
     }
-    if tensors > MAX_TENSOR_EVENTS {
+    if events > MAX_EVENTS {
         return Some(format!(
             "the levers that would make the job fit are not predicted for a report of a trace \
-             of {tensors} events on PyTorch's devices (more than {MAX_TENSOR_EVENTS}): `oomtrace fit` predicts them"
+             of {events} events on PyTorch's devices (more than {MAX_EVENTS}): `oomtrace fit` predicts them"
         ));
     }
     let opts = Options {
