@@ -3,9 +3,9 @@
 //! setting (the settings are the findings' remedies already), and the one or two levers that
 //! would make the job fit, or take the most off its peak, kept per device.
 //!
-//! A trace with more events on PyTorch's devices than [`MAX_EVENTS`] is left to `oomtrace fit`: the
-//! largest batch is a bisection of whole replays, which a report should not pay for a huge
-//! trace (the report says so in one line).
+//! A trace with more events on PyTorch's devices than [`MAX_EVENTS`] is left to `oomtrace
+//! fit`: the largest batch takes a dozen whole replays, which a report should not pay for a
+//! huge trace (the report says so in one line).
 
 use std::path::Path;
 
