@@ -22,9 +22,16 @@
 // pause the whole loop ran in about a millisecond, and rates per second read as TiB/s.
 #define STEP_MS 60
 
+// On a device too small for the whole story (`oomtrace demo --device-memory` under about 1 GiB)
+// an allocation runs out of memory before the end: the run stops there, successfully, and the
+// report shows that out-of-memory error and what held the memory.
 #define CHECK(call)                                                                   \
     do {                                                                              \
         cudaError_t err_ = (call);                                                    \
+        if (err_ == cudaErrorMemoryAllocation) {                                      \
+            printf("train_demo: %s: out of memory, the device is too small for the rest of the demo\n", #call); \
+            exit(0);                                                                  \
+        }                                                                             \
         if (err_ != cudaSuccess) {                                                    \
             fprintf(stderr, "train_demo: %s failed: %s\n", #call, cudaGetErrorString(err_)); \
             exit(1);                                                                  \

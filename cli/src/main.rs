@@ -29,16 +29,10 @@ use clap::{CommandFactory, Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Colour the report and run's summary: auto (on a terminal, unless NO_COLOR is set),
-    /// always, never.
-    #[arg(
-        long,
-        global = true,
-        value_enum,
-        default_value_t = style::ColorChoice::Auto,
-        value_name = "WHEN"
-    )]
-    color: style::ColorChoice,
+    /// Colour the text of `report`, `run` and `demo` (the commands that colour; each also
+    /// takes it after its name): auto (on a terminal, unless NO_COLOR is set), always, never.
+    #[arg(long, value_enum, value_name = "WHEN")]
+    color: Option<style::ColorChoice>,
 }
 
 #[derive(Subcommand)]
@@ -189,7 +183,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    style::set_choice(cli.color);
+    // Only the commands that colour take `--color` after their name.
+    let asked = match &cli.command {
+        Command::Run(a) => a.color,
+        Command::Report(a) => a.color,
+        Command::Demo(a) => a.color,
+        _ => None,
+    };
+    style::set_choice(asked.or(cli.color).unwrap_or_default());
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),
         Command::Collect(a) => cmd::collect::run(a),

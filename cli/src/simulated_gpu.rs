@@ -12,6 +12,9 @@ use crate::{locate, Failure};
 
 /// The most device memory simcuda models.
 pub const MAX_BYTES: u64 = 1 << 40;
+/// The least device memory a size flag takes: a floor that catches a forgotten unit
+/// (`--simulate 16` is 16 bytes).
+pub const MIN_BYTES: u64 = 1 << 20;
 
 /// A simulated device size as given and in bytes.
 #[derive(Clone, Debug)]
@@ -21,12 +24,14 @@ pub struct DeviceMemory {
 }
 
 impl DeviceMemory {
-    /// `text` as a size from `min` to [`MAX_BYTES`]; `range` names that range in the error
-    /// (`the simulated GPU takes 1MiB to 1TiB`).
-    pub fn parse(text: &str, min: u64, range: &str) -> Result<DeviceMemory, String> {
+    /// `text` as a device's memory: one rule for every size flag that names one (`run
+    /// --simulate`, `demo --device-memory`, `fit --memory`), [`MIN_BYTES`] to [`MAX_BYTES`].
+    pub fn parse(text: &str) -> Result<DeviceMemory, String> {
         let bytes = oomtrace_collector::units::parse_bytes(text)?;
-        if !(min..=MAX_BYTES).contains(&bytes) {
-            return Err(format!("{text} is out of range: {range}"));
+        if !(MIN_BYTES..=MAX_BYTES).contains(&bytes) {
+            return Err(format!(
+                "{text} is out of range: a device's memory is 1MiB to 1TiB"
+            ));
         }
         Ok(DeviceMemory {
             text: text.trim().to_string(),
@@ -221,8 +226,7 @@ mod tests {
 
     #[test]
     fn sizes_take_binary_units_and_name_what_is_wrong() {
-        let range = "the simulated GPU takes 1MiB to 1TiB";
-        let parse = |t: &str| DeviceMemory::parse(t, 1 << 20, range);
+        let parse = DeviceMemory::parse;
         assert_eq!(parse("16GiB").unwrap().bytes, 16 << 30);
         assert_eq!(parse("1tib").unwrap().bytes, 1 << 40);
         assert_eq!(parse("2048 MiB").unwrap().bytes, 2 << 30);
@@ -234,7 +238,7 @@ mod tests {
             ("16XB", "not a size"),
             ("-1GiB", "not a size"),
             ("1.5GiB", "not a size"),
-            ("16", "out of range: the simulated GPU takes 1MiB to 1TiB"),
+            ("16", "out of range: a device's memory is 1MiB to 1TiB"),
             ("2TiB", "out of range"),
             ("99999999999999999999", "not a size"),
             ("9999999999TiB", "out of range"),
@@ -247,7 +251,7 @@ mod tests {
     #[test]
     fn the_driver_goes_first_on_the_library_path_with_its_capacity() {
         let installed = Installed::cached(PathBuf::from("/cache/sim"));
-        let memory = DeviceMemory::parse("2GiB", 1, "").unwrap();
+        let memory = DeviceMemory::parse("2GiB").unwrap();
         let env = installed.environment(&memory);
         let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
         let path = get("LD_LIBRARY_PATH").unwrap();

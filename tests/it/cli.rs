@@ -461,6 +461,38 @@ fn colour_on_a_terminal_only_and_as_asked() {
     );
 }
 
+/// `--color` is offered where text is coloured (`report`, `run`, `demo`, and before any
+/// subcommand): the help of the others does not list it, and after their name it is an unknown
+/// option, in one line.
+#[test]
+fn colour_is_offered_only_where_text_is_coloured() {
+    let dir = scratch("colour-where");
+    for command in ["report", "run", "demo"] {
+        let out = oomtrace_in_dir(&dir, &[command, "--help"], &[]);
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains("--color <WHEN>"), "{command}: {help}");
+    }
+    for command in ["lib", "view", "export", "diff", "whatif", "fit", "collect"] {
+        let out = oomtrace_in_dir(&dir, &[command, "--help"], &[]);
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{command}: {help}");
+        assert!(
+            !help.contains("--color"),
+            "{command} offers --color: {help}"
+        );
+    }
+    let out = oomtrace_in_dir(&dir, &["lib", "--color", "always"], &[]);
+    assert_one_line_error(&out, "unknown option '--color'");
+    assert_one_line_error(&out, "oomtrace lib --help");
+    // Before the subcommand it is still taken (scripts that put it there keep working).
+    let out = oomtrace_in_dir(&dir, &["--color", "never", "lib"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn oomtrace_in_dir(
     dir: &std::path::Path,
     args: &[&str],

@@ -208,20 +208,41 @@ fn missing_arguments_and_bad_sizes_are_named() {
     assert_one_line_error(&oomtrace_in(&dir, &["collect"]), &["--socket"]);
     assert_one_line_error(&oomtrace_in(&dir, &["run"]), &["no command to trace", "--"]);
     assert_one_line_error(&oomtrace_in(&dir, &["run", "--"]), &["no command to trace"]);
+    // One rule for every flag that names a device's memory: 1 MiB to 1 TiB, said alike.
     for (size, says) in [
         ("banana", "not a size"),
-        ("0", "out of range"),
-        ("10TiB", "out of range"),
+        ("0", "out of range: a device's memory is 1MiB to 1TiB"),
+        ("16", "out of range: a device's memory is 1MiB to 1TiB"),
+        ("10TiB", "out of range: a device's memory is 1MiB to 1TiB"),
     ] {
-        assert_one_line_error(
-            &oomtrace_in(&dir, &["demo", "--device-memory", size]),
-            &[size, says],
-        );
+        for args in [
+            &["demo", "--device-memory", size][..],
+            &["run", "--simulate", size, "--", "true"],
+            &["fit", "t.oomt", "--memory", size],
+        ] {
+            assert_one_line_error(&oomtrace_in(&dir, args), &[size, says]);
+        }
     }
     assert_eq!(
         names_in(&dir),
         Vec::<String>::new(),
         "a refused demo writes nothing"
+    );
+}
+
+/// The demo takes any device size the other flags take: on one too small for its story it
+/// stops at the out-of-memory error, which its report shows, and exits 0.
+#[test]
+fn the_demo_on_a_small_device_ends_in_the_out_of_memory_it_reports() {
+    let dir = scratch("demo-small");
+    let out = oomtrace_in(&dir, &["demo", "--device-memory", "256MiB", "-o", "d.oomt"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", stderr(&out));
+    assert!(text.contains("Out of memory (1)"), "{text}");
+    assert!(text.contains("cudaMalloc of 512.00 MiB failed"), "{text}");
+    assert!(
+        text.contains("too small for the rest of the demo"),
+        "{text}"
     );
 }
 

@@ -227,7 +227,7 @@ fn a_bad_size_is_one_line_and_exit_2_before_anything_runs() {
         ("banana", "\"banana\" is not a size"),
         (
             "16",
-            "16 is out of range: the simulated GPU takes 1MiB to 1TiB",
+            "16 is out of range: a device's memory is 1MiB to 1TiB",
         ),
         ("2TiB", "2TiB is out of range"),
         ("1.5GiB", "not a size"),

@@ -41,7 +41,7 @@ pub struct Args {
 }
 
 fn parse_memory(text: &str) -> Result<DeviceMemory, String> {
-    DeviceMemory::parse(text, 1 << 20, "a device's memory is 1MiB to 1TiB")
+    DeviceMemory::parse(text)
 }
 
 /// The JSON document.

@@ -37,6 +37,9 @@ pub struct Args {
     /// Print the stable JSON document instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Colour the text: auto (on a terminal, unless NO_COLOR is set), always, never.
+    #[arg(long, value_enum, value_name = "WHEN")]
+    pub color: Option<crate::style::ColorChoice>,
     /// Call sites listed per process and device.
     #[arg(long, default_value_t = super::DEFAULT_TOP, value_name = "N")]
     pub top: usize,

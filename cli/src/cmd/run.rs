@@ -57,6 +57,9 @@ pub struct Args {
     /// Also write the JSON report to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Colour the text: auto (on a terminal, unless NO_COLOR is set), always, never.
+    #[arg(long, value_enum, value_name = "WHEN")]
+    pub color: Option<crate::style::ColorChoice>,
     /// Also write the HTML view (`oomtrace view`) of the trace to FILE.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
@@ -97,7 +100,7 @@ pub enum TorchMode {
 /// `--simulate SIZE`: what simcuda models, with a floor that catches a forgotten unit
 /// (`--simulate 16` is 16 bytes).
 fn parse_simulated_memory(text: &str) -> Result<DeviceMemory, String> {
-    DeviceMemory::parse(text, 1 << 20, "the simulated GPU takes 1MiB to 1TiB")
+    DeviceMemory::parse(text)
 }
 
 /// Everything a traced run needs besides the command.
