@@ -279,6 +279,51 @@ fn lib_prints_the_library_for_ld_preload() {
     );
 }
 
+/// `oomtrace lib --simulate SIZE`: one line of `NAME=VALUE` for `env $(...) program`, a plain
+/// `LD_PRELOAD` run on the simulated GPU the binary carries; the program runs there (its
+/// device has SIZE) and the trace says it was simulated.
+#[test]
+fn lib_simulate_prints_the_environment_of_a_preloaded_run_on_the_simulated_gpu() {
+    let dir = scratch("lib-simulate");
+    let out = oomtrace_in(&dir, &["lib", "--simulate", "1GiB"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let line = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(line.lines().count(), 1, "{line}");
+    let env: Vec<(&str, &str)> = line
+        .split_whitespace()
+        .map(|pair| pair.split_once('=').expect("NAME=VALUE"))
+        .collect();
+    let names: Vec<&str> = env.iter().map(|(n, _)| *n).collect();
+    assert_eq!(
+        &names[..3],
+        ["LD_PRELOAD", "LD_LIBRARY_PATH", "SIMCUDA_MEMORY"],
+        "{line}"
+    );
+    assert_eq!(env[2].1, (1u64 << 30).to_string());
+    assert!(env[0].1.ends_with("liboomtrace.so"), "{line}");
+    let mut cmd = base_command(scenario("runtime_basic"));
+    cmd.current_dir(&dir)
+        .env("OOMTRACE_COLLECTOR", oomtrace_bin());
+    for (name, value) in &env {
+        cmd.env(name, value);
+    }
+    let ran = output_within(cmd, TIMEOUT);
+    assert!(ran.status.success(), "{}", stderr(&ran));
+    let traces = traces_in(&dir);
+    assert_eq!(traces.len(), 1, "{traces:?}");
+    let report = report_json(&traces[0]);
+    assert_eq!(
+        report["trace"]["simulated"]["device_memory_bytes"].as_u64(),
+        Some(1 << 30),
+        "{}",
+        report["trace"]
+    );
+    // A size out of the one range: one line, nothing printed for `env`.
+    let bad = oomtrace_in(&dir, &["lib", "--simulate", "16"]);
+    assert_one_line_error(&bad, &["16", "out of range"]);
+    assert!(bad.stdout.is_empty());
+}
+
 #[test]
 fn a_new_build_removes_the_cache_directories_of_older_ones() {
     let dir = scratch("cache");
