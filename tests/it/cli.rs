@@ -305,7 +305,8 @@ fn the_command_keeps_its_options_with_or_without_the_separator() {
 
 /// `view` and `export` without `-o` write beside the trace (its name without `.oomt`, then
 /// the format's ending), say where in one line, and never replace a file already there;
-/// `-f` is `--format`, and `perfetto` names the chrome format.
+/// `-f` is `--format`, and `perfetto` writes the chrome format under a name of its own (one
+/// export per format, none colliding with another's default name).
 #[test]
 fn view_and_export_write_beside_the_trace_without_o() {
     let dir = scratch("default-output");
@@ -324,7 +325,8 @@ fn view_and_export_write_beside_the_trace_without_o() {
     };
     for (args, file) in [
         (&["view", t][..], "t.html"),
-        (&["export", t, "-f", "perfetto"], "t.chrome.json"),
+        (&["export", t, "-f", "chrome"], "t.chrome.json"),
+        (&["export", t, "-f", "perfetto"], "t.perfetto.json"),
         (&["export", t, "--format", "json"], "t.jsonl"),
         (&["export", t, "-f", "folded"], "t.folded"),
         (&["export", t, "-f", "memory-viz"], "t.pickle"),
@@ -359,6 +361,7 @@ fn view_and_export_write_beside_the_trace_without_o() {
             "t.html",
             "t.jsonl",
             "t.oomt",
+            "t.perfetto.json",
             "t.pickle"
         ],
         "nothing else is left beside the trace"

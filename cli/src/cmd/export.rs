@@ -11,8 +11,8 @@ use crate::Failure;
 
 /// Write a trace in another tool's format: memory-viz, chrome, folded or json.
 ///
-/// memory-viz: a pickle for pytorch.org/memory_viz (one process); chrome (or perfetto):
-/// trace-event JSON for ui.perfetto.dev; folded: flamegraph stacks weighted by bytes; json: every event as
+/// memory-viz: a pickle for pytorch.org/memory_viz (one process); chrome (or perfetto, the
+/// same named .perfetto.json): trace-event JSON for ui.perfetto.dev; folded: flamegraph stacks weighted by bytes; json: every event as
 /// JSON lines with symbolized call sites.
 #[derive(clap::Args)]
 pub struct Args {
@@ -23,8 +23,8 @@ pub struct Args {
     pub format: Format,
     /// Output file; `-` writes to standard output. An existing file is replaced only once the
     /// export is complete; a symlink is refused; a device or FIFO is written into. [default:
-    /// beside the trace, its name without .oomt then .pickle, .chrome.json, .folded or .jsonl
-    /// (never replacing a file there)]
+    /// beside the trace, its name without .oomt then .pickle, .chrome.json, .perfetto.json,
+    /// .folded or .jsonl (never replacing a file there)]
     #[arg(short = 'o', long = "output", value_name = "OUT")]
     pub output: Option<PathBuf>,
     /// Export only this process (memory-viz: default the first process with GPU memory events).
@@ -54,19 +54,20 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             false,
         ),
     };
-    if args.max_entries.is_some() && args.format != Format::MemoryViz {
+    let format = args.format.written();
+    if args.max_entries.is_some() && format != Format::MemoryViz {
         return Err(Failure::new(
             "--max-entries is for --format memory-viz (the other formats stream every event; \
              see `oomtrace export --help`)",
         ));
     }
-    if args.at.is_some() && args.format != Format::Folded {
+    if args.at.is_some() && format != Format::Folded {
         return Err(Failure::new(
             "--at is for --format folded (the other formats show the whole history; see \
              `oomtrace export --help`)",
         ));
     }
-    if args.all_samples && args.format != Format::Chrome {
+    if args.all_samples && format != Format::Chrome {
         return Err(Failure::new(
             "--all-samples is for --format chrome (the other formats do not coalesce samples; \
              see `oomtrace export --help`)",
@@ -77,7 +78,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         crate::output::ensure_free(&output)?;
     }
     let to_stdout = output.as_os_str() == "-";
-    if to_stdout && args.format.binary() && io::stdout().is_terminal() {
+    if to_stdout && format.binary() && io::stdout().is_terminal() {
         return Err(Failure::new(
             "memory-viz is a binary pickle: write it to a file with -o FILE, not a terminal",
         ));
@@ -97,16 +98,16 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     for w in scan.stale_module_warnings() {
         eprintln!("oomtrace: warning: {w}");
     }
-    let conns: Vec<u32> = if args.format == Format::MemoryViz {
+    let conns: Vec<u32> = if format == Format::MemoryViz {
         vec![export::select_one(&scan, args.pid, &args.file)?]
     } else {
         export::select(&scan, args.pid, &args.file)?
     };
     // Only chrome and folded need the first replay's final state; the others replay anew,
     // and holding two copies of every live allocation doubled the peak memory.
-    let scan = match args.format {
+    let scan = match format {
         Format::Chrome | Format::Folded => Some(scan),
-        Format::MemoryViz | Format::Json => None,
+        Format::MemoryViz | Format::Json | Format::Perfetto => None,
     };
 
     // Nothing at OUT changes before this point, and a failure below leaves it as it was.
@@ -120,7 +121,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let path: &Path = &args.file;
     let mut dropped = 0;
     let mut coalesced = export::chrome::Summary::default();
-    let result = match (args.format, &scan) {
+    let result = match (format, &scan) {
         (Format::MemoryViz, _) => {
             let max = args.max_entries.unwrap_or(memory_viz::DEFAULT_MAX_ENTRIES);
             memory_viz::write(path, conns[0], max, &mut progress, &mut out)
@@ -137,7 +138,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             folded::write(path, scan, &conns, args.at, &mut progress, &mut out)
         }
         (Format::Json, _) => export::json::write(path, &conns, &mut progress, &mut out),
-        (Format::Chrome | Format::Folded, None) => Err(Failure::new("internal: no scan")),
+        (Format::Chrome | Format::Folded, None) | (Format::Perfetto, _) => {
+            Err(Failure::new("internal: no scan"))
+        }
     };
     drop(progress);
     let result = result.and_then(|()| out.flush().map_err(export::write_failed));
@@ -170,9 +173,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         );
     }
     if !to_stdout && !reader_gone {
-        let hint = match args.format {
+        let hint = match format {
             Format::MemoryViz => " (open it at https://pytorch.org/memory_viz)",
-            Format::Chrome => " (open it at https://ui.perfetto.dev)",
+            Format::Chrome | Format::Perfetto => " (open it at https://ui.perfetto.dev)",
             Format::Folded => " (flamegraph.pl or inferno-flamegraph draw it)",
             Format::Json => "",
         };

@@ -33,9 +33,11 @@ use view::{Frame, ProcessView, Trace};
 pub enum Format {
     /// Pickle for pytorch.org/memory_viz (one process).
     MemoryViz,
-    /// Chrome trace-event JSON for Perfetto / chrome://tracing (also named `perfetto`).
-    #[value(alias = "perfetto")]
+    /// Chrome trace-event JSON for Perfetto / chrome://tracing.
     Chrome,
+    /// The same trace-event JSON as chrome, its default name ending in .perfetto.json (an
+    /// export in each format has a name of its own beside the trace).
+    Perfetto,
     /// Flamegraph folded stacks (`frame;frame bytes`).
     Folded,
     /// Every event as JSON lines.
@@ -47,11 +49,20 @@ impl Format {
         self == Format::MemoryViz
     }
 
+    /// The format written: perfetto is chrome's JSON under another name.
+    pub fn written(self) -> Format {
+        match self {
+            Format::Perfetto => Format::Chrome,
+            f => f,
+        }
+    }
+
     /// The end of the default output's name, after the trace's name without `.oomt`.
     pub fn default_suffix(self) -> &'static str {
         match self {
             Format::MemoryViz => ".pickle",
             Format::Chrome => ".chrome.json",
+            Format::Perfetto => ".perfetto.json",
             Format::Folded => ".folded",
             Format::Json => ".jsonl",
         }
