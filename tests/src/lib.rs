@@ -101,8 +101,9 @@ fn build_oomtrace() -> PathBuf {
 
 /// Whether a test whose precondition (`ok`) does not hold here may go on. Under CI (`CI` set,
 /// as `.ci/run` does) a missing precondition fails the test, so CI never counts a test that
-/// checked nothing as passed; elsewhere the test prints one line naming what it `needs` and
-/// returns early, and is counted: when the test binary exits, after libtest's own summary,
+/// checked nothing as passed; elsewhere the test prints one line naming itself and what it
+/// `needs` (`skipped: view::x: needs chromium`, shown although libtest captures a passing
+/// test's output) and returns early, and is counted: when the test binary exits, after libtest's own summary,
 /// one line says how many tests were skipped for want of what (docs/prerequisites.md), so a
 /// skip never reads as a pass.
 pub fn precondition(ok: bool, needs: &str) -> bool {
@@ -114,7 +115,16 @@ pub fn precondition(ok: bool, needs: &str) -> bool {
         std::env::var_os("CI").is_none_or(|v| v.is_empty()),
         "this test needs {needs}, and CI must run it"
     );
-    eprintln!("skipped: needs {needs}");
+    // Past libtest's capture (which keeps a passing test's output to itself): the line shows
+    // in the run, on its own, beside the test's `... ok`.
+    let name = std::thread::current()
+        .name()
+        .map(|n| format!("{n}: "))
+        .unwrap_or_default();
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("skipped: {name}needs {needs}\n").as_bytes(),
+    );
     skips::skipped(needs);
     false
 }
