@@ -16,7 +16,7 @@ use oomtrace_collector::report::names::{ellipsize, is_torch_frame, short_functio
 use oomtrace_collector::report::ranks::Ranks;
 use oomtrace_collector::report::roles::FrameRole;
 use oomtrace_collector::report::sections::{DeviceSections, ListsOf, SiteRow};
-use oomtrace_collector::report::symbolize::{culprit, FrameInfo};
+use oomtrace_collector::report::symbolize::{culprit, python_library, FrameInfo};
 use oomtrace_collector::report::{
     fmt_python_lines, EpochReport, Finding, Held, Kind, Level, Lever, ProcessReport, Report,
     SimulatedDevice,
@@ -45,6 +45,9 @@ pub struct TextOptions {
     /// The trace ran on the simulated GPU: kernels did not run, so its seconds say nothing of
     /// a real run; forecasts are said in steps only.
     pub simulated: bool,
+    /// Every Python frame, libraries' too, instead of each run of library frames folded into
+    /// one line (`oomtrace report --full`).
+    pub full: bool,
 }
 
 /// A frame's function as text: a C++ name shortened, `??` when unknown.
@@ -85,22 +88,41 @@ fn is_runtime_start(f: &FrameInfo) -> bool {
     )
 }
 
-/// Every Python frame of `stack`, in the JSON's order (innermost first), the culprit (the
-/// innermost frame of the user's own code) led by "at". Nothing is left out: the Python stack
-/// is what the user wrote, and the text must not show less of it than the JSON. Returns false
-/// when the stack has no Python frame.
-fn python_text(out: &mut String, stack: &[FrameInfo], indent: &str) -> bool {
+/// The Python frames of `stack`, in the JSON's order (innermost first), the culprit (the
+/// innermost frame of the user's own code) led by "at". The user's frames are all shown; each
+/// run of library frames (PyTorch's, the standard library's) is one line naming them,
+/// `(3 torch.nn frames)`, unless `opts.full` (`report --full`), and the culprit is shown even
+/// where it is a library's (a stack with no frame of the user's). Returns false when the
+/// stack has no Python frame.
+fn python_text(out: &mut String, stack: &[FrameInfo], indent: &str, opts: &TextOptions) -> bool {
     let culprit = culprit(stack).filter(|c| c.python);
     let mut any = false;
+    // The run of library frames not yet said: how many, and their libraries in order.
+    let mut run: (usize, Vec<String>) = (0, Vec::new());
+    let flush = |out: &mut String, run: &mut (usize, Vec<String>)| {
+        if run.0 > 0 {
+            let s = if run.0 == 1 { "" } else { "s" };
+            let _ = writeln!(out, "{indent}   ({} {} frame{s})", run.0, run.1.join(", "));
+            *run = (0, Vec::new());
+        }
+    };
     for f in stack.iter().filter(|f| f.python) {
-        let lead = if culprit.is_some_and(|c| std::ptr::eq(c, f)) {
-            "at "
-        } else {
-            "   "
-        };
-        let _ = writeln!(out, "{indent}{lead}{}", frame_text(f));
         any = true;
+        let is_culprit = culprit.is_some_and(|c| std::ptr::eq(c, f));
+        if !opts.full && !is_culprit {
+            if let Some(library) = python_library(f) {
+                run.0 += 1;
+                if !run.1.contains(&library) {
+                    run.1.push(library);
+                }
+                continue;
+            }
+        }
+        flush(out, &mut run);
+        let lead = if is_culprit { "at " } else { "   " };
+        let _ = writeln!(out, "{indent}{lead}{}", frame_text(f));
     }
+    flush(out, &mut run);
     any
 }
 
@@ -162,7 +184,7 @@ fn stack_text(
         let _ = writeln!(out, "{indent}(no stack recorded)");
         return;
     }
-    if python_text(out, stack, indent) {
+    if python_text(out, stack, indent, opts) {
         let native: Vec<&FrameInfo> = stack
             .iter()
             .take_while(|f| !f.python)
@@ -283,7 +305,7 @@ fn epochs_line(e: &EpochReport) -> String {
     )
 }
 
-fn process_text(out: &mut String, p: &ProcessReport) {
+fn process_text(out: &mut String, p: &ProcessReport, opts: &TextOptions) {
     let lost = if p.lost_events > 0 {
         format!(", {} LOST", p.lost_events)
     } else {
@@ -385,7 +407,7 @@ fn process_text(out: &mut String, p: &ProcessReport) {
             f.count,
             fmt_bytes(f.last_size)
         );
-        python_text(out, &f.stack, "          ");
+        python_text(out, &f.stack, "          ", opts);
     }
     if p.unmatched_frees > 0 {
         let _ = writeln!(
@@ -457,7 +479,7 @@ fn oom_text(
                     fmt_bytes(s.bytes),
                     s.count
                 );
-                python_text(out, &s.stack, "          ");
+                python_text(out, &s.stack, "          ", opts);
             }
         }
     }
@@ -780,7 +802,7 @@ pub fn full_with(r: &Report, opts: &TextOptions) -> String {
     if !r.processes.is_empty() {
         let _ = writeln!(out, "\nProcesses ({})", r.processes.len());
         for p in &r.processes {
-            process_text(&mut out, p);
+            process_text(&mut out, p, opts);
         }
     }
     anatomy::section(&mut out, &r.processes);
@@ -1127,7 +1149,7 @@ pub fn summary(r: &Report) -> String {
         }
     }
     for p in &r.processes {
-        process_text(&mut out, p);
+        process_text(&mut out, p, opts);
     }
     anatomy::section(&mut out, &r.processes);
     // The first that was not recovered from; a recovered retry only when none failed.

@@ -750,7 +750,7 @@ fn pluggable_entry_points_initialise_cuda_as_the_runtime_does() {
 }
 
 /// Every place the text report (and `run`'s summary) shows a call site with Python frames
-/// shows all of them, in the JSON's order: the OOM, each holder at the OOM, the failed
+/// shows them, in the JSON's order (the user's all, libraries' runs folded): the OOM, each holder at the OOM, the failed
 /// allocation and what was live at exit.
 #[test]
 fn text_reports_show_every_python_frame_of_ooms_holders_and_live_memory() {
@@ -781,8 +781,8 @@ fn text_reports_show_every_python_frame_of_ooms_holders_and_live_memory() {
     assert_text_shows_python_frames(&summary, "live at exit: 2.00 MiB", &live[0]["stack"]);
 }
 
-/// A leak finding's Python frames in the text report and in `run`'s summary: all of them,
-/// in the JSON's order, although native frames come first in its stack.
+/// A leak finding's Python frames in the text report and in `run`'s summary: the user's all,
+/// libraries' runs folded, in the JSON's order, although native frames come first in its stack.
 #[test]
 fn text_reports_show_every_python_frame_of_a_leak() {
     let (out, r, dir) = run_python("train_leak.py", &["--torch=swap"], &["40"], &[]);

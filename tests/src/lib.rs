@@ -675,8 +675,9 @@ pub fn find_wrapped(text: &str, needle: &str) -> Option<usize> {
     })
 }
 
-/// The text, from the first line holding `anchor` on, shows every Python frame of the JSON
-/// `stack` (library frames included), on consecutive lines, in the JSON's order.
+/// The text, from the first line holding `anchor` on, shows the Python frames of the JSON
+/// `stack` on consecutive lines, in the JSON's order: every frame of the user's, each run of
+/// library frames as one line (`python_frame_texts`).
 pub fn assert_text_shows_python_frames(text: &str, anchor: &str, stack: &Value) {
     let expected = python_frame_texts(stack);
     let start = find_wrapped(text, anchor).unwrap_or_else(|| panic!("no `{anchor}` in:\n{text}"));
@@ -696,21 +697,54 @@ pub fn assert_text_shows_python_frames(text: &str, anchor: &str, stack: &Value) 
     );
 }
 
-/// How the text report shows each Python frame of a JSON `stack`, in the JSON's order.
+/// How the text report shows the Python frames of a JSON `stack`, in the JSON's order: each
+/// of the user's frames (and the culprit, the innermost of them, or the innermost frame where
+/// none is the user's) on its line, each run of library frames as one line naming their
+/// libraries, `(3 torch.nn frames)` (`report --full` shows them one by one).
 fn python_frame_texts(stack: &Value) -> Vec<String> {
-    let expected: Vec<String> = stack
+    let frames: Vec<&Value> = stack
         .as_array()
         .unwrap()
         .iter()
         .filter(|fr| fr["python"] == true)
-        .map(frame_text)
         .collect();
-    assert!(!expected.is_empty(), "no Python frames in {stack:#}");
+    assert!(!frames.is_empty(), "no Python frames in {stack:#}");
+    let library =
+        |fr: &Value| oomtrace_collector::model::library_name(fr["file"].as_str().unwrap_or(""));
+    let culprit = frames
+        .iter()
+        .position(|fr| library(fr).is_none())
+        .unwrap_or(0);
+    let mut expected = Vec::new();
+    let mut run: (usize, Vec<String>) = (0, Vec::new());
+    let flush = |expected: &mut Vec<String>, run: &mut (usize, Vec<String>)| {
+        if run.0 > 0 {
+            let s = if run.0 == 1 { "" } else { "s" };
+            expected.push(format!("({} {} frame{s})", run.0, run.1.join(", ")));
+            *run = (0, Vec::new());
+        }
+    };
+    for (i, fr) in frames.iter().enumerate() {
+        match library(fr) {
+            Some(name) if i != culprit => {
+                run.0 += 1;
+                if !run.1.contains(&name) {
+                    run.1.push(name);
+                }
+            }
+            _ => {
+                flush(&mut expected, &mut run);
+                expected.push(frame_text(fr));
+            }
+        }
+    }
+    flush(&mut expected, &mut run);
     expected
 }
 
-/// The text shows every Python frame of the JSON `stack`, on consecutive lines, in the JSON's
-/// order, somewhere (findings may share a headline, so no anchor).
+/// The text shows the Python frames of the JSON `stack` (runs of library frames folded, as
+/// `python_frame_texts` says), on consecutive lines, in the JSON's order, somewhere (findings
+/// may share a headline, so no anchor).
 pub fn assert_text_has_python_frames(text: &str, stack: &Value) {
     let expected = python_frame_texts(stack);
     let shown: Vec<&str> = text

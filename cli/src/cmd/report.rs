@@ -57,6 +57,10 @@ pub struct Args {
     /// folded into one line (text).
     #[arg(long)]
     pub native: bool,
+    /// Show every Python frame of a stack, the libraries' (torch.nn, the standard library) too,
+    /// instead of each run of them folded into one line, `(3 torch.nn frames)` (text).
+    #[arg(long)]
+    pub full: bool,
 }
 
 /// A trace file to read, and whether it was found in a directory (an unreadable one is then
@@ -410,6 +414,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         }
         let opts = render::TextOptions {
             native: args.native,
+            full: args.full,
             ..render::TextOptions::default()
         };
         let text = if runs.is_empty() {

@@ -63,7 +63,9 @@ pub use error::Error;
 pub use frames::{FrameInfo, Module, RawFrame, Stacks};
 pub use observer::{Alloc, Free, MemInfo, Observer, OutOfMemory, TorchMemory};
 pub use process::{EndState, LiveAlloc, Mapping, PhysHandle};
-pub use sites::{is_interpreter_module, is_library_file, is_oomtrace_python_file, SiteId};
+pub use sites::{
+    is_interpreter_module, is_library_file, is_oomtrace_python_file, library_name, SiteId,
+};
 
 use sites::StackSites;
 

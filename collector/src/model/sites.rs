@@ -196,6 +196,30 @@ pub fn is_library_file(file: &str) -> bool {
         || is_oomtrace_python_file(file)
 }
 
+/// The library a Python file of [`is_library_file`] belongs to, as a user names it: the
+/// package and its subpackage under site-packages (`torch.nn` for
+/// `.../site-packages/torch/nn/modules/module.py`, `torch` for `.../torch/_tensor.py`),
+/// `stdlib` for the standard library and `<frozen ...>` code, `oomtrace` for oomtrace's own;
+/// None for the user's own code.
+pub fn library_name(file: &str) -> Option<String> {
+    if is_oomtrace_python_file(file) {
+        return Some("oomtrace".into());
+    }
+    let under = ["/site-packages/", "/dist-packages/"]
+        .iter()
+        .find_map(|m| file.rfind(m).map(|i| &file[i + m.len()..]));
+    if let Some(rest) = under {
+        let parts: Vec<&str> = rest.split('/').collect();
+        let package = |p: &str| p.strip_suffix(".py").unwrap_or(p).to_string();
+        return Some(match parts.as_slice() {
+            [top, sub, _, ..] => format!("{}.{sub}", package(top)),
+            [top, ..] => package(top),
+            [] => "library".into(),
+        });
+    }
+    (file.starts_with('<') || is_stdlib_file(file)).then(|| "stdlib".into())
+}
+
 /// `.../lib/python3.N/...`: the standard library of an installed interpreter (a user directory
 /// that merely starts with `python3` is not).
 fn is_stdlib_file(file: &str) -> bool {

@@ -652,3 +652,20 @@ fn temporaries_and_growth_are_counted_by_step() {
     assert_eq!(s.live_at_first_step, 0);
     assert_eq!(s.live_at_last_step(p.markers), 16, "before the teardown");
 }
+
+#[test]
+fn a_library_frame_is_named_as_a_user_names_the_library() {
+    let sp = "/venv/lib/python3.11/site-packages";
+    for (file, name) in [
+        (format!("{sp}/torch/nn/modules/module.py"), Some("torch.nn")),
+        (format!("{sp}/torch/_tensor.py"), Some("torch")),
+        (format!("{sp}/torch/optim/adam.py"), Some("torch.optim")),
+        (format!("{sp}/six.py"), Some("six")),
+        ("/usr/lib/python3.11/contextlib.py".into(), Some("stdlib")),
+        ("<frozen runpy>".into(), Some("stdlib")),
+        ("/home/me/train.py".into(), None),
+        ("/home/me/python3.11/train.py".into(), None),
+    ] {
+        assert_eq!(library_name(&file).as_deref(), name, "{file}");
+    }
+}

@@ -74,6 +74,14 @@ pub fn python_culprit(frames: &[FrameInfo]) -> Option<&FrameInfo> {
         .or_else(|| frames.iter().find(|f| f.python))
 }
 
+/// The library a Python frame's file belongs to (`torch.nn`, `stdlib`; see
+/// [`crate::model::library_name`]), None for the user's own code and for native frames.
+pub fn python_library(f: &FrameInfo) -> Option<String> {
+    f.python
+        .then(|| crate::model::library_name(&f.file))
+        .flatten()
+}
+
 /// The Python frames of `site`, innermost first, from the code objects the shim sent: no
 /// module file is read (cheap, and the same with or without native symbolization).
 pub fn python_frames<'a>(stacks: impl Into<Stacks<'a>>, site: SiteId) -> Vec<FrameInfo> {

@@ -150,6 +150,18 @@ fn torch_report_speaks_of_tensors_named_by_their_lines() {
         "C++ names in the default text:\n{text}"
     );
     assert!(text.contains(" PyTorch C++ frames"), "{text}");
+    // PyTorch's Python frames fold too, by library: the user's lines stand out; --full
+    // shows every frame.
+    assert!(
+        text.contains(" torch.nn frames)") && !text.contains("Module._call_impl"),
+        "{text}"
+    );
+    let full = report_with(&["--full"], &r.trace);
+    assert!(
+        full.contains("Module._call_impl") && !full.contains(" torch.nn frames)"),
+        "{full}"
+    );
+    assert!(full.lines().count() > text.lines().count());
     let listed = section(&text, "Still live at exit");
     assert!(
         listed[1].contains(" in 40 tensors, device 0"),
