@@ -52,6 +52,7 @@ pub struct CUmemAllocationProp {
 
 /// Real function-pointer types used outside the hook table.
 pub type CuCtxGetDeviceFn = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
+pub type CuDeviceGetCountFn = unsafe extern "C" fn(*mut i32) -> CUresult;
 pub type CuMemGetInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
 pub type CuGetProcAddressFn =
     unsafe extern "C" fn(*const std::ffi::c_char, *mut *mut c_void, c_int, cuuint64_t) -> CUresult;

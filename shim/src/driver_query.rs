@@ -2,9 +2,9 @@
 //! device, and its free and total memory.
 
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
-use crate::cuda::{CUdevice, CuCtxGetDeviceFn, CuMemGetInfoFn, CUDA_SUCCESS};
+use crate::cuda::{CUdevice, CuCtxGetDeviceFn, CuDeviceGetCountFn, CuMemGetInfoFn, CUDA_SUCCESS};
 use crate::symbols::{is_ours, libcuda_handle, real_dlsym};
 
 /// A driver function by name (the real one, never our wrapper), cached in `slot`; 0 if absent.
@@ -31,6 +31,48 @@ pub fn driver_fn(slot: &AtomicUsize, name: &CStr) -> usize {
 
 static CTX_GET_DEVICE: AtomicUsize = AtomicUsize::new(0);
 static MEM_GET_INFO: AtomicUsize = AtomicUsize::new(0);
+static DEVICE_GET_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// How many devices the process sees, once the driver said (0: not asked yet, or it could
+/// not say). Fixed for the process's life: the driver reads `CUDA_VISIBLE_DEVICES` once, at
+/// `cuInit`.
+static DEVICE_COUNT: AtomicI32 = AtomicI32::new(0);
+
+/// The device an allocation that just succeeded on the calling thread was made on. In a
+/// process that sees one device, that device (ordinal 0) without asking: `cuCtxGetDevice` is
+/// the dearest part of recording an allocation (a call into the driver, which takes its lock),
+/// and a successful allocation proves a context, so the answer could only be 0. Otherwise,
+/// [`current_device`].
+#[inline]
+pub fn device_of_success() -> i16 {
+    let mut n = DEVICE_COUNT.load(Ordering::Relaxed);
+    if n == 0 {
+        n = device_count();
+    }
+    if n == 1 {
+        0
+    } else {
+        current_device()
+    }
+}
+
+/// Asks the driver how many devices there are and keeps the answer; 0 when it cannot say
+/// (before `cuInit`: asked again next time).
+#[cold]
+fn device_count() -> i32 {
+    let p = driver_fn(&DEVICE_GET_COUNT, c"cuDeviceGetCount");
+    if p == 0 {
+        return 0;
+    }
+    let mut n: i32 = 0;
+    // SAFETY: p is the driver's cuDeviceGetCount, which writes one int.
+    let rc = unsafe { std::mem::transmute::<usize, CuDeviceGetCountFn>(p)(&mut n) };
+    if rc != CUDA_SUCCESS || n <= 0 {
+        return 0;
+    }
+    DEVICE_COUNT.store(n, Ordering::Relaxed);
+    n
+}
 
 /// The device of the calling thread's current context, or -1.
 pub fn current_device() -> i16 {

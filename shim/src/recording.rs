@@ -78,9 +78,13 @@ fn first_sight_of_device(device: i16) -> bool {
         && SEEN_DEVICES.fetch_or(bit, Ordering::Relaxed) & bit == 0
 }
 
-fn device_of(api: Api) -> i16 {
+/// The device of an allocation through `api` that returned `rc`: none for pinned host memory;
+/// a failure's is asked (the thread may have no context at all).
+fn device_of(api: Api, rc: c_int) -> i16 {
     if api.memory_class() == MemoryClass::HostPinned {
         DEVICE_UNKNOWN
+    } else if rc == 0 {
+        driver_query::device_of_success()
     } else {
         driver_query::current_device()
     }
@@ -102,7 +106,12 @@ fn device_memory_info(device: i16) {
 }
 
 /// The first sight of `device` in this process records what the device reports.
+#[inline]
 fn first_sight(device: i16) {
+    // Seen already (every allocation but the first): one load, nothing called.
+    if (0..64).contains(&device) && SEEN_DEVICES.load(Ordering::Relaxed) & (1u64 << device) != 0 {
+        return;
+    }
     if outbox::current().is_some() && first_sight_of_device(device) {
         device_memory_info(device);
     }
@@ -113,7 +122,7 @@ fn first_sight(device: i16) {
 /// is also a segment of its reserve.
 #[inline]
 pub fn alloc(api: Api, rc: c_int, ptr: u64, size: u64, aux: u64, extra: u64) {
-    let device = device_of(api);
+    let device = device_of(api, rc);
     alloc_on(api, rc, ptr, size, aux, extra, device);
     if api.memory_class() == MemoryClass::Device {
         segment_taken(rc, ptr, size, device);

@@ -139,3 +139,8 @@ mod fit;
 /// recorded at start, is what the replay uses without `--alloc-conf`, and it reproduces the
 /// recorded reserve.
 mod whatif;
+
+/// Instructions per cudaMalloc+cudaFree pair (callgrind, a release build) held within 10 % of
+/// the committed table bench/instructions.tsv: the program's thread, the drain thread, the
+/// collector and `run`'s replay.
+mod instructions;

@@ -1,0 +1,140 @@
+//! Instructions per cudaMalloc+cudaFree pair do not regress: `scripts/bench-instructions.sh
+//! --pairs-only` (valgrind's callgrind, a release build) against the committed table
+//! `bench/instructions.tsv`. Instructions do not swing with the machine's load, so a figure
+//! more than 10 % above the table is a change in the code, not noise. Every figure of the
+//! per-pair table is held: the program's thread (over untraced and in all), the shim's drain
+//! thread, the collector, and `run`'s replay at exit.
+//!
+//! The per-tensor figures on real PyTorch take about 15 minutes under callgrind (the import of
+//! torch dominates): `OOMTRACE_INSTRUCTIONS_TORCH=1` holds them too (without it this test says
+//! in one line that it left them out); scripts/bench.sh measures them with every benchmark.
+//! After an improvement, write the new figures into the table with
+//! `scripts/bench-instructions.sh --pairs-only --tsv bench/instructions.tsv` (and the per-tensor
+//! rows without `--pairs-only`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use oomtrace_tests::precondition;
+
+/// How far a figure may rise over the committed one.
+const TOLERANCE: f64 = 0.10;
+/// Figures this small (the untraced rows' zeros, the drain thread with few events) may move
+/// by this many instructions whatever their share.
+const SLACK: i64 = 30;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repo root")
+        .to_path_buf()
+}
+
+fn on_path(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// `mode<TAB>column<TAB>value` lines.
+fn figures(text: &str) -> BTreeMap<(String, String), i64> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            assert_eq!(f.len(), 3, "not mode, column, value: {l:?}");
+            let v = f[2]
+                .parse()
+                .unwrap_or_else(|_| panic!("not a number: {l:?}"));
+            ((f[0].to_string(), f[1].to_string()), v)
+        })
+        .collect()
+}
+
+/// The release build the script measures (the shim, the CLI, simcuda and bench_pairs), made
+/// here so that the figures are this tree's. Cargo's lock for the release directory is not the
+/// one the running `cargo test` holds.
+fn build_release(root: &Path) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(root)
+        .args([
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            "oomtrace-shim",
+            "-p",
+            "oomtrace",
+            "-p",
+            "oomtrace-tests",
+        ])
+        .status()
+        .expect("cargo build --release");
+    assert!(status.success(), "the release build failed");
+}
+
+#[test]
+fn instructions_per_pair_hold_against_the_committed_table() {
+    if !precondition(on_path("valgrind"), "valgrind (Debian: valgrind)") {
+        return;
+    }
+    let root = repo();
+    build_release(&root);
+    let torch = std::env::var_os("OOMTRACE_INSTRUCTIONS_TORCH").is_some_and(|v| v == "1");
+    let dir = oomtrace_tests::scratch("instructions");
+    let tsv = dir.join("now.tsv");
+    let mut cmd = Command::new(root.join("scripts/bench-instructions.sh"));
+    if !torch {
+        cmd.arg("--pairs-only");
+        eprintln!(
+            "instructions: per pair only (OOMTRACE_INSTRUCTIONS_TORCH=1 adds the per-tensor \
+             rows, about 15 minutes)"
+        );
+    }
+    let out = cmd
+        .arg("--tsv")
+        .arg(&tsv)
+        .output()
+        .expect("bench-instructions.sh");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench-instructions.sh failed: {table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{table}");
+    let now = figures(&std::fs::read_to_string(&tsv).expect("the figures"));
+    let committed = figures(
+        &std::fs::read_to_string(root.join("bench/instructions.tsv")).expect("the committed table"),
+    );
+    assert!(!now.is_empty(), "the script measured nothing");
+    let mut worse = Vec::new();
+    for ((mode, column), &value) in &now {
+        let Some(&was) = committed.get(&(mode.clone(), column.clone())) else {
+            worse.push(format!(
+                "{mode} {column}: {value}, not in bench/instructions.tsv (add it)"
+            ));
+            continue;
+        };
+        let bound = was + ((was as f64 * TOLERANCE) as i64).max(SLACK);
+        if value > bound {
+            worse.push(format!(
+                "{mode} {column}: {value} instructions, the table says {was} (at most {bound})"
+            ));
+        }
+    }
+    for (mode, column) in committed.keys() {
+        let measured = mode.starts_with("pairs-") || torch;
+        if measured && !now.contains_key(&(mode.clone(), column.clone())) {
+            worse.push(format!("{mode} {column}: in the table, no longer measured"));
+        }
+    }
+    assert!(
+        worse.is_empty(),
+        "instructions regressed:\n{}",
+        worse.join("\n")
+    );
+}
