@@ -11,7 +11,7 @@ use oomtrace_collector::analysis::fragmentation::{is_tensor_level, Remedy};
 use oomtrace_collector::analysis::trend::Trend;
 use oomtrace_collector::analysis::{Cause, Evidence};
 use oomtrace_collector::report::backward::in_backward;
-use oomtrace_collector::report::diff::{delta as diff_delta, Diff, SideSite};
+use oomtrace_collector::report::diff::{delta as diff_delta, row_label, Diff, SideSite};
 use oomtrace_collector::report::names::{ellipsize, is_torch_frame, short_function};
 use oomtrace_collector::report::ranks::Ranks;
 use oomtrace_collector::report::roles::FrameRole;
@@ -1287,7 +1287,7 @@ pub fn diff(d: &Diff) -> String {
             out,
             "  {:<7} {} ({}): {} -> {}; peak {}, end {}, growth {}{}",
             s.status,
-            s.name,
+            row_label(&s.name, s.held, s.tells_apart.as_deref()),
             device_name(s.device),
             side(&s.before),
             side(&s.after),

@@ -1102,24 +1102,50 @@ fn torch_backward_allocations_are_named_by_their_forward_lines() {
     let native = report_output(&["--native"], &[&r.trace]);
     assert!(native.contains("AddmmBackward0::apply"), "{native}");
 
-    // `oomtrace diff`: the same names, matched by the same keys.
-    let diff = oomtrace_stdout(&["diff", "--top", "100", trace, trace]);
+    // `oomtrace diff`: the same names, matched by the same keys; every row says what it is
+    // (tensors, PyTorch's cache as one row per device, outside PyTorch) and reads apart from
+    // every other (what tells two rows of one line apart is shown), in the user's words.
+    let diff = oomtrace_stdout(&["diff", "--top", "1000", trace, trace]);
     assert!(
-        diff.contains(&format!("same    {addmm} (device 0)")),
+        diff.contains(&format!("same    tensors: {addmm}")),
         "{diff}"
     );
     assert!(diff.contains(&engine), "{diff}");
     assert_no_cpp_names("diff", &diff);
-    let diff_json: Value =
-        serde_json::from_str(&oomtrace_stdout(&["diff", "--json", trace, trace])).unwrap();
+    assert_eq!(
+        diff.matches("same    PyTorch's cache (device 0)").count(),
+        1,
+        "{diff}"
+    );
+    let rows: Vec<&str> = diff
+        .lines()
+        .filter(|l| l.starts_with("  same    "))
+        .map(|l| l.split_once(": peak").map_or(l, |(head, _)| head))
+        .collect();
+    let unique: std::collections::BTreeSet<&&str> = rows.iter().collect();
+    assert_eq!(unique.len(), rows.len(), "rows that read alike:\n{diff}");
     assert!(
-        diff_json["sites"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|s| s["name"] == addmm.as_str()),
+        rows.iter().all(|r| r.contains("tensors: ")
+            || r.contains("outside PyTorch: ")
+            || r.contains("PyTorch's cache")),
+        "a row that does not say what it is:\n{diff}"
+    );
+    let diff_json: Value = serde_json::from_str(&oomtrace_stdout(&[
+        "diff", "--json", "--top", "1000", trace, trace,
+    ]))
+    .unwrap();
+    let sites = diff_json["sites"].as_array().unwrap();
+    assert!(
+        sites.iter().any(|s| s["name"] == addmm.as_str()),
         "{diff_json:#}"
     );
+    assert!(sites.iter().all(|s| s["held"].is_string()), "{diff_json:#}");
+    let cache: Vec<&Value> = sites
+        .iter()
+        .filter(|s| s["held"] == "torch_reserve")
+        .collect();
+    assert_eq!(cache.len(), 1, "{cache:#?}");
+    assert_eq!(cache[0]["name"], "PyTorch's cache");
 
     // The exports.
     let dir = r.trace.parent().unwrap();

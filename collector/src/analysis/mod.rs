@@ -386,7 +386,7 @@ pub struct Finding {
 }
 
 /// What a call site's memory is on a device where PyTorch's trace tracker reports tensors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Held {
     /// Tensors (the tracker's allocations), inside PyTorch's segments.

@@ -35,6 +35,7 @@ use super::sections::{self, site_key, SectionOptions, SiteOrder, NO_STACK};
 use super::symbolize::FrameInfo;
 use super::{Cause, Kind, Report, ReportOptions, REPLACED_BY_EXEC};
 use crate::analysis::Analysis;
+use crate::analysis::Held;
 use crate::model::trace::Trace;
 use crate::model::EndState;
 use crate::units::{device_name, fmt_bytes};
@@ -107,10 +108,21 @@ pub struct SideSite {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct SiteDiff {
-    /// The site's identity across traces (its frames, innermost first).
+    /// The site's identity across traces (its frames, innermost first); for PyTorch's cache,
+    /// [`TORCH_CACHE_KEY`]: its segments are one row per device.
     pub key: String,
     /// Its culprit frame, for reading.
     pub name: String,
+    /// What the memory is, where PyTorch's tensors are traced (as a finding's `held`):
+    /// tensors, PyTorch's cache (`torch_reserve`), or outside PyTorch's allocator; absent in
+    /// a trace without PyTorch's tensors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<Held>,
+    /// Where another row has the same name (and device): the frame that tells this one apart
+    /// (`via Linear.forward linear.py:134`, the innermost frame where their stacks differ);
+    /// absent when the name alone is unique.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tells_apart: Option<String>,
     pub device: i16,
     /// new | gone | changed | same | unmatched (it has frames in a module whose builds the
     /// two traces cannot compare: see `unmatched_modules`)
@@ -248,9 +260,16 @@ pub struct Diff {
     pub unmatched_modules: Vec<String>,
 }
 
+/// The key of PyTorch's cache row: its segments, whatever their call sites, are one row per
+/// device (a segment is made where a tensor first did not fit: that line did not ask for it).
+pub const TORCH_CACHE_KEY: &str = "(PyTorch's cache)";
+
 /// One call site of one trace, keyed for matching.
 struct SiteEntry {
     name: String,
+    held: Option<Held>,
+    /// Its frames, innermost first: what tells it from a row of the same name.
+    stack: Vec<FrameInfo>,
     stats: SideSite,
     /// The modules its native frames are in (file names).
     modules: BTreeSet<String>,
@@ -312,15 +331,29 @@ impl Side {
             d.0 = d.0.saturating_add(s.totals.peak_bytes);
             d.1 = d.1.saturating_add(s.totals.live_at_exit_bytes);
             for r in s.sites {
+                let cache = r.held == Some(Held::TorchReserve);
+                let (key, name, stack) = if cache {
+                    (
+                        TORCH_CACHE_KEY.to_string(),
+                        "PyTorch's cache".to_string(),
+                        Vec::new(),
+                    )
+                } else {
+                    (r.key, r.name.clone(), r.stack.clone())
+                };
                 let e = side
                     .sites
-                    .entry((r.key, s.device))
+                    .entry((key, s.device))
                     .or_insert_with(|| SiteEntry {
-                        name: r.name.clone(),
+                        name,
+                        held: r.held,
+                        stack,
                         stats: SideSite::default(),
                         modules: BTreeSet::new(),
                     });
-                e.modules.extend(modules_of(&r.stack));
+                if !cache {
+                    e.modules.extend(modules_of(&r.stack));
+                }
                 let e = &mut e.stats;
                 e.peak_bytes = e.peak_bytes.saturating_add(r.peak_bytes);
                 e.live_at_exit_bytes = e.live_at_exit_bytes.saturating_add(r.live_at_exit_bytes);
@@ -495,6 +528,117 @@ fn unmatched_modules(before: &Side, after: &Side) -> BTreeSet<String> {
     out
 }
 
+/// How a row reads in one line: what the memory is (where PyTorch's tensors are traced),
+/// its name, and what tells it from a row of the same name.
+pub fn row_label(name: &str, held: Option<Held>, tells_apart: Option<&str>) -> String {
+    let what = match held {
+        Some(Held::Tensors) => "tensors: ",
+        Some(Held::OutsideTorch) => "outside PyTorch: ",
+        Some(Held::TorchReserve) | None => "",
+    };
+    match tells_apart {
+        Some(t) => format!("{what}{name} ({t})"),
+        None => format!("{what}{name}"),
+    }
+}
+
+/// For each row whose name (and device) another row shares, what tells it apart, in the
+/// user's words: a cuBLAS workspace is said so; else the innermost Python frame of its own that
+/// not every other such row has (the user's code first: `Linear.forward linear.py:134`) and the
+/// PyTorch operator its line called (the outermost `at::_ops::NAME` frame: `op relu`); rows
+/// still alike are numbered (`#2`). No C++ names: those stay in the key.
+fn tells_apart(
+    keys: &BTreeSet<&(String, i16)>,
+    before: &Side,
+    after: &Side,
+) -> BTreeMap<(String, i16), String> {
+    let entry = |k: &(String, i16)| after.sites.get(k).or_else(|| before.sites.get(k));
+    let mut by_name: BTreeMap<(String, i16, Option<Held>), Vec<&(String, i16)>> = BTreeMap::new();
+    for &k in keys {
+        if let Some(e) = entry(k) {
+            by_name
+                .entry((e.name.clone(), k.1, e.held))
+                .or_default()
+                .push(k);
+        }
+    }
+    let same = |f: &FrameInfo, g: &FrameInfo| {
+        f.python == g.python
+            && if f.python {
+                (f.file.as_str(), f.line, f.function.as_str())
+                    == (g.file.as_str(), g.line, g.function.as_str())
+            } else {
+                f.function == g.function && f.module == g.module
+            }
+    };
+    let mut out = BTreeMap::new();
+    for group in by_name.values().filter(|g| g.len() > 1) {
+        let rows: Vec<(&(String, i16), &SiteEntry)> = group
+            .iter()
+            .filter_map(|&k| entry(k).map(|e| (k, e)))
+            .collect();
+        let mut said: Vec<String> = Vec::with_capacity(rows.len());
+        for &(k, mine) in &rows {
+            if super::roles::allocates_library_workspace(&mine.stack) {
+                said.push("cuBLAS workspace".into());
+                continue;
+            }
+            let others: Vec<&SiteEntry> = rows
+                .iter()
+                .filter(|(o, _)| *o != k)
+                .map(|(_, e)| *e)
+                .collect();
+            let not_in_all =
+                |f: &&FrameInfo| others.iter().any(|o| !o.stack.iter().any(|g| same(f, g)));
+            let python = mine
+                .stack
+                .iter()
+                .filter(|f| f.python)
+                .filter(not_in_all)
+                .min_by_key(|f| crate::model::is_library_file(&f.file));
+            let op = mine.stack.iter().rev().find_map(torch_op);
+            let parts: Vec<String> = python
+                .map(frame_words)
+                .into_iter()
+                .chain(op.map(|o| format!("op {o}")))
+                .collect();
+            said.push(parts.join(", "));
+        }
+        for (i, &(k, _)) in rows.iter().enumerate() {
+            let twins = said.iter().filter(|s| **s == said[i]).count();
+            let text = if twins > 1 || said[i].is_empty() {
+                let n = said[..=i].iter().filter(|s| **s == said[i]).count();
+                if said[i].is_empty() {
+                    format!("#{n}")
+                } else {
+                    format!("{} #{n}", said[i])
+                }
+            } else {
+                said[i].clone()
+            };
+            out.insert(k.clone(), text);
+        }
+    }
+    out
+}
+
+/// The PyTorch operator a native frame runs, `relu` for `at::_ops::relu::call(...)`.
+fn torch_op(f: &FrameInfo) -> Option<&str> {
+    let rest = f.function.strip_prefix("at::_ops::")?;
+    rest.split("::").next().filter(|op| !op.is_empty())
+}
+
+/// A frame in a user's words: `function file:line` for Python, its module's file name for a
+/// native frame (C++ names stay in the key).
+fn frame_words(f: &FrameInfo) -> String {
+    if f.python {
+        let file = f.file.rsplit('/').next().unwrap_or(&f.file);
+        format!("{} {file}:{}", f.function, f.line)
+    } else {
+        f.module.rsplit('/').next().unwrap_or(&f.module).to_string()
+    }
+}
+
 /// `after - before`, clamped to an `i64`.
 pub fn delta(before: u64, after: u64) -> i64 {
     (after as i128 - before as i128).clamp(i64::MIN as i128, i64::MAX as i128) as i64
@@ -508,10 +652,14 @@ pub fn compare(before: &Side, after: &Side, opts: &DiffOptions) -> Diff {
     let mut sites = Vec::new();
     let unmatched = unmatched_modules(before, after);
     let keys: BTreeSet<&(String, i16)> = before.sites.keys().chain(after.sites.keys()).collect();
+    let apart = tells_apart(&keys, before, after);
     for k in keys {
         let b = before.sites.get(k);
         let a = after.sites.get(k);
         let name = a.or(b).map(|e| e.name.clone()).unwrap_or_default();
+        let held = a.or(b).and_then(|e| e.held);
+        let tells_apart = apart.get(k).cloned();
+        let label = row_label(&name, held, tells_apart.as_deref());
         let (bs, as_) = (
             b.map(|e| e.stats.clone()).unwrap_or_default(),
             a.map(|e| e.stats.clone()).unwrap_or_default(),
@@ -525,7 +673,7 @@ pub fn compare(before: &Side, after: &Side, opts: &DiffOptions) -> Diff {
                 || grew(bs.live_at_exit_bytes, as_.live_at_exit_bytes, live_compared));
         if regression {
             regressions.push(format!(
-                "{name} on {}: peak {} -> {}, live at exit {} -> {}",
+                "{label} on {}: peak {} -> {}, live at exit {} -> {}",
                 device_name(k.1),
                 fmt_bytes(bs.peak_bytes),
                 fmt_bytes(as_.peak_bytes),
@@ -548,6 +696,8 @@ pub fn compare(before: &Side, after: &Side, opts: &DiffOptions) -> Diff {
         sites.push(SiteDiff {
             key: k.0.clone(),
             name,
+            held,
+            tells_apart,
             device: k.1,
             status,
             peak_delta_bytes: delta(bs.peak_bytes, as_.peak_bytes),
@@ -701,6 +851,8 @@ mod tests {
             (format!("{}+0x10", modules[0]), 0),
             SiteEntry {
                 name: String::new(),
+                held: None,
+                stack: Vec::new(),
                 stats: SideSite::default(),
                 modules: modules.iter().map(|m| m.to_string()).collect(),
             },
