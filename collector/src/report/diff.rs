@@ -553,7 +553,9 @@ fn tells_apart(
     after: &Side,
 ) -> BTreeMap<(String, i16), String> {
     let entry = |k: &(String, i16)| after.sites.get(k).or_else(|| before.sites.get(k));
-    let mut by_name: BTreeMap<(String, i16, Option<Held>), Vec<&(String, i16)>> = BTreeMap::new();
+    // Rows by what they read as: name, device and what they hold.
+    type Reading = (String, i16, Option<Held>);
+    let mut by_name: BTreeMap<Reading, Vec<&(String, i16)>> = BTreeMap::new();
     for &k in keys {
         if let Some(e) = entry(k) {
             by_name
