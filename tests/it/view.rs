@@ -314,6 +314,86 @@ fn a_long_trace_gives_a_bounded_page() {
     eprintln!("{events} events: a page of {} bytes", html.len());
 }
 
+/// The icicle at any step or moment: `view --at 10` opens it after the 10th step (the demo's
+/// leak holds 10 of its 16 MiB outputs then), `--at 0.5s` half a second in; every page offers
+/// evenly spaced steps, with a slider, whose holdings grow with the leak; a moment the trace
+/// never reached is one line, exit 2, and no page.
+#[test]
+fn the_icicle_opens_at_a_chosen_step_and_scrubs_through_the_steps() {
+    let Some(browser) = chromium() else {
+        precondition(false, "chromium (apt-get install chromium)");
+        return;
+    };
+    let dir = scratch("view-at");
+    oomtrace_in(&dir, &["demo", "--output", "demo.oomt"]);
+    oomtrace_in(
+        &dir,
+        &["view", "demo.oomt", "--at", "10", "-o", "at10.html"],
+    );
+    let html = std::fs::read_to_string(dir.join("at10.html")).unwrap();
+    let data = page_data(&html);
+    // The GPU (the demo's pinned staging buffer is a device of its own, -1).
+    let gpu = |data: &Value| -> Value {
+        data["processes"][0]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["device"] == 0)
+            .cloned()
+            .expect("device 0")
+    };
+    let dev = &gpu(&data);
+    assert_eq!(dev["opens_at"], "at", "{}", dev["moments"]);
+    let moments: Vec<(String, String)> = dev["moments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m[0].as_str().unwrap().into(), m[1].as_str().unwrap().into()))
+        .collect();
+    assert!(
+        moments.contains(&("at".into(), "after step 10".into())),
+        "{moments:?}"
+    );
+    let steps: Vec<&String> = moments
+        .iter()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with("step:"))
+        .collect();
+    assert!(steps.len() >= 12, "{moments:?}");
+    // The leak's 16 MiB a step: the holdings grow from the first step kept to the last.
+    let held = |k: &str| dev["flames"][k]["v"].as_u64().unwrap_or(0);
+    assert!(
+        held(steps[0]) + 16 * MIB * 5 <= held(steps[steps.len() - 1]),
+        "{} -> {}",
+        held(steps[0]),
+        held(steps[steps.len() - 1])
+    );
+    assert_eq!(held("at"), held("step:10"), "the same moment twice");
+    let dom = rendered_dom(&browser, &dir, &dir.join("at10.html"));
+    assert!(dom.contains("class=\"step-slider\""), "no slider:\n{dom}");
+    let selected = dom
+        .split("<option ")
+        .find(|o| o.contains("selected"))
+        .unwrap_or("");
+    assert!(selected.contains("after step 10"), "{selected}");
+    // A time into the run.
+    oomtrace_in(&dir, &["view", "demo.oomt", "--at", "0.5s", "-o", "t.html"]);
+    let data = page_data(&std::fs::read_to_string(dir.join("t.html")).unwrap());
+    assert_eq!(gpu(&data)["opens_at"], "at");
+    // A moment the trace never reached, and one that is no moment.
+    for (at, says) in [("999", "the trace has 24 steps"), ("lunch", "bad moment")] {
+        let mut cmd = base_command(oomtrace_bin());
+        cmd.current_dir(&dir)
+            .args(["view", "demo.oomt", "--at", at, "-o", "never.html"]);
+        let out = output_within(cmd, TIMEOUT);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(says), "{err}");
+        assert!(!dir.join("never.html").exists());
+    }
+}
+
 /// `view` of a file that is not a trace, with or without `-o`: one line, exit 2, and no page.
 #[test]
 fn view_refuses_bad_input_and_writes_nothing() {

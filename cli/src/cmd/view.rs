@@ -20,6 +20,11 @@ pub struct Args {
     /// (never replacing a file there)]
     #[arg(short = 'o', long = "output", value_name = "OUT")]
     pub output: Option<PathBuf>,
+    /// Open the icicle of what was held at this moment: a step (`12`: just after the 12th step
+    /// marker) or a time into the run (`3.5s`). Every page also offers peak, the OOM, the end
+    /// and evenly spaced steps to scrub to.
+    #[arg(long, value_name = "STEP|TIME", value_parser = model::At::parse)]
+    pub at: Option<model::At>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
@@ -27,7 +32,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         Some(o) => (o, true),
         None => (crate::output::beside(&args.file, ".html"), false),
     };
-    write_page_to(&args.file, &output, chosen)?;
+    write_page_to(&args.file, &output, chosen, args.at)?;
     if output.as_os_str() != "-" {
         eprintln!(
             "oomtrace: wrote {} (open it in a browser; it needs no network)",
@@ -40,17 +45,22 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
 /// Builds the page of the trace at `trace` and writes it to `output` (`-`: standard output).
 /// Nothing at `output` changes when the trace cannot be read.
 pub fn write_page(trace: &Path, output: &Path) -> Result<(), Failure> {
-    write_page_to(trace, output, true)
+    write_page_to(trace, output, true, None)
 }
 
 /// `write_page`; `named` false: `output` is a default name, written only if nothing is there.
-fn write_page_to(trace: &Path, output: &Path, named: bool) -> Result<(), Failure> {
+fn write_page_to(
+    trace: &Path,
+    output: &Path,
+    named: bool,
+    at: Option<model::At>,
+) -> Result<(), Failure> {
     if !named {
         // Said before the trace is read, which can take a while.
         crate::output::ensure_free(output)?;
     }
     let mut progress = Progress::new();
-    let page = model::build(trace, &mut progress)?;
+    let page = model::build(trace, at, &mut progress)?;
     drop(progress);
     for w in &page.stale_module_warnings {
         eprintln!("oomtrace: warning: {w}");

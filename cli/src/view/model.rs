@@ -60,6 +60,46 @@ pub const FLAME_DEPTH: usize = 128;
 pub const FLAME_MIN_SHARE: f64 = 0.002;
 /// Step markers kept per process.
 pub const MAX_MARKERS: usize = 2000;
+/// Steps whose holdings the icicle can be scrubbed to, per device: evenly spaced over the run
+/// (the stride between them doubles whenever twice as many were kept).
+pub const STEP_MOMENTS: usize = 24;
+
+/// A moment the page opens its icicle on (`view --at`): after step N's marker, or the first
+/// event at or after a time into the process's run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum At {
+    Step(u64),
+    Seconds(f64),
+}
+
+impl At {
+    /// `12` (step 12, counted from 1) or `3.5s` (seconds into the run).
+    pub fn parse(text: &str) -> Result<At, String> {
+        let t = text.trim();
+        let bad = || {
+            format!(
+                "bad moment {text:?} (expected a step, e.g. 12, or a time into the run, e.g. 3.5s)"
+            )
+        };
+        if let Some(secs) = t.strip_suffix('s') {
+            let v: f64 = secs.trim().parse().map_err(|_| bad())?;
+            return (v.is_finite() && v >= 0.0)
+                .then_some(At::Seconds(v))
+                .ok_or_else(bad);
+        }
+        match t.parse::<u64>() {
+            Ok(n) if n >= 1 => Ok(At::Step(n)),
+            _ => Err(bad()),
+        }
+    }
+
+    fn label(self) -> String {
+        match self {
+            At::Step(n) => format!("after step {n}"),
+            At::Seconds(t) => format!("at {t:.2} s"),
+        }
+    }
+}
 
 /// Which of a device's two accountings bytes are in (see the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -273,6 +313,12 @@ struct Series {
     first_mark: Option<HashMap<Key, u64>>,
     last_mark: Snapshot,
     marks: u64,
+    /// Holdings after every `step_stride`-th step marker: (step, time, sites), at most
+    /// 2 × [`STEP_MOMENTS`].
+    step_snaps: Vec<(u64, u64, HashMap<Key, u64>)>,
+    step_stride: u64,
+    /// Holdings at the moment of `view --at`, once reached.
+    at: Option<HashMap<Key, u64>>,
 }
 
 impl Series {
@@ -291,7 +337,19 @@ impl Series {
             first_mark: None,
             last_mark: Snapshot::default(),
             marks: 0,
+            step_snaps: Vec::new(),
+            step_stride: 1,
+            at: None,
         }
+    }
+
+    /// The sites holding memory now.
+    fn holdings(&self) -> HashMap<Key, u64> {
+        self.live
+            .iter()
+            .filter(|(_, &b)| b > 0)
+            .map(|(&s, &b)| (s, b))
+            .collect()
     }
 
     /// Site `key` made its accounting go from `from` to `to` bytes.
@@ -334,18 +392,20 @@ impl Series {
         self.counts.keys().any(|k| k.0 == Memory::Tensor)
     }
 
-    fn mark(&mut self) {
+    fn mark(&mut self, t: u64) {
         self.marks += 1;
         if self.first_mark.is_none() {
-            self.first_mark = Some(
-                self.live
-                    .iter()
-                    .filter(|(_, &b)| b > 0)
-                    .map(|(&s, &b)| (s, b))
-                    .collect(),
-            );
+            self.first_mark = Some(self.holdings());
         }
         self.last_mark.capture(&self.live);
+        if self.marks % self.step_stride == 0 {
+            self.step_snaps.push((self.marks, t, self.holdings()));
+            if self.step_snaps.len() >= 2 * STEP_MOMENTS {
+                self.step_stride *= 2;
+                let stride = self.step_stride;
+                self.step_snaps.retain(|(step, _, _)| step % stride == 0);
+            }
+        }
     }
 }
 
@@ -415,6 +475,8 @@ struct ProcState {
     /// PyTorch's own statistics of each device after each step marker, as the program read
     /// them: (time, allocated, max allocated, reserved).
     torch_memory: BTreeMap<i16, Vec<(u64, u64, u64, u64)>>,
+    /// The moment of `view --at` was reached in this process.
+    at_reached: bool,
 }
 
 impl ProcState {
@@ -562,7 +624,7 @@ pub struct Page {
 }
 
 /// Builds the page's data for the trace at `path`.
-pub fn build(path: &Path, progress: &mut Progress) -> Result<Page, Failure> {
+pub fn build(path: &Path, at: Option<At>, progress: &mut Progress) -> Result<Page, Failure> {
     let name = path.file_name().map_or_else(
         || path.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
@@ -611,6 +673,19 @@ pub fn build(path: &Path, progress: &mut Progress) -> Result<Page, Failure> {
             Seen::Marker { .. } | Seen::TorchMemory { .. } => None,
         };
         st.settle(p, span, next);
+        if let (Some(At::Seconds(t)), false) = (at, st.at_reached) {
+            let now = match seen {
+                Seen::Event { event, .. } => Some(event.ts_ns),
+                Seen::Marker { ts_ns, .. } => Some(ts_ns),
+                Seen::TorchMemory { .. } => None,
+            };
+            if now.is_some_and(|n| n.saturating_sub(span.0) as f64 >= t * 1e9) {
+                for s in st.series.values_mut() {
+                    s.at = Some(s.holdings());
+                }
+                st.at_reached = true;
+            }
+        }
         match seen {
             Seen::Event { event, site } => {
                 let kind = event.kind();
@@ -655,7 +730,13 @@ pub fn build(path: &Path, progress: &mut Progress) -> Result<Page, Failure> {
                 st.marker_count += 1;
                 st.markers.push((ts_ns, label.to_string()));
                 for s in st.series.values_mut() {
-                    s.mark();
+                    s.mark(ts_ns);
+                }
+                if at == Some(At::Step(st.marker_count)) {
+                    for s in st.series.values_mut() {
+                        s.at = Some(s.holdings());
+                    }
+                    st.at_reached = true;
                 }
             }
             Seen::TorchMemory {
@@ -676,6 +757,24 @@ pub fn build(path: &Path, progress: &mut Progress) -> Result<Page, Failure> {
     })?;
     progress.end_pass();
 
+    if let Some(at) = at {
+        if !procs.values().any(|st| st.at_reached) {
+            let most = procs.values().map(|st| st.marker_count).max().unwrap_or(0);
+            let longest = spans
+                .values()
+                .map(|(a, b)| b.saturating_sub(*a) as f64 / 1e9)
+                .fold(0.0, f64::max);
+            return Err(Failure::new(match at {
+                At::Step(n) => format!(
+                    "--at {n}: the trace has {most} step{} (markers) in its longest process",
+                    if most == 1 { "" } else { "s" }
+                ),
+                At::Seconds(t) => {
+                    format!("--at {t}s: the trace's longest process ran {longest:.2} s")
+                }
+            }));
+        }
+    }
     let mut sym = Symbolizer::new();
     let mut processes = Vec::new();
     for (conn, mut st) in procs {
@@ -694,7 +793,7 @@ pub fn build(path: &Path, progress: &mut Progress) -> Result<Page, Failure> {
             s.down.finish(&s.live);
         }
         for (&d, s) in &st.series {
-            let mut dev = device_json(d, s, &st, &secs, &mut sites);
+            let mut dev = device_json(d, s, &st, at, &secs, &mut sites);
             // What the memory is (docs/anatomy.md), as the report says it: its roles over the
             // steps and at the peak, drawn beside the chart by call site.
             dev["anatomy"] = anatomy_of(&report_json, p.pid(), d);
@@ -844,6 +943,7 @@ fn device_json(
     d: i16,
     s: &Series,
     st: &ProcState,
+    at: Option<At>,
     secs: &dyn Fn(u64) -> f64,
     sites: &mut Sites<'_>,
 ) -> Value {
@@ -964,24 +1064,37 @@ fn device_json(
             .map(|(&k, &b)| (k, b))
             .collect()
     };
-    let mut moments = vec![("peak", held(&s.peak_snap.bytes))];
+    // The icicle's moments, in the order the page offers them: [key, label].
+    let mut moments: Vec<(String, String, HashMap<Key, u64>)> =
+        vec![("peak".into(), "at peak".into(), held(&s.peak_snap.bytes))];
     if let Some((_, _, at_oom)) = &s.oom {
-        moments.push(("oom", held(at_oom)));
+        moments.push(("oom".into(), "at the OOM".into(), held(at_oom)));
     }
-    moments.push(("end", held(&s.live)));
+    if let (Some(at), Some(h)) = (at, &s.at) {
+        moments.push(("at".into(), at.label(), held(h)));
+    }
+    moments.push(("end".into(), "at the end".into(), held(&s.live)));
+    for (step, t, h) in &s.step_snaps {
+        moments.push((
+            format!("step:{step}"),
+            format!("after step {step} ({:.2} s)", secs(*t)),
+            held(h),
+        ));
+    }
     let mut flames = serde_json::Map::new();
     let mut python_flames = serde_json::Map::new();
     let mut has_python = false;
-    for (name, held) in &moments {
+    for (name, _, held) in &moments {
         let mut native = |k: Key| sites.get(k.1).native_path.clone();
-        flames.insert((*name).into(), flame(held, &mut native));
+        flames.insert(name.clone(), flame(held, &mut native));
         let mut python = |k: Key| {
             let i = sites.get(k.1);
             has_python |= i.has_python;
             i.python_path.clone()
         };
-        python_flames.insert((*name).into(), flame(held, &mut python));
+        python_flames.insert(name.clone(), flame(held, &mut python));
     }
+    let moment_list: Vec<Value> = moments.iter().map(|(k, l, _)| json!([k, l])).collect();
     let totals = p.device(d).unwrap_or_default();
     // PyTorch's own readings, thinned evenly like the markers they follow (the last kept).
     let readings = st
@@ -1021,6 +1134,8 @@ fn device_json(
         "site_count": total_rows,
         "flames": flames,
         "python_flames": python_flames,
+        "moments": moment_list,
+        "opens_at": if at.is_some() && s.at.is_some() { "at" } else { "peak" },
         "has_python": has_python,
         "torch_memory": torch_memory,
     })

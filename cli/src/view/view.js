@@ -372,15 +372,41 @@
   // native frames left out); every frame with "native frames" ticked.
   function renderFlame(dev, root) {
     var trees = { python: dev.python_flames || {}, native: dev.flames || {} };
-    var names = { peak: "at peak", oom: "at the OOM", end: "at the end" };
+    // [key, label] in the order offered: peak, the OOM, `view --at`'s moment, the end, then
+    // evenly spaced steps (a page of an older build has only the first three).
+    var moments = dev.moments || [["peak", "at peak"], ["oom", "at the OOM"], ["end", "at the end"]];
     var wrap = el("div");
     var pick = el("select");
-    Object.keys(names).forEach(function (k) {
-      if (trees.native[k]) pick.appendChild(new Option(names[k] + " (" + bytes(trees.native[k].v) + ")", k));
+    var steps = [];
+    moments.forEach(function (m) {
+      if (!trees.native[m[0]]) return;
+      // The moment the page opens on is selected as an attribute too: it shows in the DOM.
+      var opens = m[0] === dev.opens_at;
+      pick.appendChild(new Option(m[1] + " (" + bytes(trees.native[m[0]].v) + ")", m[0], opens, opens));
+      if (m[0].indexOf("step:") === 0) steps.push(m[0]);
     });
+    if (dev.opens_at && trees.native[dev.opens_at]) pick.value = dev.opens_at;
     var label = el("label", null, "Bytes held ");
     label.appendChild(pick);
     wrap.appendChild(label);
+    // A slider over the steps kept: scrub the icicle through the run.
+    var slider = null;
+    if (steps.length > 1) {
+      slider = el("input");
+      slider.type = "range";
+      slider.className = "step-slider";
+      slider.min = 0;
+      slider.max = steps.length - 1;
+      slider.value = Math.max(0, steps.indexOf(pick.value));
+      slider.title = "scrub through the steps";
+      var scrub = el("label", "muted", " steps ");
+      scrub.appendChild(slider);
+      wrap.appendChild(scrub);
+      slider.addEventListener("input", function () {
+        pick.value = steps[+slider.value];
+        draw();
+      });
+    }
     var native = el("input");
     native.type = "checkbox";
     native.className = "native-frames";
@@ -415,7 +441,10 @@
       box.style.height = (depth + 1) * 17 + 2 + "px";
       box.innerHTML = html.join("");
     }
-    pick.addEventListener("change", draw);
+    pick.addEventListener("change", function () {
+      if (slider && steps.indexOf(pick.value) >= 0) slider.value = steps.indexOf(pick.value);
+      draw();
+    });
     native.addEventListener("change", draw);
     draw();
     root.appendChild(wrap);
