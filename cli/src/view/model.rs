@@ -398,12 +398,12 @@ impl Series {
             self.first_mark = Some(self.holdings());
         }
         self.last_mark.capture(&self.live);
-        if self.marks % self.step_stride == 0 {
+        if self.marks.is_multiple_of(self.step_stride) {
             self.step_snaps.push((self.marks, t, self.holdings()));
             if self.step_snaps.len() >= 2 * STEP_MOMENTS {
                 self.step_stride *= 2;
                 let stride = self.step_stride;
-                self.step_snaps.retain(|(step, _, _)| step % stride == 0);
+                self.step_snaps.retain(|(step, _, _)| step.is_multiple_of(stride));
             }
         }
     }
