@@ -46,6 +46,7 @@ enum Command {
     View(cmd::view::Args),
     Whatif(cmd::whatif::Args),
     Fit(cmd::fit::Args),
+    Top(cmd::top::Args),
     #[command(aliases = ["lib-path", "libpath", "preload"])]
     Lib(cmd::lib::Args),
 }
@@ -199,6 +200,7 @@ fn main() -> ExitCode {
         Command::Export(a) => cmd::export::run(a),
         Command::Diff(a) => cmd::diff::run(a),
         Command::View(a) => cmd::view::run(a),
+        Command::Top(a) => cmd::top::run(a),
         Command::Whatif(a) => cmd::whatif::run(a),
         Command::Fit(a) => cmd::fit::run(a),
         Command::Lib(a) => cmd::lib::run(a),

@@ -475,7 +475,9 @@ fn colour_is_offered_only_where_text_is_coloured() {
         let help = String::from_utf8_lossy(&out.stdout);
         assert!(help.contains("--color <WHEN>"), "{command}: {help}");
     }
-    for command in ["lib", "view", "export", "diff", "whatif", "fit", "collect"] {
+    for command in [
+        "lib", "view", "export", "diff", "whatif", "fit", "collect", "top",
+    ] {
         let out = oomtrace_in_dir(&dir, &[command, "--help"], &[]);
         let help = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{command}: {help}");

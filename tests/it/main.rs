@@ -118,7 +118,7 @@ mod words;
 /// Prometheus metrics (`collect --metrics`, `--metrics-textfile`): a real Prometheus server
 /// scrapes a running process and a two-rank job, and its values are the report's; real
 /// PyTorch's reserve and Python leak lines; bad addresses and textfile targets; the Grafana
-/// dashboard and the docs name exactly the exported metrics.
+/// dashboard and the docs name exactly the exported metrics; `oomtrace top` over them.
 mod metrics;
 
 /// `pip install oomtrace`: the manylinux_2_28 wheel of `scripts/wheel.sh` (maturin + zig),

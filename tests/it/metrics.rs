@@ -3,7 +3,8 @@
 //! values arrive while it runs; it is then killed) and a two-rank job runs through it (one rank
 //! leaks); the values Prometheus's HTTP API returns are those of `oomtrace report --json` on
 //! the trace the collector wrote. Also: bad addresses, the
-//! textfile's refusals, and the Grafana dashboard in contrib/ naming only real metrics.
+//! textfile's refusals, the Grafana dashboard in contrib/ naming only real metrics, and
+//! `oomtrace top` watching a running collector through them.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -686,4 +687,115 @@ fn the_dashboard_and_the_docs_name_the_exported_metrics() {
             );
         }
     }
+}
+
+/// `oomtrace top ADDR`: a running collector's processes, devices, the lines holding the most
+/// and the findings, from its metrics endpoint. `--once` (and a pipe) prints one view; on a
+/// terminal it redraws until `q`. A collector that is not there is one line and exit 2.
+#[test]
+fn top_watches_a_running_collector() {
+    let dir = scratch("metrics-top");
+    let socket = dir.join("collector.sock");
+    let mut collector = Guard(
+        base_command(oomtrace_bin())
+            .args(["collect", "--quiet", "--socket"])
+            .arg(&socket)
+            .arg("--output")
+            .arg(dir.join("job.oomt"))
+            .args(["--metrics", "127.0.0.1:0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the collector"),
+    );
+    let mut first = String::new();
+    BufReader::new(collector.0.stderr.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("oomtrace: metrics on http://")
+        .and_then(|r| r.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("unexpected first line: {first}"))
+        .to_string();
+    wait_for("the collector's socket", Duration::from_secs(10), || {
+        std::os::unix::net::UnixStream::connect(&socket).is_ok()
+    });
+    let slow = Guard(
+        base_command(scenario("slow_loop"))
+            .arg("30")
+            .env("LD_PRELOAD", shim())
+            .env("OOMTRACE_SOCKET", &socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start slow_loop"),
+    );
+    let pid = slow.0.id().to_string();
+    let top = |args: &[&str]| {
+        let mut cmd = base_command(oomtrace_bin());
+        cmd.arg("top").args(args);
+        output_within(cmd, TIMEOUT)
+    };
+    let mut view = String::new();
+    wait_for("the process in top's view", Duration::from_secs(30), || {
+        let out = top(&[&addr, "--once"]);
+        view = String::from_utf8_lossy(&out.stdout).into_owned();
+        out.status.success() && view.lines().any(|l| l.starts_with(&pid)) && view.contains("main")
+    });
+    assert!(
+        view.starts_with(&format!("oomtrace top: {addr}: ")),
+        "{view}"
+    );
+    let row = view.lines().find(|l| l.starts_with(&pid)).unwrap();
+    let words: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(words[2], "0", "device 0: {row}");
+    assert!(view.contains("Holding the most now"), "{view}");
+    assert!(
+        view.lines()
+            .any(|l| l.contains(&format!("pid {pid} device 0")) && l.contains("slow_loop.c:")),
+        "the line holding memory: {view}"
+    );
+    // On a terminal (script(1) gives it one): it draws, and `q` ends it.
+    let mut shown = Command::new("script")
+        .args(["-qfec"])
+        // A pseudo-terminal with a size (script's has none when its input is a pipe).
+        .arg(format!(
+            "stty cols 160 rows 50; {} top {addr} --interval 0.2",
+            oomtrace_bin().display()
+        ))
+        .arg("/dev/null")
+        .env("TERM", "xterm")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("script(1)");
+    std::thread::sleep(Duration::from_millis(1500));
+    shown.stdin.as_mut().unwrap().write_all(b"q").unwrap();
+    let status = wait_within(&mut shown, TIMEOUT, "oomtrace top on a terminal");
+    let mut screen = String::new();
+    shown
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut screen)
+        .unwrap();
+    assert!(status.success(), "{screen}");
+    // Drawn in place: words between cursor moves.
+    assert!(
+        screen.contains("\x1b[?1049h") && screen.contains("Holding") && screen.contains(&pid),
+        "{screen}"
+    );
+    drop(slow);
+    // Nothing there: one line, exit 2.
+    drop(collector);
+    let gone = top(&[&addr, "--once"]);
+    let err = String::from_utf8_lossy(&gone.stderr);
+    assert_eq!(gone.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("cannot read a collector's metrics at"),
+        "{err}"
+    );
 }

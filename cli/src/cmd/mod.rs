@@ -9,6 +9,7 @@ pub mod fit;
 pub mod lib;
 pub mod report;
 pub mod run;
+pub mod top;
 pub mod view;
 pub mod whatif;
 

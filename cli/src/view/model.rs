@@ -403,7 +403,8 @@ impl Series {
             if self.step_snaps.len() >= 2 * STEP_MOMENTS {
                 self.step_stride *= 2;
                 let stride = self.step_stride;
-                self.step_snaps.retain(|(step, _, _)| step.is_multiple_of(stride));
+                self.step_snaps
+                    .retain(|(step, _, _)| step.is_multiple_of(stride));
             }
         }
     }
