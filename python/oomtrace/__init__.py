@@ -457,6 +457,7 @@ def install(allocator="tracker", step_hook=True):
         return False
     try:
         _install_rank_hook(torch)
+        _register_exit_wait()
     except Exception:  # the rank is a label; tracing works without it
         pass
     if mode == "tracker":
@@ -485,6 +486,54 @@ def install(allocator="tracker", step_hook=True):
     return mode == "swap" and _allocator_installed
 
 
+# How long the interpreter's exit waits (the GIL released) for PyTorch's autograd threads.
+_AUTOGRAD_EXIT_WAIT_S = 0.05
+
+
+def _autograd_threads_alive():
+    """Whether PyTorch's autograd worker threads (native threads named `pt_autograd_N`,
+    unknown to `threading`) run in this process."""
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open("/proc/self/task/%s/comm" % tid) as f:
+                if f.read().startswith("pt_autograd"):
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+_exit_wait_registered = False
+
+
+def _register_exit_wait():
+    """Registers `_let_autograd_threads_finish` at exit, once."""
+    global _exit_wait_registered
+    if not _exit_wait_registered:
+        import atexit
+
+        atexit.register(_let_autograd_threads_finish)
+        _exit_wait_registered = True
+
+
+def _let_autograd_threads_finish():
+    """At exit, before the interpreter finalizes: an autograd worker thread that has just
+    finished a backward pass still drops its graph task, whose thread-local state holds a
+    Python object, and takes the GIL for that decref. If the interpreter is already
+    finalizing, Python ends that thread (pthread_exit through C++ frames that do not allow it)
+    and the process aborts: "terminate called without an active exception", exit 134
+    (pytorch#38228). A traced backward pass leaves that thread a little later than an untraced
+    one, enough to make the race likely: the GIL is released here for a moment so that the
+    thread finishes first. Only where autograd threads exist; it never raises."""
+    try:
+        if _autograd_threads_alive():
+            import time
+
+            time.sleep(_AUTOGRAD_EXIT_WAIT_S)
+    except Exception:
+        pass
+
+
 def _on_torch_import(torch, swap=False, steps=True, tracker=False):
     """Called by the sitecustomize of `oomtrace run` right after `import torch` finished.
 
@@ -500,6 +549,8 @@ def _on_torch_import(torch, swap=False, steps=True, tracker=False):
         except Exception as e:
             return "%s: %s" % (type(e).__name__, e)
 
+    # Registered after torch's own: runs before them, before the interpreter finalizes.
+    _register_exit_wait()
     # Silent: a program without torch.distributed loses nothing.
     attempt(_install_rank_hook)
     no_tracker = attempt(_install_tracker) if tracker else None

@@ -554,3 +554,29 @@ fn the_memory_of_an_adam_training_loop_has_its_roles() {
         );
     }
 }
+
+// ---- Never the reason a job fails ------------------------------------------------------------
+
+/// A loop that ends right after a backward pass exits 0 traced, every time, under `oomtrace run`
+/// and plain `LD_PRELOAD`: PyTorch's autograd thread, still dropping the last graph task, must
+/// not meet the interpreter's finalization (pytorch#38228, exit 134), which tracing had made
+/// likely (5 of 6 runs). No retry here, unlike the tier's other runs: three runs each.
+#[test]
+fn a_traced_backward_pass_never_aborts_the_exit() {
+    for mode in [Mode::Run, Mode::Preload] {
+        for attempt in 0..3 {
+            let dir = scratch("torch-backward-exit");
+            let out = output_within(
+                command("backward_at_exit.py", mode, &dir, &[]),
+                TORCH_TIMEOUT,
+            );
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success(),
+                "{mode:?}, run {attempt}: {:?}\n{stderr}",
+                out.status
+            );
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim_end(), "done");
+        }
+    }
+}
