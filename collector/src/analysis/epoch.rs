@@ -14,6 +14,15 @@
 //!      does not matter, so an iteration with a varying number of temporaries keeps its
 //!      anchor, while a site inside an inner loop (layers) sees alternately nothing and the
 //!      rest of the iteration and never qualifies.
+//!    - **cycle** (the sanity rule for loops whose iterations alternate, `if i % 2: ...`):
+//!      the site's last `RING` signatures repeat with a period of 2 or 3 segments (not one:
+//!      that is structural), and its segments are alike in size: each holds at least half as
+//!      many distinct sites as the largest, and each lasts at least half as long as the
+//!      longest (`CYCLE_BALANCE`). The loop's head allocates once per iteration whichever
+//!      branch ran, so it qualifies, and with the shortest period it is chosen over a site of
+//!      one branch (which allocates every second iteration, and made a loop of N iterations
+//!      N/2 steps); a site of an inner loop that alternates between a layer's few sites and
+//!      the rest of the iteration is unbalanced and does not.
 //!    - **paced**: a site whose allocations come at a steady pace in time (all but two of its
 //!      last 8 gaps within `PACED_TOLERANCE` of their median) at least `PACED_MIN_NS` apart: one
 //!      allocation per step (period 1, where the order of events says nothing), or a sparse
@@ -52,6 +61,9 @@ use crate::model::SiteId;
 const RING: usize = 8;
 /// Segments of the last `RING` with the same signature that make a structural anchor.
 const ANCHOR_MIN_SEGMENTS: usize = 5;
+/// A cycle's segments: each has at least this share of the largest's distinct sites, and of
+/// the longest's duration.
+const CYCLE_BALANCE: f64 = 0.5;
 /// Distinct call sites hashed into a segment's signature: the most recent ones.
 const SIGNATURE_SITES: usize = 32;
 /// A paced anchor: all but `PACED_OUTLIERS` of its last `RING` gaps in time lie within this
@@ -124,8 +136,18 @@ impl EpochSource {
 pub enum AnchorKind {
     /// The same set of call sites between its allocations (that set's signature).
     Structural(u64),
+    /// Sets of call sites that repeat in a cycle of 2 or 3 (iterations that alternate between
+    /// branches): the cycle's signatures (the first `len` of them).
+    Cycle { sigs: [u64; 3], len: u8 },
     /// A regular pace in time.
     Paced,
+}
+
+impl AnchorKind {
+    /// Found by the order of events (structural, cycle), not by time (paced).
+    pub fn by_structure(self) -> bool {
+        !matches!(self, AnchorKind::Paced)
+    }
 }
 
 /// One thread's recent allocations: its call sites in the order they last allocated (a
@@ -174,7 +196,7 @@ impl Thread {
     /// An allocation at `site`: its node (`NONE` when the thread has too many sites to follow
     /// a new one), and the signature of the segment since the site's previous allocation on
     /// this thread (0: nothing in between), or None the first time (or when not followed).
-    fn observe(&mut self, site: SiteId) -> (u32, Option<u64>) {
+    fn observe(&mut self, site: SiteId) -> (u32, Option<(u64, u32)>) {
         self.idx += 1;
         let Some(&at) = self.slot.get(&site) else {
             if self.slot.len() < MAX_SITES_PER_THREAD {
@@ -210,7 +232,7 @@ impl Thread {
         } else {
             sum.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1
         };
-        (at, Some(sig))
+        (at, Some((sig, n as u32)))
     }
 
     fn unlink(&mut self, at: u32) {
@@ -248,6 +270,8 @@ fn mix(mut z: u64) -> u64 {
 #[derive(Clone, Debug, Default)]
 struct Candidate {
     sigs: [u64; RING],
+    /// How many distinct sites each segment held.
+    counts: [u32; RING],
     /// Gaps in the process's allocations, and in time (ns).
     gaps: [u64; RING],
     time_gaps: [u64; RING],
@@ -270,12 +294,20 @@ struct Candidate {
 }
 
 impl Candidate {
-    fn push(&mut self, sig: u64, gap: u64, time_gap: u64, local_gap: u64, live: u64) {
+    fn push(
+        &mut self,
+        (sig, count): (u64, u32),
+        gap: u64,
+        time_gap: u64,
+        local_gap: u64,
+        live: u64,
+    ) {
         let k = (self.n % RING as u64) as usize;
         let full = self.n >= RING as u64;
         let (old_sig, old_local) = (self.sigs[k], self.local_gaps[k]);
         self.lives[k] = live;
         self.sigs[k] = sig;
+        self.counts[k] = count;
         self.gaps[k] = gap;
         self.time_gaps[k] = time_gap;
         self.local_gaps[k] = local_gap;
@@ -357,9 +389,45 @@ impl Candidate {
         }
         match self.major {
             Some(sig) => Some(AnchorKind::Structural(sig)),
-            None if self.paced() => Some(AnchorKind::Paced),
-            None => None,
+            None => self
+                .cycle()
+                .or_else(|| self.paced().then_some(AnchorKind::Paced)),
         }
+    }
+
+    /// Its last `RING` segments as a cycle of 2 or 3 balanced ones (see the module comment).
+    fn cycle(&self) -> Option<AnchorKind> {
+        if (self.n as usize) < RING {
+            return None;
+        }
+        // Oldest first: the ring's next write goes where its oldest entry is.
+        let at = |j: usize| (self.n as usize + j) % RING;
+        let sig = |j: usize| self.sigs[at(j)];
+        if (0..RING).any(|j| sig(j) == 0) {
+            return None;
+        }
+        let len = (2..=3).find(|&k| (k..RING).all(|j| sig(j) == sig(j - k)))?;
+        if (RING - len..RING).all(|j| sig(j) == sig(RING - 1)) {
+            return None;
+        }
+        // No allocation: this runs at every allocation of a site without a majority.
+        let balanced = |of: &dyn Fn(usize) -> f64| {
+            let max = (0..RING).map(of).fold(0.0, f64::max);
+            (0..RING).all(|j| of(j) >= CYCLE_BALANCE * max)
+        };
+        if !balanced(&|j| f64::from(self.counts[at(j)]))
+            || !balanced(&|j| self.time_gaps[at(j)] as f64)
+        {
+            return None;
+        }
+        let mut sigs = [0u64; 3];
+        for (i, slot) in sigs.iter_mut().take(len).enumerate() {
+            *slot = sig(RING - len + i);
+        }
+        Some(AnchorKind::Cycle {
+            sigs,
+            len: len as u8,
+        })
     }
 
     /// Mean gap in the process's allocations over the recent segments.
@@ -555,7 +623,7 @@ impl EpochClock {
         let thread = &mut self.threads[ti];
         let (at, observed) = thread.observe(site);
         let local = thread.idx;
-        let Some(sig) = observed else {
+        let Some(segment) = observed else {
             // A site the thread cannot follow gets no candidate: it could never qualify.
             if site.0 != 0 && at != NONE {
                 thread.cands[at as usize] = Some(Candidate {
@@ -573,8 +641,9 @@ impl EpochClock {
             return false;
         };
         let time_gap = ts.saturating_sub(c.last_ts);
+        let sig = segment.0;
         c.push(
-            sig,
+            segment,
             idx.saturating_sub(c.last_idx),
             time_gap,
             local.saturating_sub(c.last_local),
@@ -588,6 +657,7 @@ impl EpochClock {
         let newly = qualifies && !c.qualified;
         c.qualified = qualifies;
         let max_local_gap = c.max_local_gap();
+        let period = c.period();
         // Updated in place: the anchor is read or written at every allocation.
         match &mut self.anchor {
             Some(a) if a.thread == ti && a.at == at => {
@@ -597,6 +667,12 @@ impl EpochClock {
                 let keep = match a.kind {
                     AnchorKind::Structural(locked) => {
                         let matched = sig == locked;
+                        a.record(matched);
+                        a.misses = if matched { 0 } else { a.misses + 1 };
+                        a.misses < ANCHOR_MISSES
+                    }
+                    AnchorKind::Cycle { sigs, len } => {
+                        let matched = sigs[..usize::from(len)].contains(&sig);
                         a.record(matched);
                         a.misses = if matched { 0 } else { a.misses + 1 };
                         a.misses < ANCHOR_MISSES
@@ -627,14 +703,23 @@ impl EpochClock {
             // gives way if it no longer allocates near the trough. A paced anchor stays: a
             // sparse stream's occasional sites repeat a signature every few steps.
             Some(a)
-                if newly
-                    && matches!(kind, Some(AnchorKind::Structural(_)))
-                    && matches!(a.kind, AnchorKind::Structural(_)) =>
+                if newly && kind.is_some_and(AnchorKind::by_structure) && a.kind.by_structure() =>
             {
                 let anchor = a.key;
+                // The sanity rule: a cycle whose iterations make up the anchor's period (the
+                // anchor is a site of one branch, allocating every `len`-th iteration) splits
+                // it, where both allocate near the trough.
+                let splits = match kind {
+                    Some(AnchorKind::Cycle { len, .. }) => {
+                        (a.period - f64::from(len) * period).abs() <= 0.1 * a.period
+                    }
+                    _ => false,
+                };
                 match self.select(key) {
-                    Some((_, pool)) if !pool.contains(&anchor) => {
-                        self.lock(key);
+                    Some((_, pool))
+                        if !pool.contains(&anchor) || (splits && pool.contains(&key)) =>
+                    {
+                        self.lock_on(key);
                         self.anchor.is_some_and(|a| a.key == key)
                     }
                     _ => false,
@@ -651,15 +736,23 @@ impl EpochClock {
     /// iteration begins when they are gone), then the shortest period (within 10 %: not a
     /// site that allocates every third step), then the lowest live bytes.
     fn lock(&mut self, trigger: (u32, SiteId)) {
-        let Some(((key, kind, period), _)) = self.select(trigger) else {
-            return;
-        };
+        if let Some(((key, _, _), _)) = self.select(trigger) {
+            self.lock_on(key);
+        }
+    }
+
+    /// Locks the candidate of `key` as the anchor, as it qualifies now.
+    fn lock_on(&mut self, key: (u32, SiteId)) {
         let Some((thread, at)) = self.find(key) else {
             return;
         };
         let Some(c) = self.threads[thread].cands[at].as_ref() else {
             return;
         };
+        let Some(kind) = c.kind() else {
+            return;
+        };
+        let period = c.period();
         let pace = c.pace().0;
         self.anchor = Some(Anchor {
             key,
@@ -692,12 +785,10 @@ impl EpochClock {
             .candidates()
             .filter_map(|(k, c)| c.kind().map(|kind| (k, kind, c.period(), c.mean_live())))
             .collect();
-        let structural = qualified
-            .iter()
-            .any(|q| matches!(q.1, AnchorKind::Structural(_)));
+        let structural = qualified.iter().any(|q| q.1.by_structure());
         let pool: Vec<_> = qualified
             .into_iter()
-            .filter(|q| matches!(q.1, AnchorKind::Structural(_)) == structural)
+            .filter(|q| q.1.by_structure() == structural)
             .collect();
         let low = pool.iter().map(|q| q.3).fold(f64::INFINITY, f64::min);
         let high = pool.iter().map(|q| q.3).fold(0.0, f64::max);
@@ -838,7 +929,7 @@ impl EpochClock {
             (EpochSource::Markers, _) => 1.0,
             (EpochSource::Auto, Some(a)) => {
                 let base = match a.kind {
-                    AnchorKind::Structural(_) => STRUCTURAL_CONFIDENCE,
+                    AnchorKind::Structural(_) | AnchorKind::Cycle { .. } => STRUCTURAL_CONFIDENCE,
                     AnchorKind::Paced => PACED_CONFIDENCE,
                 };
                 base * a.agreement()

@@ -49,7 +49,11 @@ fn a_threads_signatures_are_the_ordered_maps() {
             1..=3 => SiteId(1 + (step % 7) as u32),
             _ => SiteId(100 + (x >> 16) as u32 % 60),
         };
-        assert_eq!(t.observe(site).1, r.observe(site), "step {step}");
+        assert_eq!(
+            t.observe(site).1.map(|(sig, _)| sig),
+            r.observe(site),
+            "step {step}"
+        );
     }
 }
 
@@ -321,4 +325,58 @@ fn boundaries_are_a_function_of_the_stream() {
             .collect::<Vec<_>>()
     };
     assert_eq!(run(), run());
+}
+
+/// A loop whose iterations alternate between two branches (`if i % 2: ...`): the sanity rule
+/// (a cycle anchor) makes one step per iteration, not one per two; the loop's head anchors it.
+#[test]
+fn a_loop_whose_iterations_alternate_is_one_step_per_iteration() {
+    let mut clock = EpochClock::default();
+    let mut ts = 0u64;
+    let mut boundaries = 0u32;
+    let iterations = 120u32;
+    for i in 0..iterations {
+        let branch: &[u32] = if i % 2 == 1 { &[6, 7] } else { &[8] };
+        for &s in [1u32, 2, 3, 4, 5].iter().chain(branch) {
+            ts += 1_000;
+            boundaries += u32::from(clock.on_alloc(SiteId(s), 1, ts, 0));
+        }
+    }
+    let after_warmup = iterations - clock.stable_since;
+    assert!(
+        boundaries >= iterations - 12 && after_warmup >= iterations - 12,
+        "{boundaries} boundaries for {iterations} iterations (stable since {})",
+        clock.stable_since
+    );
+    assert!(
+        matches!(clock.anchor_kind(), Some(AnchorKind::Cycle { len: 2, .. })),
+        "{:?}",
+        clock.anchor_kind()
+    );
+}
+
+/// A site of an inner loop of two layers alternates between the layer's few sites and the
+/// rest of the iteration: its cycle is unbalanced, so it is no anchor and a step stays one
+/// iteration (not two), with the loop's head as the structural anchor.
+#[test]
+fn a_two_layer_inner_loop_does_not_halve_the_steps() {
+    let mut clock = EpochClock::default();
+    let mut ts = 0u64;
+    let mut boundaries = 0u32;
+    let iterations = 120u32;
+    for _ in 0..iterations {
+        for &s in &[1u32, 10, 11, 10, 11, 12, 13, 14] {
+            ts += 1_000;
+            boundaries += u32::from(clock.on_alloc(SiteId(s), 1, ts, 0));
+        }
+    }
+    assert!(
+        boundaries <= iterations && boundaries >= iterations - 12,
+        "{boundaries} boundaries for {iterations} iterations"
+    );
+    assert!(
+        matches!(clock.anchor_kind(), Some(AnchorKind::Structural(_))),
+        "{:?}",
+        clock.anchor_kind()
+    );
 }
