@@ -62,7 +62,7 @@ pub const FLAME_MIN_SHARE: f64 = 0.002;
 pub const MAX_MARKERS: usize = 2000;
 /// Steps whose holdings the icicle can be scrubbed to, per device: evenly spaced over the run
 /// (the stride between them doubles whenever twice as many were kept).
-pub const STEP_MOMENTS: usize = 24;
+pub const STEP_MOMENTS: usize = 12;
 
 /// A moment the page opens its icicle on (`view --at`): after step N's marker, or the first
 /// event at or after a time into the process's run.
