@@ -65,7 +65,14 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
 /// Redraws until `q`, Esc or Ctrl-C. A read that fails keeps the last view and says why in
 /// its title (a collector that restarts is watched again once it answers).
 fn live(args: &Args, first: String) -> Result<ExitCode, Failure> {
-    let mut terminal = ratatui::init();
+    // Raw mode and the alternate screen; undone below, and by ratatui's panic hook on a bug.
+    let mut terminal = match ratatui::try_init() {
+        Ok(t) => t,
+        Err(e) => {
+            ratatui::restore();
+            return Err(Failure::new(format!("cannot use the terminal: {e}")));
+        }
+    };
     let mut text = first;
     let mut error: Option<String> = None;
     let every = Duration::from_secs_f64(args.interval);
