@@ -13,23 +13,16 @@
 //! rows without `--pairs-only`).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use oomtrace_tests::precondition;
+use oomtrace_tests::{precondition, repo};
 
 /// How far a figure may rise over the committed one.
 const TOLERANCE: f64 = 0.10;
 /// Figures this small (the untraced rows' zeros, the drain thread with few events) may move
 /// by this many instructions whatever their share.
 const SLACK: i64 = 30;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo root")
-        .to_path_buf()
-}
 
 fn on_path(tool: &str) -> bool {
     Command::new("sh")

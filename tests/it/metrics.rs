@@ -104,6 +104,33 @@ fn wait_for(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
 }
 
 /// A free loopback port (bound, then released for the server that takes it).
+/// The `host:port` of the collector's first stderr line, `oomtrace: metrics on http://ADDR/metrics`.
+fn metrics_address(first: &str) -> String {
+    first
+        .trim()
+        .strip_prefix("oomtrace: metrics on http://")
+        .and_then(|r| r.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("unexpected first line: {first}"))
+        .to_string()
+}
+
+/// Waits for the collector's socket, then starts `slow_loop` for `secs` seconds traced into it.
+fn slow_loop_into(socket: &Path, secs: &str) -> Guard {
+    wait_for("the collector's socket", Duration::from_secs(10), || {
+        std::os::unix::net::UnixStream::connect(socket).is_ok()
+    });
+    Guard(
+        base_command(scenario("slow_loop"))
+            .arg(secs)
+            .env("LD_PRELOAD", shim())
+            .env("OOMTRACE_SOCKET", socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start slow_loop"),
+    )
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -167,11 +194,7 @@ fn prometheus_scrapes_what_the_report_says() {
     let first = rx
         .recv_timeout(Duration::from_secs(30))
         .expect("the collector names its metrics address");
-    let target = first
-        .strip_prefix("oomtrace: metrics on http://")
-        .and_then(|r| r.strip_suffix("/metrics"))
-        .unwrap_or_else(|| panic!("unexpected first line: {first}"))
-        .to_string();
+    let target = metrics_address(&first);
     wait_for("the collector's socket", Duration::from_secs(10), || {
         std::os::unix::net::UnixStream::connect(&socket).is_ok()
     });
@@ -215,16 +238,7 @@ fn prometheus_scrapes_what_the_report_says() {
     });
 
     // While a process runs, its values arrive (published every 500 ms, not only at its end).
-    let mut slow = Guard(
-        base_command(scenario("slow_loop"))
-            .arg("60")
-            .env("LD_PRELOAD", shim())
-            .env("OOMTRACE_SOCKET", &socket)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start slow_loop"),
-    );
+    let mut slow = slow_loop_into(&socket, "60");
     let slow_pid = slow.0.id();
     wait_for(
         "the running process's allocations in Prometheus",
@@ -712,25 +726,8 @@ fn top_watches_a_running_collector() {
     BufReader::new(collector.0.stderr.take().unwrap())
         .read_line(&mut first)
         .unwrap();
-    let addr = first
-        .trim()
-        .strip_prefix("oomtrace: metrics on http://")
-        .and_then(|r| r.strip_suffix("/metrics"))
-        .unwrap_or_else(|| panic!("unexpected first line: {first}"))
-        .to_string();
-    wait_for("the collector's socket", Duration::from_secs(10), || {
-        std::os::unix::net::UnixStream::connect(&socket).is_ok()
-    });
-    let slow = Guard(
-        base_command(scenario("slow_loop"))
-            .arg("30")
-            .env("LD_PRELOAD", shim())
-            .env("OOMTRACE_SOCKET", &socket)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start slow_loop"),
-    );
+    let addr = metrics_address(&first);
+    let slow = slow_loop_into(&socket, "30");
     let pid = slow.0.id().to_string();
     let top = |args: &[&str]| {
         let mut cmd = base_command(oomtrace_bin());

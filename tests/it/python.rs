@@ -18,13 +18,6 @@ fn script(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
 /// The 1-based line of `script` that contains `marker`.
 fn script_line(name: &str, marker: &str) -> u64 {
     line_of(&script(name), marker)

@@ -47,13 +47,6 @@ mod words;
 pub(crate) const TORCH_TIMEOUT: Duration = Duration::from_secs(240);
 const STEPS: u64 = 40;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo root")
-        .to_path_buf()
-}
-
 /// The torch release the tier runs with when `TORCH_TIER_VERSION` is unset: the one
 /// `scripts/torch-env.sh` pins (its `PINNED_VERSION=` line, read from the script so that the
 /// two cannot disagree).

@@ -26,13 +26,6 @@ const BUILD_TIMEOUT: Duration = Duration::from_secs(1200);
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const GLIBC_MAX: (u32, u32) = (2, 28);
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo root")
-        .to_path_buf()
-}
-
 /// `<target>/wheel`: cargo's target directory of this test binary (`<target>/<profile>/deps/`).
 fn wheel_target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");

@@ -237,6 +237,14 @@ mod skips {
     }
 }
 
+/// The repository's root (the workspace this crate is in).
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repo root")
+        .to_path_buf()
+}
+
 pub fn scenario(name: &str) -> PathBuf {
     Path::new(SCENARIO_BIN).join(name)
 }
