@@ -2,6 +2,8 @@
 //!
 //! Layers, each importing only those before it (see README.md for the map):
 //! - [`units`]: bytes, durations and rates in text. Imports nothing.
+//! - [`snapshot`]: PyTorch's memory snapshots (pickles, read by a reader that runs no code)
+//!   made into traces. Imports nothing of the crate.
 //! - [`model`]: what is known about one process (live allocations, VMM handles and mappings,
 //!   call sites, device totals; O(live + sites), never O(events)), trace-file replay
 //!   ([`model::trace`]) and its event history for exporters ([`model::history`]). Tells what
@@ -29,6 +31,7 @@ pub mod metrics;
 pub mod model;
 pub mod report;
 pub mod server;
+pub mod snapshot;
 pub mod trace_writer;
 pub mod units;
 pub mod whatif;

@@ -33,6 +33,22 @@ const RULES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "snapshot",
+        &[
+            "units",
+            "model",
+            "analysis",
+            "whatif",
+            "fit",
+            "report",
+            "server",
+            "inbox",
+            "trace_writer",
+            "console",
+            "metrics",
+        ],
+    ),
+    (
         "model",
         &[
             "units",

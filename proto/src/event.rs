@@ -85,7 +85,8 @@ pub enum EventKind {
     VaReserve = 9,
     /// `cuMemAddressFree`: `ptr` = VA, `size`.
     VaFree = 10,
-    /// A device memory reading: `ptr` = free bytes, `size` = total bytes, `device`.
+    /// A device memory reading: `ptr` = free bytes, `size` = total bytes (0: not known, as
+    /// in a PyTorch snapshot's out-of-memory entry), `device`.
     /// Recorded when the app calls `cuMemGetInfo`, when a device is first seen, and right
     /// after an allocation fails.
     MemInfo = 11,

@@ -48,6 +48,11 @@
 //!              `max_memory_allocated()`, `memory_reserved()`; sent through
 //!              `oomtrace_torch_memory`. Not an event: not counted in `Made`. Readers ignore
 //!              bytes after `reserved`, room for fields added later)
+//! 13 FrameName addr u64 | module str | function str
+//!              (a native frame its producer already named: the C++ frames of a PyTorch
+//!              memory snapshot, read by `oomtrace report` and friends, which carry names
+//!              and no addresses. Readers name a stack's frame `addr` by it and never look
+//!              for a module there. The shim never sends it)
 //! ```
 //!
 //! Readers skip frame types they do not know. Frames larger than [`MAX_FRAME`] are garbage.
@@ -75,6 +80,7 @@ pub mod frame_type {
     pub const LAUNCH: u8 = 10;
     pub const MADE: u8 = 11;
     pub const TORCH_MEMORY: u8 = 12;
+    pub const FRAME_NAME: u8 = 13;
 }
 
 /// Hello flags.
@@ -364,6 +370,12 @@ pub enum Frame<'a> {
     },
     /// PyTorch's own memory statistics of one device, read after a step marker.
     TorchMemory(TorchMemory),
+    /// A native frame already named by its producer (a snapshot's C++ frame).
+    FrameName {
+        addr: u64,
+        module: String,
+        function: String,
+    },
     /// A frame type this reader does not know; skipped.
     Unknown {
         ty: u8,
@@ -572,6 +584,11 @@ fn decode_payload(ty: u8, payload: &[u8]) -> Result<Frame<'_>, Error> {
             max_allocated: r.u64()?,
             reserved: r.u64()?,
         }),
+        FRAME_NAME => Frame::FrameName {
+            addr: r.u64()?,
+            module: r.str()?,
+            function: r.str()?,
+        },
         other => Frame::Unknown { ty: other },
     };
     Ok(frame)
@@ -748,6 +765,16 @@ pub mod encode {
         w.u64(m.allocated);
         w.u64(m.max_allocated);
         w.u64(m.reserved);
+        end_frame(buf, at);
+    }
+
+    /// A native frame named by its producer (see the `FrameName` frame).
+    pub fn frame_name(buf: &mut Vec<u8>, addr: u64, module: &str, function: &str) {
+        let at = begin_frame(buf, frame_type::FRAME_NAME);
+        let mut w = Writer { buf };
+        w.u64(addr);
+        w.str(module);
+        w.str(function);
         end_frame(buf, at);
     }
 

@@ -238,6 +238,8 @@ pub enum Cause {
     OneSiteHeldMost,
     /// Memory spread over many call sites at a failure.
     WorkloadTooLarge,
+    /// A request larger than the device's free memory and all the process held together.
+    RequestExceedsDevice,
     /// Sites that leak held memory at a failure (set by the report).
     LeaksHeldAtOom,
     /// An out-of-memory while PyTorch's cache held at least the request reserved but

@@ -181,6 +181,7 @@ fn result_name(rc: i32) -> &'static str {
 
 fn finding_of(r: &OomRecord, nth: u64) -> Finding {
     let free = match (r.free_bytes, r.total_bytes) {
+        (Some(f), Some(0)) => format!(" with {} free", fmt_bytes(f)),
         (Some(f), Some(t)) => format!(" with {} free of {}", fmt_bytes(f), fmt_bytes(t)),
         _ => String::new(),
     };
@@ -353,6 +354,18 @@ fn oom_hint(r: &OomRecord) -> (Cause, String) {
                  memory is not in one piece (fragmentation). With PyTorch, \
                  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True avoids most of it.",
                 fmt_bytes(free)
+            ),
+        ),
+        (Some(free), _) if r.size > free.saturating_add(r.live_bytes) => (
+            Cause::RequestExceedsDevice,
+            format!(
+                "The request alone ({}) is more than the device had free ({}) and this process \
+                 held ({}) together: freeing everything would not make it fit. A tensor far \
+                 larger than meant (a shape, a batch or a sequence length), or memory held \
+                 outside what was traced (another process, a library's own allocations).",
+                fmt_bytes(r.size),
+                fmt_bytes(free),
+                fmt_bytes(r.live_bytes)
             ),
         ),
         (_, Some(&(_, bytes, _)))

@@ -163,6 +163,8 @@ impl Names {
                         sites: &sites,
                         modules: &job.modules,
                         codes: &job.codes,
+                        // Live streams come from the shim, which names no frame.
+                        named: &Default::default(),
                     };
                     let stack = sym.site(stacks, SiteId(1));
                     let name = (super::site_id(&site_key(&stack)), location(&stack));

@@ -12,6 +12,8 @@ pub enum Error {
         path: PathBuf,
         source: oomtrace_proto::Error,
     },
+    /// A file that starts as a pickle and is not a PyTorch memory snapshot this reader takes.
+    BadSnapshot { path: PathBuf, source: String },
     /// Bytes that are not oomtrace data.
     Format(oomtrace_proto::Error),
     /// The collector socket could not be set up.
@@ -25,6 +27,7 @@ impl std::fmt::Display for Error {
         match self {
             Error::Open { path, source } => write!(f, "cannot open {}: {source}", path.display()),
             Error::BadTrace { path, source } => write!(f, "{}: {source}", path.display()),
+            Error::BadSnapshot { path, source } => write!(f, "{}: {source}", path.display()),
             Error::Format(e) => write!(f, "{e}"),
             Error::Socket { path, source } => {
                 write!(f, "cannot listen on {}: {source}", path.display())

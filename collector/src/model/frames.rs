@@ -29,6 +29,8 @@ pub struct Stacks<'a> {
     pub sites: &'a [Vec<RawFrame>],
     pub modules: &'a [Module],
     pub codes: &'a FxHashMap<u32, CodeDef>,
+    /// Frames named by their producer: (module path, function) by address.
+    pub named: &'a FxHashMap<u64, (String, String)>,
 }
 
 impl<'a> From<&'a Process> for Stacks<'a> {
@@ -37,6 +39,7 @@ impl<'a> From<&'a Process> for Stacks<'a> {
             sites: &p.sites,
             modules: &p.modules,
             codes: &p.codes,
+            named: &p.named_frames,
         }
     }
 }

@@ -52,6 +52,8 @@ mod observer;
 mod process;
 mod sites;
 #[cfg(test)]
+mod snapshot_tests;
+#[cfg(test)]
 mod tests;
 pub mod trace;
 
@@ -89,6 +91,9 @@ pub struct Process {
     pub modules: Vec<Module>,
     /// Python code objects by the shim's code id (frames in `sites` refer to them).
     pub codes: FxHashMap<u32, CodeDef>,
+    /// Native frames their producer named (a PyTorch snapshot's C++ frames), by address:
+    /// (module path, function).
+    pub named_frames: FxHashMap<u64, (String, String)>,
     module_index: FxHashMap<u32, usize>,
     /// Shim stack id -> site (the shim may send one stack under several ids).
     stack_sites: StackSites,

@@ -82,6 +82,7 @@ impl Process {
             reservations: FxHashMap::default(),
             modules: Vec::new(),
             codes: FxHashMap::default(),
+            named_frames: FxHashMap::default(),
             module_index: FxHashMap::default(),
             stack_sites: StackSites::default(),
             site_index: FxHashMap::default(),

@@ -16,6 +16,7 @@ use oomtrace_proto::Error as FormatError;
 use rustc_hash::FxHashMap;
 
 use super::{EndState, Error, Observer, Process};
+use crate::snapshot;
 
 /// Applies one frame to its process and observer: [`Observer::apply_frame`] unless a replay
 /// wants to watch (see [`super::history`]).
@@ -152,6 +153,9 @@ impl<O: Observer + Default> Trace<O> {
             path: path.to_path_buf(),
             source: e,
         })?;
+        if let Some(trace) = Trace::load_snapshot(path, &f, apply, progress)? {
+            return Ok(trace);
+        }
         let finished = wait_for_writer(&f);
         let total = f.metadata().map_or(0, |m| m.len());
         let mut at = |done: u64| progress(done, total.max(done));
@@ -171,6 +175,48 @@ impl<O: Observer + Default> Trace<O> {
             ));
         }
         Ok(trace)
+    }
+
+    /// A PyTorch memory snapshot (a pickle) read as the trace it makes
+    /// (`crate::snapshot`), its limits the trace's first warning; `None` for a file that is
+    /// not a pickle.
+    fn load_snapshot(
+        path: &Path,
+        f: &File,
+        apply: &mut ApplyFrame<'_, O>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Option<Trace<O>>, Error> {
+        use std::io::{Seek, SeekFrom};
+        let bad = |source: String| Error::BadSnapshot {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut f = f;
+        let mut head = [0u8; 2];
+        let n = f.read(&mut head).map_err(|e| bad(e.to_string()))?;
+        f.seek(SeekFrom::Start(0)).map_err(|e| bad(e.to_string()))?;
+        if !snapshot::is_pickle(&head[..n]) {
+            return Ok(None);
+        }
+        let size = f.metadata().map_or(0, |m| m.len());
+        if size > snapshot::MAX_SNAPSHOT_BYTES {
+            return Err(bad(format!(
+                "a snapshot of {size} bytes is larger than the {} this reader takes",
+                snapshot::MAX_SNAPSHOT_BYTES
+            )));
+        }
+        let mut bytes = Vec::with_capacity(size as usize);
+        f.take(snapshot::MAX_SNAPSHOT_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| bad(e.to_string()))?;
+        progress(bytes.len() as u64 / 2, bytes.len() as u64);
+        let converted = snapshot::convert(&bytes, &path.display().to_string()).map_err(bad)?;
+        drop(bytes);
+        let mut trace = Trace::read_with(converted.trace.as_slice(), apply)
+            .map_err(|e| bad(format!("its trace could not be replayed: {e}")))?;
+        progress(size, size);
+        trace.warnings.insert(0, converted.limits);
+        Ok(Some(trace))
     }
 
     pub fn read<R: Read>(r: R) -> Result<Trace<O>, Error> {

@@ -191,6 +191,16 @@ impl StackSymbolizer {
             return vec![python_frame(p, py)];
         }
         let address = format!("{:#x}", f.addr);
+        if let Some((path, function)) = p.named.get(&f.addr) {
+            return vec![FrameInfo {
+                function: function.clone(),
+                module: Path::new(path)
+                    .file_name()
+                    .map_or_else(|| path.clone(), |n| n.to_string_lossy().into_owned()),
+                address,
+                ..Default::default()
+            }];
+        }
         let Some(m) = f.module.and_then(|i| p.modules.get(i)) else {
             return vec![FrameInfo {
                 address,

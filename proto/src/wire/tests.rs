@@ -319,3 +319,28 @@ fn stream_header_checks() {
         Err(Error::UnsupportedVersion { found: 9, .. })
     ));
 }
+
+#[test]
+fn a_frame_name_roundtrips_and_a_cut_one_is_an_error() {
+    let mut b = Vec::new();
+    encode::frame_name(
+        &mut b,
+        0x10_0000_0040,
+        "/venv/torch/lib/libtorch_cpu.so",
+        "torch::autograd::generated::AddmmBackward0::apply(std::vector<at::Tensor>&&)",
+    );
+    let all: Vec<_> = frames(&b).collect::<Result<_, _>>().unwrap();
+    assert!(
+        matches!(&all[..], [Frame::FrameName { addr: 0x10_0000_0040, module, function }]
+            if module.ends_with("libtorch_cpu.so") && function.starts_with("torch::autograd")),
+        "{all:?}"
+    );
+    for cut in 5..b.len() {
+        let mut short = b[..cut].to_vec();
+        end_frame(&mut short, 0);
+        assert!(frames(&short).any(|f| f.is_err()), "cut at {cut}");
+    }
+    // The tag is pinned.
+    assert_eq!(frame_type::FRAME_NAME, 13);
+    assert_eq!(b[4], 13);
+}

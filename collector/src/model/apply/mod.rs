@@ -52,6 +52,14 @@ impl Process {
             Frame::Launch(vars) => self.learn_launch(vars),
             Frame::Made { events, ending } => self.learn_made(*events, *ending),
             Frame::TorchMemory(m) => self.on_torch_memory(m, obs),
+            Frame::FrameName {
+                addr,
+                module,
+                function,
+            } => {
+                self.named_frames
+                    .insert(*addr, (module.clone(), function.clone()));
+            }
             Frame::Hello(_) | Frame::Unknown { .. } => {}
         }
     }

@@ -10,7 +10,10 @@ impl Process {
     pub(super) fn on_mem_info<O: Observer + ?Sized>(&mut self, ev: &Event, obs: &mut O) {
         if ev.device >= 0 {
             let dev = self.device(ev.device);
-            dev.capacity = Some(ev.size);
+            // 0: the total is not known (a PyTorch snapshot's out-of-memory entry).
+            if ev.size > 0 {
+                dev.capacity = Some(ev.size);
+            }
             dev.last_free = Some(ev.ptr);
             let info = MemInfo {
                 device: ev.device,
