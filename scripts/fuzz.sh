@@ -17,7 +17,7 @@ fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked --quiet
 fi
-for target in trace_reader wire_decoder; do
+for target in trace_reader wire_decoder snapshot_reader; do
     mkdir -p "corpus/$target"
     echo "fuzz: $target for ${SECS} s"
     status=0

@@ -569,3 +569,59 @@ fn on_terminal(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> St
     assert!(status.success(), "{args:?}: {text}");
     text
 }
+
+/// Pickles that are no PyTorch snapshot, each one line and exit 2 from every command that
+/// reads a snapshot, and nothing in them run: `os.system("touch PWNED")` as Python's pickle
+/// writes it (GLOBAL, REDUCE), a torch.save-style persistent id, a cut file, a list of ints,
+/// a list nested a million deep.
+#[test]
+fn hostile_and_foreign_pickles_give_one_clear_line_and_run_nothing() {
+    let dir = scratch("hostile-pickles");
+    let pwned = dir.join("PWNED");
+    let mut system =
+        b"\x80\x02}q\x00X\x08\x00\x00\x00segmentsq\x01]q\x02cposix\nsystem\nq\x03X".to_vec();
+    let cmd = format!("touch {}", pwned.display());
+    system.extend_from_slice(&(cmd.len() as u32).to_le_bytes());
+    system.extend_from_slice(cmd.as_bytes());
+    system.extend_from_slice(b"q\x04\x85q\x05Rq\x06as.");
+    let mut deep = vec![0x80, 4];
+    deep.extend(std::iter::repeat_n(b'(', 1_000_000));
+    deep.push(b']');
+    deep.extend(std::iter::repeat_n(b'l', 1_000_000));
+    deep.push(b'.');
+    let cases: [(&str, Vec<u8>, &str); 5] = [
+        ("system.pickle", system, "nothing in it was run"),
+        (
+            "persistent.pickle",
+            b"\x80\x02X\x01\x00\x00\x00xQ.".to_vec(),
+            "persistent",
+        ),
+        (
+            "cut.pickle",
+            b"\x80\x04\x95\x10\x00\x00\x00".to_vec(),
+            "not a readable pickle",
+        ),
+        (
+            "ints.pickle",
+            b"\x80\x04](K\x01K\x02e.".to_vec(),
+            "not a PyTorch memory snapshot",
+        ),
+        ("deep.pickle", deep, "not a PyTorch memory snapshot"),
+    ];
+    for (name, bytes, needle) in cases {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let path = path.to_str().unwrap();
+        for args in [
+            vec!["report", path],
+            vec!["whatif", path],
+            vec!["fit", path],
+            vec!["view", path, "-o", "/dev/null"],
+            vec!["diff", path, path],
+        ] {
+            let out = oomtrace(&args);
+            assert_one_line_error(&out, needle);
+        }
+    }
+    assert!(!pwned.exists(), "a pickle ran code");
+}

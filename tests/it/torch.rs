@@ -39,6 +39,7 @@ mod memory_cap;
 mod one_bug;
 mod simulate;
 mod slow_leaks;
+mod snapshots;
 mod step_memory;
 mod whatif;
 mod words;

@@ -141,6 +141,11 @@ struct Snapshot {
     alloc_conf: Option<String>,
 }
 
+/// What a pickle that builds objects is told: PyTorch's snapshots are plain data.
+const OBJECT: &str = "it builds a Python object (a class, or a call it would make when Python \
+                      loads it) where a PyTorch memory snapshot has plain data: not a snapshot, \
+                      and nothing in it was run";
+
 fn int(v: Option<Value>) -> Option<i64> {
     match v? {
         Value::Int(i) => Some(i),
@@ -166,6 +171,9 @@ impl Snapshot {
         let not_snapshot = "a pickle, but not a PyTorch memory snapshot (no 'segments' list: \
                             write one with torch.cuda.memory._dump_snapshot())";
         let root = p.root.ok_or(not_snapshot)?;
+        if root == Value::Object {
+            return Err(OBJECT.into());
+        }
         let segments_v = p.get(root, "segments").and_then(|v| p.seq(v));
         let Some(segments_v) = segments_v else {
             return Err(not_snapshot.into());
@@ -173,6 +181,9 @@ impl Snapshot {
         let mut segments = Vec::new();
         let mut blocks = Vec::new();
         for &s in segments_v {
+            if s == Value::Object {
+                return Err(OBJECT.into());
+            }
             if !p.is_dict(s) {
                 return Err("a segment of the snapshot is not a dict".into());
             }
@@ -323,11 +334,30 @@ struct Before {
     pages: BTreeSet<(i16, u64)>,
 }
 
-/// The 2 MiB pages of `[addr, addr + size)` (one page when the range is not page-aligned).
+/// Microseconds as nanoseconds, saturating (a file's times are whatever it says).
+fn ns(us: u64) -> u64 {
+    us.saturating_mul(1000)
+}
+
+/// The largest range mapped in pages: 1 TiB, more than any GPU has. A larger one is garbage
+/// and counts as one piece, so that no loop runs as long as a file says.
+const MAX_MAPPED: u64 = 1 << 40;
+
+/// The 2 MiB pages of `[addr, addr + size)` as (address, length): one piece when the range is
+/// not page-aligned or larger than [`MAX_MAPPED`].
+fn pieces(addr: u64, size: u64) -> impl Iterator<Item = (u64, u64)> {
+    let whole = addr.is_multiple_of(PAGE) && size.is_multiple_of(PAGE) && size <= MAX_MAPPED;
+    let (n, len) = if whole {
+        (size / PAGE, PAGE)
+    } else {
+        (1, size)
+    };
+    (0..n).map(move |i| (addr.saturating_add(i * len), len))
+}
+
+/// The pieces' addresses.
 fn page_range(addr: u64, size: u64) -> impl Iterator<Item = u64> {
-    let whole = addr.is_multiple_of(PAGE) && size.is_multiple_of(PAGE);
-    let n = if whole { size / PAGE } else { 1 };
-    (0..n).map(move |i| addr + i * PAGE)
+    pieces(addr, size).map(|(a, _)| a)
 }
 
 /// Writes the trace: frames of one connection, chunked.
@@ -388,15 +418,15 @@ impl<'p> Builder<'p> {
             .unwrap_or(first_us);
         // The events' clock: 1 s, then the snapshot's microseconds since its first entry.
         let clock = |i: usize, e: &Entry| match e.time_us {
-            Some(t) => 1_000_000_000 + t.saturating_sub(first_us) * 1000,
-            None => 1_000_000_000 + i as u64 * 1000,
+            Some(t) => ns(t.saturating_sub(first_us)).saturating_add(1_000_000_000),
+            None => ns(i as u64).saturating_add(1_000_000_000),
         };
         // Writing to a Vec cannot fail (`let _`).
-        let _ = tf::write_header(&mut self.out, first_us * 1000, "oomtrace snapshot reader");
+        let _ = tf::write_header(&mut self.out, ns(first_us), "oomtrace snapshot reader");
         let _ = tf::write_conn_open(
             &mut self.out,
             0,
-            first_us * 1000,
+            ns(first_us),
             oomtrace_proto::wire::WIRE_VERSION,
         );
         let mut launch = Vec::new();
@@ -424,7 +454,7 @@ impl<'p> Builder<'p> {
             &Hello {
                 pid: 0,
                 ppid: 0,
-                start_unix_ns: first_us * 1000,
+                start_unix_ns: ns(first_us),
                 flags: if self.native_frames {
                     hello_flags::NATIVE_STACKS
                 } else {
@@ -506,7 +536,7 @@ impl<'p> Builder<'p> {
         self.flush_events();
         encode::goodbye(&mut self.frames, GoodbyeReason::Exit, self.seq);
         self.flush_frames();
-        let end_ns = last_us * 1000;
+        let end_ns = ns(last_us);
         let _ = tf::write_conn_close(&mut self.out, 0, end_ns, tf::CloseReason::Clean, "");
         let _ = tf::write_end(&mut self.out, end_ns, 1);
         let limits = limits(s, &before, ooms);
@@ -632,12 +662,7 @@ impl<'p> Builder<'p> {
     }
 
     fn map(&mut self, ts: u64, device: i16, addr: u64, size: u64, stream: u64) {
-        for pg in page_range(addr, size) {
-            let len = if size < PAGE || !addr.is_multiple_of(PAGE) {
-                size
-            } else {
-                PAGE
-            };
+        for (pg, len) in pieces(addr, size) {
             let handle = self.next_handle;
             self.next_handle += 1;
             self.event(
@@ -673,12 +698,7 @@ impl<'p> Builder<'p> {
             (addr, size, 0),
             StackId::NONE,
         );
-        for pg in page_range(addr, size) {
-            let len = if size < PAGE || !addr.is_multiple_of(PAGE) {
-                size
-            } else {
-                PAGE
-            };
+        for (pg, len) in pieces(addr, size) {
             let Some(handle) = self.mapped.remove(&(device, pg)) else {
                 continue;
             };
