@@ -41,10 +41,17 @@ env_dir=${TORCH_ENV_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/oomtrace-torch-env/torc
 # recorded, is the pinned one's).
 ready="$env_dir/.oomtrace-ready"
 
+# What the tier runs besides torch (pinned, like torch): real pytest for the plugin, a real
+# Jupyter kernel for the notebook (docs/pytorch.md, "In a notebook, in pytest").
+TOOLS="pytest==9.2.0 nbclient==0.11.0 nbformat==5.11.1 ipykernel==7.4.0"
+tools_ready() {
+    "$env_dir/bin/python" -c 'import pytest, nbclient, nbformat, ipykernel' 2>/dev/null
+}
+
 # Prints the interpreter and exits if the venv is ready; refuses a ready venv of another
 # version (TORCH_ENV_DIR names one venv).
 if_ready() {
-    if [ -f "$ready" ] && [ -x "$env_dir/bin/python" ]; then
+    if [ -f "$ready" ] && [ -x "$env_dir/bin/python" ] && tools_ready; then
         local made
         made=$(cat "$ready")
         made=${made:-$PINNED_VERSION}
@@ -69,6 +76,15 @@ exec 9>"$env_dir.lock"
 flock 9
 if_ready
 
+# A ready venv made before the tools: they are added to it.
+if [ -f "$ready" ] && [ -x "$env_dir/bin/python" ] && [ "$(cat "$ready")" = "$TORCH_VERSION" ]; then
+    # shellcheck disable=SC2086
+    "$env_dir/bin/python" -m pip install --quiet --disable-pip-version-check $TOOLS >&2
+    if_ready
+    echo "torch-env: the tools ($TOOLS) could not be installed into $env_dir" >&2
+    exit 1
+fi
+
 echo "torch-env: installing torch==$TORCH_VERSION into $env_dir (2.5 to 5.4 GB, a few minutes the first time)" >&2
 # A half-made environment from an interrupted install is ours (it has no ready mark): start over.
 if [ -d "$env_dir" ] && [ -f "$env_dir/.oomtrace-env" ]; then
@@ -80,7 +96,8 @@ if [ -e "$env_dir" ]; then
 fi
 "$PYTHON" -m venv "$env_dir"
 touch "$env_dir/.oomtrace-env"
-"$env_dir/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION" >&2
+# shellcheck disable=SC2086
+"$env_dir/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION" $TOOLS >&2
 # The interpreter's own check that the wheel is a CUDA build (its runtime ships libcudart).
 "$env_dir/bin/python" -c 'import torch, sys; sys.exit(0 if torch.version.cuda else 1)' \
     || { echo "torch-env: torch $TORCH_VERSION installed but it is not a CUDA build" >&2; exit 1; }

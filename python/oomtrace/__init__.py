@@ -38,7 +38,8 @@ import shutil
 import sys
 import warnings
 
-__all__ = ["install", "mark_step", "step", "flush", "set_rank", "library", "library_path"]
+__all__ = ["install", "mark_step", "step", "flush", "set_rank", "library", "library_path",
+           "trace", "start", "stop", "Trace", "Finding", "OomtraceError"]
 
 _LIB_NAME = "liboomtrace.so"
 _lib = None
@@ -578,3 +579,7 @@ def _on_torch_import(torch, swap=False, steps=True, tracker=False):
     else:
         said = "optimizer steps are not marked (%s): steps are found automatically" % no_steps
     print("oomtrace: " + said, file=sys.stderr)
+
+
+# The Python API: a block of this process traced, its findings as objects (`_session.py`).
+from oomtrace._session import Finding, OomtraceError, Trace, start, stop, trace  # noqa: E402

@@ -37,6 +37,7 @@ mod fit;
 mod fragmentation;
 mod memory_cap;
 mod one_bug;
+mod python_api;
 mod simulate;
 mod slow_leaks;
 mod snapshots;

@@ -8,10 +8,13 @@ use std::sync::Mutex;
 
 use oomtrace_collector::analysis::Analysis;
 use oomtrace_collector::model::trace::Trace;
+use oomtrace_collector::model::Observer;
+use oomtrace_collector::model::Process;
 use oomtrace_collector::report::merge::{Combined, How};
 use oomtrace_collector::report::sections::{self, SectionOptions, SiteOrder};
 use oomtrace_collector::report::symbolize::StackSymbolizer;
 use oomtrace_collector::report::{self, merge, Report, ReportOptions, Skipped};
+use oomtrace_proto::wire::Frame;
 
 use crate::output::Output;
 use crate::progress::Progress;
@@ -61,6 +64,16 @@ pub struct Args {
     /// instead of each run of them folded into one line, `(3 torch.nn frames)` (text).
     #[arg(long)]
     pub full: bool,
+    /// Find and explain only what happens after the first step marker labelled LABEL (a
+    /// block `oomtrace.trace()` marked in a Python program): findings and "what the memory
+    /// is" cover the block; what the process held before it counts in the device's totals
+    /// and is never a finding of the block.
+    #[arg(long, value_name = "LABEL")]
+    pub since_mark: Option<String>,
+    /// Read a trace its collector is still writing as it is now, without waiting up to 5 s
+    /// for the writer to finish (a program reading its own trace).
+    #[arg(long)]
+    pub no_wait: bool,
 }
 
 /// A trace file to read, and whether it was found in a directory (an unreadable one is then
@@ -150,6 +163,16 @@ fn report_of(
     progress: Option<&mut Progress>,
     sym: &mut StackSymbolizer,
 ) -> Result<Report, oomtrace_collector::model::Error> {
+    if args.no_wait {
+        oomtrace_collector::model::trace::read_without_waiting();
+    }
+    let since = args.since_mark.as_deref();
+    let mut apply = |p: &mut Process, a: &mut Analysis, f: &Frame<'_>| {
+        if let Some(label) = since {
+            a.since_mark(label);
+        }
+        a.apply_frame(p, f)
+    };
     let trace = match progress {
         Some(progress) => {
             let name = file.file_name().map_or_else(
@@ -157,13 +180,13 @@ fn report_of(
                 |n| n.to_string_lossy().into_owned(),
             );
             progress.pass(format!("reading {name}"));
-            let trace = Trace::<Analysis>::load_with_progress(file, &mut |done, total| {
+            let trace = Trace::<Analysis>::load_with(file, &mut apply, &mut |done, total| {
                 progress.update(done, total)
             });
             progress.end_pass();
             trace?
         }
-        None => Trace::<Analysis>::load(file)?,
+        None => Trace::<Analysis>::load_with(file, &mut apply, &mut |_, _| {})?,
     };
     for w in report::analysis_failures(&trace) {
         eprintln!("{w}");

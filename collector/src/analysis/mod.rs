@@ -560,9 +560,63 @@ pub struct Analysis {
     /// Set if a detector ever failed (a bug): the clock and the detectors stop, the process's
     /// accounting and its trace go on.
     pub failed: bool,
+    /// What of the process it analyses: all of it, or what follows a step marker.
+    window: Window,
+    /// Per device, the most it held at once since the window opened (none without a window).
+    pub window_peaks: BTreeMap<i16, WindowPeak>,
 }
 
+/// What a device held at most since a window opened ([`Analysis::since_mark`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct WindowPeak {
+    /// Device memory the process held (PyTorch's segments, other CUDA allocations).
+    pub peak_bytes: u64,
+    /// PyTorch's tensors (what `torch.cuda.max_memory_allocated()` would say, counted from
+    /// the window's start).
+    pub tensor_peak_bytes: u64,
+    /// What the device held when the window opened, as `peak_bytes` counts it.
+    pub bytes_at_start: u64,
+    /// PyTorch's tensors live when the window opened.
+    pub tensor_bytes_at_start: u64,
+}
+
+/// What of a process the analysis sees. The model always sees everything (what is live, the
+/// device's totals); a window only decides what the detectors and the anatomy are told.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+enum Window {
+    #[default]
+    Whole,
+    /// Nothing until a step marker with this label.
+    Waiting(String),
+    /// Since that marker.
+    Open,
+}
+
+/// What a device holds: its CUDA allocations, or PyTorch's reserve where the CUDA calls are
+/// not seen (the library loaded into a running Python program sees PyTorch's segments only).
+fn device_bytes(d: &crate::model::DeviceState) -> u64 {
+    d.live_bytes.max(d.torch_reserved_bytes.unwrap_or(0))
+}
+
+/// The epoch an allocation made before a window opened is born in: never told to a detector,
+/// so its free is not told either.
+const BEFORE_WINDOW: u32 = u32::MAX;
+
 impl Analysis {
+    /// Analyses only what follows the first step marker labelled `label` (the block a
+    /// program's `oomtrace.trace()` marks, `report --since-mark`): the detectors and the
+    /// anatomy see nothing before it, and nothing of allocations made before it.
+    pub fn since_mark(&mut self, label: &str) {
+        if self.window == Window::Whole {
+            self.window = Window::Waiting(label.to_owned());
+        }
+    }
+
+    /// Whether the detectors are told what happens now.
+    fn sees(&self) -> bool {
+        !matches!(self.window, Window::Waiting(_))
+    }
+
     /// The detectors' view of `p` now (for a report).
     pub fn context<'a>(&'a self, p: &'a Process) -> Context<'a> {
         Context {
@@ -835,6 +889,24 @@ impl Analysis {
 
 impl Observer for Analysis {
     fn alloc(&mut self, p: &Process, a: &Alloc) -> u32 {
+        if !self.sees() {
+            return BEFORE_WINDOW;
+        }
+        if self.window == Window::Open {
+            // Told before the model counts it.
+            let d = p.devices.get(&a.device);
+            let (device, tensors) = if a.api.memory_class() == MemoryClass::Tensor {
+                let tensors = d.map_or(0, |d| d.tensor_bytes).saturating_add(a.size);
+                (d.map_or(0, device_bytes), tensors)
+            } else if a.api.memory_class().on_device() {
+                (a.device_live_before.saturating_add(a.size), 0)
+            } else {
+                (0, 0)
+            };
+            let w = self.window_peaks.entry(a.device).or_default();
+            w.peak_bytes = w.peak_bytes.max(device);
+            w.tensor_peak_bytes = w.tensor_peak_bytes.max(tensors);
+        }
         if self.failed {
             return self.clock.epoch;
         }
@@ -877,7 +949,7 @@ impl Observer for Analysis {
     }
 
     fn free(&mut self, p: &Process, f: &Free) {
-        if self.failed {
+        if self.failed || !self.sees() || f.birth == BEFORE_WINDOW {
             return;
         }
         self.anatomy.on_free(p, f);
@@ -897,7 +969,7 @@ impl Observer for Analysis {
     /// (a line's memory is its tensors, traced one by one); device totals, fragmentation and
     /// the OOM view keep it.
     fn reserve(&mut self, p: &Process, f: &Free) {
-        if self.failed {
+        if self.failed || !self.sees() || f.birth == BEFORE_WINDOW {
             return;
         }
         let obs = self.gone(f);
@@ -915,6 +987,24 @@ impl Observer for Analysis {
     }
 
     fn step(&mut self, p: &Process, ts_ns: u64) {
+        if let Window::Waiting(label) = &self.window {
+            if p.last_marker.as_deref() == Some(label.as_str()) {
+                self.window = Window::Open;
+                // What each device holds as the window opens is its first peak.
+                for (&device, d) in &p.devices {
+                    self.window_peaks.insert(
+                        device,
+                        WindowPeak {
+                            peak_bytes: device_bytes(d),
+                            tensor_peak_bytes: d.tensor_bytes,
+                            bytes_at_start: device_bytes(d),
+                            tensor_bytes_at_start: d.tensor_bytes,
+                        },
+                    );
+                }
+            }
+            return;
+        }
         if self.failed {
             return;
         }
@@ -924,6 +1014,9 @@ impl Observer for Analysis {
     }
 
     fn out_of_memory(&mut self, p: &Process, o: &OutOfMemory) {
+        if !self.sees() {
+            return;
+        }
         if !self.failed {
             self.anatomy.on_out_of_memory(p, o);
         }
@@ -963,6 +1056,9 @@ impl Observer for Analysis {
     }
 
     fn mem_info(&mut self, _p: &Process, m: &MemInfo) {
+        if !self.sees() {
+            return;
+        }
         // The reading the shim takes right after a failure belongs to it.
         if let Some(r) = self.oom.on_meminfo(m.device, m.tid, m.free, m.total) {
             self.fragmentation.on_failure_info(r, &mut self.alerts);
@@ -972,7 +1068,7 @@ impl Observer for Analysis {
     /// PyTorch's own allocated and reserved, read after a step marker: fragmentation judges
     /// its reserve against its tensors with them when tensors are not traced.
     fn torch_memory(&mut self, _p: &Process, m: &TorchMemory) {
-        if self.failed {
+        if self.failed || !self.sees() {
             return;
         }
         self.fragmentation.torch_memory(m);

@@ -95,6 +95,16 @@ fn open_regular(path: &Path) -> Result<File, String> {
 /// running: the trace is read as it is, and a warning says so.
 const WRITER_WAIT: Duration = Duration::from_secs(5);
 
+/// Set by [`read_without_waiting`]: readers do not wait for a writer at all.
+static NO_WAIT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on, this process reads a trace a collector is still writing as it is at once,
+/// without waiting for the writer (the warning still says so): for a program that reads its
+/// own trace while it runs (`oomtrace.trace()` in Python, `report --no-wait`).
+pub fn read_without_waiting() {
+    NO_WAIT.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Waits (at most [`WRITER_WAIT`]) until no collector holds the writer's lock on `f`; false
 /// if one still does. A shared lock, kept while the file is read; a filesystem without locks
 /// never waits.
@@ -107,7 +117,9 @@ fn wait_for_writer(f: &File) -> bool {
             return true;
         }
         let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EWOULDBLOCK) || started.elapsed() >= WRITER_WAIT {
+        let waited_enough =
+            NO_WAIT.load(std::sync::atomic::Ordering::Relaxed) || started.elapsed() >= WRITER_WAIT;
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) || waited_enough {
             return e.raw_os_error() != Some(libc::EWOULDBLOCK);
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -168,11 +180,17 @@ impl<O: Observer + Default> Trace<O> {
                 other => other,
             })?;
         if !finished {
-            trace.warnings.push(format!(
-                "a collector is still writing this trace (waited {} s for it to finish): it is \
-                 read as it is now",
-                WRITER_WAIT.as_secs()
-            ));
+            trace
+                .warnings
+                .push(if NO_WAIT.load(std::sync::atomic::Ordering::Relaxed) {
+                    "a collector is still writing this trace: it is read as it is now".to_owned()
+                } else {
+                    format!(
+                    "a collector is still writing this trace (waited {} s for it to finish): it \
+                     is read as it is now",
+                    WRITER_WAIT.as_secs()
+                )
+                });
         }
         Ok(trace)
     }

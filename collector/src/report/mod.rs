@@ -277,6 +277,11 @@ pub struct DeviceReport {
     /// where not predicted.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub levers: Vec<Lever>,
+    /// With `report --since-mark LABEL` (a Python block, `oomtrace.trace()`): the most the
+    /// device held at once since that marker, and when it came: `{"peak_bytes",
+    /// "tensor_peak_bytes", "bytes_at_start", "tensor_bytes_at_start"}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since_mark: Option<crate::analysis::WindowPeak>,
 }
 
 /// The last reading of PyTorch's own statistics of a device (`torch.cuda.memory_allocated()`

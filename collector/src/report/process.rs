@@ -62,6 +62,7 @@ pub(super) fn process_report(
             }),
             anatomy: anatomy.remove(&device),
             levers: Vec::new(),
+            since_mark: a.window_peaks.get(&device).copied(),
         })
         .collect();
     ProcessReport {
