@@ -86,12 +86,31 @@ def pytest_configure(config):
         _simulate(size)
 
 
+def _skip_without_gpu():
+    """A traced test without any GPU (none, and no --oomtrace-simulate) is skipped, saying
+    how to run it, instead of failing on its first CUDA call."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and not torch.cuda.is_available():
+        pytest.skip("oomtrace: no GPU here (pytest --oomtrace-simulate 16GiB runs the session "
+                    "on the simulated one)")
+
+
 @pytest.fixture
 def oomtrace_trace():
     """The test traced as one block: an `oomtrace.Trace`, ended (its report made) after it."""
     t = Trace().start()
     yield t
     t.stop()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # Before the test's fixtures, which may already need CUDA.
+    if item.get_closest_marker("oomtrace") is not None or "oomtrace_trace" in getattr(
+            item, "fixturenames", ()):
+        _skip_without_gpu()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -117,6 +136,7 @@ def pytest_runtest_call(item):
         failures.append("it leaks GPU memory")
     if failures:
         findings = "\n".join("  " + str(f) for f in t.findings) or "  (no findings)"
-        pytest.fail("oomtrace: %s\nfindings of the test:\n%s\ntrace: %s (report --since-mark %s)"
+        pytest.fail("oomtrace: %s\nfindings of the test:\n%s\ntrace: %s (report --since-mark %s; "
+                    "removed when the session ends unless kept with oomtrace.trace(output=))"
                     % ("; ".join(failures), findings, t.path, t.label), pytrace=False)
     return result

@@ -127,6 +127,26 @@ fn the_pytest_plugin_fails_the_test_that_leaks_or_passes_its_limit() {
         stdout.contains("GPU peak 64.00 MiB is over the limit of 8.00 MiB"),
         "{stdout}"
     );
+
+    // No GPU and no --oomtrace-simulate: the traced tests are skipped, saying how to run them.
+    let mut cmd = python_with_package(&dir);
+    cmd.env_remove("LD_LIBRARY_PATH")
+        .env_remove("SIMCUDA_MEMORY")
+        .args([
+            "-m",
+            "pytest",
+            "-p",
+            "oomtrace.pytest_plugin",
+            "-p",
+            "no:cacheprovider",
+            "-rs",
+        ])
+        .arg(script("pytest_gpu/test_gpu.py"));
+    let out = output_within(cmd, TORCH_TIMEOUT);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("4 skipped"), "{stdout}");
+    assert!(stdout.contains("--oomtrace-simulate 16GiB"), "{stdout}");
 }
 
 #[test]
