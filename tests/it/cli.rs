@@ -625,3 +625,21 @@ fn hostile_and_foreign_pickles_give_one_clear_line_and_run_nothing() {
     }
     assert!(!pwned.exists(), "a pickle ran code");
 }
+
+/// `report --since-mark` with a label no marker has: one line naming it, exit 2 (a typo never
+/// gives an empty report that looks clean).
+#[test]
+fn a_since_mark_label_no_marker_has_is_one_line() {
+    let dir = scratch("since-mark");
+    let trace = dir.join("t.oomt");
+    std::fs::write(&trace, good_trace()).unwrap();
+    assert_one_line_error(
+        &oomtrace(&[
+            "report",
+            trace.to_str().unwrap(),
+            "--since-mark",
+            "no-such-mark",
+        ]),
+        "no step marker labelled 'no-such-mark'",
+    );
+}

@@ -188,6 +188,14 @@ fn report_of(
         }
         None => Trace::<Analysis>::load_with(file, &mut apply, &mut |_, _| {})?,
     };
+    if let Some(label) = since {
+        if trace.observers.iter().all(Analysis::window_never_opened) {
+            return Err(oomtrace_collector::model::Error::NoMark {
+                path: file.to_path_buf(),
+                label: label.to_owned(),
+            });
+        }
+    }
     for w in report::analysis_failures(&trace) {
         eprintln!("{w}");
     }

@@ -612,6 +612,11 @@ impl Analysis {
         }
     }
 
+    /// Whether a window was asked for and its marker never came.
+    pub fn window_never_opened(&self) -> bool {
+        matches!(self.window, Window::Waiting(_))
+    }
+
     /// Whether the detectors are told what happens now.
     fn sees(&self) -> bool {
         !matches!(self.window, Window::Waiting(_))

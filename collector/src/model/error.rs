@@ -14,6 +14,8 @@ pub enum Error {
     },
     /// A file that starts as a pickle and is not a PyTorch memory snapshot this reader takes.
     BadSnapshot { path: PathBuf, source: String },
+    /// A window asked for (`report --since-mark LABEL`) whose step marker no process made.
+    NoMark { path: PathBuf, label: String },
     /// Bytes that are not oomtrace data.
     Format(oomtrace_proto::Error),
     /// The collector socket could not be set up.
@@ -28,6 +30,12 @@ impl std::fmt::Display for Error {
             Error::Open { path, source } => write!(f, "cannot open {}: {source}", path.display()),
             Error::BadTrace { path, source } => write!(f, "{}: {source}", path.display()),
             Error::BadSnapshot { path, source } => write!(f, "{}: {source}", path.display()),
+            Error::NoMark { path, label } => write!(
+                f,
+                "{}: no step marker labelled '{label}' (--since-mark names the label of a marker \
+                 the program made: oomtrace.trace() labels its blocks oomtrace.trace:PID:N)",
+                path.display()
+            ),
             Error::Format(e) => write!(f, "{e}"),
             Error::Socket { path, source } => {
                 write!(f, "cannot listen on {}: {source}", path.display())
