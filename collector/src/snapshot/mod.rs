@@ -879,13 +879,21 @@ fn is_interpreter_file(file: &str) -> bool {
 
 /// The snapshot's limits in one line.
 fn limits(s: &Snapshot, before: &Before, ooms: usize) -> String {
+    // Devices with a history, or with memory in the state (recording off).
+    let devices = s
+        .segments
+        .iter()
+        .map(|seg| seg.device)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+        .max(s.traced_devices);
     let mut parts = vec![format!(
         "a PyTorch memory snapshot: {} trace entr{} on {} device{}, no step markers (steps are \
          found from the allocations' pattern), no device size{}",
         s.entries.len(),
         if s.entries.len() == 1 { "y" } else { "ies" },
-        s.traced_devices,
-        if s.traced_devices == 1 { "" } else { "s" },
+        devices,
+        if devices == 1 { "" } else { "s" },
         if ooms > 0 {
             " (taken as PyTorch's reserve plus the free memory at its out-of-memory error: what \
              PyTorch could have had)"
