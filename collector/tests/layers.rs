@@ -1,143 +1,86 @@
 //! The crate's layers import one way (README.md "Layers"): a module may name (`crate::x`) only
-//! the layers above it. Checked on the source, so that a wrong import fails a test instead of
-//! waiting for a review. Inside the analysis, its detectors are peers
-//! (`analysis_detectors_are_peers`).
+//! the layers its row allows. Checked on the source by the one import checker both crates'
+//! layers tests share (`tests/src/import_check.rs`), so that a wrong import fails a test
+//! instead of waiting for a review; every layer has a row, and no two rows allow a circle.
+//! Inside the analysis, its detectors are peers (`analysis_detectors_are_peers`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// Each layer, and the `crate::` roots it must never name.
-const RULES: &[(&str, &[&str])] = &[
+#[path = "../../tests/src/import_check.rs"]
+mod import_check;
+
+use import_check::{against_rows, circles, code_of, named, without_rows};
+
+/// Each layer (a file, or a directory and everything in it), and the `crate::` roots it may
+/// name. Keep it README.md's table: a change here is a change of the map.
+const ALLOWED: &[(&str, &[&str])] = &[
+    // The bottom: what names nothing of the crate.
+    ("units.rs", &[]),
+    ("console.rs", &[]),
+    ("inbox.rs", &[]),
+    ("snapshot", &[]),
+    // What happened, what it means, what to tell.
+    ("model", &["model", "snapshot"]),
+    ("analysis", &["analysis", "model", "units"]),
+    ("whatif", &["whatif", "model", "units"]),
+    ("fit", &["fit", "model", "analysis", "whatif", "units"]),
     (
-        "units.rs",
+        "report",
+        &["report", "model", "analysis", "whatif", "fit", "units"],
+    ),
+    // The collector process: its trace file, its metrics, the server on top.
+    ("trace_writer.rs", &["trace_writer", "model"]),
+    ("trace_writer", &["trace_writer", "model"]),
+    (
+        "metrics",
         &[
+            "metrics",
             "model",
             "analysis",
             "report",
-            "server",
-            "inbox",
             "trace_writer",
             "console",
-            "metrics",
-        ],
-    ),
-    (
-        "console.rs",
-        &[
-            "model",
-            "analysis",
-            "report",
-            "server",
-            "inbox",
-            "trace_writer",
-            "metrics",
-        ],
-    ),
-    (
-        "snapshot",
-        &[
             "units",
+        ],
+    ),
+    (
+        "server.rs",
+        &[
             "model",
             "analysis",
             "whatif",
             "fit",
             "report",
-            "server",
-            "inbox",
             "trace_writer",
-            "console",
+            "inbox",
             "metrics",
-        ],
-    ),
-    (
-        "model",
-        &[
+            "console",
             "units",
-            "analysis",
-            "fit",
-            "report",
-            "server",
-            "inbox",
-            "trace_writer",
-            "console",
-            "metrics",
+            "snapshot",
         ],
-    ),
-    (
-        "analysis",
-        &[
-            "fit",
-            "report",
-            "server",
-            "inbox",
-            "trace_writer",
-            "console",
-            "metrics",
-        ],
-    ),
-    (
-        "whatif",
-        &[
-            "analysis",
-            "fit",
-            "report",
-            "server",
-            "inbox",
-            "trace_writer",
-            "console",
-            "metrics",
-        ],
-    ),
-    (
-        "fit",
-        &[
-            "report",
-            "server",
-            "inbox",
-            "trace_writer",
-            "console",
-            "metrics",
-        ],
-    ),
-    (
-        "report",
-        &["server", "inbox", "trace_writer", "console", "metrics"],
     ),
 ];
 
-fn sources(path: &Path) -> Vec<PathBuf> {
-    if path.is_file() {
-        return vec![path.to_path_buf()];
-    }
-    let mut v = Vec::new();
-    for entry in std::fs::read_dir(path).expect("source directory") {
-        v.extend(sources(&entry.expect("entry").path()));
-    }
-    v
+fn src() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
 #[test]
 fn layers_import_one_way() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut wrong = Vec::new();
-    for (layer, forbidden) in RULES {
-        for file in sources(&src.join(layer)) {
-            let text = std::fs::read_to_string(&file).expect("readable source");
-            for (n, line) in text.lines().enumerate() {
-                // Code only: a comment may name another layer.
-                let code = line.split("//").next().unwrap_or("");
-                for f in *forbidden {
-                    if code.contains(&format!("crate::{f}")) {
-                        wrong.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
-                    }
-                }
-            }
-        }
-    }
+    let wrong = against_rows(&src(), ALLOWED, "crate::");
     assert!(
         wrong.is_empty(),
         "imports against the layers:\n{}",
         wrong.join("\n")
     );
+}
+
+#[test]
+fn every_layer_has_a_row_and_no_two_rows_allow_a_circle() {
+    let missing = without_rows(&src(), ALLOWED, &["lib.rs"]);
+    assert!(missing.is_empty(), "modules without a row: {missing:?}");
+    let found = circles(ALLOWED);
+    assert!(found.is_empty(), "circles the layers allow: {found:?}");
 }
 
 /// The analysis's detectors (one file each, `analysis/mod.rs`).
@@ -174,56 +117,16 @@ const PEER_DETECTORS: &[&str] = &[
     "device_growth",
     "fragmentation",
     "oom",
+    "threshold",
 ];
 
-/// The analysis modules a line of code names: the first segment of each path after `super::`
-/// or `analysis::`, inside a `{...}` group too (`use super::{growth, window::Sample}`).
+/// The analysis modules a file's code names: after `super::` or `analysis::`.
 fn named_modules(code: &str) -> Vec<String> {
-    let ident = |s: &str| -> String {
-        s.trim_start()
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect()
-    };
-    let mut names = Vec::new();
-    for prefix in ["super::", "analysis::"] {
-        let mut rest = code;
-        while let Some(i) = rest.find(prefix) {
-            rest = &rest[i + prefix.len()..];
-            if let Some(group) = rest.strip_prefix('{') {
-                // Top-level items of the group, up to its closing brace.
-                let mut depth = 0;
-                let mut start = 0;
-                for (j, c) in group.char_indices() {
-                    match c {
-                        '{' => depth += 1,
-                        '}' if depth == 0 => {
-                            names.push(ident(&group[start..j]));
-                            break;
-                        }
-                        '}' => depth -= 1,
-                        ',' if depth == 0 => {
-                            names.push(ident(&group[start..j]));
-                            start = j + 1;
-                        }
-                        _ => {}
-                    }
-                }
-            } else {
-                names.push(ident(rest));
-            }
-        }
-    }
-    names.retain(|n| !n.is_empty());
-    names
-}
-
-/// Joins `use` statements that span lines, so that a group is read whole; comments dropped.
-fn code_of(text: &str) -> String {
-    text.lines()
-        .map(|l| l.split("//").next().unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join(" ")
+    ["super::", "analysis::"]
+        .iter()
+        .flat_map(|prefix| named(code, prefix))
+        .map(|(_, name)| name)
+        .collect()
 }
 
 /// Detectors are peers (`analysis/mod.rs`): the shared vocabulary names no detector, and no

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod corpus;
+pub mod import_check;
 
 /// Where scenario programs were built (tests/build.rs).
 pub const SCENARIO_BIN: &str = env!("OOMTRACE_SCENARIO_BIN");
