@@ -42,8 +42,6 @@
 //! findings on the same device grow at ≥ 80 % of the device's rate, they explain it: the
 //! message says so in a clause and the hint points to them instead of repeating their cause.
 
-use std::collections::VecDeque;
-
 use serde::Serialize;
 
 use super::advice::trace_tensors;
@@ -55,7 +53,7 @@ use super::trend::{
     per_second, seconds, to_full, warmup_end, Trend, ALPHA_CONFIRMED, HISTORY, LAG,
 };
 pub use super::window::Window;
-use super::window::{self, Sample, Series};
+use super::window::{self, HighWater, Sample, Series};
 use super::{
     Alert, Alerts, AllocObs, Cause, Change, Confidence, Context, Detector, Evidence, Finding, Kind,
     Level, PythonLine,
@@ -157,9 +155,8 @@ struct DeviceSeries {
     stable_since: u32,
     /// High-water mark of the median of the last three samples since the clock became
     /// stable, and when it was raised.
-    hwm: u64,
-    hwm_epoch: u32,
-    raise_gaps: VecDeque<u32>,
+    /// Its level's high-water mark.
+    high: HighWater,
     /// The epoch of the first sample of the latest run of equal samples: the series is flat
     /// from there on (the epoch fast path in [`evaluate`]).
     flat_from: u32,
@@ -201,7 +198,7 @@ impl DeviceSeries {
     }
 
     fn usual_gap(&self) -> f64 {
-        window::usual_gap(&self.raise_gaps)
+        self.high.usual_gap()
     }
 
     /// The median of the last three samples since `stable_since`: one spike (an eval step) is
@@ -314,9 +311,7 @@ impl DeviceGrowthDetector {
             // do not say where the memory stands: the high-water mark starts again.
             if d.stable_since != ctx.clock.stable_since {
                 d.stable_since = ctx.clock.stable_since;
-                d.hwm = 0;
-                d.hwm_epoch = e;
-                d.raise_gaps.clear();
+                d.high.restart(e);
             }
             // A series flat over its last three samples (one a boundary: the epochs follow
             // each other) is its own median.
@@ -326,15 +321,7 @@ impl DeviceGrowthDetector {
                 } else {
                     d.smoothed(d.stable_since)
                 };
-            if level_live > d.hwm {
-                if d.hwm > 0 {
-                    if d.raise_gaps.len() == window::RAISE_GAPS {
-                        d.raise_gaps.pop_front();
-                    }
-                    d.raise_gaps.push_back(e.saturating_sub(d.hwm_epoch));
-                }
-                d.hwm = level_live;
-                d.hwm_epoch = e;
+            if d.high.raise(e, level_live) {
                 d.resolved = false;
                 d.drained = None;
             }
@@ -484,7 +471,7 @@ fn evaluate(d: &mut DeviceSeries, e: u32, stable_since: u32, leaking: bool) -> b
     }
     let best = window::best_trend(post, |_, t| t.new_generations >= 3);
     let usual = d.usual_gap();
-    let since_raise = e.saturating_sub(d.hwm_epoch);
+    let since_raise = e.saturating_sub(d.high.epoch);
     let mut level = match best {
         Some((t, _))
             if t.window >= 10
@@ -617,7 +604,7 @@ fn finding(device: i16, d: &DeviceSeries, ctx: &Context<'_>) -> Finding {
     } else if d.resolved {
         format!(
             "device {device}: CUDA memory grew {rate} {over}, then stopped for {} steps; {} live now",
-            ctx.epoch.saturating_sub(d.hwm_epoch),
+            ctx.epoch.saturating_sub(d.high.epoch),
             fmt_bytes(live)
         )
     } else if d.bounded {

@@ -46,8 +46,6 @@
 //! one-offs, never leaks. Levels only rise on evidence and only fall through a downgrade or
 //! resolution, so a finding does not flap with noise.
 
-use std::collections::VecDeque;
-
 use rustc_hash::FxHashMap;
 
 use super::advice::{trace_tensors, DRAINED_HINT};
@@ -62,7 +60,7 @@ use super::trend::{
     per_second, seconds, to_full, warmup_end, Trend, ALPHA_CONFIRMED, HISTORY, LAG, MIN_GROWTH,
     WARMUP,
 };
-use super::window::{self, Sample, Series};
+use super::window::{self, HighWater, Sample, Series};
 use super::{
     Alert, Alerts, AllocObs, Cause, Change, Confidence, Context, Detector, Evidence, Finding, Kind,
     Level,
@@ -93,9 +91,8 @@ pub(crate) struct Site {
     births: Births,
     sizes: LiveSizes,
     series: Series<Sample>,
-    hwm: u64,
-    hwm_epoch: u32,
-    raise_gaps: VecDeque<u32>,
+    /// Its live bytes' high-water mark.
+    high: HighWater,
     first_epoch: u32,
     first_ts: u64,
     api: Api,
@@ -168,9 +165,7 @@ impl Site {
             births: Births::default(),
             sizes: LiveSizes::default(),
             series: Series::default(),
-            hwm: 0,
-            hwm_epoch: a.epoch,
-            raise_gaps: VecDeque::new(),
+            high: HighWater::new(a.epoch),
             first_epoch: a.epoch,
             first_ts: a.ts_ns,
             api: a.api,
@@ -206,7 +201,7 @@ impl Site {
     }
 
     fn usual_gap(&self) -> f64 {
-        window::usual_gap(&self.raise_gaps)
+        self.high.usual_gap()
     }
 }
 
@@ -386,15 +381,7 @@ impl Detector for GrowthDetector {
                 gens,
                 count: s.count,
             });
-            if s.live > s.hwm {
-                if s.hwm > 0 {
-                    if s.raise_gaps.len() == window::RAISE_GAPS {
-                        s.raise_gaps.pop_front();
-                    }
-                    s.raise_gaps.push_back(e.saturating_sub(s.hwm_epoch));
-                }
-                s.hwm = s.live;
-                s.hwm_epoch = e;
+            if s.high.raise(e, s.live) {
                 s.resolved = false;
                 s.drained = None;
             }
@@ -533,7 +520,7 @@ fn evaluate(s: &mut Site, e: u32, stable_since: u32) {
         _ => None,
     };
     let usual = s.usual_gap();
-    let since_raise = e.saturating_sub(s.hwm_epoch);
+    let since_raise = e.saturating_sub(s.high.epoch);
     let mut level = match best {
         Some(t)
             if t.window >= 10
@@ -674,7 +661,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
     let drained = drained_at(
         s.drained,
         end.fate,
-        s.hwm_epoch,
+        s.high.epoch,
         s.series.iter().map(|x| (x.epoch, x.live)),
     );
     let kind = if s.resolved
@@ -699,7 +686,12 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         // All of it freed while the steps went on: what it grew to, and when it was gone.
         (Kind::Growth, _, _, _) if drained.is_some() => format!(
             "grew ({rate}) {}",
-            drained_clause(s.hwm, s.hwm_epoch, drained.unwrap_or_default(), s.live)
+            drained_clause(
+                s.high.bytes,
+                s.high.epoch,
+                drained.unwrap_or_default(),
+                s.live
+            )
         ),
         // A small leak says how small first: what a step keeps, what it reaches in a long job.
         (Kind::Leak, _, _, Some(d)) if s.small.is_some() => format!(
@@ -744,7 +736,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         ),
         (_, true, _, _) => format!(
             "grew ({rate}) and then stopped for {} steps; {} held now",
-            ctx.epoch.saturating_sub(s.hwm_epoch),
+            ctx.epoch.saturating_sub(s.high.epoch),
             fmt_bytes(s.live)
         ),
         (_, _, Class::ShapeKeyed, _) => format!(
@@ -789,8 +781,8 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
             samples: s.series.iter().map(|x| x.live).collect(),
             history: s.history.clone(),
             at_detection: s.at_detection,
-            peak_bytes: s.hwm,
-            peak_step: s.hwm_epoch,
+            peak_bytes: s.high.bytes,
+            peak_step: s.high.epoch,
             at_end: end,
             python_lines: Vec::new(),
             cache_grew_at: Vec::new(),

@@ -38,8 +38,6 @@
 //! only, as [`super::leaks::Leaks`]) and leaves this one's findings out for the sites it
 //! reports.
 
-use std::collections::VecDeque;
-
 use rustc_hash::FxHashMap;
 
 use super::evidence::{
@@ -51,7 +49,7 @@ use super::stats;
 use super::trend::{
     per_second, seconds, to_full, warmup_end, Trend, ALPHA_CONFIRMED, HISTORY, LAG,
 };
-use super::window::{self, Sample, Series};
+use super::window::{self, HighWater, Sample, Series};
 use super::{
     Alert, Alerts, AllocObs, Cause, Change, Confidence, Context, Detector, Evidence, Finding, Kind,
     Level, Severity,
@@ -103,9 +101,8 @@ struct Site {
     replacing: u64,
     larger: u64,
     series: Series<Point>,
-    hwm: u64,
-    hwm_epoch: u32,
-    raise_gaps: VecDeque<u32>,
+    /// Its live bytes' high-water mark.
+    high: HighWater,
     first_epoch: u32,
     first_ts: u64,
     api: Api,
@@ -144,9 +141,7 @@ impl Site {
             replacing: 0,
             larger: 0,
             series: Series::default(),
-            hwm: 0,
-            hwm_epoch: a.epoch,
-            raise_gaps: VecDeque::new(),
+            high: HighWater::new(a.epoch),
             first_epoch: a.epoch,
             first_ts: a.ts_ns,
             api: a.api,
@@ -168,7 +163,7 @@ impl Site {
     }
 
     fn usual_gap(&self) -> f64 {
-        window::usual_gap(&self.raise_gaps)
+        self.high.usual_gap()
     }
 
     fn reported(&self) -> bool {
@@ -241,15 +236,7 @@ impl SiteGrowthDetector {
                 replacing: s.replacing,
                 larger: s.larger,
             });
-            if s.live > s.hwm {
-                if s.hwm > 0 {
-                    if s.raise_gaps.len() == window::RAISE_GAPS {
-                        s.raise_gaps.pop_front();
-                    }
-                    s.raise_gaps.push_back(e.saturating_sub(s.hwm_epoch));
-                }
-                s.hwm = s.live;
-                s.hwm_epoch = e;
+            if s.high.raise(e, s.live) {
                 s.resolved = false;
                 s.drained = None;
             }
@@ -444,7 +431,7 @@ fn evaluate(s: &mut Site, e: u32, warm: u32, generations: impl Fn(u32) -> u32) {
         pass
     });
     let usual = s.usual_gap();
-    let since_raise = e.saturating_sub(s.hwm_epoch);
+    let since_raise = e.saturating_sub(s.high.epoch);
     // Still growing at its own cadence: raised at the last boundary for a buffer that grows
     // every step. Looser than the leak detector's, which has surviving generations to go by.
     let rising = f64::from(since_raise) <= usual.max(1.0);
@@ -575,7 +562,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
     let drained = drained_at(
         s.drained,
         end.fate,
-        s.hwm_epoch,
+        s.high.epoch,
         s.series.iter().map(|p| (p.sample.epoch, p.sample.live)),
     )
     .filter(|_| !s.working_set);
@@ -667,11 +654,16 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
         ),
         _ if drained.is_some() => format!(
             "one buffer grew ({rate}) {}",
-            drained_clause(s.hwm, s.hwm_epoch, drained.unwrap_or_default(), s.live)
+            drained_clause(
+                s.high.bytes,
+                s.high.epoch,
+                drained.unwrap_or_default(),
+                s.live
+            )
         ),
         _ if s.resolved => format!(
             "one buffer grew ({rate}) and then stopped for {} steps; {} held now",
-            ctx.epoch.saturating_sub(s.hwm_epoch),
+            ctx.epoch.saturating_sub(s.high.epoch),
             fmt_bytes(s.live)
         ),
         _ => format!(
@@ -684,7 +676,7 @@ fn finding(site: SiteId, device: i16, s: &Site, ctx: &Context<'_>) -> Finding {
     } else {
         hint(s, kind)
     };
-    let (peak_step, peak_bytes) = (s.hwm_epoch, s.hwm);
+    let (peak_step, peak_bytes) = (s.high.epoch, s.high.bytes);
     GrowthFinding {
         kind,
         level,

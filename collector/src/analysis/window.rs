@@ -23,6 +23,61 @@ pub const HALVES: usize = 16;
 /// Gaps between raises of a high-water mark each detector keeps.
 pub const RAISE_GAPS: usize = 8;
 
+/// A series' high-water mark and how it was raised: the one record the three growth
+/// detectors keep of it (a site's live bytes, a buffer's, a device's level).
+#[derive(Clone, Debug, Default)]
+pub struct HighWater {
+    /// The highest value seen (0: none yet).
+    pub bytes: u64,
+    /// The step it was reached at (or the series began, or restarted).
+    pub epoch: u32,
+    /// Steps between its last raises, at most [`RAISE_GAPS`].
+    raise_gaps: VecDeque<u32>,
+}
+
+impl HighWater {
+    /// A series that begins at step `epoch`, with nothing seen.
+    pub fn new(epoch: u32) -> HighWater {
+        HighWater {
+            bytes: 0,
+            epoch,
+            raise_gaps: VecDeque::new(),
+        }
+    }
+
+    /// `value` at step `e`: true when it raised the mark (the gap since the last raise is
+    /// kept, after the first).
+    pub fn raise(&mut self, e: u32, value: u64) -> bool {
+        if value <= self.bytes {
+            return false;
+        }
+        if self.bytes > 0 {
+            if self.raise_gaps.len() == RAISE_GAPS {
+                self.raise_gaps.pop_front();
+            }
+            self.raise_gaps.push_back(e.saturating_sub(self.epoch));
+        }
+        self.bytes = value;
+        self.epoch = e;
+        true
+    }
+
+    /// Starts again at step `e`, as if nothing had been seen.
+    pub fn restart(&mut self, e: u32) {
+        *self = HighWater::new(e);
+    }
+
+    /// The raise gaps kept (at most [`RAISE_GAPS`]).
+    pub fn gaps_kept(&self) -> usize {
+        self.raise_gaps.len()
+    }
+
+    /// The usual gap between raises ([`usual_gap`]).
+    pub fn usual_gap(&self) -> f64 {
+        usual_gap(&self.raise_gaps)
+    }
+}
+
 /// One epoch boundary's sample.
 #[derive(Clone, Copy, Debug)]
 pub struct Sample {

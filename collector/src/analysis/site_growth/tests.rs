@@ -205,7 +205,7 @@ fn state_stays_bounded_over_a_long_run() {
     let s = &sim.a.site_growth.sites[&(SiteId(BUFFER), 0)];
     assert!(s.series.len() <= crate::analysis::trend::SERIES);
     assert!(s.history.len() <= super::HISTORY);
-    assert!(s.raise_gaps.len() <= 8);
+    assert!(s.high.gaps_kept() <= 8);
     assert!(sim.a.site_growth.is_leak(SiteId(BUFFER), 0));
 }
 
