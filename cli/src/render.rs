@@ -7,7 +7,8 @@
 use std::fmt::Write;
 
 use oomtrace_collector::analysis::device_growth::Events;
-use oomtrace_collector::analysis::fragmentation::{is_tensor_level, Remedy};
+use oomtrace_collector::analysis::fragmentation::is_tensor_level;
+use oomtrace_collector::analysis::refusal::Remedy;
 use oomtrace_collector::analysis::trend::Trend;
 use oomtrace_collector::analysis::{Cause, Evidence};
 use oomtrace_collector::report::backward::in_backward;

@@ -96,6 +96,7 @@ const DETECTORS: &[&str] = &[
 /// The growth detectors' shared vocabulary, and what the detectors share besides: none of
 /// these may name a detector.
 const SHARED: &[&str] = &[
+    "detector.rs",
     "trend.rs",
     "window.rs",
     "evidence.rs",

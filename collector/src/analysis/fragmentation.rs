@@ -44,7 +44,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 
 use super::leaks::GrewAt;
-pub use super::refusal::Remedy;
+use super::refusal::Remedy;
 use super::refusal::{OomRecord, Retry};
 use super::stats::{mann_kendall, theil_sen};
 use super::trend::seconds;

@@ -4,7 +4,7 @@
 //! it raises "CUDA out of memory").
 
 use super::refusal::Remedy;
-pub use super::refusal::{OomRecord, Retry};
+use super::refusal::{OomRecord, Retry};
 use super::{Alert, Alerts, AllocObs, Cause, Change, Context, Detector, Finding, Kind, Severity};
 use crate::model::FrameInfo;
 use crate::units::fmt_bytes;

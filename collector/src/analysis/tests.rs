@@ -1,3 +1,4 @@
+use oomtrace_proto::Api;
 use super::*;
 use crate::model::OUT_OF_MEMORY;
 use oomtrace_proto::wire::Hello;

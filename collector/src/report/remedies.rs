@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::analysis::fragmentation::{self, Remedy};
+use crate::analysis::fragmentation;
+use crate::analysis::refusal::Remedy;
 use crate::analysis::{Analysis, Evidence};
 use crate::model::trace::Trace;
 use crate::whatif::{self, replay::recorded_conf, AllocConf, Prediction};
