@@ -12,7 +12,7 @@
 use std::io::IsTerminal;
 use std::sync::OnceLock;
 
-use oomtrace_collector::analysis::{Confidence, Level, Severity};
+use oomtrace_collector::report::{Confidence, Level, Severity};
 
 /// `--color`: when text for a person is coloured.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -7,11 +7,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use oomtrace_collector::analysis::Analysis;
 use oomtrace_collector::model::trace::Trace;
 use oomtrace_collector::report;
 pub use oomtrace_collector::report::diff::Threshold;
 use oomtrace_collector::report::diff::{self, DiffOptions, Side};
+use oomtrace_collector::report::Analysis;
 
 use crate::output::Output;
 use crate::render;

@@ -6,13 +6,13 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use oomtrace_collector::analysis::Analysis;
 use oomtrace_collector::model::trace::Trace;
 use oomtrace_collector::model::Observer;
 use oomtrace_collector::model::Process;
 use oomtrace_collector::report::merge::{Combined, How};
 use oomtrace_collector::report::sections::{self, SectionOptions, SiteOrder};
 use oomtrace_collector::report::symbolize::StackSymbolizer;
+use oomtrace_collector::report::Analysis;
 use oomtrace_collector::report::{self, merge, Report, ReportOptions, Skipped};
 use oomtrace_proto::wire::Frame;
 

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use oomtrace_collector::analysis::{Analysis, Confidence};
 use oomtrace_collector::model::trace::Trace;
 use oomtrace_collector::report::{self, Kind, Level, Report, ReportOptions, SimulatedDevice};
+use oomtrace_collector::report::{Analysis, Confidence};
 use oomtrace_proto::host::collector_spawn::{self, NotListening, TraceSaid};
 use oomtrace_proto::host::socket_dir;
 use oomtrace_proto::host::torch_hooks::{self, TorchHook};

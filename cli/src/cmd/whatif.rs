@@ -5,7 +5,6 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use oomtrace_collector::analysis::fragmentation;
 use oomtrace_collector::units::fmt_bytes;
 use oomtrace_collector::whatif::{self, AllocConf, ConfSource, Prediction};
 use serde::Serialize;
@@ -110,7 +109,7 @@ fn try_remedies(file: &std::path::Path, own: &Prediction) -> Result<Vec<Tried>, 
     };
     let mut names = Vec::new();
     let mut confs = Vec::new();
-    for r in fragmentation::every_remedy() {
+    for r in oomtrace_collector::report::every_remedy() {
         if let Ok(c) = base.with(&r.alloc_conf) {
             names.push(r.alloc_conf);
             confs.push(Some(c));

@@ -30,8 +30,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::rc::Rc;
 
-use oomtrace_collector::analysis::Analysis;
 use oomtrace_collector::model::trace::Trace as AnalysisTrace;
+use oomtrace_collector::report::Analysis;
 use oomtrace_collector::report::{self, ReportOptions};
 use oomtrace_proto::{EventKind, MemoryClass};
 use serde_json::{json, Value};

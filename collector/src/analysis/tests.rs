@@ -1,7 +1,7 @@
-use oomtrace_proto::Api;
 use super::*;
 use crate::model::OUT_OF_MEMORY;
 use oomtrace_proto::wire::Hello;
+use oomtrace_proto::Api;
 use oomtrace_proto::{Event, EventKind};
 
 fn ev(kind: EventKind, api: Api, ptr: u64, size: u64) -> Event {

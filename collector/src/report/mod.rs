@@ -31,10 +31,17 @@ pub use crate::analysis::anatomy::{
 };
 use serde::Serialize;
 
+// The report contract's one home: every type of the `--json` document, and what a front end
+// reads to render it, is named here (the CLI imports nothing of the analysis).
+pub use crate::analysis::device_growth::Events;
+pub use crate::analysis::fragmentation::{every_remedy, is_tensor_level};
 pub use crate::analysis::oom::{OomDetail, SiteShare};
-pub use crate::analysis::refusal::Lever;
-use crate::analysis::Analysis;
-pub use crate::analysis::{BackwardNode, Cause, Finding, Held, Kind, Level, PythonLine};
+pub use crate::analysis::refusal::{Lever, Remedy};
+pub use crate::analysis::trend::Trend;
+pub use crate::analysis::{
+    Analysis, BackwardNode, Cause, Confidence, Evidence, Finding, Held, Kind, Level, PythonLine,
+    Severity,
+};
 use crate::model::trace::Trace;
 use crate::model::{FrameInfo, Process, SiteId};
 use finding::complete_finding;
