@@ -44,7 +44,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "server.rs",
+        "server",
         &[
             "model",
             "analysis",
