@@ -5,9 +5,11 @@
 
 use std::path::PathBuf;
 
-const FILES: [&str; 3] = [
+const FILES: [&str; 5] = [
     "oomtrace/__init__.py",
     "oomtrace/_abi.py",
+    "oomtrace/_session.py",
+    "oomtrace/pytest_plugin.py",
     "boot/sitecustomize.py",
 ];
 

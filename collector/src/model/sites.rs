@@ -231,7 +231,7 @@ fn is_stdlib_file(file: &str) -> bool {
 }
 
 /// oomtrace's own Python code, matched by what it is: the package is the modules
-/// `oomtrace/__init__.py` and `oomtrace/_abi.py`, and `run` adds `boot/sitecustomize.py`
+/// `oomtrace/__init__.py`, `_abi.py`, `_session.py` and `pytest_plugin.py`, and `run` adds `boot/sitecustomize.py`
 /// beside it in its cache directory. Never by a path fragment such as `/oomtrace/`: a user's project cloned
 /// into a directory of that name is still the user's code.
 pub fn is_oomtrace_python_file(file: &str) -> bool {
@@ -240,7 +240,7 @@ pub fn is_oomtrace_python_file(file: &str) -> bool {
         return false;
     };
     match (dir, name) {
-        ("oomtrace", "__init__.py" | "_abi.py") => true,
+        ("oomtrace", "__init__.py" | "_abi.py" | "_session.py" | "pytest_plugin.py") => true,
         // <cache>/oomtrace/<version>-python-<hash>/boot/sitecustomize.py
         ("boot", "sitecustomize.py") => parts.next().is_some_and(|d| d.contains("-python-")),
         _ => false,

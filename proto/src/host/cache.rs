@@ -37,6 +37,16 @@ pub const PY_PACKAGE: &[u8] = include_bytes!(concat!(
 /// Its reader of a PyTorch release's allocator headers (for a release oomtrace was not checked
 /// against).
 pub const PY_ABI: &[u8] = include_bytes!(concat!(env!("OOMTRACE_PYTHON_DIR"), "/oomtrace/_abi.py"));
+/// Its Python API (`oomtrace.trace()`, `start()`, `stop()`).
+pub const PY_SESSION: &[u8] = include_bytes!(concat!(
+    env!("OOMTRACE_PYTHON_DIR"),
+    "/oomtrace/_session.py"
+));
+/// Its pytest plugin.
+pub const PY_PYTEST: &[u8] = include_bytes!(concat!(
+    env!("OOMTRACE_PYTHON_DIR"),
+    "/oomtrace/pytest_plugin.py"
+));
 /// The sitecustomize that, when the program imports torch, installs what `OOMTRACE_TORCH` asks
 /// for (the optimizer step hook, the allocator) and then runs the user's own sitecustomize.
 pub const PY_BOOT: &[u8] = include_bytes!(concat!(
@@ -48,10 +58,15 @@ pub const PY_BOOT: &[u8] = include_bytes!(concat!(
 /// same bytes is kept; each is written under a temporary name and renamed, and only that
 /// temporary file is ever removed) and returns the directory.
 pub fn python_files() -> std::io::Result<PathBuf> {
-    let dir = cache_dir("-python", &[PY_PACKAGE, PY_ABI, PY_BOOT]);
+    let dir = cache_dir(
+        "-python",
+        &[PY_PACKAGE, PY_ABI, PY_SESSION, PY_PYTEST, PY_BOOT],
+    );
     for (path, bytes) in [
         (dir.join("oomtrace").join("__init__.py"), PY_PACKAGE),
         (dir.join("oomtrace").join("_abi.py"), PY_ABI),
+        (dir.join("oomtrace").join("_session.py"), PY_SESSION),
+        (dir.join("oomtrace").join("pytest_plugin.py"), PY_PYTEST),
         (dir.join("boot").join("sitecustomize.py"), PY_BOOT),
     ] {
         if std::fs::read(&path).is_ok_and(|b| b == bytes) {
@@ -80,4 +95,35 @@ pub fn python_path(dir: &Path, old: Option<OsString>) -> Result<OsString, String
         paths.extend(std::env::split_paths(&old));
     }
     std::env::join_paths(paths).map_err(|e| format!("cannot build PYTHONPATH: {e}"))
+}
+
+#[cfg(test)]
+mod package_tests {
+    /// `run` writes the package its programs import from these bytes: every module of
+    /// python/oomtrace/ must be among them (a module left out breaks `import oomtrace` under
+    /// `run`, and with it the tracing of every tensor).
+    #[test]
+    fn every_module_of_the_package_is_embedded() {
+        let dir = std::path::Path::new(env!("OOMTRACE_PYTHON_DIR")).join("oomtrace");
+        let embedded = ["__init__.py", "_abi.py", "_session.py", "pytest_plugin.py"];
+        let mut modules: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".py"))
+            .collect();
+        modules.sort();
+        let mut want: Vec<String> = embedded.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        assert_eq!(
+            modules, want,
+            "python/oomtrace/ against what python_files() writes"
+        );
+        let written: Vec<&[u8]> = vec![
+            super::PY_PACKAGE,
+            super::PY_ABI,
+            super::PY_SESSION,
+            super::PY_PYTEST,
+        ];
+        assert!(written.iter().all(|b| !b.is_empty()));
+    }
 }
