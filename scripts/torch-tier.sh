@@ -29,10 +29,12 @@ echo "torch-tier: torch $version from $python" >&2
 if [ $# -eq 0 ]; then
     # Also what issue 34 asks of every release: one bug one finding, backward-pass memory in
     # forward lines (report, diff, exports, view) and what the memory is in the view; and of
-    # issue 35, an OOM under a memory-fraction cap (PyTorch's out-of-memory observer).
+    # issue 35, an OOM under a memory-fraction cap (PyTorch's out-of-memory observer); of
+    # issue 38, snapshots that release wrote read as traces, and the Python API, the pytest
+    # plugin and a notebook on it.
     set -- torch::every_version:: torch::simcuda_runs_real_pytorch torch::one_bug:: \
         torch::torch_backward_allocations_are_named torch::torch_a_backward_pass \
         view::a_pytorch_backward_pass view::a_pytorch_trace_shows_what \
-        torch::memory_cap::
+        torch::memory_cap:: torch::snapshots:: torch::python_api::
 fi
 TORCH_TIER_VERSION=$version exec cargo test -p oomtrace-tests --test it -- "$@"
