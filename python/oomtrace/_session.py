@@ -74,7 +74,20 @@ def _trace_file():
     if _trace_path is not None:
         return _trace_path
     if _own_dir is None:
-        return None
+        # Preloaded (LD_PRELOAD) without a collector to send to: the library's own collector
+        # writes OOMTRACE_OUTPUT (default oomtrace.<pid>.oomt in the working directory it
+        # started in), which this process can read as it goes.
+        if os.environ.get("OOMTRACE_SOCKET"):
+            # Under `oomtrace run`, which says where its trace is.
+            run_trace = os.environ.get("OOMTRACE_TRACE")
+            if run_trace and os.path.isfile(run_trace):
+                _trace_path = run_trace
+            return _trace_path
+        name = os.environ.get("OOMTRACE_OUTPUT") or "oomtrace.%p.oomt"
+        name = os.path.abspath(name.replace("%p", str(os.getpid())))
+        if os.path.isfile(name):
+            _trace_path = name
+        return _trace_path
     names = sorted(n for n in os.listdir(_own_dir) if n.endswith(".oomt"))
     if names:
         _trace_path = os.path.join(_own_dir, names[0])
@@ -231,8 +244,9 @@ class Trace:
         path = _trace_file()
         if path is None:
             raise OomtraceError(
-                "the trace of this process is written by another collector (`oomtrace run`, "
-                "OOMTRACE_SOCKET, OOMTRACE_OUTPUT): its report is that collector's")
+                "the trace of this process is written by a collector that does not say where "
+                "(OOMTRACE_SOCKET without OOMTRACE_TRACE): `oomtrace report TRACE "
+                "--since-mark %s` on it gives this block's report" % self._label)
         self._path = path
         _written(path)
         self._json = json.loads(self._report("--json"))

@@ -506,7 +506,10 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
     let mut cmd = Command::new(program);
     cmd.args(rest)
         .env("LD_PRELOAD", &preload)
-        .env("OOMTRACE_SOCKET", &socket);
+        .env("OOMTRACE_SOCKET", &socket)
+        // Where the run's trace is: the Python API (`oomtrace.trace()`) reads its blocks
+        // from it while the program runs.
+        .env("OOMTRACE_TRACE", &output);
     for (k, v) in &session.env {
         cmd.env(k, v);
     }

@@ -74,6 +74,48 @@ fn a_traced_block_gives_its_own_findings_back_and_leaves_nothing_behind() {
         left.is_empty(),
         "traces written in the working directory: {left:?}"
     );
+
+    // Under `oomtrace run`, the blocks are read from the run's trace (OOMTRACE_TRACE).
+    let run_dir = scratch("torch-python-api-run");
+    let trace = run_dir.join("run.oomt");
+    let stdout = whatif::run_to_end("api_blocks.py under oomtrace run", || {
+        let plain = python_with_package(&run_dir);
+        let mut run = base_command(oomtrace_bin());
+        run.current_dir(&run_dir)
+            .args(["run", "-o"])
+            .arg(&trace)
+            .arg("--")
+            .arg(plain.get_program())
+            .arg(script("api_blocks.py"));
+        for (k, v) in plain.get_envs() {
+            match v {
+                Some(v) => run.env(k, v),
+                None => run.env_remove(k),
+            };
+        }
+        without_aslr(&mut run);
+        run
+    });
+    let v = last_json(&stdout, "api_blocks.py under run");
+    assert_eq!(v["clean"], serde_json::json!([]), "{v:#}");
+    // Its leak at the line (the CUDA calls seen too, the device's growth beside it says the
+    // leak accounts for it, as in a run's report).
+    let leaks: Vec<&Value> = v["leaky"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f[0] == "leak")
+        .collect();
+    assert_eq!(
+        leaks,
+        [&serde_json::json!([
+            "leak",
+            format!("api_blocks.py:{line}")
+        ])],
+        "{v:#}"
+    );
+    assert_eq!(v["trace"].as_str(), Some(trace.to_str().unwrap()), "{v:#}");
+    assert!(trace.is_file(), "the run's trace stays");
 }
 
 #[test]
