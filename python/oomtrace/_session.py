@@ -249,7 +249,11 @@ class Trace:
                 "--since-mark %s` on it gives this block's report" % self._label)
         self._path = path
         _written(path)
-        self._json = json.loads(self._report("--json"))
+        text = self._report("--json")
+        try:
+            self._json = json.loads(text)
+        except ValueError as e:
+            raise OomtraceError("`oomtrace report --json` gave no JSON (%s)" % e)
         return self
 
     def __enter__(self):
