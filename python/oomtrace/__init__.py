@@ -581,5 +581,33 @@ def _on_torch_import(torch, swap=False, steps=True, tracker=False):
     print("oomtrace: " + said, file=sys.stderr)
 
 
-# The Python API: a block of this process traced, its findings as objects (`_session.py`).
-from oomtrace._session import Finding, OomtraceError, Trace, start, stop, trace  # noqa: E402
+# The Python API: a block of this process traced, its findings as objects (`_session.py`),
+# imported when first used: a program traced by `oomtrace run` (whose sitecustomize imports
+# this package) does not pay for its imports (subprocess, tempfile, json) unless it asks.
+def trace(output=None):
+    """A block to trace: `with oomtrace.trace() as t:` (see `oomtrace._session`)."""
+    from oomtrace._session import trace as _trace
+
+    return _trace(output)
+
+
+def start(output=None):
+    """Starts tracing a block; `stop()` ends it and returns its `Trace`."""
+    from oomtrace._session import start as _start
+
+    return _start(output)
+
+
+def stop():
+    """Ends the block `start()` began; returns its `Trace`, with the report."""
+    from oomtrace._session import stop as _stop
+
+    return _stop()
+
+
+def __getattr__(name):
+    if name in ("Trace", "Finding", "OomtraceError"):
+        from oomtrace import _session
+
+        return getattr(_session, name)
+    raise AttributeError("module 'oomtrace' has no attribute %r" % name)
