@@ -87,6 +87,10 @@ pub mod frame_type {
 pub mod hello_flags {
     /// Native stacks are captured.
     pub const NATIVE_STACKS: u32 = 1 << 0;
+    /// The stream never has step markers (a PyTorch snapshot read as a trace): readers take
+    /// the epochs they find for its steps. The shim never sets it (a traced program's first
+    /// marker may come late).
+    pub const NO_STEP_MARKERS: u32 = 1 << 1;
 }
 
 /// Why a process said goodbye.

@@ -469,11 +469,12 @@ impl Anatomy {
             Origin::Backward => Some(Phase::Backward),
             Origin::NoPython if self.python_seen => Some(Phase::Backward),
             Origin::Optimizer => Some(Phase::Optimizer),
-            // Without step markers (a PyTorch snapshot, a program without the Python package)
-            // nothing says a step ended: the program's own code after a backward pass or an
-            // optimizer step is between steps. With markers the marker says it.
+            // Without step markers (a PyTorch snapshot) nothing says a step ended: the
+            // program's own code after a backward pass or an optimizer step is between steps.
+            // With markers the marker says it.
             Origin::Outside
-                if p.markers == 0 && matches!(clock.phase, Phase::Backward | Phase::Optimizer) =>
+                if p.never_marks_steps()
+                    && matches!(clock.phase, Phase::Backward | Phase::Optimizer) =>
             {
                 Some(Phase::Idle)
             }

@@ -459,8 +459,8 @@ impl Observer for Analysis {
             .on_alloc(a.site, a.tid, a.ts_ns, a.device_live_before)
         {
             self.end_epoch(p, a.ts_ns);
-            // Without step markers the epochs found are the anatomy's steps too.
-            if p.markers == 0 {
+            // Without step markers (a snapshot) the epochs found are the anatomy's steps too.
+            if p.never_marks_steps() {
                 self.anatomy.on_step(a.ts_ns);
             }
         }

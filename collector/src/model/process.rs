@@ -68,6 +68,13 @@ pub enum EndState {
 }
 
 impl Process {
+    /// Whether its stream never has step markers (a PyTorch snapshot): its steps are the
+    /// epochs found. A traced program's first marker may come late, so the lack of one so far
+    /// says nothing.
+    pub fn never_marks_steps(&self) -> bool {
+        self.hello.flags & oomtrace_proto::wire::hello_flags::NO_STEP_MARKERS != 0
+    }
+
     pub fn new(conn: u32, hello: Hello) -> Process {
         Process {
             conn,

@@ -455,11 +455,12 @@ impl<'p> Builder<'p> {
                 pid: 0,
                 ppid: 0,
                 start_unix_ns: ns(first_us),
-                flags: if self.native_frames {
-                    hello_flags::NATIVE_STACKS
-                } else {
-                    0
-                },
+                flags: hello_flags::NO_STEP_MARKERS
+                    | if self.native_frames {
+                        hello_flags::NATIVE_STACKS
+                    } else {
+                        0
+                    },
                 shim_version: "snapshot".into(),
                 exe: self.name.clone(),
                 argv: vec![self.name.clone()],

@@ -74,13 +74,15 @@ fn script_env(script: &str) -> Vec<(&'static str, &'static str)> {
     env
 }
 
-/// Runs `cmd` (made afresh by `make` for a second try) to its end with exit code 0, once more
-/// if PyTorch aborts at exit (pytorch#38228); returns its standard output.
+/// Runs `cmd` (made afresh by `make` for another try) to its end with exit code 0, up to twice
+/// more if PyTorch aborts at exit (pytorch#38228: these are untraced runs, PyTorch's own);
+/// returns its standard output.
 pub(super) fn run_to_end(what: &str, mut make: impl FnMut() -> Command) -> String {
-    for attempt in 0..2 {
+    const TRIES: usize = 3;
+    for attempt in 0..TRIES {
         let out = output_within(make(), TORCH_TIMEOUT);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        if attempt == 0 && pytorch_exit_abort(&out.status, &stderr) {
+        if attempt + 1 < TRIES && pytorch_exit_abort(&out.status, &stderr) {
             eprintln!("{what}: PyTorch aborted at exit (pytorch#38228); once more");
             continue;
         }

@@ -11,6 +11,7 @@ its handle) says so and exits 0: the OOM is a result, not a failure.
 """
 import json
 import os
+import time
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -54,3 +55,7 @@ def train(step):
         ),
         flush=True,
     )
+    # PyTorch's autograd thread may drop its last graph task (which needs the GIL) while the
+    # interpreter finalizes, and abort it (pytorch#38228), most often after an out-of-memory
+    # in a backward pass: a moment for it first, as oomtrace's own package gives a traced run.
+    time.sleep(0.05)
