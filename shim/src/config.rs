@@ -202,11 +202,16 @@ mod tests {
         let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
         let configuration = std::fs::read_to_string(root.join("docs/configuration.md")).unwrap();
         // OOMTRACE_LIB is the CLI's own (cli/src/locate.rs); OOMTRACE_TORCH is what `run`
-        // tells its Python sitecustomize (oomtrace_proto::host::torch_hooks).
+        // tells its Python sitecustomize, OOMTRACE_TRACE where its trace is for the Python
+        // API (oomtrace_proto::host::torch_hooks).
         let known: Vec<&str> = VARS
             .iter()
             .map(|v| v.name)
-            .chain(["OOMTRACE_LIB", oomtrace_proto::host::torch_hooks::VAR])
+            .chain([
+                "OOMTRACE_LIB",
+                oomtrace_proto::host::torch_hooks::VAR,
+                oomtrace_proto::host::torch_hooks::TRACE_VAR,
+            ])
             .collect();
         for name in &known {
             assert!(

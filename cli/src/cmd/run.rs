@@ -509,7 +509,7 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
         .env("OOMTRACE_SOCKET", &socket)
         // Where the run's trace is: the Python API (`oomtrace.trace()`) reads its blocks
         // from it while the program runs.
-        .env("OOMTRACE_TRACE", &output);
+        .env(oomtrace_proto::host::torch_hooks::TRACE_VAR, &output);
     for (k, v) in &session.env {
         cmd.env(k, v);
     }

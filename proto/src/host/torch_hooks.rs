@@ -9,6 +9,10 @@
 /// The variable's name.
 pub const VAR: &str = "OOMTRACE_TORCH";
 
+/// The variable `run` gives its program with the absolute path of the run's trace: the Python
+/// package's API (`oomtrace.trace()`) reads a block's report from it while the program runs.
+pub const TRACE_VAR: &str = "OOMTRACE_TRACE";
+
 /// One hook of the sitecustomize's, or the user's opt-out of tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TorchHook {
