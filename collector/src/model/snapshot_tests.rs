@@ -74,7 +74,7 @@ fn entry(action: &'static str, addr: i64, size: i64, time_us: i64) -> P {
         ("size", P::Int(size)),
         ("stream", P::Int(0)),
         ("time_us", P::Int(time_us)),
-        ("frames", frames("/work/train.py", 7)),
+        ("frames", frames("/home/user/project/train.py", 7)),
     ])
 }
 
@@ -100,7 +100,7 @@ fn late_snapshot() -> P {
                             ("address", P::Int(SEG)),
                             ("size", P::Int(2 * MIB)),
                             ("state", P::Str("active_allocated")),
-                            ("frames", frames("/work/train.py", 9)),
+                            ("frames", frames("/home/user/project/train.py", 9)),
                         ]),
                         P::Dict(vec![
                             ("address", P::Int(SEG + 2 * MIB)),
@@ -181,7 +181,7 @@ fn an_out_of_memory_entry_gives_the_device_the_size_pytorch_could_have() {
                     ("size", P::Int(200 * MIB)),
                     ("stream", P::Int(0)),
                     ("time_us", P::Int(3)),
-                    ("frames", frames("/work/train.py", 12)),
+                    ("frames", frames("/home/user/project/train.py", 12)),
                 ]),
             ])]),
         ),
