@@ -82,23 +82,57 @@ pub fn convert(bytes: &[u8], name: &str) -> Result<Converted, String> {
     Ok(Builder::new(&p, name).build(&snapshot))
 }
 
+/// A trace entry's `action`, as PyTorch names it: the one vocabulary of the format for the
+/// reader here and for the CLI's writer of it (`export --format memory-viz`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Action {
+pub enum Action {
     Alloc,
+    FreeRequested,
     FreeCompleted,
     SegmentAlloc,
     SegmentFree,
     SegmentMap,
     SegmentUnmap,
     Oom,
-    /// `free_requested`, `snapshot` and anything newer: nothing changes.
-    Other,
+}
+
+impl Action {
+    const ALL: [Action; 8] = [
+        Action::Alloc,
+        Action::FreeRequested,
+        Action::FreeCompleted,
+        Action::SegmentAlloc,
+        Action::SegmentFree,
+        Action::SegmentMap,
+        Action::SegmentUnmap,
+        Action::Oom,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Oom => "oom",
+        }
+    }
+
+    /// The action named `name`; `None` for one this reader does not know (`snapshot`, and
+    /// anything newer), which changes nothing.
+    pub fn from_name(name: &str) -> Option<Action> {
+        Action::ALL.into_iter().find(|a| a.name() == name)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     device: i16,
-    action: Action,
+    /// None: an action that changes nothing here (`snapshot`, a newer one).
+    action: Option<Action>,
     addr: u64,
     size: u64,
     stream: u64,
@@ -228,14 +262,7 @@ impl Snapshot {
             traced_devices += usize::from(!list.is_empty());
             for &e in list {
                 let action = match p.get(e, "action").and_then(|v| p.str(v)) {
-                    Some("alloc") => Action::Alloc,
-                    Some("free_completed") => Action::FreeCompleted,
-                    Some("segment_alloc") => Action::SegmentAlloc,
-                    Some("segment_free") => Action::SegmentFree,
-                    Some("segment_map") => Action::SegmentMap,
-                    Some("segment_unmap") => Action::SegmentUnmap,
-                    Some("oom") => Action::Oom,
-                    Some(_) => Action::Other,
+                    Some(name) => Action::from_name(name),
                     None => return Err("a trace entry of the snapshot has no action".into()),
                 };
                 entries.push(Entry {
@@ -296,7 +323,10 @@ impl Snapshot {
         }
         for e in self.entries.iter().rev() {
             let key = (e.device, e.addr);
-            match e.action {
+            let Some(action) = e.action else {
+                continue;
+            };
+            match action {
                 Action::Alloc => {
                     blocks.remove(&key);
                 }
@@ -317,7 +347,7 @@ impl Snapshot {
                 Action::SegmentUnmap => {
                     pages.extend(page_range(e.addr, e.size).map(|pg| (e.device, pg)));
                 }
-                Action::Oom | Action::Other => {}
+                Action::FreeRequested | Action::Oom => {}
             }
         }
         Before {
@@ -502,7 +532,10 @@ impl<'p> Builder<'p> {
         let mut ooms = 0;
         for (i, (e, &stack)) in s.entries.iter().zip(&stacks_of).enumerate() {
             let ts = clock(i, e);
-            match e.action {
+            let Some(action) = e.action else {
+                continue;
+            };
+            match action {
                 Action::Alloc => self.tensor(
                     EventKind::Alloc,
                     ts,
@@ -531,7 +564,8 @@ impl<'p> Builder<'p> {
                     ooms += 1;
                     self.oom(ts, e, stack)
                 }
-                Action::Other => {}
+                // Not a free yet: the block is the tensor's until `free_completed`.
+                Action::FreeRequested => {}
             }
         }
         self.flush_events();
@@ -851,8 +885,11 @@ fn capacities(s: &Snapshot, before: &Before) -> BTreeMap<i16, u64> {
     }
     let mut out = BTreeMap::new();
     for e in &s.entries {
+        let Some(action) = e.action else {
+            continue;
+        };
         let r = reserved.entry(e.device).or_default();
-        match e.action {
+        match action {
             Action::SegmentAlloc | Action::SegmentMap => *r = r.saturating_add(e.size),
             Action::SegmentFree | Action::SegmentUnmap => *r = r.saturating_sub(e.size),
             Action::Oom => {

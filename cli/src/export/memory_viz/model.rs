@@ -28,33 +28,8 @@ pub trait Context {
     fn handle(&self, handle: u64) -> Option<(i16, Site)>;
 }
 
-/// A trace entry's `action`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
-    Alloc,
-    FreeRequested,
-    FreeCompleted,
-    SegmentAlloc,
-    SegmentFree,
-    SegmentMap,
-    SegmentUnmap,
-    Oom,
-}
-
-impl Action {
-    pub fn name(self) -> &'static str {
-        match self {
-            Action::Alloc => "alloc",
-            Action::FreeRequested => "free_requested",
-            Action::FreeCompleted => "free_completed",
-            Action::SegmentAlloc => "segment_alloc",
-            Action::SegmentFree => "segment_free",
-            Action::SegmentMap => "segment_map",
-            Action::SegmentUnmap => "segment_unmap",
-            Action::Oom => "oom",
-        }
-    }
-}
+/// A trace entry's `action`: the format's one vocabulary, which its reader has too.
+pub use oomtrace_collector::snapshot::Action;
 
 /// One entry of a device's trace.
 #[derive(Clone, Copy, Debug)]
