@@ -19,6 +19,9 @@ pub type CUmemGenericAllocationHandle = u64;
 pub type cuuint64_t = u64;
 
 pub const CUDA_SUCCESS: c_int = 0;
+/// CUDA_ERROR_OUT_OF_MEMORY (cudaErrorMemoryAllocation has the same value): also what
+/// PyTorch's own out-of-memory is recorded as.
+pub const CUDA_ERROR_OUT_OF_MEMORY: c_int = 2;
 /// CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND and cudaErrorSharedObjectSymbolNotFound share
 /// this value: returned only when the real function cannot be found at all.
 pub const ERROR_SYMBOL_NOT_FOUND: c_int = 302;

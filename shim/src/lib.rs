@@ -29,6 +29,7 @@ pub mod cache_line;
 pub mod clock;
 pub mod config;
 pub mod cuda;
+pub mod device_watch;
 pub mod driver_query;
 pub mod guard;
 pub mod hooks;

@@ -25,9 +25,9 @@ use crate::config::Config;
 use crate::guard::{self, MODE, MODE_FORWARD, MODE_RECORDING, MODE_UNINIT};
 use crate::log;
 use crate::once::OneShot;
-use crate::recording;
 use crate::stack::{Capturer, StackConfig};
 use crate::transport::{self, DrainSetup, Outbox};
+use crate::{device_watch, recording, torch_reserve};
 
 /// What this module keeps of a traced process; one per process image (fork children build
 /// their own). Hooks never see it: they reach the outbox and stack capture it published.
@@ -176,6 +176,10 @@ extern "C" fn atfork_child() {
     MODE.store(MODE_UNINIT, Ordering::Release);
     FINISHED.reset();
     recording::reset_after_fork();
+    // PyTorch's CUDA is unusable in the child, and a thread of the parent may have held the
+    // reserve's lock: the PyTorch way in hears nothing more.
+    device_watch::remove();
+    torch_reserve::deactivate_after_fork();
     let _ = IN_INIT.try_with(|f| f.set(false));
     transport::close_inherited_sink();
 }

@@ -28,8 +28,11 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
+use oomtrace_proto::{Api, EventKind};
+
 use crate::cuda::{
-    CUcontext, CUdevice, CUdeviceptr, CUresult, CUstream, CUDA_SUCCESS, ERROR_SYMBOL_NOT_FOUND,
+    CUcontext, CUdevice, CUdeviceptr, CUresult, CUstream, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
+    ERROR_SYMBOL_NOT_FOUND,
 };
 use crate::driver_query::{current_device, driver_fn};
 use crate::recording;
@@ -50,7 +53,6 @@ type SetCurrentFn = unsafe extern "C" fn(CUcontext) -> CUresult;
 type ErrorNameFn = unsafe extern "C" fn(CUresult, *mut *const c_char) -> CUresult;
 
 const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
-const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 
 static ALLOC_ASYNC: AtomicUsize = AtomicUsize::new(0);
@@ -317,7 +319,17 @@ pub unsafe extern "C" fn oomtrace_malloc(
             Ok(p) => (CUDA_SUCCESS, p),
             Err(f) => (f.code(), 0),
         };
-        guard::catch(|| recording::tensor_alloc(rc, p, size as u64, device as i16, stream as u64));
+        guard::catch(|| {
+            recording::alloc(
+                Api::oomtrace_malloc,
+                device as i16,
+                rc,
+                p,
+                size as u64,
+                stream as u64,
+                0,
+            )
+        });
         guard::leave();
     }
     match allocated {
@@ -349,7 +361,14 @@ pub unsafe extern "C" fn oomtrace_free(
     let recording = guard::enter();
     if recording {
         guard::catch(|| {
-            recording::tensor_free(ptr as u64, size as u64, device as i16, stream as u64)
+            recording::release(
+                Api::oomtrace_free,
+                EventKind::Free,
+                device as i16,
+                ptr as u64,
+                size as u64,
+                stream as u64,
+            )
         });
     }
     let freed = on_device(device, || {
@@ -366,7 +385,7 @@ pub unsafe extern "C" fn oomtrace_free(
     });
     if recording {
         if let Err(f) = freed {
-            guard::catch(|| recording::tensor_free_failed(ptr as u64, f.code()));
+            guard::catch(|| recording::release_failed(Api::oomtrace_free, ptr as u64, f.code()));
         }
         guard::leave();
     }

@@ -3,10 +3,13 @@
 //! calls to turn what it saw into events, and which knows none of them (as heaptrack's
 //! `libheaptrack.h` and memray's `Tracker` are the one interface under their ways in).
 //!
-//! Each call is in oomtrace's own words: an allocation, a release, a segment of PyTorch's
-//! reserve taken or given back, what the device reports, a marker, launcher variables, a
-//! tensor. A way in translates its own vocabulary (a hook's arguments, PyTorch's trace
-//! actions) before it calls here.
+//! Each call is in oomtrace's own words: an allocation or a release through an api on a device
+//! (memray's `trackAllocation(ptr, size, allocator)` shape: a tensor is an allocation through
+//! PyTorch's api), a segment of PyTorch's reserve taken or given back, what the device
+//! reports, a marker, launcher variables. A way in translates its own vocabulary (a hook's
+//! arguments, PyTorch's trace actions) and finds the device before it calls here; this module
+//! decides nothing about what an allocation is (which CUDA allocations are PyTorch's segments
+//! is the PyTorch way in's to say, told by the hooks through `device_watch.rs`).
 //!
 //! Order rule (as heaptrack does for malloc): the caller records anything that gives memory
 //! back *before* the real call, anything that hands memory out *after* it returns. Then when
@@ -18,7 +21,7 @@ use std::ffi::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use oomtrace_proto::wire::TorchMemory;
-use oomtrace_proto::{Api, Event, EventKind, MemoryClass, DEVICE_UNKNOWN};
+use oomtrace_proto::{Api, Event, EventKind};
 
 use crate::driver_query;
 use crate::stack;
@@ -64,7 +67,6 @@ pub fn tid() -> u32 {
 pub fn reset_after_fork() {
     let _ = TID.try_with(|t| t.set(0));
     SEEN_DEVICES.store(0, Ordering::Relaxed);
-    crate::torch_reserve::deactivate_after_fork();
 }
 
 /// True the first time `device` is seen in this process.
@@ -76,18 +78,6 @@ fn first_sight_of_device(device: i16) -> bool {
     // A load first: a read-modify-write on every allocation would own the line each time.
     SEEN_DEVICES.load(Ordering::Relaxed) & bit == 0
         && SEEN_DEVICES.fetch_or(bit, Ordering::Relaxed) & bit == 0
-}
-
-/// The device of an allocation through `api` that returned `rc`: none for pinned host memory;
-/// a failure's is asked (the thread may have no context at all).
-fn device_of(api: Api, rc: c_int) -> i16 {
-    if api.memory_class() == MemoryClass::HostPinned {
-        DEVICE_UNKNOWN
-    } else if rc == 0 {
-        driver_query::device_of_success()
-    } else {
-        driver_query::current_device()
-    }
 }
 
 /// After a device is first seen in this process, and after every failed allocation, record
@@ -117,35 +107,11 @@ fn first_sight(device: i16) {
     }
 }
 
-/// An allocation through `api` returned `rc` (and `ptr` on success), on the current device
-/// (none for pinned host memory). Device memory taken inside a method of PyTorch's allocator
-/// is also a segment of its reserve.
+/// An allocation through `api` on `device` returned `rc` (`ptr` on success), with the
+/// caller's stack. `aux` and `extra` are the api's own words (a stream, flags, what PyTorch
+/// said the allocator was allowed: proto's event table says which).
 #[inline]
-pub fn alloc(api: Api, rc: c_int, ptr: u64, size: u64, aux: u64, extra: u64) {
-    let device = device_of(api, rc);
-    alloc_on(api, rc, ptr, size, aux, extra, device);
-    if api.memory_class() == MemoryClass::Device {
-        segment_taken(rc, ptr, size, device);
-    }
-}
-
-/// Device memory taken (or refused) inside a method of PyTorch's allocator is a segment of its
-/// reserve (torch_reserve.rs): recorded as its trace tracker would have, after the allocation.
-fn segment_taken(rc: c_int, ptr: u64, size: u64, device: i16) {
-    if crate::torch_reserve::device_alloc(rc, ptr, size, device) {
-        torch_segment(device, ptr, size, 0);
-    }
-}
-
-/// A segment of PyTorch's reserve given back (freed or unmapped), before the real call.
-fn segment_given_back(ptr: u64) {
-    if let Some((size, device)) = crate::torch_reserve::device_free(ptr) {
-        torch_segment_free(device, ptr, size, 0);
-    }
-}
-
-/// An allocation (or its failure, `rc` != 0) on a known device, with the caller's stack.
-fn alloc_on(api: Api, rc: c_int, ptr: u64, size: u64, aux: u64, extra: u64, device: i16) {
+pub fn alloc(api: Api, device: i16, rc: c_int, ptr: u64, size: u64, aux: u64, extra: u64) {
     if rc == 0 {
         // cudaMalloc(&p, 0) succeeds with p = NULL: nothing was allocated.
         if ptr == 0 {
@@ -176,22 +142,20 @@ fn alloc_on(api: Api, rc: c_int, ptr: u64, size: u64, aux: u64, extra: u64, devi
     }
 }
 
-/// Memory or address space given back (`kind`: a free, an unmap, a handle released, address
-/// space released), before the real call. A free or unmap of a segment of PyTorch's reserve is
-/// recorded as that segment given back first.
+/// Memory or address space given back through `api` (`kind`: a free, an unmap, a handle
+/// released, address space released) on `device` (unknown for a bare pointer: the collector
+/// has it from the allocation), before the real call.
 #[inline]
-pub fn release(api: Api, kind: EventKind, ptr: u64, size: u64, aux: u64) {
+pub fn release(api: Api, kind: EventKind, device: i16, ptr: u64, size: u64, aux: u64) {
     // cudaFree(NULL) is how programs initialise the runtime; nothing is freed.
     if ptr == 0 {
         return;
-    }
-    if matches!(kind, EventKind::Free | EventKind::Unmap) {
-        segment_given_back(ptr);
     }
     let mut ev = Event::new(kind, api);
     ev.ptr = ptr;
     ev.size = size;
     ev.aux = aux;
+    ev.device = device;
     emit(ev);
 }
 
@@ -208,7 +172,7 @@ pub fn release_failed(api: Api, ptr: u64, rc: c_int) {
 
 /// Physical memory created on `device` (`handle` on success), or refused with `rc`.
 #[inline]
-pub fn phys_create(api: Api, rc: c_int, handle: u64, size: u64, device: i16) {
+pub fn phys_create(api: Api, device: i16, rc: c_int, handle: u64, size: u64) {
     let mut ev = if rc == 0 {
         let mut ev = Event::new(EventKind::PhysCreate, api);
         ev.ptr = handle;
@@ -223,12 +187,10 @@ pub fn phys_create(api: Api, rc: c_int, handle: u64, size: u64, device: i16) {
     ev.stack = stack::capture();
     emit(ev);
     if rc == 0 {
-        // After the event, as for an allocation (`alloc_on`).
+        // After the event, as for an allocation (`alloc`).
         first_sight(device);
     } else {
         device_memory_info(device);
-        // Expandable segments: the physical memory PyTorch's allocator could not get.
-        crate::torch_reserve::device_alloc(rc, 0, size, device);
     }
 }
 
@@ -250,31 +212,27 @@ pub fn mapped(api: Api, va: u64, size: u64, handle: u64, offset: u64) {
     ev.aux = handle;
     ev.extra = offset;
     emit(ev);
-    // Expandable segments grow by mapping: each mapping is reserve, as a segment.
-    if crate::torch_reserve::inside_method() {
-        segment_taken(0, va, size, driver_query::current_device());
-    }
 }
 
-/// Address space reserved at `va` on the current device: not memory, kept so that mappings
-/// can be explained.
+/// Address space reserved at `va` on `device`: not memory, kept so that mappings can be
+/// explained.
 #[inline]
-pub fn va_reserved(api: Api, va: u64, size: u64, alignment: u64) {
+pub fn va_reserved(api: Api, device: i16, va: u64, size: u64, alignment: u64) {
     let mut ev = Event::new(EventKind::VaReserve, api);
     ev.ptr = va;
     ev.size = size;
     ev.extra = alignment;
-    ev.device = driver_query::current_device();
+    ev.device = device;
     emit(ev);
 }
 
-/// Free and total memory of the current device, as the program itself asked and saw them.
+/// Free and total memory of `device`, as the program itself asked and saw them.
 #[inline]
-pub fn memory_info(api: Api, free: u64, total: u64) {
+pub fn memory_info(api: Api, device: i16, free: u64, total: u64) {
     let mut ev = Event::new(EventKind::MemInfo, api);
     ev.ptr = free;
     ev.size = total;
-    ev.device = driver_query::current_device();
+    ev.device = device;
     emit(ev);
 }
 
@@ -321,61 +279,22 @@ pub fn torch_memory(device: i16, allocated: u64, max_allocated: u64, reserved: u
     }))
 }
 
-/// A tensor-level allocation through `oomtrace_malloc` (or its failure, `rc` != 0), on the
-/// device PyTorch named.
-pub fn tensor_alloc(rc: c_int, ptr: u64, size: u64, device: i16, stream: u64) {
-    alloc_on(Api::oomtrace_malloc, rc, ptr, size, stream, 0, device);
+/// A segment of PyTorch's caching allocator: its reserve grew (taken from CUDA: allocated or
+/// mapped) or shrank (given back: freed or unmapped), as its trace tracker said or as the
+/// PyTorch way in inferred from the CUDA calls made inside the allocator's methods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SegmentChange {
+    Taken,
+    GivenBack,
 }
 
-/// A tensor-level free through `oomtrace_free`, before the real free.
-pub fn tensor_free(ptr: u64, size: u64, device: i16, stream: u64) {
-    let mut ev = Event::new(EventKind::Free, Api::oomtrace_free);
-    ev.ptr = ptr;
-    ev.size = size;
-    ev.aux = stream;
-    ev.device = device;
-    emit(ev);
-}
-
-/// A tensor-level free whose real call failed.
-pub fn tensor_free_failed(ptr: u64, rc: c_int) {
-    let mut ev = Event::new(EventKind::FreeFailed, Api::oomtrace_free);
-    ev.ptr = ptr;
-    ev.result = rc;
-    emit(ev);
-}
-
-// PyTorch's caching allocator, seen through its methods (`torch_allocator.rs`) or from
-// oomtrace's trace tracker (`torch_tracker.rs`, which decodes its trace actions into these):
-// tensors (with their stacks), segments (the allocator's reserve), and the allocator's own OOM.
-
-/// A tensor PyTorch's allocator handed out.
-pub fn torch_alloc(device: i16, addr: u64, size: u64, stream: u64) {
-    alloc_on(Api::oomtrace_torch_alloc, 0, addr, size, stream, 0, device);
-}
-
-/// A tensor's block given back to PyTorch's allocator (the free completed, after the streams
-/// that used it are done).
-pub fn torch_free(device: i16, addr: u64, size: u64, stream: u64) {
-    let mut ev = Event::new(EventKind::Free, Api::oomtrace_torch_free);
-    ev.ptr = addr;
-    ev.size = size;
-    ev.aux = stream;
-    ev.device = device;
-    emit(ev);
-}
-
-/// A segment PyTorch's allocator took from CUDA (allocated or mapped): its reserve grew.
-pub fn torch_segment(device: i16, addr: u64, size: u64, stream: u64) {
-    torch_segment_event(EventKind::Segment, device, addr, size, stream);
-}
-
-/// A segment PyTorch's allocator gave back to CUDA (freed or unmapped).
-pub fn torch_segment_free(device: i16, addr: u64, size: u64, stream: u64) {
-    torch_segment_event(EventKind::SegmentFree, device, addr, size, stream);
-}
-
-fn torch_segment_event(kind: EventKind, device: i16, addr: u64, size: u64, stream: u64) {
+/// A segment of PyTorch's reserve taken or given back, `size` bytes at `addr` on `device`
+/// (`stream`: the pool's, 0 when not known).
+pub fn segment(change: SegmentChange, device: i16, addr: u64, size: u64, stream: u64) {
+    let kind = match change {
+        SegmentChange::Taken => EventKind::Segment,
+        SegmentChange::GivenBack => EventKind::SegmentFree,
+    };
     let mut ev = Event::new(kind, Api::oomtrace_torch_segment);
     ev.ptr = addr;
     ev.size = size;
@@ -383,21 +302,3 @@ fn torch_segment_event(kind: EventKind, device: i16, addr: u64, size: u64, strea
     ev.device = device;
     emit(ev);
 }
-
-/// PyTorch's allocator could not give a tensor of `size` bytes (what was asked).
-/// `allowed`: what the allocator may reserve on the device as PyTorch's out-of-memory observer
-/// said (its memory-fraction cap, or the device's total), 0 when not said.
-pub fn torch_oom(device: i16, size: u64, stream: u64, allowed: u64) {
-    alloc_on(
-        Api::oomtrace_torch_alloc,
-        OUT_OF_MEMORY,
-        0,
-        size,
-        stream,
-        allowed,
-        device,
-    );
-}
-
-/// CUDA_ERROR_OUT_OF_MEMORY (and cudaErrorMemoryAllocation).
-const OUT_OF_MEMORY: c_int = 2;

@@ -25,8 +25,10 @@
 //!   pools) hold for every tensor as before.
 //! - `raw_alloc`, `raw_alloc_with_stream`, `raw_delete` (cuDNN and Thrust workspaces,
 //!   `caching_allocator_alloc`) are recorded as tensors are.
-//! - While a method runs, the device memory the driver hands out is the allocator's reserve
-//!   (`torch_reserve.rs`; the hooks record the segments). A method that unwinds (PyTorch
+//! - While a method runs, the device memory the driver hands out is the allocator's reserve:
+//!   the hooks tell this way in of every device allocation, mapping and release through its
+//!   watcher (`device_watch.rs`, installed with the wrappers), and the watcher records the
+//!   segments (`torch_reserve.rs` keeps the state). A method that unwinds (PyTorch
 //!   raised) after the driver refused memory inside it, or after PyTorch's out-of-memory
 //!   observer spoke inside it (`oomtrace_torch_out_of_memory`, which the Python package
 //!   registers: the only word of an OOM under `set_per_process_memory_fraction`, where the
@@ -44,6 +46,11 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
+use oomtrace_proto::{Api, EventKind};
+
+use crate::cuda::CUDA_ERROR_OUT_OF_MEMORY;
+use crate::device_watch::{self, Watcher};
+use crate::recording::SegmentChange;
 use crate::torch_abi::{current_allocator, loaded, Pluggable, C10_CUDA};
 use crate::transport::fd_guard;
 use crate::{config, driver_query, guard, log, recording, symbols, torch_reserve, torch_tracker};
@@ -65,8 +72,6 @@ const CURRENT_STREAM: &CStr = c"_ZN3c104cuda20getCurrentCUDAStreamEa";
 const NATIVE_CLASS: &[u8] = b"N3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocatorE";
 /// `c10::DeviceType::CUDA`.
 const DEVICE_TYPE_CUDA: u8 = 1;
-/// CUDA_ERROR_OUT_OF_MEMORY (and cudaErrorMemoryAllocation).
-const OUT_OF_MEMORY: i32 = 2;
 
 /// `c10::DataPtr` (32 bytes): the data pointer; the context's `std::unique_ptr<void,
 /// DeleterFnPtr>` (libstdc++ keeps the deleter first, the pointer second: both orders are
@@ -136,7 +141,7 @@ impl Drop for Inside {
             return;
         }
         let refused = torch_reserve::leave();
-        if let Some(f) = refused.filter(|f| f.rc == OUT_OF_MEMORY) {
+        if let Some(f) = refused.filter(|f| f.rc == CUDA_ERROR_OUT_OF_MEMORY) {
             // What PyTorch's OOM entry says: the request rounded as its allocator rounds
             // (whole 512-byte blocks; a `roundup_power2_divisions` setting rounds further,
             // which `oomtrace whatif` applies itself).
@@ -161,7 +166,17 @@ fn record_oom(device: i16, size: u64, allowed: u64) {
     if !guard::enter() {
         return;
     }
-    guard::catch(|| recording::torch_oom(device, size, 0, allowed));
+    guard::catch(|| {
+        recording::alloc(
+            Api::oomtrace_torch_alloc,
+            device,
+            CUDA_ERROR_OUT_OF_MEMORY,
+            0,
+            size,
+            0,
+            allowed,
+        )
+    });
     guard::leave();
 }
 
@@ -220,7 +235,7 @@ fn allocated(p: &mut DataPtr, n: usize) {
     p.0[word] = delete as Deleter as usize;
     torch_reserve::tensor_device(device as i16);
     let stream = current_stream(device);
-    guard::catch(|| recording::torch_alloc(device as i16, data as u64, n as u64, stream));
+    guard::catch(|| tensor(device as i16, data as u64, n as u64, stream));
     guard::leave();
 }
 
@@ -239,9 +254,44 @@ fn freed(ptr: u64) {
     }
     guard::catch(|| {
         let device = torch_reserve::device_of(ptr);
-        recording::torch_free(device, ptr, 0, 0)
+        recording::release(Api::oomtrace_torch_free, EventKind::Free, device, ptr, 0, 0)
     });
     guard::leave();
+}
+
+/// A tensor PyTorch's allocator handed out.
+fn tensor(device: i16, addr: u64, size: u64, stream: u64) {
+    recording::alloc(Api::oomtrace_torch_alloc, device, 0, addr, size, stream, 0);
+}
+
+/// The hooks' word on device memory: what is taken inside one of the allocator's methods on
+/// this thread is a segment of PyTorch's reserve (as its trace tracker would have said it,
+/// after the allocation); a free or unmap of a segment's base address, from any thread
+/// (`empty_cache()` is not wrapped), gives it back, before the real call.
+static SEGMENTS: Watcher = Watcher {
+    taken: segment_taken,
+    mapped: segment_mapped,
+    giving_back: segment_given_back,
+};
+
+fn segment_taken(rc: i32, ptr: u64, size: u64, device: i16) {
+    if torch_reserve::device_alloc(rc, ptr, size, device) {
+        recording::segment(SegmentChange::Taken, device, ptr, size, 0);
+    }
+}
+
+/// Expandable segments grow by mapping: each mapping made inside a method is reserve, as a
+/// segment, on the current device.
+fn segment_mapped(va: u64, size: u64) {
+    if torch_reserve::inside_method() {
+        segment_taken(0, va, size, driver_query::current_device());
+    }
+}
+
+fn segment_given_back(ptr: u64) {
+    if let Some((size, device)) = torch_reserve::device_free(ptr) {
+        recording::segment(SegmentChange::GivenBack, device, ptr, size, 0);
+    }
 }
 
 /// A raw allocation (no tensor), recorded as one, on the current device.
@@ -253,7 +303,7 @@ fn raw_allocated(ptr: *mut c_void, n: usize, stream: Option<u64>) {
         let device = driver_query::current_device();
         torch_reserve::tensor_device(device);
         let stream = stream.unwrap_or_else(|| current_stream(device as i8));
-        recording::torch_alloc(device, ptr as u64, n as u64, stream)
+        tensor(device, ptr as u64, n as u64, stream)
     });
     guard::leave();
 }
@@ -448,6 +498,7 @@ fn install_now() -> Result<Vec<usize>, &'static CStr> {
     REAL_DELETER.store(deleter as usize, Ordering::Relaxed);
     CURRENT_STREAM_FN.store(get_stream, Ordering::Relaxed);
     torch_reserve::activate();
+    device_watch::install(&SEGMENTS);
     for (i, (_, _, wrapper)) in wrappers.iter().enumerate() {
         // SAFETY: the slot of the method the wrapper has the signature of.
         if let Err(why) = unsafe { patch(vptr.add(slots[i]) as *mut usize, *wrapper) } {

@@ -5,7 +5,8 @@
 //! A device allocation (`cuMemAlloc`, or a `cuMemMap` of expandable segments) made while this
 //! thread is inside one of the allocator's methods is a segment of its reserve; a free or
 //! unmap of a segment's base address, from any thread (`empty_cache()`, the retry before an
-//! OOM), gives it back. The hooks ask here and record the segment events themselves: this
+//! OOM), gives it back. The hooks tell the PyTorch way in of each such call through its
+//! watcher (`device_watch.rs`); the watcher asks here and records the segment events: this
 //! module keeps state only and records nothing.
 //!
 //! Also kept: the last device allocation that failed inside the method (what PyTorch's OOM
@@ -20,6 +21,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use oomtrace_proto::DEVICE_UNKNOWN;
+
+use crate::cuda::CUDA_ERROR_OUT_OF_MEMORY;
 
 /// Set once the allocator's methods are hooked: until then (and in programs without PyTorch)
 /// the hooks skip all of this with one load.
@@ -40,9 +43,6 @@ pub struct Failed {
     pub size: u64,
     pub device: i16,
 }
-
-/// CUDA_ERROR_OUT_OF_MEMORY: what an out-of-memory the observer said is recorded as.
-const OUT_OF_MEMORY: i32 = 2;
 
 /// This thread's place in the allocator's methods: one thread-local for both words, since
 /// every method enters and leaves it (a thread-local costs a call in a shared object).
@@ -155,7 +155,7 @@ pub fn allocator_out_of_memory(device: i16, allowed: u64) -> bool {
             let size = now.failed.map_or(0, |f| f.size);
             m.set(Method {
                 failed: Some(Failed {
-                    rc: OUT_OF_MEMORY,
+                    rc: CUDA_ERROR_OUT_OF_MEMORY,
                     size,
                     device,
                 }),

@@ -28,6 +28,10 @@
 use std::ffi::{c_int, CStr};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
+use oomtrace_proto::{Api, EventKind};
+
+use crate::cuda::CUDA_ERROR_OUT_OF_MEMORY;
+use crate::recording::SegmentChange;
 use crate::torch_abi::{action, current_allocator, Pluggable};
 use crate::{guard, log, recording, symbols};
 
@@ -138,16 +142,40 @@ fn on_entry(e: Entry) {
 fn record(e: Entry) {
     let device = e.device as i16;
     match e.action {
-        action::ALLOC => recording::torch_alloc(device, e.addr, e.size, e.stream),
-        action::FREE_COMPLETED => recording::torch_free(device, e.addr, e.size, e.stream),
+        action::ALLOC => recording::alloc(
+            Api::oomtrace_torch_alloc,
+            device,
+            0,
+            e.addr,
+            e.size,
+            e.stream,
+            0,
+        ),
+        action::FREE_COMPLETED => recording::release(
+            Api::oomtrace_torch_free,
+            EventKind::Free,
+            device,
+            e.addr,
+            e.size,
+            e.stream,
+        ),
         action::SEGMENT_ALLOC | action::SEGMENT_MAP => {
-            recording::torch_segment(device, e.addr, e.size, e.stream)
+            recording::segment(SegmentChange::Taken, device, e.addr, e.size, e.stream)
         }
         action::SEGMENT_FREE | action::SEGMENT_UNMAP => {
-            recording::torch_segment_free(device, e.addr, e.size, e.stream)
+            recording::segment(SegmentChange::GivenBack, device, e.addr, e.size, e.stream)
         }
         // `addr` is the free bytes the driver reported; the tensor's size is what was asked.
-        action::OOM => recording::torch_oom(device, e.size, e.stream, 0),
+        // What the allocator was allowed: not said (0).
+        action::OOM => recording::alloc(
+            Api::oomtrace_torch_alloc,
+            device,
+            CUDA_ERROR_OUT_OF_MEMORY,
+            0,
+            e.size,
+            e.stream,
+            0,
+        ),
         _ => {}
     }
 }

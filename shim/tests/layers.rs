@@ -19,6 +19,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "clock",
             "config",
+            "device_watch",
             "guard",
             "log",
             "once",
@@ -26,6 +27,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "secure",
             "stack",
             "symbols",
+            "torch_reserve",
             "transport",
         ],
     ),
@@ -47,9 +49,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "torch_abi",
             "torch_reserve",
             "recording",
+            "device_watch",
             "transport",
             "driver_query",
             "config",
+            "cuda",
             "symbols",
             "guard",
             "log",
@@ -57,13 +61,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "torch_tracker.rs",
-        &["torch_abi", "recording", "symbols", "guard", "log"],
+        &["torch_abi", "recording", "cuda", "symbols", "guard", "log"],
     ),
     (
         "hooks",
         &[
             "hooks",
             "recording",
+            "device_watch",
             "driver_query",
             "symbols",
             "modules",
@@ -77,13 +82,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // Below every way in, knowing none of them.
     (
         "recording.rs",
-        &[
-            "stack",
-            "transport",
-            "driver_query",
-            "torch_reserve",
-            "clock",
-        ],
+        &["stack", "transport", "driver_query", "clock"],
     ),
     // Capture.
     (
@@ -116,7 +115,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // process's first hook: the one sanctioned upward call.
     ("guard.rs", &["cache_line", "log", "once", "start_tracing"]),
     ("torch_abi.rs", &["symbols"]),
-    ("torch_reserve.rs", &[]),
+    ("torch_reserve.rs", &["cuda"]),
+    ("device_watch.rs", &[]),
     ("driver_query.rs", &["symbols", "cuda"]),
     ("symbols.rs", &["modules", "once", "log"]),
     // The bottom: `log` writes through `once`; `modules`, `once` and the rest of the leaves

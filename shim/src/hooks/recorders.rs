@@ -8,11 +8,35 @@
 
 use std::ffi::{c_int, c_void};
 
-use oomtrace_proto::{Api, EventKind, DEVICE_UNKNOWN};
+use oomtrace_proto::{Api, EventKind, MemoryClass, DEVICE_UNKNOWN};
 
 use crate::cuda::{CUmemAllocationProp, CU_MEM_LOCATION_TYPE_DEVICE};
 use crate::guard::Recorder;
-use crate::recording;
+use crate::{device_watch, driver_query, recording};
+
+/// The device of an allocation through `api` that returned `rc`: none for pinned host memory;
+/// a failure's is asked (the thread may have no context at all).
+#[inline]
+fn device_of(api: Api, rc: c_int) -> i16 {
+    if api.memory_class() == MemoryClass::HostPinned {
+        DEVICE_UNKNOWN
+    } else if rc == 0 {
+        driver_query::device_of_success()
+    } else {
+        driver_query::current_device()
+    }
+}
+
+/// An allocation through `api` recorded; device memory is also told to the watcher (the
+/// PyTorch way in: taken inside its allocator's methods, it is a segment of its reserve).
+#[inline]
+fn allocated(api: Api, rc: c_int, ptr: u64, size: u64, aux: u64, extra: u64) {
+    let device = device_of(api, rc);
+    recording::alloc(api, device, rc, ptr, size, aux, extra);
+    if api.memory_class() == MemoryClass::Device {
+        device_watch::taken(rc, ptr, size, device);
+    }
+}
 
 /// An out-parameter holding a pointer-sized value (CUdeviceptr or void*).
 pub trait OutPtr: Copy {
@@ -72,7 +96,7 @@ impl<P: OutPtr> Recorder for AllocOut<P> {
         } else {
             0
         };
-        recording::alloc(self.api, rc, ptr, self.size, self.aux, self.extra);
+        allocated(self.api, rc, ptr, self.size, self.aux, self.extra);
     }
 }
 
@@ -110,7 +134,7 @@ impl<P: OutPtr> Recorder for AllocPitch<P> {
             0
         };
         let size = (pitch as u64).saturating_mul(self.height as u64);
-        recording::alloc(self.api, rc, ptr, size, 0, 0);
+        allocated(self.api, rc, ptr, size, 0, 0);
     }
 }
 
@@ -137,7 +161,19 @@ impl Release {
 
 impl Recorder for Release {
     fn before(&mut self) {
-        recording::release(self.api, self.kind, self.ptr, self.size, self.aux);
+        // A free or unmap of a segment of PyTorch's reserve: the watcher records the segment
+        // given back first. cudaFree(NULL) gives nothing back.
+        if matches!(self.kind, EventKind::Free | EventKind::Unmap) && self.ptr != 0 {
+            device_watch::giving_back(self.ptr);
+        }
+        recording::release(
+            self.api,
+            self.kind,
+            DEVICE_UNKNOWN,
+            self.ptr,
+            self.size,
+            self.aux,
+        );
     }
 
     fn after(&mut self, rc: c_int) {
@@ -183,7 +219,11 @@ impl Recorder for PhysCreate {
         } else {
             0
         };
-        recording::phys_create(self.api, rc, handle, self.size, device);
+        recording::phys_create(self.api, device, rc, handle, self.size);
+        if rc != 0 {
+            // Expandable segments: the physical memory PyTorch's allocator could not get.
+            device_watch::taken(rc, 0, self.size, device);
+        }
     }
 }
 
@@ -235,6 +275,8 @@ impl Recorder for Mapped {
     fn after(&mut self, rc: c_int) {
         if rc == 0 {
             recording::mapped(self.api, self.va, self.size, self.handle, self.offset);
+            // Expandable segments grow by mapping.
+            device_watch::mapped(self.va, self.size);
         }
     }
 }
@@ -263,7 +305,8 @@ impl Recorder for Reserve {
         if rc == 0 {
             // SAFETY: the call succeeded.
             let va = unsafe { self.out.get() };
-            recording::va_reserved(self.api, va, self.size, self.alignment);
+            let device = driver_query::current_device();
+            recording::va_reserved(self.api, device, va, self.size, self.alignment);
         }
     }
 }
@@ -290,7 +333,7 @@ impl Recorder for MemInfo {
         let free = unsafe { self.free.read() } as u64;
         // SAFETY: as above.
         let total = unsafe { self.total.read() } as u64;
-        recording::memory_info(self.api, free, total);
+        recording::memory_info(self.api, driver_query::current_device(), free, total);
     }
 }
 
