@@ -149,6 +149,9 @@ fn instances(d: &DeviceTimeline, calls: &Calls, key: CallKey) -> Vec<Instance> {
 
 /// One run of requests under a call, ending before op `end`, as instances: split where its
 /// call sites repeat (`a b c a b c a`: a call made in a loop, or a module list's blocks).
+/// A first call that made a request of its own (a buffer made once, on the first call: `a b x
+/// c a b c a b c`) starts the repetition late: then the run is split where its first request
+/// comes again, when every later piece repeats the second (the last may be cut short).
 fn split_run(d: &DeviceTimeline, run: &[(usize, u32)], end: usize, out: &mut Vec<Instance>) {
     let sites: Vec<crate::model::SiteId> = run
         .iter()
@@ -157,17 +160,38 @@ fn split_run(d: &DeviceTimeline, run: &[(usize, u32)], end: usize, out: &mut Vec
     let n = sites.len();
     // At least two whole repetitions; the last may be cut short (a forward pass that ran out
     // of memory inside a block).
-    let period = (1..=n / 2)
-        .find(|&p| (p..n).all(|i| sites[i] == sites[i - p]))
-        .unwrap_or(n);
-    for (c, chunk) in run.chunks(period).enumerate() {
-        let chunk_end = run.get((c + 1) * period).map_or(end, |&(i, _)| i);
+    let period = (1..=n / 2).find(|&p| (p..n).all(|i| sites[i] == sites[i - p]));
+    let starts: Vec<usize> = match period {
+        Some(p) => (0..n).step_by(p).collect(),
+        None => first_request_again(&sites).unwrap_or_else(|| vec![0]),
+    };
+    for (c, &start) in starts.iter().enumerate() {
+        let upto = starts.get(c + 1).copied().unwrap_or(n);
+        let chunk = &run[start..upto];
         out.push(Instance {
             start: chunk[0].0,
-            end: chunk_end,
+            end: run.get(upto).map_or(end, |&(i, _)| i),
             tensors: chunk.iter().map(|&(_, t)| t).collect(),
         });
     }
+}
+
+/// Where each piece of `sites` starts, split where its first site comes again, when the
+/// first piece is at least as long as the second and every later piece repeats the second
+/// (the last may be cut short); None otherwise.
+fn first_request_again(sites: &[crate::model::SiteId]) -> Option<Vec<usize>> {
+    let starts: Vec<usize> = (0..sites.len()).filter(|&i| sites[i] == sites[0]).collect();
+    if starts.len() < 3 {
+        return None;
+    }
+    let piece = |k: usize| &sites[starts[k]..starts.get(k + 1).copied().unwrap_or(sites.len())];
+    let second = piece(1);
+    let last = starts.len() - 1;
+    let repeats = (2..starts.len()).all(|k| {
+        let p = piece(k);
+        p == second || (k == last && second.starts_with(p))
+    });
+    (repeats && piece(0).len() >= second.len()).then_some(starts)
 }
 
 /// Where the backward node that frees op `free`'s tensor began: back over the backward
@@ -626,6 +650,36 @@ mod tests {
             first_copy < first_gradient,
             "recomputed at op {first_copy}, the node's gradient at op {first_gradient}"
         );
+    }
+
+    #[test]
+    fn a_first_call_with_a_request_of_its_own_still_splits_call_by_call() {
+        let sites = |v: &[u32]| v.iter().map(|&s| SiteId(s)).collect::<Vec<_>>();
+        // PyTorch 2.4 makes a buffer on a transformer block's first call only.
+        assert_eq!(
+            first_request_again(&sites(&[1, 2, 9, 3, 1, 2, 3, 1, 2, 3, 1, 2])),
+            Some(vec![0, 4, 7, 10])
+        );
+        // Not a repetition: a later call differs, or the first call is shorter.
+        assert_eq!(
+            first_request_again(&sites(&[1, 2, 3, 1, 2, 3, 1, 4, 3])),
+            None
+        );
+        assert_eq!(first_request_again(&sites(&[1, 2, 1, 2, 3, 1, 2, 3])), None);
+        assert_eq!(first_request_again(&sites(&[1, 2, 3, 1, 2, 3])), None);
+        // Through split_run: four instances, the first with its own request.
+        let mut b = Build::default();
+        let mut run = Vec::new();
+        for site in [1, 2, 9, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3] {
+            let t = b.alloc(MIB, site, Made::Forward, Role::Activation);
+            run.push((b.d.ops.len() - 1, t));
+        }
+        let mut out = Vec::new();
+        split_run(&b.d, &run, b.d.ops.len(), &mut out);
+        let lens: Vec<usize> = out.iter().map(|i| i.tensors.len()).collect();
+        assert_eq!(lens, vec![4, 3, 3, 3]);
+        assert_eq!(out[1].start, 4);
+        assert_eq!(out[0].end, 4);
     }
 
     #[test]
