@@ -194,3 +194,71 @@ fn an_out_of_memory_entry_gives_the_device_the_size_pytorch_could_have() {
     assert_eq!(d.capacity, Some(120 << 20));
     assert_eq!(d.last_free, Some(100 << 20));
 }
+
+/// Sizes a hostile snapshot gives its blocks (a negative size reads as a huge one): their sum
+/// in the limits line is saturated, never an overflow (found by the snapshot_reader fuzz
+/// target).
+#[test]
+fn blocks_live_before_the_history_whose_sizes_overflow_are_one_line() {
+    let block = |address: i64| {
+        P::Dict(vec![
+            ("address", P::Int(address)),
+            ("size", P::Int(-262_139)),
+            ("state", P::Str("active_allocated")),
+            ("frames", frames("/home/user/project/train.py", 9)),
+        ])
+    };
+    let snapshot = P::Dict(vec![
+        (
+            "segments",
+            P::List(vec![P::Dict(vec![
+                ("device", P::Int(0)),
+                ("address", P::Int(SEG)),
+                ("total_size", P::Int(20 * MIB)),
+                ("stream", P::Int(0)),
+                ("segment_type", P::Str("large")),
+                ("blocks", P::List(vec![block(SEG), block(SEG + MIB)])),
+            ])]),
+        ),
+        (
+            "device_traces",
+            P::List(vec![P::List(vec![entry("alloc", SEG + 4 * MIB, MIB, 12)])]),
+        ),
+    ]);
+    // Whatever it makes of such a file, it says so without panicking.
+    match convert(&pickle_of(&snapshot), "hostile.pickle") {
+        Ok(c) => assert!(c.limits.contains("live before it"), "{}", c.limits),
+        Err(e) => assert!(!e.is_empty()),
+    }
+}
+
+/// Segments whose sizes add up past 64 bits, in the history and before it: each device's
+/// reserve saturates (found by the snapshot_reader fuzz target).
+#[test]
+fn segments_whose_sizes_overflow_saturate_the_reserve() {
+    let segment = |address: i64| {
+        P::Dict(vec![
+            ("device", P::Int(0)),
+            ("address", P::Int(address)),
+            ("total_size", P::Int(-MIB)),
+            ("stream", P::Int(0)),
+            ("segment_type", P::Str("large")),
+            ("blocks", P::List(vec![])),
+        ])
+    };
+    let snapshot = P::Dict(vec![
+        ("segments", P::List(vec![segment(SEG), segment(SEG + MIB)])),
+        (
+            "device_traces",
+            P::List(vec![P::List(vec![
+                entry("segment_alloc", SEG + 4 * MIB, -MIB, 10),
+                entry("segment_alloc", SEG + 8 * MIB, -MIB, 11),
+                entry("oom", 0, MIB, 12),
+            ])]),
+        ),
+    ]);
+    match convert(&pickle_of(&snapshot), "hostile.pickle") {
+        Ok(c) => assert!(!c.limits.is_empty()),
+        Err(e) => assert!(!e.is_empty()),
+    }
+}

@@ -672,7 +672,8 @@ impl<'p> Builder<'p> {
             (addr, size, stream),
             stack,
         );
-        *self.reserved.entry(device).or_default() += size;
+        let r = self.reserved.entry(device).or_default();
+        *r = r.saturating_add(size);
     }
 
     fn segment_free(&mut self, ts: u64, device: i16, addr: u64, size: u64, stack: StackId) {
@@ -721,7 +722,8 @@ impl<'p> Builder<'p> {
             (addr, size, stream),
             StackId::NONE,
         );
-        *self.reserved.entry(device).or_default() += size;
+        let r = self.reserved.entry(device).or_default();
+        *r = r.saturating_add(size);
     }
 
     fn unmap(&mut self, ts: u64, device: i16, addr: u64, size: u64) {
@@ -878,10 +880,12 @@ impl<'p> Builder<'p> {
 fn capacities(s: &Snapshot, before: &Before) -> BTreeMap<i16, u64> {
     let mut reserved: HashMap<i16, u64> = HashMap::new();
     for (&(device, _), &(size, ..)) in &before.segments {
-        *reserved.entry(device).or_default() += size;
+        let r = reserved.entry(device).or_default();
+        *r = r.saturating_add(size);
     }
     for &(device, _) in &before.pages {
-        *reserved.entry(device).or_default() += PAGE;
+        let r = reserved.entry(device).or_default();
+        *r = r.saturating_add(PAGE);
     }
     let mut out = BTreeMap::new();
     for e in &s.entries {
@@ -946,7 +950,11 @@ fn limits(s: &Snapshot, before: &Before, ooms: usize) -> String {
                 .into(),
         );
     }
-    let live_bytes: u64 = before.blocks.values().map(|b| b.0).sum();
+    // Saturated: a hostile snapshot's sizes may add up past 64 bits.
+    let live_bytes = before
+        .blocks
+        .values()
+        .fold(0u64, |sum, b| sum.saturating_add(b.0));
     if !s.entries.is_empty() && (!before.blocks.is_empty() || !before.segments.is_empty()) {
         parts.push(format!(
             "its history begins after the program had allocated (recording began late, or its \
