@@ -81,36 +81,42 @@ fn entry(action: &'static str, addr: i64, size: i64, time_us: i64) -> P {
 const SEG: i64 = 0x7f00_0000_0000;
 const MIB: i64 = 1 << 20;
 
+/// A large segment of device 0 at `address`, `total_size` bytes, holding `blocks`.
+fn segment(address: i64, total_size: i64, blocks: Vec<P>) -> P {
+    P::Dict(vec![
+        ("device", P::Int(0)),
+        ("address", P::Int(address)),
+        ("total_size", P::Int(total_size)),
+        ("stream", P::Int(0)),
+        ("segment_type", P::Str("large")),
+        ("blocks", P::List(blocks)),
+    ])
+}
+
 /// A snapshot whose history begins late: the segment and a 1 MiB block were live before its
 /// first entry (the block is freed in it), then a 2 MiB block is made and stays.
 fn late_snapshot() -> P {
     P::Dict(vec![
         (
             "segments",
-            P::List(vec![P::Dict(vec![
-                ("device", P::Int(0)),
-                ("address", P::Int(SEG)),
-                ("total_size", P::Int(20 * MIB)),
-                ("stream", P::Int(0)),
-                ("segment_type", P::Str("large")),
-                (
-                    "blocks",
-                    P::List(vec![
-                        P::Dict(vec![
-                            ("address", P::Int(SEG)),
-                            ("size", P::Int(2 * MIB)),
-                            ("state", P::Str("active_allocated")),
-                            ("frames", frames("/home/user/project/train.py", 9)),
-                        ]),
-                        P::Dict(vec![
-                            ("address", P::Int(SEG + 2 * MIB)),
-                            ("size", P::Int(18 * MIB)),
-                            ("state", P::Str("inactive")),
-                            ("frames", P::List(vec![])),
-                        ]),
+            P::List(vec![segment(
+                SEG,
+                20 * MIB,
+                vec![
+                    P::Dict(vec![
+                        ("address", P::Int(SEG)),
+                        ("size", P::Int(2 * MIB)),
+                        ("state", P::Str("active_allocated")),
+                        ("frames", frames("/home/user/project/train.py", 9)),
                     ]),
-                ),
-            ])]),
+                    P::Dict(vec![
+                        ("address", P::Int(SEG + 2 * MIB)),
+                        ("size", P::Int(18 * MIB)),
+                        ("state", P::Str("inactive")),
+                        ("frames", P::List(vec![])),
+                    ]),
+                ],
+            )]),
         ),
         (
             "device_traces",
@@ -211,14 +217,11 @@ fn blocks_live_before_the_history_whose_sizes_overflow_are_one_line() {
     let snapshot = P::Dict(vec![
         (
             "segments",
-            P::List(vec![P::Dict(vec![
-                ("device", P::Int(0)),
-                ("address", P::Int(SEG)),
-                ("total_size", P::Int(20 * MIB)),
-                ("stream", P::Int(0)),
-                ("segment_type", P::Str("large")),
-                ("blocks", P::List(vec![block(SEG), block(SEG + MIB)])),
-            ])]),
+            P::List(vec![segment(
+                SEG,
+                20 * MIB,
+                vec![block(SEG), block(SEG + MIB)],
+            )]),
         ),
         (
             "device_traces",
@@ -236,18 +239,14 @@ fn blocks_live_before_the_history_whose_sizes_overflow_are_one_line() {
 /// reserve saturates (found by the snapshot_reader fuzz target).
 #[test]
 fn segments_whose_sizes_overflow_saturate_the_reserve() {
-    let segment = |address: i64| {
-        P::Dict(vec![
-            ("device", P::Int(0)),
-            ("address", P::Int(address)),
-            ("total_size", P::Int(-MIB)),
-            ("stream", P::Int(0)),
-            ("segment_type", P::Str("large")),
-            ("blocks", P::List(vec![])),
-        ])
-    };
     let snapshot = P::Dict(vec![
-        ("segments", P::List(vec![segment(SEG), segment(SEG + MIB)])),
+        (
+            "segments",
+            P::List(vec![
+                segment(SEG, -MIB, vec![]),
+                segment(SEG + MIB, -MIB, vec![]),
+            ]),
+        ),
         (
             "device_traces",
             P::List(vec![P::List(vec![
