@@ -966,13 +966,71 @@ fn candidates(p: &Process, d: &DeviceTimeline, calls: &Calls) -> Vec<CallHeld> {
             count: plan::instance_count(d, calls, key),
         })
         .collect();
-    out.sort_by(|a, b| b.saved.cmp(&a.saved).then(a.name.call.cmp(&b.name.call)));
+    rank(&mut out);
     out
+}
+
+/// Most saved activations first; ties (a `Linear` and a `ReLU` called from the same line of a
+/// `Sequential`, holding the same bytes) by where they were called, the module, then the call's
+/// codes: the same trace gives the same candidates in the same order whatever the order of
+/// the maps they were added up in (it was the order of a randomly seeded hash map: two reports
+/// of one trace could name different candidates first).
+fn rank(held: &mut [CallHeld]) {
+    held.sort_by(|a, b| {
+        b.saved
+            .cmp(&a.saved)
+            .then_with(|| a.name.call.cmp(&b.name.call))
+            .then_with(|| a.name.module.cmp(&b.name.module))
+            .then_with(|| a.key.cmp(&b.key))
+    });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tied_candidates_come_in_one_order() {
+        let held = |module: &str, callee_code: u32, saved: u64| CallHeld {
+            key: CallKey {
+                caller_code: 1,
+                caller_line: 259,
+                callee_code,
+            },
+            name: CallName {
+                module: module.into(),
+                call_path: "/torch/nn/container.py:259".into(),
+                call: "container.py:259".into(),
+                user_code: false,
+            },
+            saved,
+            count: 16,
+        };
+        let order = |mut v: Vec<CallHeld>| {
+            rank(&mut v);
+            v.iter()
+                .map(|c| (c.name.module.clone(), c.key.callee_code))
+                .collect::<Vec<_>>()
+        };
+        let a = || {
+            vec![
+                held("ReLU", 7, 1 << 20),
+                held("Linear", 5, 1 << 20),
+                held("Sequential", 3, 2 << 20),
+                held("Linear", 4, 1 << 20),
+            ]
+        };
+        let mut b = a();
+        b.reverse();
+        let want = vec![
+            ("Sequential".to_string(), 3),
+            ("Linear".to_string(), 4),
+            ("Linear".to_string(), 5),
+            ("ReLU".to_string(), 7),
+        ];
+        assert_eq!(order(a()), want);
+        assert_eq!(order(b), want);
+    }
 
     #[test]
     fn a_lever_kind_is_named_as_it_serializes() {
