@@ -12,7 +12,8 @@
 #   drain             the program's other threads, over the same program untraced (the shim's
 #                     drain thread, which writes the events to the collector)
 #   collector         every thread of `oomtrace collect` (decoding, the live model, the trace file)
-#   run's replay      `oomtrace run` itself: reading the trace back for its summary at exit
+#   run's replay      `oomtrace run` itself at exit: since its collector hands it the report
+#                     (cli/src/handoff.rs) only printing it; before, reading the trace back
 # Prints two Markdown tables, then (with --tsv FILE) the figures as `mode<TAB>column<TAB>value`
 # lines for tests/it/instructions.rs, which keeps them from regressing.
 # Usage: scripts/bench-instructions.sh [--pairs-only] [--tsv FILE] [N1 N2]   (default 1000 4000;

@@ -6,6 +6,7 @@
 
 mod cmd;
 mod export;
+mod handoff;
 mod locate;
 mod output;
 mod progress;

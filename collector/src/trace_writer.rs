@@ -161,6 +161,9 @@ pub struct TraceFile {
     placed: Option<PathBuf>,
     /// Bytes written at creation (the header).
     header_len: u64,
+    /// The header written: a report of the collector's own models names the same producer
+    /// and start as one read from the file.
+    pub header: trace_file::FileHeader,
     /// Where a finished trace whose name vanished is saved, if anywhere ([`Vanished`]).
     pub save_vanished_in: Option<PathBuf>,
 }
@@ -239,11 +242,20 @@ impl TraceFile {
                         no_clobber,
                         placed: None,
                         header_len: 0,
+                        header: trace_file::FileHeader {
+                            version: trace_file::FILE_VERSION,
+                            created_unix_ns: now_ns(),
+                            producer: producer.to_owned(),
+                        },
                         save_vanished_in: None,
                     };
                     // On error, dropping `tf` removes the temporary file.
                     let mut header = Vec::new();
-                    trace_file::write_header(&mut header, now_ns(), producer)?;
+                    trace_file::write_header(
+                        &mut header,
+                        tf.header.created_unix_ns,
+                        &tf.header.producer,
+                    )?;
                     tf.file.write_all_at(&header, 0)?;
                     tf.header_len = header.len() as u64;
                     match reserve(&tf.file, tf.header_len, RESERVE) {

@@ -14,6 +14,7 @@ fn check(name: &str) {
         let env = corpus::env(case, markers);
         let t = run_traced(name, &[], &env);
         assert!(t.status.success(), "{name}: {:?}\n{}", t.status, t.stderr);
+        t.assert_run_said_what_the_trace_says();
         let s = corpus::score(case, markers, &t.report);
         let mode = if markers { "markers" } else { "no markers" };
         assert!(

@@ -8,6 +8,9 @@ mod paths;
 /// Threads, fork, exit paths, a collector that dies, exit codes, the three ways in.
 mod lifecycle;
 
+/// `run` prints its collector's report of the run, and it is the trace's, byte for byte.
+mod run_handoff;
+
 /// Reports from good, truncated and corrupt traces; bad input; README agreement.
 mod cli;
 

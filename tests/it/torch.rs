@@ -253,6 +253,11 @@ fn run_torch(script_name: &str, mode: Mode, env: &[(&str, &str)]) -> TorchRun {
             .expect("valid JSON"),
         };
         let text = report_text(&trace);
+        if mode != Mode::Preload {
+            // Said by the collector (`cli/src/handoff.rs`): the trace's own, tensors, roles,
+            // levers and all.
+            assert_run_said_what_the_trace_says(&stderr, &trace, &dir.join("report.json"));
+        }
         // Nothing was rebuilt between the run and the report: every module's file matches
         // (real PyTorch's libraries carry SystemTap probe notes of the build id's note type,
         // which a careless reader took for the id: every library looked rebuilt).

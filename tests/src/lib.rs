@@ -455,6 +455,43 @@ pub struct Traced {
     pub dir: Scratch,
 }
 
+impl Traced {
+    /// [`assert_run_said_what_the_trace_says`] of this run.
+    pub fn assert_run_said_what_the_trace_says(&self) {
+        assert_run_said_what_the_trace_says(
+            &self.stderr,
+            &self.trace,
+            &self.dir.join("report.json"),
+        );
+    }
+}
+
+/// What `oomtrace run` printed and wrote at the end (its collector's report of what it saw)
+/// is what its trace file says, byte for byte: the summary in its `stderr` is `oomtrace report
+/// --summary TRACE`, the file its `--json` wrote `oomtrace report --summary --json TRACE`.
+pub fn assert_run_said_what_the_trace_says(stderr: &str, trace: &Path, json: &Path) {
+    let summary = report_output(&["--summary"], &[trace]);
+    assert!(
+        summary.contains("oomtrace summary") && stderr.contains(&summary),
+        "run's summary is not the trace's:\n--- trace's:\n{summary}\n--- run's stderr:\n{stderr}"
+    );
+    let from_trace = report_output(&["--summary", "--json"], &[trace]);
+    let written = std::fs::read_to_string(json).expect("run's JSON");
+    if from_trace != written {
+        let at = from_trace
+            .lines()
+            .zip(written.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(0);
+        panic!(
+            "run's JSON is not the trace's: first difference at line {}: trace {:?}, run {:?}",
+            at + 1,
+            from_trace.lines().nth(at),
+            written.lines().nth(at)
+        );
+    }
+}
+
 /// `oomtrace run --json J -o T -- scenario args...` with extra environment.
 pub fn run_traced(name: &str, args: &[&str], env: &[(&str, &str)]) -> Traced {
     run_traced_with(name, &[], args, env)

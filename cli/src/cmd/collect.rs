@@ -11,6 +11,7 @@ use std::time::Duration;
 use oomtrace_collector::console::Console;
 use oomtrace_collector::metrics::{self, textfile, textfile::Textfile, Registry};
 use oomtrace_collector::server::{Collector, Options};
+use oomtrace_proto::host::collector_spawn::{ToRun, TraceSaid};
 use oomtrace_proto::host::socket_dir;
 
 use crate::{render, signals, Failure};
@@ -49,6 +50,17 @@ pub struct Args {
     /// passes its pid, so a SIGKILLed `run` never leaves its collector behind.
     #[arg(long, value_name = "PID", hide = true)]
     pub parent_pid: Option<u32>,
+    /// Under `run`: once the trace is finished, build the run's report from what this
+    /// collector saw and hand it to `run` on stdout (`crate::handoff`).
+    #[arg(long, hide = true, requires = "parent_pid")]
+    pub hand_report: bool,
+    /// The handed report carries the JSON report too (`run --json`).
+    #[arg(long, hide = true, requires = "hand_report")]
+    pub hand_json: bool,
+    /// The simulated GPU's SIZE as `run --simulate` was given it, for the handed report.
+    #[arg(long, value_name = "SIZE", hide = true, requires = "hand_report",
+          value_parser = crate::simulated_gpu::DeviceMemory::parse)]
+    pub simulated_device: Option<crate::simulated_gpu::DeviceMemory>,
     /// Serve Prometheus metrics on http://ADDR/metrics (ADDR is host:port; port 0 picks a free
     /// port, printed on stderr). See docs/metrics.md.
     #[arg(long, value_name = "ADDR")]
@@ -167,7 +179,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         }
     }
     if args.parent_pid.is_some() {
-        tell_run(&served, &output_asked);
+        tell_where(&served, &output_asked);
     }
     let trace = served.trace;
     if args.detach || args.parent_pid.is_some() {
@@ -175,6 +187,23 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         // socket (oomtrace-XXXXXX, oomtrace-<pid>-XXXXXX, with an owner file): its owner file
         // and the directory go once the socket has (only those: anything else keeps it).
         socket_dir::remove(&socket);
+    }
+    // The file holds all this collector saw only when it was written whole, under its name.
+    let whole = trace.incomplete.is_none() && served.vanished.is_none();
+    if let (true, true, Some(output)) = (args.hand_report, whole, &served.path) {
+        let wanted = crate::handoff::Wanted {
+            json: args.hand_json,
+            simulated: args.simulated_device.as_ref().map(|m| {
+                oomtrace_collector::report::SimulatedDevice {
+                    device_memory: m.text.clone(),
+                    device_memory_bytes: m.bytes,
+                }
+            }),
+        };
+        let working = Working::start();
+        let report = crate::handoff::RunReport::of_trace(&trace, output, &wanted);
+        drop(working);
+        tell_run(&report.message());
     }
     let Some(output) = served.path else {
         // A trace that vanished was said above (`Vanished::line`); otherwise nobody came.
@@ -220,10 +249,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Under `run` (`--parent-pid`): where the trace went, on stdout, which is `run`'s pipe
-/// (`collector_spawn::TraceSaid`); nothing if no process connected.
-fn tell_run(served: &oomtrace_collector::server::Served, output: &Path) {
-    use oomtrace_proto::host::collector_spawn::TraceSaid;
+/// Under `run` (`--parent-pid`): where the trace went, as [`ToRun::Trace`]; nothing if no
+/// process connected.
+fn tell_where(served: &oomtrace_collector::server::Served, output: &Path) {
     let said = match (&served.path, &served.vanished) {
         (Some(p), _) => TraceSaid::Written(p.clone()),
         (None, Some(v)) => TraceSaid::Lost(v.line()),
@@ -238,9 +266,54 @@ fn tell_run(served: &oomtrace_collector::server::Served, output: &Path) {
             None => return,
         },
     };
+    tell_run(&ToRun::Trace(said));
+}
+
+/// Writes one message on stdout, `run`'s pipe. False if `run` is no longer reading (it was
+/// killed: the pipe is broken).
+fn tell_run(message: &ToRun) -> bool {
     let mut out = std::io::stdout().lock();
-    let _ = out.write_all(&said.encode());
-    let _ = out.flush();
+    out.write_all(&message.encode())
+        .and_then(|()| out.flush())
+        .is_ok()
+}
+
+/// Says [`ToRun::Working`] every second while the report is built (the trace file no longer
+/// grows, and `run` kills a collector that shows no progress for 15 s), until dropped. When
+/// `run` is gone there is nobody to build it for: the collector exits (the trace is finished
+/// and its socket directory removed by then).
+struct Working {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl Working {
+    fn start() -> Working {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let spawned = std::thread::Builder::new()
+            .name("oomtrace-working".into())
+            .spawn(move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(Duration::from_secs(1))
+                {
+                    if !tell_run(&ToRun::Working) {
+                        // SAFETY: _exit ends the process at once, from any thread; nothing
+                        // is left to flush or remove (the trace is finished and in place,
+                        // the socket directory gone), and the report's build is abandoned.
+                        unsafe { libc::_exit(0) };
+                    }
+                }
+            });
+        Working {
+            stop: spawned.is_ok().then_some(stop),
+        }
+    }
+}
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        // Dropping the sender ends the thread's wait.
+        self.stop.take();
+    }
 }
 
 /// Sets the stop flag once `parent` is no longer this process's parent (it died: we were

@@ -77,7 +77,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         without_address_randomization: false,
     };
     let outcome = trace_command(&[app.into_os_string()], &session)?;
-    let report = outcome.report?;
+    let report = outcome.replay()?;
     println!();
     let text = render::full(&report);
     print!(

@@ -74,6 +74,11 @@ pub struct Args {
     /// for the writer to finish (a program reading its own trace).
     #[arg(long)]
     pub no_wait: bool,
+    /// Print the summary `oomtrace run` printed at the end of the run instead of the whole
+    /// report (one trace); with --json, the JSON report `run --json` wrote (without the
+    /// sections).
+    #[arg(long, conflicts_with_all = ["merge", "segments", "since_mark", "native", "full", "top", "sort"])]
+    pub summary: bool,
 }
 
 /// A trace file to read, and whether it was found in a directory (an unreadable one is then
@@ -228,6 +233,46 @@ fn report_of(
     Ok(report)
 }
 
+/// `--summary`: what `oomtrace run` said of its trace at the end (`crate::handoff`).
+fn run_summary(files: &[TraceFile], args: &Args) -> Result<ExitCode, Failure> {
+    let [one] = files else {
+        return Err(Failure::new(format!(
+            "--summary reports one trace, not {} (`oomtrace run` made one)",
+            files.len()
+        )));
+    };
+    if let Some(why) = not_a_file(&one.path).filter(|_| one.in_dir) {
+        return Err(Failure::new(format!("{}: {why}", one.path.display())));
+    }
+    if args.no_wait {
+        oomtrace_collector::model::trace::read_without_waiting();
+    }
+    let mut progress = Progress::new();
+    progress.pass("reading the trace");
+    let trace = Trace::<Analysis>::load_with_progress(&one.path, &mut |done, total| {
+        progress.update(done, total)
+    });
+    drop(progress);
+    let trace = trace.map_err(|e| Failure::new(e.to_string()))?;
+    for w in report::analysis_failures(&trace) {
+        eprintln!("{w}");
+    }
+    let wanted = crate::handoff::Wanted {
+        json: args.json,
+        simulated: None,
+    };
+    let said = crate::handoff::RunReport::of_trace(&trace, &one.path, &wanted);
+    let mut out = Output::stdout().named("the report");
+    let _ = match said.json {
+        Some(json) => out.write_all(json.map_err(Failure::new)?.as_bytes()),
+        None => out.write_all(
+            style::paint(&said.summary, style::enabled(style::Stream::Stdout)).as_bytes(),
+        ),
+    };
+    out.finish()?;
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Reads `files` on up to `available_parallelism` threads (each keeps its symbolizer, so a
 /// module's debug information is read once per thread, not once per trace), showing how many
 /// are done on a terminal. Results come back in the order of `files`.
@@ -338,6 +383,9 @@ fn refuse_same_trace(reports: &[Report]) -> Result<(), Failure> {
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let files = trace_files(&args.files)?;
     refuse_same_file(&files)?;
+    if args.summary {
+        return run_summary(&files, &args);
+    }
     let mut skipped = Vec::new();
     // The reports of separate runs, each on its own (text); empty when there is one report.
     let mut runs: Vec<Report> = Vec::new();

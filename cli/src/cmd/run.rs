@@ -2,20 +2,23 @@
 //! the end, and CMD's own exit code.
 
 use std::ffi::OsString;
+use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitCode, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use oomtrace_collector::model::trace::Trace;
-use oomtrace_collector::report::{self, Kind, Level, Report, ReportOptions, SimulatedDevice};
-use oomtrace_collector::report::{Analysis, Confidence};
-use oomtrace_proto::host::collector_spawn::{self, NotListening, TraceSaid};
+use oomtrace_collector::report::{self, Analysis, Report, ReportOptions, SimulatedDevice};
+use oomtrace_proto::host::collector_spawn::{self, NotListening, ToRun, TraceSaid};
 use oomtrace_proto::host::socket_dir;
 use oomtrace_proto::host::torch_hooks::{self, TorchHook};
 
+use crate::handoff::{json_of, RunReport, Wanted};
 use crate::simulated_gpu::{self, DeviceMemory};
-use crate::{locate, render, signals, style, Failure};
+use crate::{locate, signals, style, Failure};
 
 /// Run a command with the tracer preloaded; print findings and a summary on stderr.
 // Doc comments here are clap help text, where `<pid>` is a placeholder, not an HTML tag.
@@ -78,6 +81,11 @@ pub struct Args {
     /// shapes do not depend on data.
     #[arg(long, value_name = "SIZE", value_parser = parse_simulated_memory)]
     pub simulate: Option<DeviceMemory>,
+    /// Build the report by reading the trace file back, as `oomtrace report` does, instead of
+    /// taking the one the collector built from what it saw (the same bytes: for the tests
+    /// that say so).
+    #[arg(long, hide = true)]
+    pub report_from_trace: bool,
     /// The command to trace and its arguments: after `--` (`oomtrace run -- python train.py
     /// --lr 1`), or from the first argument that is not an option of `run` (`oomtrace run
     /// python train.py --lr 1`). Options of `run` come before it; an unknown one is an error,
@@ -119,7 +127,8 @@ pub struct Session {
 pub struct Outcome {
     pub status: ExitStatus,
     /// False when no traced process ever connected (the program never touched CUDA): the
-    /// collector then leaves no trace file, and there is no report.
+    /// collector then leaves no trace file, and there is no report. (A complete trace of no
+    /// process says the same: its report has `no_process`.)
     pub trace_written: bool,
     /// Where the trace is: the output, made absolute when the run started (or, if its
     /// directory was removed during the run, the copy the collector saved).
@@ -128,7 +137,9 @@ pub struct Outcome {
     pub trace_lost: Option<String>,
     /// Set if the collector died before it was told to stop.
     pub collector_died: Option<String>,
-    pub report: Result<Report, Failure>,
+    /// The report the collector built from what it saw (`crate::handoff`), if it handed one
+    /// over (it was asked to, and the trace is whole); otherwise [`Outcome::replay`].
+    pub handed: Option<RunReport>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
@@ -189,20 +200,35 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         device_memory: memory.text.clone(),
         device_memory_bytes: memory.bytes,
     });
-    let outcome = trace_command(&args.command, &session)?;
+    let wanted = Wanted {
+        json: args.json.is_some(),
+        simulated: simulated_info.clone(),
+    };
+    if !args.report_from_trace {
+        session.collector_args.extend(wanted.collector_args());
+    }
+    let mut outcome = trace_command(&args.command, &session)?;
     drop(simulated);
     if let Some(why) = &outcome.collector_died {
         eprintln!("oomtrace: the collector died ({why}); the trace stops where it did");
     }
-    let trace_path = &outcome.trace_path;
     if let Some(why) = &outcome.trace_lost {
         // The collector said why on stderr; a script asking for JSON gets the same.
         if let Some(path) = &args.json {
-            write_json(path, &empty_report(why.clone(), &simulated_info));
+            write_json(path, &json_of(&empty_report(why.clone(), &simulated_info)));
         }
         return Ok(exit_code_of(outcome.status));
     }
-    if !outcome.trace_written {
+    // The collector's own report, or (it handed none over) the trace file read back.
+    let report = outcome.trace_written.then(|| match outcome.handed.take() {
+        Some(handed) => Ok(handed),
+        None => outcome.replay().map(|r| RunReport::of(r, &wanted)),
+    });
+    let trace_written = outcome.trace_written
+        && !report
+            .as_ref()
+            .is_some_and(|r| r.as_ref().is_ok_and(|r| r.no_process));
+    if !trace_written {
         let said = format!(
             "no CUDA activity seen in `{}`: no trace written",
             args.command[0].to_string_lossy()
@@ -210,32 +236,29 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         eprintln!("oomtrace: {said}");
         if let Some(path) = &args.json {
             // Asked for a report: an empty one says the same to a script.
-            write_json(path, &empty_report(said, &simulated_info));
+            write_json(path, &json_of(&empty_report(said, &simulated_info)));
         }
         return Ok(exit_code_of(outcome.status));
     }
-    let mut report = outcome.report;
-    if let Ok(r) = &mut report {
-        r.trace.simulated = simulated_info.clone();
-    }
+    let trace_path = &outcome.trace_path;
+    let report = report.unwrap_or_else(|| Err(Failure::new("no trace")));
     match &report {
         Ok(r) => {
-            let summary = render::summary(r);
             eprint!(
                 "{}",
-                style::paint(&summary, style::enabled(style::Stream::Stderr))
+                style::paint(&r.summary, style::enabled(style::Stream::Stderr))
             );
             if let Some(memory) = &args.simulate {
                 eprint!("{}", simulated_gpu::caveat(memory));
             }
-            if r.trace.complete {
+            if r.complete {
                 eprintln!(
                     "oomtrace: trace written to {}; details: oomtrace report {}",
                     trace_path.display(),
                     trace_path.display()
                 );
             } else {
-                for w in &r.trace.warnings {
+                for w in &r.warnings {
                     eprintln!("oomtrace: warning: {w}");
                 }
                 eprintln!(
@@ -245,8 +268,8 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
                     trace_path.display()
                 );
             }
-            if let Some(path) = &args.json {
-                write_json(path, r);
+            if let (Some(path), Some(json)) = (&args.json, &r.json) {
+                write_json(path, json);
             }
         }
         Err(f) => eprintln!("oomtrace: no report: {}", f.message),
@@ -260,13 +283,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     }
     if args.fail_on_leak && outcome.status.success() {
         if let Ok(r) = &report {
-            let confirmed = r
-                .findings
-                .iter()
-                .filter(|f| {
-                    f.kind == Kind::Leak && f.level == Level::Confidence(Confidence::Confirmed)
-                })
-                .count();
+            let confirmed = r.confirmed_leaks;
             if confirmed > 0 {
                 eprintln!(
                     "oomtrace: {confirmed} confirmed leak{}; exiting with 3 (--fail-on-leak)",
@@ -300,13 +317,14 @@ fn empty_report(why: String, simulated: &Option<SimulatedDevice>) -> Report {
     r
 }
 
-/// `--json FILE`: the report as the JSON contract. A report that cannot be written is said in
-/// one line; `run` still leaves with the program's own exit code (the program ran, and that
-/// code is what a caller checks).
-fn write_json(path: &Path, r: &Report) {
-    let written = serde_json::to_string_pretty(r)
-        .map_err(Failure::from)
-        .and_then(|text| crate::output::write_file(path, (text + "\n").as_bytes()));
+/// `--json FILE`: the report as the JSON contract (`handoff::json_of`). A report that cannot
+/// be written is said in one line; `run` still leaves with the program's own exit code (the
+/// program ran, and that code is what a caller checks).
+fn write_json(path: &Path, json: &Result<String, String>) {
+    let written = json
+        .as_ref()
+        .map_err(|e| Failure::new(e.clone()))
+        .and_then(|text| crate::output::write_file(path, text.as_bytes()));
     if let Err(f) = written {
         eprintln!("oomtrace: {}", f.message);
     }
@@ -395,42 +413,119 @@ fn spawn_collector(socket: &Path, output: &Path, extra: &[OsString]) -> Result<C
     }
 }
 
-/// Stops the collector (see `stop_collector_only`) and reads what it said of the trace.
-fn stop_collector(mut child: Child, output: &Path) -> (Option<String>, Option<TraceSaid>) {
-    let stdout = child.stdout.take();
-    let died = stop_collector_only(child, output);
-    (died, stdout.and_then(|s| TraceSaid::decode(&read_ready(s))))
+/// What `run`'s collector says on its stdout pipe ([`ToRun`]), read as it comes by a thread of
+/// ours: a report can be larger than the pipe holds, and each message is a sign of life while
+/// the collector builds it.
+struct CollectorSays {
+    /// When we last heard from it: milliseconds after `started`, 0 for never.
+    heard: Arc<AtomicU64>,
+    started: Instant,
+    /// Everything it wrote, sent once its end of the pipe closes (it exited).
+    said: mpsc::Receiver<Vec<u8>>,
 }
 
-/// What an exited process left in its stdout pipe, without waiting for the pipe to close.
-fn read_ready(stdout: std::process::ChildStdout) -> Vec<u8> {
-    use std::io::Read;
-    use std::os::fd::AsRawFd;
-    // SAFETY: fcntl on a pipe we own; only its status flags change.
-    unsafe {
-        let fd = stdout.as_raw_fd();
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+impl CollectorSays {
+    fn listen(stdout: Option<ChildStdout>) -> CollectorSays {
+        let heard = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        let (tx, said) = mpsc::channel();
+        if let Some(mut stdout) = stdout {
+            let heard = heard.clone();
+            // Without the thread, nothing is heard and `run` reads the trace back itself.
+            let _ = std::thread::Builder::new()
+                .name("oomtrace-collector-says".into())
+                .spawn(move || {
+                    let mut bytes = Vec::new();
+                    let mut buf = vec![0u8; 64 << 10];
+                    loop {
+                        match stdout.read(&mut buf) {
+                            Ok(0) => break,
+                            Ok(n) => {
+                                bytes.extend_from_slice(&buf[..n]);
+                                let ms = started.elapsed().as_millis() as u64;
+                                heard.store(ms.max(1), Ordering::Relaxed);
+                            }
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                            Err(_) => break,
+                        }
+                    }
+                    let _ = tx.send(bytes);
+                });
+        }
+        CollectorSays {
+            heard,
+            started,
+            said,
+        }
     }
-    let mut buf = Vec::new();
-    let _ = stdout.take(1 << 16).read_to_end(&mut buf);
-    buf
+
+    /// When it last said something, if ever.
+    fn last_heard(&self) -> Option<Instant> {
+        match self.heard.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(self.started + Duration::from_millis(ms)),
+        }
+    }
+
+    /// Every whole message it said, once it has exited (its end of the pipe is then closed;
+    /// at most 2 s for the last bytes to be read).
+    fn messages(self) -> Vec<ToRun> {
+        self.said
+            .recv_timeout(Duration::from_secs(2))
+            .map(|bytes| ToRun::decode_all(&bytes))
+            .unwrap_or_default()
+    }
 }
 
-/// Stops the collector (SIGTERM: it reads what the exited program left in its socket, then
-/// finishes the trace) and waits for it. A collector still working through a big backlog is
-/// given as long as the trace keeps growing; one that makes no progress for 15 s is killed.
-fn stop_collector_only(mut child: Child, output: &Path) -> Option<String> {
+/// What the collector said when it was done.
+#[derive(Default)]
+struct CollectorDone {
+    /// Why it stopped before it was asked to, if it did.
+    died: Option<String>,
+    trace: Option<TraceSaid>,
+    report: Option<RunReport>,
+}
+
+/// Stops the collector (see `stop_collector_only`) and reads what it said.
+fn stop_collector(mut child: Child, output: &Path) -> CollectorDone {
+    let says = CollectorSays::listen(child.stdout.take());
+    let died = stop_collector_only(child, output, &says, NO_PROGRESS);
+    let mut done = CollectorDone {
+        died,
+        ..CollectorDone::default()
+    };
+    for message in says.messages() {
+        match message {
+            ToRun::Trace(t) => done.trace = Some(t),
+            ToRun::Report(body) => done.report = RunReport::from_message(&body),
+            ToRun::Working => {}
+        }
+    }
+    done
+}
+
+/// Stops the collector (SIGTERM: it reads what the exited program left in its socket,
+/// finishes the trace, then builds the report) and waits for it. A collector still working
+/// through a big backlog is given as long as the trace keeps growing, or it keeps saying it is
+/// working on the report; one that does neither for 15 s is killed.
+/// How long a stopping collector may show no progress before it is killed.
+const NO_PROGRESS: Duration = Duration::from_secs(15);
+
+fn stop_collector_only(
+    mut child: Child,
+    output: &Path,
+    says: &CollectorSays,
+    no_progress: Duration,
+) -> Option<String> {
     if let Ok(Some(status)) = child.try_wait() {
         return Some(describe(status));
     }
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    const NO_PROGRESS: Duration = Duration::from_secs(15);
     let size = || std::fs::metadata(output).map_or(0, |m| m.len());
     let mut last_size = size();
     let mut last_progress = Instant::now();
-    while last_progress.elapsed() < NO_PROGRESS {
+    while last_progress.elapsed() < no_progress {
         if let Ok(Some(_)) = child.try_wait() {
             return None;
         }
@@ -440,10 +535,16 @@ fn stop_collector_only(mut child: Child, output: &Path) -> Option<String> {
             last_size = now;
             last_progress = Instant::now();
         }
+        if let Some(heard) = says.last_heard() {
+            last_progress = last_progress.max(heard);
+        }
     }
     let _ = child.kill();
     let _ = child.wait();
-    Some("it made no progress for 15 s after the program ended and was killed".into())
+    Some(format!(
+        "it made no progress for {} s after the program ended and was killed",
+        no_progress.as_secs()
+    ))
 }
 
 fn describe(status: ExitStatus) -> String {
@@ -540,9 +641,9 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
             Err(e) => return Err(Failure::new(format!("cannot wait for the command: {e}"))),
         }
     };
-    let (collector_died, said) = stop_collector(collector, &output);
+    let done = stop_collector(collector, &output);
     drop(dir);
-    let (output, trace_lost) = match said {
+    let (output, trace_lost) = match done.trace {
         // Its directory was removed during the run: the collector saved a copy elsewhere.
         Some(TraceSaid::Written(p)) => (p, None),
         Some(TraceSaid::Lost(why)) => (output, Some(why)),
@@ -551,49 +652,96 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
     // The collector creates the trace only once a traced process connects (on its first
     // CUDA call): no file means the program never used CUDA.
     let trace_written = std::fs::symlink_metadata(&output).is_ok_and(|m| m.is_file());
-    // Reading a long run's trace takes a while: a progress bar on a terminal after 1 s.
-    let mut progress = crate::progress::Progress::new();
-    progress.pass("reading the trace");
-    let loaded = Trace::<Analysis>::load_with_progress(&output, &mut |done, total| {
-        progress.update(done, total)
-    });
-    drop(progress);
-    for w in loaded.iter().flat_map(report::analysis_failures) {
-        eprintln!("{w}");
-    }
-    let report = loaded
-        .map(|trace| {
-            let mut r = report::build(
-                &trace,
-                &ReportOptions {
-                    top: super::DEFAULT_TOP,
-                    path: output.display().to_string(),
-                    symbolize: true,
-                },
-            );
-            if let Some(w) = report::remedies::predict(&mut r, &trace, &output) {
-                r.trace.warnings.push(w);
-            }
-            if let Some(w) = report::levers::attach(
-                &mut r,
-                &output,
-                &mut report::symbolize::StackSymbolizer::new(),
-            ) {
-                r.trace.warnings.push(w);
-            }
-            r
-        })
-        .map_err(Failure::from);
-    let trace_written = trace_written
-        && !report
-            .as_ref()
-            .is_ok_and(|r| r.processes.is_empty() && r.trace.complete);
     Ok(Outcome {
         status,
         trace_written,
         trace_path: output,
         trace_lost,
-        collector_died,
-        report,
+        collector_died: done.died,
+        handed: done.report,
     })
+}
+
+impl Outcome {
+    /// The report of the trace file, read back (with a progress bar on a terminal after 1 s:
+    /// reading a long run's trace takes a while).
+    pub fn replay(&self) -> Result<Report, Failure> {
+        let mut progress = crate::progress::Progress::new();
+        progress.pass("reading the trace");
+        let loaded = Trace::<Analysis>::load_with_progress(&self.trace_path, &mut |done, total| {
+            progress.update(done, total)
+        });
+        drop(progress);
+        for w in loaded.iter().flat_map(report::analysis_failures) {
+            eprintln!("{w}");
+        }
+        let trace = loaded.map_err(Failure::from)?;
+        Ok(crate::handoff::build_report(&trace, &self.trace_path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in collector: ignores SIGTERM (as a collector finishing its trace does), runs
+    /// `script` with stdout on the pipe `run` reads. Returned once SIGTERM is ignored (a real
+    /// collector is stopped only once it listens, its stop flag long installed).
+    fn collector(script: &str) -> Child {
+        use std::io::BufRead;
+        let mut child = Command::new("sh")
+            .args(["-c", &format!("trap '' TERM; echo ready >&2; {script}")])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stderr.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "ready\n");
+        child
+    }
+
+    fn stop(child: Child, no_progress: Duration) -> (Option<String>, Vec<ToRun>) {
+        let mut child = child;
+        let says = CollectorSays::listen(child.stdout.take());
+        let died = stop_collector_only(child, Path::new("/nonexistent"), &says, no_progress);
+        (died, says.messages())
+    }
+
+    #[test]
+    fn a_collector_saying_it_works_on_the_report_is_waited_for() {
+        // Says it works every 0.2 s for 1.6 s, longer than the 1 s without progress allowed,
+        // then hands a report over.
+        let c = collector(
+            "for i in 1 2 3 4 5 6 7 8; do printf 'working\\t\\000'; sleep 0.2; done; \
+             printf 'report\\t{}\\000'",
+        );
+        let (died, said) = stop(c, Duration::from_secs(1));
+        assert_eq!(died, None);
+        assert_eq!(said.last(), Some(&ToRun::Report("{}".into())));
+        assert!(said.iter().filter(|m| **m == ToRun::Working).count() >= 4);
+    }
+
+    #[test]
+    fn a_silent_collector_that_does_not_stop_is_killed() {
+        let started = Instant::now();
+        let (died, said) = stop(collector("sleep 30"), Duration::from_secs(1));
+        assert!(
+            died.as_ref()
+                .is_some_and(|w| w.contains("no progress for 1 s")),
+            "{died:?}"
+        );
+        assert!(said.is_empty());
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_report_cut_short_is_no_report() {
+        // Killed while writing: the last message has no NUL.
+        let c = collector("printf 'written\\t/t.oomt\\000report\\t{\"summ'");
+        let (_, said) = stop(c, Duration::from_secs(1));
+        assert_eq!(said, [ToRun::Trace(TraceSaid::Written("/t.oomt".into()))]);
+    }
 }

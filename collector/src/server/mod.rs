@@ -172,13 +172,6 @@ fn clear_stale_socket(path: &Path) -> Result<(), String> {
     }
 }
 
-fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
-
 impl Collector {
     pub fn bind(opts: Options) -> Result<Collector, Error> {
         let sock_err = |e: std::io::Error| Error::Socket {
@@ -241,6 +234,7 @@ impl Collector {
         })?;
         let (wtx, wrx) = bounded::<WriterMsg>(256);
         let compress = opts.compress;
+        let header = trace_file.header.clone();
         let failure = SharedFailure::default();
         let writer_failure = failure.clone();
         let writer = std::thread::Builder::new()
@@ -360,11 +354,8 @@ impl Collector {
         if let Some(v) = &written.vanished {
             opts.console.warn(&format!("oomtrace: {}", v.line()));
         }
-        let mut trace = Trace::new(trace_file::FileHeader {
-            version: trace_file::FILE_VERSION,
-            created_unix_ns: now_ns(),
-            producer: "oomtrace-collect".into(),
-        });
+        // The file's own header: what the collector saw reads as the file does.
+        let mut trace = Trace::new(header);
         let mut procs = match Arc::try_unwrap(shared) {
             Ok(s) => s.finished.into_inner().unwrap_or_default(),
             Err(s) => std::mem::take(&mut *s.finished.lock().unwrap_or_else(|p| p.into_inner())),

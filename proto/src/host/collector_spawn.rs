@@ -156,36 +156,68 @@ fn first_line_ready(stderr: std::process::ChildStderr) -> String {
         .to_string()
 }
 
-/// What a [`Mode::Owned`] collector tells `oomtrace run` on its stdout (a pipe of `run`'s)
-/// when it is done: where the trace is, or why there is none although processes were traced.
-/// Nothing at all when no process connected.
-#[derive(Debug, PartialEq, Eq)]
+/// Where the trace went, as a [`Mode::Owned`] collector tells `oomtrace run` when it is done
+/// ([`ToRun::Trace`]): where the trace is, or why there is none although processes were
+/// traced. Nothing at all when no process connected.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TraceSaid {
     Written(std::path::PathBuf),
     Lost(String),
 }
 
-impl TraceSaid {
-    /// The bytes the collector writes (a path may hold any byte but NUL: it ends the stream).
+/// One message a [`Mode::Owned`] collector writes on its stdout, a pipe `oomtrace run` reads
+/// as it comes: `tag TAB body NUL`. The body may hold any byte but NUL (a path cannot; a text
+/// has each NUL replaced), so a message cut short by a killed collector is never read as one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToRun {
+    /// The trace is finished: where it is.
+    Trace(TraceSaid),
+    /// Still building the report (sent about every second meanwhile): the collector is alive
+    /// and making progress although the trace no longer grows.
+    Working,
+    /// The report `run` prints, built from the collector's own models of the run (so `run`
+    /// need not replay the trace); the body's format is the CLI's.
+    Report(String),
+}
+
+impl ToRun {
+    /// The bytes of this message, its NUL included.
     pub fn encode(&self) -> Vec<u8> {
         use std::os::unix::ffi::OsStrExt;
-        let (tag, body) = match self {
-            TraceSaid::Written(p) => ("written", p.as_os_str().as_bytes()),
-            TraceSaid::Lost(why) => ("lost", why.as_bytes()),
+        let text = |s: &str| s.replace('\0', "\u{fffd}").into_bytes();
+        let (tag, body): (&str, Vec<u8>) = match self {
+            ToRun::Trace(TraceSaid::Written(p)) => ("written", p.as_os_str().as_bytes().to_vec()),
+            ToRun::Trace(TraceSaid::Lost(why)) => ("lost", text(why)),
+            ToRun::Working => ("working", Vec::new()),
+            ToRun::Report(r) => ("report", text(r)),
         };
-        [tag.as_bytes(), b"\t", body].concat()
+        [tag.as_bytes(), b"\t", &body, b"\0"].concat()
     }
 
-    /// What `run` read; None for nothing (no process connected) or bytes it cannot read.
-    pub fn decode(bytes: &[u8]) -> Option<TraceSaid> {
+    /// Every whole message in `bytes`, in order; an unknown tag or a last message without its
+    /// NUL is left out.
+    pub fn decode_all(bytes: &[u8]) -> Vec<ToRun> {
         use std::os::unix::ffi::OsStrExt;
-        let tab = bytes.iter().position(|&b| b == b'\t')?;
-        let (tag, body) = (&bytes[..tab], &bytes[tab + 1..]);
-        match tag {
-            b"written" => Some(TraceSaid::Written(std::ffi::OsStr::from_bytes(body).into())),
-            b"lost" => Some(TraceSaid::Lost(String::from_utf8_lossy(body).into_owned())),
-            _ => None,
-        }
+        let mut parts: Vec<&[u8]> = bytes.split(|&b| b == 0).collect();
+        // What follows the last NUL is not a whole message (empty when the stream ended whole).
+        parts.pop();
+        parts
+            .into_iter()
+            .filter_map(|m| {
+                let tab = m.iter().position(|&b| b == b'\t')?;
+                let (tag, body) = (&m[..tab], &m[tab + 1..]);
+                let text = || String::from_utf8_lossy(body).into_owned();
+                Some(match tag {
+                    b"written" => {
+                        ToRun::Trace(TraceSaid::Written(std::ffi::OsStr::from_bytes(body).into()))
+                    }
+                    b"lost" => ToRun::Trace(TraceSaid::Lost(text())),
+                    b"working" => ToRun::Working,
+                    b"report" => ToRun::Report(text()),
+                    _ => return None,
+                })
+            })
+            .collect()
     }
 }
 
@@ -278,14 +310,28 @@ mod tests {
 
     #[test]
     fn what_the_collector_tells_run_reads_back() {
-        for said in [
-            TraceSaid::Written("/a b/t\nx.oomt".into()),
-            TraceSaid::Lost("its directory was removed".into()),
-        ] {
-            assert_eq!(TraceSaid::decode(&said.encode()), Some(said));
-        }
-        assert_eq!(TraceSaid::decode(b""), None);
-        assert_eq!(TraceSaid::decode(b"other\tx"), None);
+        let said = [
+            ToRun::Trace(TraceSaid::Written("/a b/t\nx.oomt\t".into())),
+            ToRun::Working,
+            ToRun::Trace(TraceSaid::Lost("its directory was removed".into())),
+            ToRun::Report("{\"summary\": \"a\tb\\n\"}".into()),
+        ];
+        let bytes: Vec<u8> = said.iter().flat_map(ToRun::encode).collect();
+        assert_eq!(ToRun::decode_all(&bytes), said);
+        assert_eq!(ToRun::decode_all(b""), []);
+        assert_eq!(
+            ToRun::decode_all(b"other\tx\0working\t\0"),
+            [ToRun::Working]
+        );
+        // A message cut short (a killed collector) is not one.
+        let cut = ToRun::Report("{}".into()).encode();
+        assert_eq!(ToRun::decode_all(&cut[..cut.len() - 1]), []);
+        // A NUL in a text cannot end its message early.
+        let nul = ToRun::Report("a\0b".into());
+        assert_eq!(
+            ToRun::decode_all(&nul.encode()),
+            [ToRun::Report("a\u{fffd}b".into())]
+        );
     }
 
     #[test]
