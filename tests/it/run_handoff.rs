@@ -8,7 +8,7 @@ use oomtrace_tests::*;
 #[test]
 fn runs_of_every_shape_say_what_their_trace_says() {
     // An out-of-memory (the allocator remedies' predictions), two processes (fork), eight
-    // threads, two devices, VMM growth, a Python program's frames, a failed program.
+    // threads, two devices, VMM growth, many call sites, the basic runtime calls.
     for (name, args) in [
         ("oom", &[][..]),
         ("fork_child", &[]),
@@ -17,6 +17,14 @@ fn runs_of_every_shape_say_what_their_trace_says() {
         ("vmm_growth", &[]),
         ("many_sites", &[]),
         ("runtime_basic", &[]),
+        // Faults: a busy fork, an exec of itself (two images of one pid, the first never
+        // saying goodbye), a thread that exits the process, 25 threads, frees in thread-local
+        // destructors.
+        ("fault_fork_busy", &[]),
+        ("fault_exec_self", &[]),
+        ("fault_exit_thread", &[]),
+        ("fault_many_threads", &["25"]),
+        ("fault_tls_dtor_free", &[]),
     ] {
         let t = run_traced(name, args, &[]);
         t.assert_run_said_what_the_trace_says();
