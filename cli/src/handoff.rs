@@ -5,10 +5,11 @@
 //! models a replay of the trace file rebuilds (`Trace<Analysis>`, applied frame by frame in
 //! the same order). So it builds the report itself ([`RunReport::of_trace`]), once the trace
 //! file is finished, and writes it on its stdout pipe as [`ToRun::Report`]; `run` then prints
-//! it instead of reading the whole trace again (that replay was a third of a long run's wall
-//! time). Both sides run this file's code, so the summary and the JSON are the ones the
-//! replay gives, byte for byte (tests/it/run_handoff.rs compares the two with
-//! `--report-from-trace`).
+//! it instead of reading the whole trace again (that replay was a fifth of a long run's wall
+//! time: bench/2026-12-04-run-handoff.md). Both sides run this file's code, so the summary and
+//! the JSON are the ones the replay gives, byte for byte: `oomtrace report --summary [--json]`
+//! builds them from a file, and the tests compare the two on every corpus and real-PyTorch run
+//! (`oomtrace_tests::assert_run_said_what_the_trace_says`, tests/it/run_handoff.rs).
 //!
 //! `run` replays the file as before whenever the collector hands nothing over: it died or was
 //! killed, the trace is incomplete (a full disk: the file holds less than the collector saw,
