@@ -70,6 +70,22 @@ impl Wanted {
     }
 }
 
+/// A trace file read for `run`'s report (with a progress bar on a terminal after 1 s: reading
+/// a long run's trace takes a while), the detectors' internal errors said on stderr.
+pub fn read_trace(path: &Path) -> Result<Trace<Analysis>, crate::Failure> {
+    let mut progress = crate::progress::Progress::new();
+    progress.pass("reading the trace");
+    let loaded = Trace::<Analysis>::load_with_progress(path, &mut |done, total| {
+        progress.update(done, total)
+    });
+    drop(progress);
+    let trace = loaded.map_err(crate::Failure::from)?;
+    for w in report::analysis_failures(&trace) {
+        eprintln!("{w}");
+    }
+    Ok(trace)
+}
+
 /// The report `run` builds from a trace (its collector's models, or the file replayed): the
 /// default top, symbols, the allocator remedies' predictions and the levers that make it fit
 /// (each of which reads the trace file at `path` again, when a finding asks for it).

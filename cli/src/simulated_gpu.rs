@@ -24,6 +24,14 @@ pub struct DeviceMemory {
 }
 
 impl DeviceMemory {
+    /// How a report says the simulated GPU a run had: SIZE as given, and its bytes.
+    pub fn as_simulated_device(&self) -> oomtrace_collector::report::SimulatedDevice {
+        oomtrace_collector::report::SimulatedDevice {
+            device_memory: self.text.clone(),
+            device_memory_bytes: self.bytes,
+        }
+    }
+
     /// `text` as a device's memory: one rule for every size flag that names one (`run
     /// --simulate`, `demo --device-memory`, `fit --memory`), [`MIN_BYTES`] to [`MAX_BYTES`].
     pub fn parse(text: &str) -> Result<DeviceMemory, String> {

@@ -14,6 +14,7 @@ use oomtrace_collector::server::{Collector, Options};
 use oomtrace_proto::host::collector_spawn::{ToRun, TraceSaid};
 use oomtrace_proto::host::socket_dir;
 
+use crate::simulated_gpu::DeviceMemory;
 use crate::{render, signals, Failure};
 
 /// Run a collector on a Unix socket; traced processes connect through OOMTRACE_SOCKET.
@@ -59,8 +60,8 @@ pub struct Args {
     pub hand_json: bool,
     /// The simulated GPU's SIZE as `run --simulate` was given it, for the handed report.
     #[arg(long, value_name = "SIZE", hide = true, requires = "hand_report",
-          value_parser = crate::simulated_gpu::DeviceMemory::parse)]
-    pub simulated_device: Option<crate::simulated_gpu::DeviceMemory>,
+          value_parser = DeviceMemory::parse)]
+    pub simulated_device: Option<DeviceMemory>,
     /// Serve Prometheus metrics on http://ADDR/metrics (ADDR is host:port; port 0 picks a free
     /// port, printed on stderr). See docs/metrics.md.
     #[arg(long, value_name = "ADDR")]
@@ -193,12 +194,10 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     if let (true, true, Some(output)) = (args.hand_report, whole, &served.path) {
         let wanted = crate::handoff::Wanted {
             json: args.hand_json,
-            simulated: args.simulated_device.as_ref().map(|m| {
-                oomtrace_collector::report::SimulatedDevice {
-                    device_memory: m.text.clone(),
-                    device_memory_bytes: m.bytes,
-                }
-            }),
+            simulated: args
+                .simulated_device
+                .as_ref()
+                .map(DeviceMemory::as_simulated_device),
         };
         let working = Working::start();
         let report = crate::handoff::RunReport::of_trace(&trace, output, &wanted);

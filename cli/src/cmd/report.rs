@@ -247,16 +247,7 @@ fn run_summary(files: &[TraceFile], args: &Args) -> Result<ExitCode, Failure> {
     if args.no_wait {
         oomtrace_collector::model::trace::read_without_waiting();
     }
-    let mut progress = Progress::new();
-    progress.pass("reading the trace");
-    let trace = Trace::<Analysis>::load_with_progress(&one.path, &mut |done, total| {
-        progress.update(done, total)
-    });
-    drop(progress);
-    let trace = trace.map_err(|e| Failure::new(e.to_string()))?;
-    for w in report::analysis_failures(&trace) {
-        eprintln!("{w}");
-    }
+    let trace = crate::handoff::read_trace(&one.path)?;
     let wanted = crate::handoff::Wanted {
         json: args.json,
         simulated: None,

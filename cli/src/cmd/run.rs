@@ -11,7 +11,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use oomtrace_collector::model::trace::Trace;
-use oomtrace_collector::report::{self, Analysis, Report, ReportOptions, SimulatedDevice};
+use oomtrace_collector::report::{self, Report, ReportOptions, SimulatedDevice};
 use oomtrace_proto::host::collector_spawn::{self, NotListening, ToRun, TraceSaid};
 use oomtrace_proto::host::socket_dir;
 use oomtrace_proto::host::torch_hooks::{self, TorchHook};
@@ -196,10 +196,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         }
         None => None,
     };
-    let simulated_info = simulated.as_ref().map(|(_, memory)| SimulatedDevice {
-        device_memory: memory.text.clone(),
-        device_memory_bytes: memory.bytes,
-    });
+    let simulated_info = simulated
+        .as_ref()
+        .map(|(_, memory)| memory.as_simulated_device());
     let wanted = Wanted {
         json: args.json.is_some(),
         simulated: simulated_info.clone(),
@@ -504,13 +503,13 @@ fn stop_collector(mut child: Child, output: &Path) -> CollectorDone {
     done
 }
 
-/// Stops the collector (SIGTERM: it reads what the exited program left in its socket,
-/// finishes the trace, then builds the report) and waits for it. A collector still working
-/// through a big backlog is given as long as the trace keeps growing, or it keeps saying it is
-/// working on the report; one that does neither for 15 s is killed.
 /// How long a stopping collector may show no progress before it is killed.
 const NO_PROGRESS: Duration = Duration::from_secs(15);
 
+/// Stops the collector (SIGTERM: it reads what the exited program left in its socket,
+/// finishes the trace, then builds the report) and waits for it. A collector still working
+/// through a big backlog is given as long as the trace keeps growing, or it keeps saying it is
+/// working on the report; one that does neither for `no_progress` is killed.
 fn stop_collector_only(
     mut child: Child,
     output: &Path,
@@ -663,19 +662,9 @@ pub fn trace_command(command: &[OsString], session: &Session) -> Result<Outcome,
 }
 
 impl Outcome {
-    /// The report of the trace file, read back (with a progress bar on a terminal after 1 s:
-    /// reading a long run's trace takes a while).
+    /// The report of the trace file, read back.
     pub fn replay(&self) -> Result<Report, Failure> {
-        let mut progress = crate::progress::Progress::new();
-        progress.pass("reading the trace");
-        let loaded = Trace::<Analysis>::load_with_progress(&self.trace_path, &mut |done, total| {
-            progress.update(done, total)
-        });
-        drop(progress);
-        for w in loaded.iter().flat_map(report::analysis_failures) {
-            eprintln!("{w}");
-        }
-        let trace = loaded.map_err(Failure::from)?;
+        let trace = crate::handoff::read_trace(&self.trace_path)?;
         Ok(crate::handoff::build_report(&trace, &self.trace_path))
     }
 }
