@@ -12,6 +12,8 @@
  * ------------------------------------------
  * (Each area's file lists its own; these are the core's.)
  *  - One mutex serialises every call.
+ *  - The driver's own threads: one, started at the first successful cuInit,
+ *    which does nothing (a real driver's handle events and callbacks).
  *  - cuGetProcAddress knows the functions in the tables (with their real
  *    introduction versions); any other real CUDA function is found and
  *    answers CUDA_ERROR_NOT_SUPPORTED (driver/unsupported.c); anything else
@@ -34,12 +36,14 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define CTX_STACK_MAX 64
 #define MAX_CAPACITY (1ull << 40)
@@ -176,6 +180,46 @@ static CUresult init_locked(void)
     return g_init_result = CUDA_SUCCESS;
 }
 
+/* The driver's own thread.  A real driver starts threads of its own once it
+ * is initialised (gdb shows new threads after the first CUDA call; NVIDIA:
+ * "the CUDA driver will create additional threads from time to time"), so a
+ * CUDA process is never single-threaded.  That matters beyond `ps`: glibc's
+ * malloc takes its single-thread path (no arena lock) only while a process has
+ * one thread, so a program's every calloc and free costs more once any second
+ * thread exists, as it does under a real driver from cuInit on.  This one
+ * does nothing: it waits forever with every signal blocked (signals go to the
+ * program's threads, as before), detached, on a small stack.  Not in a fork
+ * child of an initialised process (the once has run), where the real driver
+ * is unusable anyway. */
+static pthread_once_t g_helper_once = PTHREAD_ONCE_INIT;
+
+static void *helper_main(void *arg)
+{
+    (void)arg;
+    for (;;)
+        pause();
+    return NULL;
+}
+
+static void start_helper_thread(void)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    /* The new thread inherits the mask: every signal blocked there. */
+    if (pthread_sigmask(SIG_SETMASK, &all, &old) != 0)
+        return;
+    pthread_attr_t attr;
+    if (pthread_attr_init(&attr) == 0) {
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 64 * 1024);
+        pthread_t t;
+        if (pthread_create(&t, &attr, helper_main, NULL) == 0)
+            pthread_setname_np(t, "simcuda-driver");
+        pthread_attr_destroy(&attr);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
 IMPL CUresult impl_cuInit(unsigned int flags)
 {
     if (flags != 0)
@@ -183,6 +227,8 @@ IMPL CUresult impl_cuInit(unsigned int flags)
     sim_lock();
     CUresult r = init_locked();
     sim_unlock();
+    if (r == CUDA_SUCCESS)
+        pthread_once(&g_helper_once, start_helper_thread);
     return r;
 }
 
