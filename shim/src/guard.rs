@@ -61,7 +61,9 @@ pub fn nested() -> bool {
 }
 
 /// Runs oomtrace code that must not unwind into the host. A panic disables tracing.
-#[inline]
+/// Always inlined: a `catch_unwind` costs nothing until something unwinds (a landing pad in
+/// the caller), but a call of its own costs a frame on every hook.
+#[inline(always)]
 pub fn catch<T>(f: impl FnOnce() -> T) -> Option<T> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => Some(v),
@@ -83,6 +85,9 @@ pub fn disable(why: &str) {
 /// What a hook records around its real call. `new` only stores arguments (it cannot fail);
 /// `before` and `after` may do anything, under `catch`.
 pub trait Recorder {
+    /// False for a recorder whose `after` does nothing when the call succeeded (a release
+    /// records only a failure afterwards): its hook then enters no `catch` scope for it.
+    const AFTER_ON_SUCCESS: bool = true;
     fn before(&mut self) {}
     fn after(&mut self, _rc: std::ffi::c_int) {}
 }
@@ -94,7 +99,9 @@ pub fn before<R: Recorder>(r: &mut R) {
 
 #[inline]
 pub fn after<R: Recorder>(r: &mut R, rc: std::ffi::c_int) {
-    catch(|| r.after(rc));
+    if R::AFTER_ON_SUCCESS || rc != 0 {
+        catch(|| r.after(rc));
+    }
 }
 
 /// Installed once at start: oomtrace's own copy of std must not print backtraces into the

@@ -119,8 +119,24 @@ impl Hook {
     }
 
     /// The real function for a call made from return address `caller` (runtime hooks).
+    /// Inlined into the hook: the first calling module (most processes have one) is one
+    /// range check, the others a call.
     #[inline]
     pub fn real_for(&self, caller: usize) -> Option<*const ()> {
+        let first = &self.callers[0];
+        let c = caller as u64;
+        if self.callers_len.load(Ordering::Acquire) != 0
+            && first.start.load(Ordering::Relaxed) <= c
+            && c < first.end.load(Ordering::Relaxed)
+        {
+            return Some(first.real.load(Ordering::Relaxed) as *const ());
+        }
+        self.real_for_other(caller)
+    }
+
+    /// [`Hook::real_for`] past the first calling module.
+    #[inline(never)]
+    fn real_for_other(&self, caller: usize) -> Option<*const ()> {
         let n = self.callers_len.load(Ordering::Acquire);
         let caller = caller as u64;
         for slot in &self.callers[..n.min(CALLER_SLOTS)] {

@@ -160,6 +160,9 @@ impl Release {
 }
 
 impl Recorder for Release {
+    // `after` records only a release that failed.
+    const AFTER_ON_SUCCESS: bool = false;
+
     fn before(&mut self) {
         // A free or unmap of a segment of PyTorch's reserve: the watcher records the segment
         // given back first. cudaFree(NULL) gives nothing back.

@@ -635,14 +635,19 @@ fn current() -> Option<&'static Capturer> {
 }
 
 /// The calling thread's native stack as an interned id (0 if stacks are off or unavailable).
-#[inline(never)]
+/// Inlined into the caller: with stacks off (`OOMTRACE_STACKS=off`) or before tracing
+/// started, two loads and no call.
+#[inline]
 pub fn capture() -> StackId {
-    let Some(cap) = current() else {
-        return StackId::NONE;
-    };
-    if !cap.config.native && !cap.config.python {
-        return StackId::NONE;
+    match current() {
+        Some(cap) if cap.config.native || cap.config.python => capture_with(cap),
+        _ => StackId::NONE,
     }
+}
+
+/// [`capture`]'s work, in a frame of its own: unwinding starts from this frame's registers.
+#[inline(never)]
+fn capture_with(cap: &'static Capturer) -> StackId {
     let (pc, sp, bp): (u64, u64, u64);
     // Registers of this very frame: unwinding starts here and runs in deeper frames, so the
     // part of the stack it reads (this frame and its callers) stays untouched meanwhile.

@@ -425,7 +425,7 @@ fn wait_for_room(ob: &Outbox, mut msg: Msg, control: Option<Duration>) -> Result
 #[inline]
 fn send_event(ob: &Outbox, ev: Event) {
     ob.made.fetch_add(1, Ordering::Relaxed);
-    match ob.ring.push(Msg::Event(ev)) {
+    match ob.ring.push_with(|| Msg::Event(ev)) {
         Ok(()) => ob.shared.nudge(&ob.ring),
         Err(PushError::Full(msg)) => {
             if wait_for_room(ob, msg, None).is_err() {

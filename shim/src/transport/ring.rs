@@ -81,10 +81,18 @@ impl Ring {
     /// Queues `msg` at the tail, or gives it back.
     #[inline]
     pub(super) fn push(&self, msg: Msg) -> Result<(), PushError> {
+        self.push_with(|| msg)
+    }
+
+    /// Queues the message `make` builds at the tail, or gives it back. `make` runs once, when
+    /// the outcome is known: on the hot path the message is built straight into its slot, not
+    /// on the stack first and then copied (an event is 64 bytes).
+    #[inline]
+    pub(super) fn push_with(&self, make: impl FnOnce() -> Msg) -> Result<(), PushError> {
         let mut tail = self.tail.0.load(Ordering::Relaxed);
         loop {
             if tail & CLOSED != 0 {
-                return Err(PushError::Closed(msg));
+                return Err(PushError::Closed(make()));
             }
             let slot = &self.slots[tail & self.mask];
             let stamp = slot.stamp.load(Ordering::Acquire);
@@ -100,7 +108,7 @@ impl Ring {
                         // alone, and its stamp says the consumer has taken the slot's previous
                         // message (or there was none): nobody else touches the slot until the
                         // stamp below hands it to the consumer.
-                        unsafe { (*slot.msg.get()).write(msg) };
+                        unsafe { (*slot.msg.get()).write(make()) };
                         slot.stamp.store(tail + 1, Ordering::Release);
                         return Ok(());
                     }
@@ -109,7 +117,7 @@ impl Ring {
             } else if (stamp as isize).wrapping_sub(tail as isize) < 0 {
                 // The slot still holds the message of the previous lap: full. (A stale
                 // `tail` never gets here: its slot would show `tail + 1` or later.)
-                return Err(PushError::Full(msg));
+                return Err(PushError::Full(make()));
             } else {
                 // Another producer took this position: look again.
                 tail = self.tail.0.load(Ordering::Relaxed);
