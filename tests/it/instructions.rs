@@ -1,7 +1,8 @@
 //! Instructions per cudaMalloc+cudaFree pair do not regress: `scripts/bench-instructions.sh
 //! --pairs-only` (valgrind's callgrind, a release build) against the committed table
 //! `bench/instructions.tsv`. Instructions do not swing with the machine's load, so a figure
-//! more than 10 % above the table is a change in the code, not noise. Every figure of the
+//! more than 10 % above the table is a change in the code, not noise (the drain thread's, which
+//! depends on valgrind's thread scheduling, 25 %). Every figure of the
 //! per-pair table is held: the program's thread (over untraced and in all), the shim's drain
 //! thread, the collector, and `run`'s replay at exit.
 //!
@@ -20,6 +21,10 @@ use oomtrace_tests::{precondition, repo};
 
 /// How far a figure may rise over the committed one.
 const TOLERANCE: f64 = 0.10;
+/// The drain thread's figure depends on how many messages it finds per wake-up, which is how
+/// valgrind happened to schedule the threads: one build measured 313 to 363 instructions a
+/// pair in six runs (its other figures within 3). A code change is still seen beyond this.
+const DRAIN_TOLERANCE: f64 = 0.25;
 /// Figures this small (the untraced rows' zeros, the drain thread with few events) may move
 /// by this many instructions whatever their share.
 const SLACK: i64 = 30;
@@ -112,7 +117,12 @@ fn instructions_per_pair_hold_against_the_committed_table() {
             ));
             continue;
         };
-        let bound = was + ((was as f64 * TOLERANCE) as i64).max(SLACK);
+        let share = if column == "drain" {
+            DRAIN_TOLERANCE
+        } else {
+            TOLERANCE
+        };
+        let bound = was + ((was as f64 * share) as i64).max(SLACK);
         if value > bound {
             worse.push(format!(
                 "{mode} {column}: {value} instructions, the table says {was} (at most {bound})"
