@@ -25,7 +25,10 @@ pub type ApplyFrame<'a, O> = dyn FnMut(&mut Process, &mut O, &Frame<'_>) + 'a;
 #[derive(Debug)]
 pub struct Trace<O = ()> {
     pub header: FileHeader,
-    /// Processes in the order their connections opened.
+    /// Processes in the order their connections opened (their connection numbers): during a
+    /// replay, in the order their first frames reach the file, which can differ (each
+    /// connection's reader hands its chunks to the writer on its own); sorted once the file
+    /// ends, so a replay lists them as the live collector does.
     pub processes: Vec<Process>,
     /// Each process's observer: `observers[i]` watched `processes[i]`.
     pub observers: Vec<O>,
@@ -313,6 +316,7 @@ impl<O: Observer + Default> Trace<O> {
     fn finish(self, tail: Tail) -> Result<Trace<O>, Error> {
         let mut trace = self;
         trace.tail = tail;
+        trace.sort_by_connection();
         if let Tail::Truncated { offset, bytes } = trace.tail {
             trace.warnings.push(format!(
                 "the trace ends in the middle of a record at byte {offset} ({bytes} bytes of it present): \
@@ -347,6 +351,24 @@ impl<O: Observer + Default> Trace<O> {
             }
         }
         Ok(trace)
+    }
+
+    /// Orders processes (with their observers) by connection number, the order the live
+    /// collector hands them over in (`server`): a forked child's first chunk can reach the file
+    /// before its parent's.
+    fn sort_by_connection(&mut self) {
+        if self.processes.windows(2).all(|w| w[0].conn < w[1].conn) {
+            return;
+        }
+        let mut pairs: Vec<(Process, O)> = std::mem::take(&mut self.processes)
+            .into_iter()
+            .zip(std::mem::take(&mut self.observers))
+            .collect();
+        pairs.sort_by_key(|(p, _)| p.conn);
+        self.by_conn.clear();
+        for (p, o) in pairs {
+            self.push_process(p, o);
+        }
     }
 
     pub fn apply_record(&mut self, rec: Record) -> Result<(), Error> {
@@ -554,6 +576,49 @@ mod tests {
         let q = &t.processes[1];
         assert_eq!((q.received(), q.lost_events()), (2, 7));
         assert_eq!(q.end, EndState::Running);
+    }
+
+    /// A forked child's first chunk can reach the file before its parent's (each connection's
+    /// reader hands its chunks to the writer on its own): the replay lists processes by
+    /// connection, as the live collector hands them over, and a later chunk still finds its
+    /// process.
+    #[test]
+    fn processes_are_listed_by_connection_whatever_reached_the_file_first() {
+        let chunk = |pid: u32, size: u64| {
+            let mut frames = Vec::new();
+            encode::hello(
+                &mut frames,
+                &Hello {
+                    pid,
+                    ..Default::default()
+                },
+            );
+            let mut e = Event::new(EventKind::Alloc, Api::cudaMalloc);
+            e.ptr = 0x10;
+            e.size = size;
+            e.device = 0;
+            encode::events(&mut frames, &[e]);
+            frames
+        };
+        let mut f = Vec::new();
+        tf::write_header(&mut f, 1, "test").unwrap();
+        tf::write_chunk(&mut f, 5, &chunk(200, 5), false).unwrap();
+        tf::write_chunk(&mut f, 4, &chunk(100, 4), false).unwrap();
+        let mut more = Vec::new();
+        let mut e = Event::new(EventKind::Alloc, Api::cudaMalloc);
+        e.ptr = 0x20;
+        e.size = 50;
+        e.device = 0;
+        encode::events(&mut more, &[e]);
+        tf::write_chunk(&mut f, 5, &more, false).unwrap();
+        tf::write_end(&mut f, 3, 2).unwrap();
+        let t: Trace = Trace::read(&f[..]).unwrap();
+        let listed: Vec<(u32, u32, u64)> = t
+            .processes
+            .iter()
+            .map(|p| (p.conn, p.pid(), p.devices[&0].live_bytes))
+            .collect();
+        assert_eq!(listed, [(4, 100, 4), (5, 200, 55)]);
     }
 
     #[test]

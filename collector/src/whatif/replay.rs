@@ -614,6 +614,9 @@ pub fn predict(path: &Path, confs: &[Option<AllocConf>]) -> Result<Vec<Predictio
     if tensor_events == 0 {
         return Err(Error::NoTensors(path.to_path_buf()));
     }
+    // Processes in the report's order (by connection), not in the order their first event
+    // reached the file.
+    order.sort_unstable();
     let mut predictions = Vec::with_capacity(confs.len());
     for (i, asked) in confs.iter().enumerate() {
         let mut processes = Vec::new();
