@@ -61,6 +61,11 @@ const TARGETS: &[Target] = &[
         flags: CUDART,
     },
     Target {
+        out: "peak_rss",
+        sources: &["peak_rss.c"],
+        flags: &[],
+    },
+    Target {
         out: "secure_dlopen",
         sources: &["secure_dlopen.c"],
         flags: &["-ldl"],

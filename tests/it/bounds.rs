@@ -34,9 +34,15 @@ struct Measured {
 }
 
 /// Runs `cmd` to its end, killed (and the test failed) past [`LIMIT`] x 3; its time and its
-/// maximum resident set (wait4's rusage: the child's own).
-#[allow(clippy::zombie_processes)] // reaped by wait4, which also gives its rusage
-fn measured(mut cmd: Command) -> Measured {
+/// maximum resident set, its own: measured by the `peak_rss` scenario, which runs it. (wait4's
+/// rusage of a child of this test binary counts the test binary's resident set too: Linux
+/// keeps the larger of the old image's and the new one's at exec, and this binary holds
+/// hundreds of MiB while another test reads a report of 10^7 allocations.)
+#[allow(clippy::zombie_processes)] // reaped by waitpid
+fn measured(cmd: Command) -> Measured {
+    let rss_dir = scratch("peak_rss");
+    let rss_file = rss_dir.join("kib");
+    let mut cmd = through_peak_rss(&cmd, &rss_file);
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let start = Instant::now();
     let mut child = cmd.spawn().expect("spawn");
@@ -64,28 +70,50 @@ fn measured(mut cmd: Command) -> Measured {
                 std::thread::sleep(Duration::from_millis(20));
             }
             // SAFETY: kill has no memory preconditions; the pid is our child, not yet reaped
-            // (the wait4 below reaps it only once it ended).
+            // (the waitpid below reaps it only once it ended). Its own child, the command,
+            // dies with it (`peak_rss` asks for that signal).
             unsafe { libc::kill(pid, libc::SIGKILL) };
             true
         })
     };
     let mut status = 0;
-    // SAFETY: an all-zero rusage is a valid value for wait4 to fill.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for our own child, writing into the two locals above.
-    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    assert_eq!(rc, pid, "wait4");
+    // SAFETY: waits for our own child, writing into the local above.
+    let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(rc, pid, "waitpid");
     let took = start.elapsed();
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     let killed = watch.join().unwrap();
     assert!(!killed, "{cmd:?} was killed after {:?}", LIMIT * 3);
+    let stderr = err_reader.join().unwrap();
+    let max_rss_kib = std::fs::read_to_string(&rss_file)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{cmd:?}: peak_rss wrote no figure ({status:#x})\n{stderr}"));
     Measured {
         code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
         stdout: reader.join().unwrap(),
-        stderr: err_reader.join().unwrap(),
+        stderr,
         took,
-        max_rss_kib: usage.ru_maxrss,
+        max_rss_kib,
     }
+}
+
+/// `cmd` run by the `peak_rss` scenario (same arguments, environment and directory), which
+/// writes its maximum resident set to `rss_file`.
+fn through_peak_rss(cmd: &Command, rss_file: &Path) -> Command {
+    let mut wrapped = Command::new(scenario("peak_rss"));
+    wrapped.arg(cmd.get_program()).args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => wrapped.env(k, v),
+            None => wrapped.env_remove(k),
+        };
+    }
+    if let Some(dir) = cmd.get_current_dir() {
+        wrapped.current_dir(dir);
+    }
+    wrapped.env("PEAK_RSS_FILE", rss_file).stdin(Stdio::null());
+    wrapped
 }
 
 /// `oomtrace ARGS...`, measured; it must succeed within the bounds.
