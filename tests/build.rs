@@ -61,6 +61,11 @@ const TARGETS: &[Target] = &[
         flags: CUDART,
     },
     Target {
+        out: "dlopen_shim",
+        sources: &["dlopen_shim.c"],
+        flags: CUDART,
+    },
+    Target {
         out: "peak_rss",
         sources: &["peak_rss.c"],
         flags: &[],

@@ -5,13 +5,13 @@
 //! so once; the real CUDA call always runs exactly once, outside any `catch_unwind`, so that a
 //! bug in recording can never repeat or skip an allocation.
 
-use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::cache_line::CacheLine;
 use crate::log;
 use crate::once::OneShot;
+use crate::this_thread;
 
 /// Tracing has not started in this process (or was reset by fork).
 pub const MODE_UNINIT: u8 = 0;
@@ -23,41 +23,69 @@ pub const MODE_FORWARD: u8 = 2;
 /// Read by every hook, written a handful of times per process: on a line of its own.
 pub static MODE: CacheLine<AtomicU8> = CacheLine(AtomicU8::new(MODE_UNINIT));
 
-thread_local! {
-    /// >0 while this thread is inside a recording hook. A `cudaMalloc` that reaches
-    /// `cuMemAlloc_v2` through our wrapper is then recorded once, by the outer hook.
-    /// `const` and without `Drop`: usable during thread teardown, never "destroyed".
-    static DEPTH: Cell<u32> = const { Cell::new(0) };
-}
-
 /// Called first by every recording hook. True: record this call (and `leave` afterwards).
+/// The thread's depth (`this_thread`) is >0 while it is inside a recording hook: a
+/// `cudaMalloc` that reaches `cuMemAlloc_v2` through our wrapper is then recorded once, by the
+/// outer hook. The depth lives in a block without a destructor: usable during thread teardown.
 #[inline]
 pub fn enter() -> bool {
     let mode = MODE.load(Ordering::Acquire);
     if mode != MODE_RECORDING && (mode != MODE_UNINIT || !crate::start_tracing()) {
         return false;
     }
-    DEPTH
-        .try_with(|d| {
-            if d.get() != 0 {
-                false
-            } else {
-                d.set(1);
-                true
+    let t = this_thread::get();
+    // SAFETY: this thread's own block, read and written on this thread only.
+    unsafe {
+        if (*t).depth != 0 {
+            return false;
+        }
+        (*t).depth = 1;
+    }
+    true
+}
+
+/// What a hook's fast path does with a call (`enter_fast`).
+pub enum Entry {
+    /// Record it: the outermost recording hook of this thread (the guard is now taken;
+    /// `leave` afterwards).
+    Record,
+    /// Forward it untouched: nested inside a recording hook, or tracing is off.
+    Forward,
+    /// Tracing has not started: the general path (`enter`) starts it.
+    Unknown,
+}
+
+/// [`enter`] without starting tracing: no call, so a hook can decide before it builds a frame.
+#[inline(always)]
+pub fn enter_fast() -> Entry {
+    match MODE.load(Ordering::Acquire) {
+        MODE_RECORDING => {
+            let t = this_thread::get();
+            // SAFETY: this thread's own block, read and written on this thread only.
+            unsafe {
+                if (*t).depth != 0 {
+                    return Entry::Forward;
+                }
+                (*t).depth = 1;
             }
-        })
-        .unwrap_or(false)
+            Entry::Record
+        }
+        MODE_UNINIT => Entry::Unknown,
+        _ => Entry::Forward,
+    }
 }
 
 #[inline]
 pub fn leave() {
-    let _ = DEPTH.try_with(|d| d.set(0));
+    // SAFETY: as in `enter`.
+    unsafe { (*this_thread::get()).depth = 0 };
 }
 
 /// True while the current thread is inside a recording hook (used by code that must not
 /// record twice, such as the pluggable allocator entry points).
 pub fn nested() -> bool {
-    DEPTH.try_with(|d| d.get() != 0).unwrap_or(true)
+    // SAFETY: as in `enter`.
+    unsafe { (*this_thread::get()).depth != 0 }
 }
 
 /// Runs oomtrace code that must not unwind into the host. A panic disables tracing.

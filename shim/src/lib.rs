@@ -44,6 +44,7 @@ pub mod recording;
 pub mod secure;
 pub mod stack;
 pub mod symbols;
+pub mod this_thread;
 pub mod torch_abi;
 pub mod torch_allocator;
 pub mod torch_reserve;

@@ -16,7 +16,6 @@
 //! another thread gets the same address back, its event is queued after ours, and the
 //! collector never sees an allocation of an address that is still live.
 
-use std::cell::Cell;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -25,6 +24,7 @@ use oomtrace_proto::{Api, Event, EventKind};
 
 use crate::driver_query;
 use crate::stack;
+use crate::this_thread;
 use crate::transport::outbox::{self, Msg};
 
 // Every function a hook's recorder calls is `#[inline]`: the recorders and what they call were
@@ -39,33 +39,27 @@ fn emit(mut ev: Event) {
     ob.send_event(ev);
 }
 
-thread_local! {
-    static TID: Cell<u32> = const { Cell::new(0) };
-}
-
 /// Devices seen so far in this process (bit per device 0..63).
 static SEEN_DEVICES: AtomicU64 = AtomicU64::new(0);
 
-/// The kernel thread id, cached per thread.
+/// The kernel thread id, cached per thread (`this_thread`).
 #[inline]
 pub fn tid() -> u32 {
-    TID.try_with(|t| {
-        let v = t.get();
-        if v != 0 {
-            return v;
+    let t = this_thread::get();
+    // SAFETY: this thread's own block, read and written on this thread only.
+    unsafe {
+        if (*t).tid == 0 {
+            // SAFETY: gettid has no preconditions.
+            (*t).tid = libc::gettid() as u32;
         }
-        // SAFETY: gettid has no preconditions.
-        let v = unsafe { libc::gettid() } as u32;
-        t.set(v);
-        v
-    })
-    // SAFETY: gettid has no preconditions (this thread's thread-locals are being destroyed).
-    .unwrap_or_else(|_| unsafe { libc::gettid() } as u32)
+        (*t).tid
+    }
 }
 
 /// In a fork child: its thread has a new id, and it has seen no device yet.
 pub fn reset_after_fork() {
-    let _ = TID.try_with(|t| t.set(0));
+    // SAFETY: as in `tid`.
+    unsafe { (*this_thread::get()).tid = 0 };
     SEEN_DEVICES.store(0, Ordering::Relaxed);
 }
 

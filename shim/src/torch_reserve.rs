@@ -15,7 +15,6 @@
 //! the devices tensors were seen on, so that a free, which PyTorch
 //! hands over as a bare pointer, is put on its device without a lookup in a one-device process.
 
-use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -23,6 +22,7 @@ use std::sync::Mutex;
 use oomtrace_proto::DEVICE_UNKNOWN;
 
 use crate::cuda::CUDA_ERROR_OUT_OF_MEMORY;
+use crate::this_thread::{thread_block, Zeroed};
 
 /// Set once the allocator's methods are hooked: until then (and in programs without PyTorch)
 /// the hooks skip all of this with one load.
@@ -44,23 +44,44 @@ pub struct Failed {
     pub device: i16,
 }
 
-/// This thread's place in the allocator's methods: one thread-local for both words, since
-/// every method enters and leaves it (a thread-local costs a call in a shared object).
-#[derive(Clone, Copy)]
+/// This thread's place in the allocator's methods: one thread block for all of it, since every
+/// method enters and leaves it (see `this_thread`).
+#[repr(C)]
 struct Method {
     /// >0 while this thread runs one of the allocator's methods.
     depth: u32,
-    /// The last failed device allocation of the outermost method running on this thread.
-    failed: Option<Failed>,
+    /// The last failed device allocation of the outermost method running on this thread:
+    /// its error (0: none), size and device.
+    failed_rc: i32,
+    failed_size: u64,
+    failed_device: i16,
+    /// What PyTorch's out-of-memory observer said the allocator was allowed to reserve, in the
+    /// method running on this thread (0: it did not speak).
+    observed: u64,
 }
 
-thread_local! {
-    /// `const`, no `Drop`: usable while the thread is torn down.
-    static METHOD: Cell<Method> = const { Cell::new(Method { depth: 0, failed: None }) };
-    /// What PyTorch's out-of-memory observer said the allocator was allowed to reserve, in the
-    /// method running on this thread (0: it did not speak). A cell of its own, touched only
-    /// at an OOM: `METHOD` is copied in and out at every tensor.
-    static OBSERVED: Cell<u64> = const { Cell::new(0) };
+// SAFETY: integers only; zero is a valid value of each (and means "none" where it matters).
+unsafe impl Zeroed for Method {}
+
+thread_block! {
+    /// This thread's place in the allocator's methods.
+    fn method() -> Method;
+}
+
+impl Method {
+    fn failed(&self) -> Option<Failed> {
+        (self.failed_rc != 0).then_some(Failed {
+            rc: self.failed_rc,
+            size: self.failed_size,
+            device: self.failed_device,
+        })
+    }
+
+    fn set_failed(&mut self, f: Failed) {
+        self.failed_rc = f.rc;
+        self.failed_size = f.size;
+        self.failed_device = f.device;
+    }
 }
 
 pub fn activate() {
@@ -80,33 +101,27 @@ pub fn active() -> bool {
 
 /// Entering an allocator method on this thread.
 pub fn enter() {
-    let _ = METHOD.try_with(|m| {
-        let mut now = m.get();
-        if now.depth == 0 {
-            now.failed = None;
-        }
-        now.depth += 1;
-        m.set(now);
-    });
+    // SAFETY: this thread's own block, used on this thread only.
+    let m = unsafe { &mut *method() };
+    if m.depth == 0 {
+        m.failed_rc = 0;
+    }
+    m.depth += 1;
 }
 
 /// Leaving it (returned or unwound); the failure seen inside, if any.
 pub fn leave() -> Option<Failed> {
-    METHOD
-        .try_with(|m| {
-            let mut now = m.get();
-            now.depth = now.depth.saturating_sub(1);
-            m.set(now);
-            now.failed
-        })
-        .ok()
-        .flatten()
+    // SAFETY: as in `enter`.
+    let m = unsafe { &mut *method() };
+    m.depth = m.depth.saturating_sub(1);
+    m.failed()
 }
 
 /// True while this thread runs one of the allocator's methods (after they were hooked): what
 /// a hook checks before asking anything for a segment (its device, say).
 pub fn inside_method() -> bool {
-    active() && METHOD.try_with(|m| m.get().depth != 0).unwrap_or(false)
+    // SAFETY: as in `enter`.
+    active() && unsafe { (*method()).depth != 0 }
 }
 
 /// A device allocation (or mapping) of `size` bytes at `ptr` on `device` that succeeded (`rc`
@@ -124,8 +139,8 @@ fn device_alloc_in_method(rc: i32, ptr: u64, size: u64, device: i16) -> bool {
         return false;
     }
     if rc != 0 {
-        let failed = Some(Failed { rc, size, device });
-        let _ = METHOD.try_with(|m| m.set(Method { failed, ..m.get() }));
+        // SAFETY: as in `enter`.
+        unsafe { (*method()).set_failed(Failed { rc, size, device }) };
         return false;
     }
     if ptr == 0 {
@@ -148,27 +163,23 @@ pub fn allocator_out_of_memory(device: i16, allowed: u64) -> bool {
     if !inside_method() {
         return false;
     }
-    let _ = OBSERVED.try_with(|o| o.set(allowed));
-    METHOD
-        .try_with(|m| {
-            let now = m.get();
-            let size = now.failed.map_or(0, |f| f.size);
-            m.set(Method {
-                failed: Some(Failed {
-                    rc: CUDA_ERROR_OUT_OF_MEMORY,
-                    size,
-                    device,
-                }),
-                ..now
-            });
-        })
-        .is_ok()
+    // SAFETY: as in `enter`.
+    let m = unsafe { &mut *method() };
+    m.observed = allowed;
+    let size = m.failed().map_or(0, |f| f.size);
+    m.set_failed(Failed {
+        rc: CUDA_ERROR_OUT_OF_MEMORY,
+        size,
+        device,
+    });
+    true
 }
 
 /// What the observer said in the method that just unwound on this thread, cleared (0: it did
 /// not speak).
 pub fn take_observed() -> u64 {
-    OBSERVED.try_with(|o| o.replace(0)).unwrap_or(0)
+    // SAFETY: as in `enter`.
+    std::mem::take(unsafe { &mut (*method()).observed })
 }
 
 /// A device free (or unmap) of `ptr`, before the real call: the segment it gives back.

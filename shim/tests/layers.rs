@@ -82,7 +82,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // Below every way in, knowing none of them.
     (
         "recording.rs",
-        &["stack", "transport", "driver_query", "clock"],
+        &["stack", "transport", "driver_query", "clock", "this_thread"],
     ),
     // Capture.
     (
@@ -94,6 +94,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "modules",
             "config",
             "cache_line",
+            "this_thread",
         ],
     ),
     ("python", &["python", "transport", "symbols", "log"]),
@@ -113,9 +114,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     // Leaves. `guard` asks the crate root's `start_tracing` (which is `lifecycle::start`) on a
     // process's first hook: the one sanctioned upward call.
-    ("guard.rs", &["cache_line", "log", "once", "start_tracing"]),
+    (
+        "guard.rs",
+        &["cache_line", "log", "once", "this_thread", "start_tracing"],
+    ),
     ("torch_abi.rs", &["symbols"]),
-    ("torch_reserve.rs", &["cuda"]),
+    ("torch_reserve.rs", &["cuda", "this_thread"]),
     ("device_watch.rs", &[]),
     ("driver_query.rs", &["symbols", "cuda"]),
     ("symbols.rs", &["modules", "once", "log"]),
@@ -129,6 +133,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("log.rs", &["once"]),
     ("python_env.rs", &["log", "once", "symbols", "secure"]),
     ("secure.rs", &[]),
+    ("this_thread.rs", &[]),
     ("cache_line.rs", &["log", "once", "symbols"]),
 ];
 

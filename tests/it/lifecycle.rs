@@ -23,6 +23,38 @@ fn eight_threads_with_cross_thread_frees_are_accounted_exactly() {
     );
 }
 
+/// A library opened late (dlopen, as the Python API opens it without `oomtrace run`) keeps its
+/// per-thread state where the loader puts it on each thread's first use: eight threads each
+/// record every call once, none is lost or doubled.
+#[test]
+fn a_library_opened_late_records_every_thread_exactly() {
+    let dir = scratch("dlopen_shim");
+    let mut cmd = base_command(scenario("dlopen_shim"));
+    cmd.arg(shim())
+        .current_dir(&dir)
+        .env("OOMTRACE_COLLECTOR", oomtrace_bin());
+    let out = output_within(cmd, TIMEOUT);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}\n{stderr}", out.status);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("dlopen_shim: ok"));
+    let traces = traces_in(&dir);
+    assert_eq!(traces.len(), 1, "{traces:?}\n{stderr}");
+    let report = report_json(&traces[0]);
+    let p = processes(&report)[0];
+    assert_eq!(p["lost_events"], 0, "{p}");
+    assert_eq!(p["unmatched_frees"], 0);
+    let d0 = device(p, 0);
+    assert_eq!(d0["allocations"], 8 * 500);
+    assert_eq!(d0["frees"], 8 * 499);
+    assert_eq!(d0["live_at_exit_bytes"], 4096 * 36);
+    assert_eq!(d0["live_at_exit_count"], 8);
+    let pid = p["pid"].as_u64().unwrap();
+    assert_eq!(
+        live_by_function(&report).get(&(pid, "worker".into())),
+        Some(&(4096 * 36))
+    );
+}
+
 #[test]
 fn fork_child_reports_as_its_own_process_and_nothing_hangs() {
     let t = run_traced("fork_child", &[], &[]);

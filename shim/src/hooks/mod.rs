@@ -118,11 +118,18 @@ impl Hook {
         crate::guard::catch(|| real::resolve_slot(self)).flatten()
     }
 
-    /// The real function for a call made from return address `caller` (runtime hooks).
-    /// Inlined into the hook: the first calling module (most processes have one) is one
-    /// range check, the others a call.
-    #[inline]
-    pub fn real_for(&self, caller: usize) -> Option<*const ()> {
+    /// The real function, if it is resolved already (no call: the wrapper's fast path).
+    #[inline(always)]
+    pub fn known_real_fn(&self) -> Option<*const ()> {
+        let p = self.real.load(Ordering::Acquire);
+        (p != 0).then_some(p as *const ())
+    }
+
+    /// The real function for a call made from return address `caller` when it comes from the
+    /// first calling module (most processes have one): one range check, inlined into the
+    /// hook's fast path. None: ask [`Hook::real_for`].
+    #[inline(always)]
+    pub fn first_caller_real(&self, caller: usize) -> Option<*const ()> {
         let first = &self.callers[0];
         let c = caller as u64;
         if self.callers_len.load(Ordering::Acquire) != 0
@@ -131,12 +138,12 @@ impl Hook {
         {
             return Some(first.real.load(Ordering::Relaxed) as *const ());
         }
-        self.real_for_other(caller)
+        None
     }
 
-    /// [`Hook::real_for`] past the first calling module.
-    #[inline(never)]
-    fn real_for_other(&self, caller: usize) -> Option<*const ()> {
+    /// The real function for a call made from return address `caller` (runtime hooks),
+    /// remembering the calling module on its first call.
+    pub fn real_for(&self, caller: usize) -> Option<*const ()> {
         let n = self.callers_len.load(Ordering::Acquire);
         let caller = caller as u64;
         for slot in &self.callers[..n.min(CALLER_SLOTS)] {
@@ -292,27 +299,72 @@ macro_rules! caller_first_trampoline {
     };
 }
 
-/// The body every recording wrapper shares: find the real function, forward untouched unless
-/// this is the outermost recording hook, else `before` -> real call (exactly once) -> `after`.
-macro_rules! call_recorded {
-    ($hook:ident, $real:expr, $name:ident, ( $( $arg:ident : $ty:ty ),* ), $rec:ident, ( $( $rarg:expr ),* )) => {{
-        type Real = unsafe extern "C" fn( $( $ty ),* ) -> c_int;
-        let Some(p) = $real else { return $hook.unresolved() };
-        // SAFETY: `p` was resolved for this exact symbol, whose C signature is this one.
-        let real: Real = unsafe { core::mem::transmute::<*const (), Real>(p) };
-        if !crate::guard::enter() {
+/// The recording path of a wrapper, out of line (`record` inside `$name`'s module): `before`
+/// -> the real call (exactly once) -> `after`, then leave the guard that `enter_fast` or
+/// `enter` took.
+macro_rules! record_fn {
+    ($name:ident, ( $( $arg:ident : $ty:ty ),* ), $rec:ident, ( $( $rarg:expr ),* )) => {
+        pub(super) type Real = unsafe extern "C" fn( $( $ty ),* ) -> c_int;
+
+        /// Out of line so that the wrapper's checks need no frame of their own: a call that
+        /// is not recorded (a driver call made inside a runtime call we record) costs a few
+        /// loads and a jump.
+        #[inline(never)]
+        pub(super) unsafe extern "C" fn record(real: Real, $( $arg : $ty ),* ) -> c_int {
+            let mut rec = recorders::$rec::new(Api::$name, $( $rarg ),* );
+            crate::guard::before(&mut rec);
             // SAFETY: the real function of this symbol, called once with the caller's own
-            // arguments (its contract is the caller's).
-            return unsafe { real( $( $arg ),* ) };
+            // arguments (its contract is the caller's), outside `catch`.
+            let rc = unsafe { real( $( $arg ),* ) };
+            crate::guard::after(&mut rec, rc);
+            crate::guard::leave();
+            rc
         }
-        let mut rec = recorders::$rec::new(Api::$name, $( $rarg ),* );
-        crate::guard::before(&mut rec);
-        // SAFETY: as above: the one real call, with the caller's arguments, outside `catch`.
-        let rc = unsafe { real( $( $arg ),* ) };
-        crate::guard::after(&mut rec, rc);
-        crate::guard::leave();
-        rc
+    };
+}
+
+/// The body every recording wrapper shares, given the real function when it is known
+/// without a call (`$fast`: resolved, and for runtime hooks the first calling module) and the
+/// way to find it otherwise (`$real`). Known real and recording on: record (outermost hook)
+/// or forward untouched (nested), both as tail calls. Anything else (the first call, tracing
+/// not started, another calling module) takes the general path: find the real function, start
+/// tracing, then forward or record.
+macro_rules! call_recorded {
+    ($hook:ident, $fast:expr, $real:expr, $name:ident, ( $( $arg:ident : $ty:ty ),* )) => {{
+        if let Some(p) = $fast {
+            // SAFETY: `p` was resolved for this exact symbol, whose C signature is this one.
+            let real: $name::Real = unsafe { core::mem::transmute::<*const (), $name::Real>(p) };
+            match crate::guard::enter_fast() {
+                // SAFETY: the real function with the caller's own arguments.
+                crate::guard::Entry::Record => return unsafe { $name::record(real, $( $arg ),* ) },
+                // SAFETY: the real function, called once with the caller's own arguments.
+                crate::guard::Entry::Forward => return unsafe { real( $( $arg ),* ) },
+                crate::guard::Entry::Unknown => {}
+            }
+        }
+        $name::general($real, $( $arg ),* )
     }};
+}
+
+/// The general path of a wrapper (`general` inside `$name`'s module), out of line and cold.
+macro_rules! general_fn {
+    ($name:ident, ( $( $arg:ident : $ty:ty ),* )) => {
+        #[cold]
+        #[inline(never)]
+        pub(super) fn general(real: Option<*const ()>, $( $arg : $ty ),* ) -> c_int {
+            let hook = &HOOKS[HookId::$name as usize];
+            let Some(p) = real else { return hook.unresolved() };
+            // SAFETY: `p` was resolved for this exact symbol, whose C signature is this one.
+            let real: Real = unsafe { core::mem::transmute::<*const (), Real>(p) };
+            if !crate::guard::enter() {
+                // SAFETY: the real function of this symbol, called once with the caller's own
+                // arguments (its contract is the caller's).
+                return unsafe { real( $( $arg ),* ) };
+            }
+            // SAFETY: as above.
+            unsafe { record(real, $( $arg ),* ) }
+        }
+    };
 }
 
 /// One exported wrapper. Runtime wrappers are trampolines that pass the caller's address to
@@ -337,8 +389,11 @@ macro_rules! wrapper {
 
             pub(super) unsafe extern "C" fn imp(caller: usize, $( $arg : $ty ),* ) -> c_int {
                 let hook = &HOOKS[HookId::$name as usize];
-                crate::hooks::call_recorded!(hook, hook.real_for(caller), $name, ( $( $arg : $ty ),* ), $rec, ( $( $rarg ),* ))
+                crate::hooks::call_recorded!(hook, hook.first_caller_real(caller), hook.real_for(caller), $name, ( $( $arg : $ty ),* ))
             }
+
+            crate::hooks::record_fn!($name, ( $( $arg : $ty ),* ), $rec, ( $( $rarg ),* ));
+            crate::hooks::general_fn!($name, ( $( $arg : $ty ),* ));
         }
     };
     ($fam:ident, $name:ident, ( $( $arg:ident : $ty:ty ),* ), $rec:ident, ( $( $rarg:expr ),* )) => {
@@ -346,12 +401,23 @@ macro_rules! wrapper {
         #[allow(non_snake_case)]
         pub unsafe extern "C" fn $name( $( $arg : $ty ),* ) -> c_int {
             let hook = &HOOKS[HookId::$name as usize];
-            crate::hooks::call_recorded!(hook, hook.real(), $name, ( $( $arg : $ty ),* ), $rec, ( $( $rarg ),* ))
+            crate::hooks::call_recorded!(hook, hook.known_real_fn(), hook.real(), $name, ( $( $arg : $ty ),* ))
+        }
+
+        #[allow(non_snake_case)]
+        mod $name {
+            use super::*;
+
+            crate::hooks::record_fn!($name, ( $( $arg : $ty ),* ), $rec, ( $( $rarg ),* ));
+            crate::hooks::general_fn!($name, ( $( $arg : $ty ),* ));
         }
     };
 }
 
-pub(crate) use {c_name, call_recorded, caller_first_trampoline, family, gpa, hook_table, wrapper};
+pub(crate) use {
+    c_name, call_recorded, caller_first_trampoline, family, general_fn, gpa, hook_table, record_fn,
+    wrapper,
+};
 
 #[cfg(test)]
 mod tests {

@@ -13,7 +13,6 @@
 //!
 //! Symbolization never happens here: the collector and CLI map addresses to lines.
 
-use std::cell::RefCell;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -27,6 +26,7 @@ use crate::cache_line::CacheLine;
 use crate::config::MAX_STACK_DEPTH;
 use crate::modules::{self, LoadCounts, LoadedModule};
 use crate::python::{self, CodeRegistry, Interpreter, ThreadCodes, MAX_PY_FRAMES};
+use crate::this_thread::{thread_block, Zeroed};
 use crate::transport::{Msg, Outbox};
 
 type NativeUnwinder = framehop::UnwinderNative<Vec<u8>, MayAllocateDuringUnwind>;
@@ -348,8 +348,54 @@ struct PyThread {
 
 const RECENT: usize = 4;
 
+/// Where this thread's `ThreadStacks` is (a thread block: reached without `__tls_get_addr`,
+/// see `this_thread`), and whether a capture is using it (a signal handler that captures
+/// meanwhile gets no stack).
+#[repr(C)]
+struct ThreadSlot {
+    /// A `Box<ThreadStacks>` made by `capture_with` and owned through `OWNER`; null: none.
+    stacks: *mut ThreadStacks,
+    busy: bool,
+}
+
+// SAFETY: a null pointer and `false`.
+unsafe impl Zeroed for ThreadSlot {}
+
+thread_block! {
+    /// This thread's stack tables.
+    fn thread_slot() -> ThreadSlot;
+}
+
 thread_local! {
-    static THREAD: RefCell<Option<ThreadStacks>> = const { RefCell::new(None) };
+    /// Frees this thread's `ThreadStacks` when the thread ends (a thread block runs nothing).
+    static OWNER: SlotOwner = const { SlotOwner };
+}
+
+struct SlotOwner;
+
+impl Drop for SlotOwner {
+    fn drop(&mut self) {
+        let slot = thread_slot();
+        // SAFETY: this thread's own block; the pointer is null or a `Box` made by
+        // `capture_with` on this thread and not freed since (freeing clears it). A capture
+        // cannot be running: this destructor runs on this thread outside any hook.
+        unsafe {
+            let stacks = std::mem::replace(&mut (*slot).stacks, std::ptr::null_mut());
+            if !stacks.is_null() {
+                drop(Box::from_raw(stacks));
+            }
+        }
+    }
+}
+
+/// Marks the thread's slot in use until dropped (also when a capture unwinds).
+struct Busy(*mut ThreadSlot);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        // SAFETY: this thread's own block.
+        unsafe { (*self.0).busy = false };
+    }
 }
 
 fn stack_bounds() -> (u64, u64) {
@@ -668,35 +714,44 @@ fn capture_with(cap: &'static Capturer) -> StackId {
     {
         return StackId::NONE;
     }
-    THREAD
-        .try_with(|cell| {
-            let Ok(mut slot) = cell.try_borrow_mut() else {
-                return StackId::NONE; // re-entered from a signal handler
-            };
-            if slot.as_ref().map(|t| t.owner) != Some(cap as *const Capturer as usize) {
-                *slot = Some(ThreadStacks::new(cap));
+    let slot = thread_slot();
+    // SAFETY: this thread's own block, used on this thread only; `busy` keeps a signal handler
+    // that captures while this capture runs away from the tables.
+    let ts = unsafe {
+        if (*slot).busy {
+            return StackId::NONE; // re-entered from a signal handler
+        }
+        let owner = cap as *const Capturer as usize;
+        if (*slot).stacks.is_null() || (*(*slot).stacks).owner != owner {
+            // The first capture on this thread (or the first since a fork): its tables,
+            // freed by `OWNER` when the thread ends. None once the thread is ending.
+            if OWNER.try_with(|_| ()).is_err() {
+                return StackId::NONE;
             }
-            match slot.as_mut() {
-                Some(ts) => {
-                    let py = if cap.config.python {
-                        interpreter(cap, ts)
-                    } else {
-                        None
-                    };
-                    let native = if cap.config.native {
-                        intern(cap, ts, pc, sp, bp)
-                    } else {
-                        StackId::NONE
-                    };
-                    match py {
-                        Some(py) => with_python(cap, ts, py, native),
-                        None => native,
-                    }
-                }
-                None => StackId::NONE,
+            let fresh = Box::into_raw(Box::new(ThreadStacks::new(cap)));
+            let old = std::mem::replace(&mut (*slot).stacks, fresh);
+            if !old.is_null() {
+                drop(Box::from_raw(old));
             }
-        })
-        .unwrap_or(StackId::NONE)
+        }
+        (*slot).busy = true;
+        &mut *(*slot).stacks
+    };
+    let _busy = Busy(slot);
+    let py = if cap.config.python {
+        interpreter(cap, ts)
+    } else {
+        None
+    };
+    let native = if cap.config.native {
+        intern(cap, ts, pc, sp, bp)
+    } else {
+        StackId::NONE
+    };
+    match py {
+        Some(py) => with_python(cap, ts, py, native),
+        None => native,
+    }
 }
 
 /// The interpreter whose frames this thread's stacks get, looked for again when the loaded

@@ -14,6 +14,8 @@ use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use oomtrace_proto::Event;
+
 use super::msg::Msg;
 
 /// Set in the tail once the consumer has gone: every later push fails at once (and a push
@@ -49,6 +51,41 @@ unsafe impl Sync for Ring {}
 // SAFETY: as above; the ring owns its messages, which are Send.
 unsafe impl Send for Ring {}
 
+/// What a push puts in a slot: written in place when there is room, else given back whole.
+pub(super) trait Outgoing {
+    /// Writes the message at `dst`.
+    ///
+    /// # Safety
+    /// `dst` is valid for writes of a `Msg` and holds none.
+    unsafe fn write_to(self, dst: *mut Msg);
+    fn into_msg(self) -> Msg;
+}
+
+impl Outgoing for Msg {
+    #[inline(always)]
+    unsafe fn write_to(self, dst: *mut Msg) {
+        // SAFETY: per the trait's contract.
+        unsafe { dst.write(self) }
+    }
+    fn into_msg(self) -> Msg {
+        self
+    }
+}
+
+/// An event on its way into a slot: written field by field ([`Msg::write_event`]).
+pub(super) struct EventOut(pub Event);
+
+impl Outgoing for EventOut {
+    #[inline(always)]
+    unsafe fn write_to(self, dst: *mut Msg) {
+        // SAFETY: per the trait's contract.
+        unsafe { Msg::write_event(dst, &self.0) }
+    }
+    fn into_msg(self) -> Msg {
+        Msg::Event(self.0)
+    }
+}
+
 /// Why a message did not go in; it is given back.
 pub enum PushError {
     /// No room: the consumer has not taken the message `capacity` positions back yet.
@@ -81,18 +118,17 @@ impl Ring {
     /// Queues `msg` at the tail, or gives it back.
     #[inline]
     pub(super) fn push(&self, msg: Msg) -> Result<(), PushError> {
-        self.push_with(|| msg)
+        self.push_with(msg)
     }
 
-    /// Queues the message `make` builds at the tail, or gives it back. `make` runs once, when
-    /// the outcome is known: on the hot path the message is built straight into its slot, not
-    /// on the stack first and then copied (an event is 64 bytes).
+    /// Queues `out` at the tail, or gives it back as a message. An event is written straight
+    /// into its slot ([`Outgoing::write_to`]), not built on the stack first and then copied.
     #[inline]
-    pub(super) fn push_with(&self, make: impl FnOnce() -> Msg) -> Result<(), PushError> {
+    pub(super) fn push_with(&self, out: impl Outgoing) -> Result<(), PushError> {
         let mut tail = self.tail.0.load(Ordering::Relaxed);
         loop {
             if tail & CLOSED != 0 {
-                return Err(PushError::Closed(make()));
+                return Err(PushError::Closed(out.into_msg()));
             }
             let slot = &self.slots[tail & self.mask];
             let stamp = slot.stamp.load(Ordering::Acquire);
@@ -108,7 +144,7 @@ impl Ring {
                         // alone, and its stamp says the consumer has taken the slot's previous
                         // message (or there was none): nobody else touches the slot until the
                         // stamp below hands it to the consumer.
-                        unsafe { (*slot.msg.get()).write(make()) };
+                        unsafe { out.write_to((*slot.msg.get()).as_mut_ptr()) };
                         slot.stamp.store(tail + 1, Ordering::Release);
                         return Ok(());
                     }
@@ -117,7 +153,7 @@ impl Ring {
             } else if (stamp as isize).wrapping_sub(tail as isize) < 0 {
                 // The slot still holds the message of the previous lap: full. (A stale
                 // `tail` never gets here: its slot would show `tail + 1` or later.)
-                return Err(PushError::Full(make()));
+                return Err(PushError::Full(out.into_msg()));
             } else {
                 // Another producer took this position: look again.
                 tail = self.tail.0.load(Ordering::Relaxed);
