@@ -33,6 +33,12 @@ pub fn enter() -> bool {
     if mode != MODE_RECORDING && (mode != MODE_UNINIT || !crate::start_tracing()) {
         return false;
     }
+    take_depth()
+}
+
+/// Takes this thread's guard: true when it was free (the outermost recording hook).
+#[inline(always)]
+fn take_depth() -> bool {
     let t = this_thread::get();
     // SAFETY: this thread's own block, read and written on this thread only.
     unsafe {
@@ -59,17 +65,8 @@ pub enum Entry {
 #[inline(always)]
 pub fn enter_fast() -> Entry {
     match MODE.load(Ordering::Acquire) {
-        MODE_RECORDING => {
-            let t = this_thread::get();
-            // SAFETY: this thread's own block, read and written on this thread only.
-            unsafe {
-                if (*t).depth != 0 {
-                    return Entry::Forward;
-                }
-                (*t).depth = 1;
-            }
-            Entry::Record
-        }
+        MODE_RECORDING if take_depth() => Entry::Record,
+        MODE_RECORDING => Entry::Forward,
         MODE_UNINIT => Entry::Unknown,
         _ => Entry::Forward,
     }

@@ -9,8 +9,7 @@ use std::time::Duration;
 use oomtrace_proto::wire::{GoodbyeReason, ModuleDef, TorchMemory};
 use oomtrace_proto::Event;
 
-///
-/// `repr(u8)`: the layout of each variant is defined (the tag, then its fields as in a
+/// What the queue carries. `repr(u8)`: the layout of each variant is defined (the tag, then its fields as in a
 /// `repr(C)` struct), so an event can be written into a queue slot field by field
 /// ([`Msg::write_event`]).
 #[repr(u8)]
