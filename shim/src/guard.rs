@@ -39,7 +39,11 @@ pub fn enter() -> bool {
 /// Takes this thread's guard: true when it was free (the outermost recording hook).
 #[inline(always)]
 fn take_depth() -> bool {
-    let t = this_thread::get();
+    take_depth_at(this_thread::get())
+}
+
+#[inline(always)]
+fn take_depth_at(t: *mut this_thread::HookThread) -> bool {
     // SAFETY: this thread's own block, read and written on this thread only.
     unsafe {
         if (*t).depth != 0 {
@@ -50,11 +54,31 @@ fn take_depth() -> bool {
     true
 }
 
+/// This thread's guard, taken: [`Held::leave`] gives it back without looking the thread's
+/// block up again.
+#[repr(transparent)]
+pub struct Held(*mut this_thread::HookThread);
+
+impl Held {
+    /// The guard `enter` took on this thread.
+    #[inline]
+    pub fn taken() -> Held {
+        Held(this_thread::get())
+    }
+
+    #[inline(always)]
+    pub fn leave(self) {
+        // SAFETY: this thread's own block (a `Held` is made on the thread that took the guard
+        // and is not Send), read and written on this thread only.
+        unsafe { (*self.0).depth = 0 };
+    }
+}
+
 /// What a hook's fast path does with a call (`enter_fast`).
 pub enum Entry {
     /// Record it: the outermost recording hook of this thread (the guard is now taken;
-    /// `leave` afterwards).
-    Record,
+    /// `Held::leave` afterwards).
+    Record(Held),
     /// Forward it untouched: nested inside a recording hook, or tracing is off.
     Forward,
     /// Tracing has not started: the general path (`enter`) starts it.
@@ -65,8 +89,14 @@ pub enum Entry {
 #[inline(always)]
 pub fn enter_fast() -> Entry {
     match MODE.load(Ordering::Acquire) {
-        MODE_RECORDING if take_depth() => Entry::Record,
-        MODE_RECORDING => Entry::Forward,
+        MODE_RECORDING => {
+            let t = this_thread::get();
+            if take_depth_at(t) {
+                Entry::Record(Held(t))
+            } else {
+                Entry::Forward
+            }
+        }
         MODE_UNINIT => Entry::Unknown,
         _ => Entry::Forward,
     }

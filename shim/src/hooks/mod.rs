@@ -118,6 +118,12 @@ impl Hook {
         crate::guard::catch(|| real::resolve_slot(self)).flatten()
     }
 
+    /// [`Hook::real`] for a wrapper's general path: functions reached by binding or by the
+    /// resolvers have one real function, whoever calls.
+    pub fn real_bound(&self, _caller: usize) -> Option<*const ()> {
+        self.real()
+    }
+
     /// The real function, if it is resolved already (no call: the wrapper's fast path).
     #[inline(always)]
     pub fn known_real_fn(&self) -> Option<*const ()> {
@@ -310,14 +316,14 @@ macro_rules! record_fn {
         /// is not recorded (a driver call made inside a runtime call we record) costs a few
         /// loads and a jump.
         #[inline(never)]
-        pub(super) unsafe extern "C" fn record(real: Real, $( $arg : $ty ),* ) -> c_int {
+        pub(super) unsafe extern "C" fn record(real: Real, held: crate::guard::Held, $( $arg : $ty ),* ) -> c_int {
             let mut rec = recorders::$rec::new(Api::$name, $( $rarg ),* );
             crate::guard::before(&mut rec);
             // SAFETY: the real function of this symbol, called once with the caller's own
             // arguments (its contract is the caller's), outside `catch`.
             let rc = unsafe { real( $( $arg ),* ) };
             crate::guard::after(&mut rec, rc);
-            crate::guard::leave();
+            held.leave();
             rc
         }
     };
@@ -330,30 +336,34 @@ macro_rules! record_fn {
 /// not started, another calling module) takes the general path: find the real function, start
 /// tracing, then forward or record.
 macro_rules! call_recorded {
-    ($hook:ident, $fast:expr, $real:expr, $name:ident, ( $( $arg:ident : $ty:ty ),* )) => {{
+    ($hook:ident, $fast:expr, $caller:expr, $name:ident, ( $( $arg:ident : $ty:ty ),* )) => {{
         if let Some(p) = $fast {
             // SAFETY: `p` was resolved for this exact symbol, whose C signature is this one.
             let real: $name::Real = unsafe { core::mem::transmute::<*const (), $name::Real>(p) };
             match crate::guard::enter_fast() {
                 // SAFETY: the real function with the caller's own arguments.
-                crate::guard::Entry::Record => return unsafe { $name::record(real, $( $arg ),* ) },
+                crate::guard::Entry::Record(held) => return unsafe { $name::record(real, held, $( $arg ),* ) },
                 // SAFETY: the real function, called once with the caller's own arguments.
                 crate::guard::Entry::Forward => return unsafe { real( $( $arg ),* ) },
                 crate::guard::Entry::Unknown => {}
             }
         }
-        $name::general($real, $( $arg ),* )
+        // The lookup of the real function is left to `general`: a call here, before a tail
+        // call, would make every wrapper build a frame to keep the arguments across it.
+        $name::general($caller, $( $arg ),* )
     }};
 }
 
-/// The general path of a wrapper (`general` inside `$name`'s module), out of line and cold.
+/// The general path of a wrapper (`general` inside `$name`'s module), out of line and cold:
+/// finds the real function with `$resolve` (given the hook and the caller's return address,
+/// which only runtime hooks use), then starts tracing if needed and forwards or records.
 macro_rules! general_fn {
-    ($name:ident, ( $( $arg:ident : $ty:ty ),* )) => {
+    ($name:ident, $resolve:path, ( $( $arg:ident : $ty:ty ),* )) => {
         #[cold]
         #[inline(never)]
-        pub(super) fn general(real: Option<*const ()>, $( $arg : $ty ),* ) -> c_int {
+        pub(super) fn general(caller: usize, $( $arg : $ty ),* ) -> c_int {
             let hook = &HOOKS[HookId::$name as usize];
-            let Some(p) = real else { return hook.unresolved() };
+            let Some(p) = $resolve(hook, caller) else { return hook.unresolved() };
             // SAFETY: `p` was resolved for this exact symbol, whose C signature is this one.
             let real: Real = unsafe { core::mem::transmute::<*const (), Real>(p) };
             if !crate::guard::enter() {
@@ -362,7 +372,7 @@ macro_rules! general_fn {
                 return unsafe { real( $( $arg ),* ) };
             }
             // SAFETY: as above.
-            unsafe { record(real, $( $arg ),* ) }
+            unsafe { record(real, crate::guard::Held::taken(), $( $arg ),* ) }
         }
     };
 }
@@ -389,11 +399,11 @@ macro_rules! wrapper {
 
             pub(super) unsafe extern "C" fn imp(caller: usize, $( $arg : $ty ),* ) -> c_int {
                 let hook = &HOOKS[HookId::$name as usize];
-                crate::hooks::call_recorded!(hook, hook.first_caller_real(caller), hook.real_for(caller), $name, ( $( $arg : $ty ),* ))
+                crate::hooks::call_recorded!(hook, hook.first_caller_real(caller), caller, $name, ( $( $arg : $ty ),* ))
             }
 
             crate::hooks::record_fn!($name, ( $( $arg : $ty ),* ), $rec, ( $( $rarg ),* ));
-            crate::hooks::general_fn!($name, ( $( $arg : $ty ),* ));
+            crate::hooks::general_fn!($name, Hook::real_for, ( $( $arg : $ty ),* ));
         }
     };
     ($fam:ident, $name:ident, ( $( $arg:ident : $ty:ty ),* ), $rec:ident, ( $( $rarg:expr ),* )) => {
@@ -401,7 +411,7 @@ macro_rules! wrapper {
         #[allow(non_snake_case)]
         pub unsafe extern "C" fn $name( $( $arg : $ty ),* ) -> c_int {
             let hook = &HOOKS[HookId::$name as usize];
-            crate::hooks::call_recorded!(hook, hook.known_real_fn(), hook.real(), $name, ( $( $arg : $ty ),* ))
+            crate::hooks::call_recorded!(hook, hook.known_real_fn(), 0, $name, ( $( $arg : $ty ),* ))
         }
 
         #[allow(non_snake_case)]
@@ -409,7 +419,7 @@ macro_rules! wrapper {
             use super::*;
 
             crate::hooks::record_fn!($name, ( $( $arg : $ty ),* ), $rec, ( $( $rarg ),* ));
-            crate::hooks::general_fn!($name, ( $( $arg : $ty ),* ));
+            crate::hooks::general_fn!($name, Hook::real_bound, ( $( $arg : $ty ),* ));
         }
     };
 }
