@@ -154,11 +154,11 @@ impl<S: Sink> Drainer<S> {
             };
             // Producers wake us early: a hook that finds the queue a quarter full (`nudge`),
             // one waiting for room, a flush, the shutdown.
-            self.ob.shared.drainer_idle.store(true, Ordering::SeqCst);
+            self.ob.shared.drainer_sleeps_at(rx.position());
             if rx.len() * 4 < self.ob.shared.capacity {
                 std::thread::park_timeout(sleep);
             }
-            self.ob.shared.drainer_idle.store(false, Ordering::Relaxed);
+            self.ob.shared.drainer_woke();
         }
     }
 

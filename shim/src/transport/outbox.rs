@@ -7,7 +7,7 @@
 //! here; when the drain thread calls the collector stalled is decided in `delivery.rs`.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -204,9 +204,11 @@ pub(super) struct Shared {
     /// acknowledgement may still be awaited).
     pub(super) end_delivered: AtomicBool,
     pub(super) drainer: OnceLock<std::thread::Thread>,
-    /// Read by every event's push (`nudge`): on a line of its own, away from `progress` and
-    /// `heartbeat`, which the drain thread writes every round.
-    pub(super) drainer_idle: CacheLine<AtomicBool>,
+    /// The tail at which a push wakes the drain thread (`nudge`): a quarter of the ring past
+    /// the head while it sleeps, never (`usize::MAX`) while it works. Read by every event's
+    /// push: on a line of its own, away from `progress` and `heartbeat`, which the drain thread
+    /// writes every round.
+    pub(super) wake_at: CacheLine<AtomicUsize>,
     pub(super) capacity: usize,
 }
 
@@ -227,7 +229,7 @@ impl Shared {
             closing: AtomicBool::new(false),
             end_delivered: AtomicBool::new(false),
             drainer: OnceLock::new(),
-            drainer_idle: CacheLine(AtomicBool::new(false)),
+            wake_at: CacheLine(AtomicUsize::new(usize::MAX)),
             capacity,
         }
     }
@@ -278,13 +280,32 @@ impl Shared {
         }
     }
 
-    /// Wakes an idle drain thread once the queue is a quarter full. The length is read only
-    /// when the drain thread sleeps: it lives on cache lines the drain thread is writing.
+    /// Wakes an idle drain thread once the queue is a quarter full, given the tail after a
+    /// push: one compare with `wake_at`, no read of the head, which lives on a cache line the
+    /// drain thread is writing.
     #[inline]
-    fn nudge(&self, ring: &Ring) {
-        if self.drainer_idle.load(Ordering::Relaxed) && ring.len() * 4 >= self.capacity {
+    fn nudge(&self, tail: usize) {
+        if self.wakes_drainer(tail) {
             self.wake();
         }
+    }
+
+    #[inline(always)]
+    fn wakes_drainer(&self, tail: usize) -> bool {
+        tail >= self.wake_at.load(Ordering::Relaxed)
+    }
+
+    /// The drain thread is going to sleep with its head at `head`: a push that makes the queue
+    /// a quarter full wakes it. SeqCst, as the tail it reads next: a push either sees this or
+    /// is seen in that read.
+    pub(super) fn drainer_sleeps_at(&self, head: usize) {
+        self.wake_at
+            .store(head + self.capacity.div_ceil(4), Ordering::SeqCst);
+    }
+
+    /// The drain thread is awake: pushes need not wake it.
+    pub(super) fn drainer_woke(&self) {
+        self.wake_at.store(usize::MAX, Ordering::Relaxed);
     }
 
     /// The drain thread made progress (or changed state): bump the futex word and wake the
@@ -388,7 +409,7 @@ fn wait_for_room(ob: &Outbox, mut msg: Msg, control: Option<Duration>) -> Result
     let began = since;
     let result = loop {
         match ob.ring.push(msg) {
-            Ok(()) => break Ok(()),
+            Ok(_) => break Ok(()),
             Err(PushError::Closed(m)) => break Err(m),
             Err(PushError::Full(m)) => msg = m,
         }
@@ -426,7 +447,7 @@ fn wait_for_room(ob: &Outbox, mut msg: Msg, control: Option<Duration>) -> Result
 fn send_event(ob: &Outbox, ev: Event) {
     ob.made.fetch_add(1, Ordering::Relaxed);
     match ob.ring.push_with(EventOut(ev)) {
-        Ok(()) => ob.shared.nudge(&ob.ring),
+        Ok(tail) => ob.shared.nudge(tail),
         Err(PushError::Full(msg)) => {
             if wait_for_room(ob, msg, None).is_err() {
                 ob.shared.count_lost(&ev);
@@ -439,8 +460,8 @@ fn send_event(ob: &Outbox, ev: Event) {
 /// Queues `msg`, waiting for room while the collector reads; false if it could not go.
 fn send_reliable(ob: &Outbox, msg: Msg) -> bool {
     match ob.ring.push(msg) {
-        Ok(()) => {
-            ob.shared.nudge(&ob.ring);
+        Ok(tail) => {
+            ob.shared.nudge(tail);
             true
         }
         Err(PushError::Full(msg)) => wait_for_room(ob, msg, None).is_ok(),
@@ -463,7 +484,7 @@ fn send_marker(ob: &Outbox, ev: Event, label: &str) {
 /// still takes messages then), up to `limit` with no progress.
 fn send_control(ob: &Outbox, msg: Msg, limit: Duration) -> bool {
     match ob.ring.push(msg) {
-        Ok(()) => true,
+        Ok(_) => true,
         Err(PushError::Full(msg)) => wait_for_room(ob, msg, Some(limit)).is_ok(),
         Err(PushError::Closed(_)) => false,
     }
@@ -523,4 +544,27 @@ fn shutdown(ob: &Outbox, reason: GoodbyeReason, timeout: Duration) -> bool {
     }
     ob.shared.wake();
     wait_done(ob, &done, timeout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A push wakes a sleeping drain thread exactly when the queue it leaves is a quarter
+    /// full (rounded up), and never one that is awake.
+    #[test]
+    fn a_push_wakes_the_sleeping_drain_thread_at_a_quarter_full() {
+        let sh = Shared::new(16);
+        assert!(!sh.wakes_drainer(1 << 40), "awake from the start");
+        sh.drainer_sleeps_at(5);
+        assert!(!sh.wakes_drainer(8), "3 of 16 queued");
+        assert!(sh.wakes_drainer(9), "4 of 16 queued");
+        assert!(sh.wakes_drainer(30));
+        sh.drainer_woke();
+        assert!(!sh.wakes_drainer(30));
+        let odd = Shared::new(2);
+        odd.drainer_sleeps_at(7);
+        assert!(!odd.wakes_drainer(7), "empty");
+        assert!(odd.wakes_drainer(8), "1 of 2 queued is more than a quarter");
+    }
 }

@@ -115,16 +115,18 @@ impl Ring {
         self.mask + 1
     }
 
-    /// Queues `msg` at the tail, or gives it back.
+    /// Queues `msg` at the tail, or gives it back. Ok: the tail after it (its position + 1).
     #[inline]
-    pub(super) fn push(&self, msg: Msg) -> Result<(), PushError> {
+    pub(super) fn push(&self, msg: Msg) -> Result<usize, PushError> {
         self.push_with(msg)
     }
 
     /// Queues `out` at the tail, or gives it back as a message. An event is written straight
     /// into its slot ([`Outgoing::write_to`]), not built on the stack first and then copied.
+    /// Ok: the tail after it (its position + 1), which tells the pusher how full the queue
+    /// may be without reading the consumer's head.
     #[inline]
-    pub(super) fn push_with(&self, out: impl Outgoing) -> Result<(), PushError> {
+    pub(super) fn push_with(&self, out: impl Outgoing) -> Result<usize, PushError> {
         let mut tail = self.tail.0.load(Ordering::Relaxed);
         loop {
             if tail & CLOSED != 0 {
@@ -146,7 +148,7 @@ impl Ring {
                         // stamp below hands it to the consumer.
                         unsafe { out.write_to((*slot.msg.get()).as_mut_ptr()) };
                         slot.stamp.store(tail + 1, Ordering::Release);
-                        return Ok(());
+                        return Ok(tail + 1);
                     }
                     Err(now) => tail = now,
                 }
@@ -246,6 +248,11 @@ impl Receiver {
     pub fn is_empty(&self) -> bool {
         self.ring.is_empty()
     }
+
+    /// The head's position: the next message taken is the one pushed there.
+    pub fn position(&self) -> usize {
+        self.ring.head.0.load(Ordering::Relaxed)
+    }
 }
 
 /// The ready message at the head of the ring, still in its slot (see `Receiver::head`).
@@ -338,6 +345,12 @@ mod tests {
             next_out += 1;
         }
         assert_eq!(next_out, next_in);
+        // A push reports the tail after it, from which the pusher judges how full the queue
+        // is (the head's position plus the length).
+        assert_eq!(rx.position(), next_out as usize);
+        assert!(matches!(ring.push(ev(7)), Ok(t) if t == next_out as usize + 1));
+        assert!(matches!(ring.push(ev(8)), Ok(t) if t == rx.position() + ring.len()));
+        assert_eq!(rx.try_iter().count(), 2);
         assert!(rx.is_empty());
         assert!(rx.try_recv().is_none());
     }
@@ -390,7 +403,7 @@ mod tests {
                         let mut m = ev(t << 32 | i);
                         loop {
                             match ring.push(m) {
-                                Ok(()) => break,
+                                Ok(_) => break,
                                 Err(PushError::Full(back)) => {
                                     m = back;
                                     std::thread::yield_now();
