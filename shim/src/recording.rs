@@ -63,6 +63,12 @@ pub fn reset_after_fork() {
     SEEN_DEVICES.store(0, Ordering::Relaxed);
 }
 
+/// Whether any device allocation was recorded in this process (since its start, or since the
+/// fork that made it).
+pub fn any_device_seen() -> bool {
+    SEEN_DEVICES.load(Ordering::Relaxed) != 0
+}
+
 /// True the first time `device` is seen in this process.
 fn first_sight_of_device(device: i16) -> bool {
     if !(0..64).contains(&device) {

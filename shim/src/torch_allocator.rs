@@ -16,7 +16,8 @@
 //! called. Every call goes on exactly as without oomtrace:
 //!
 //! - `allocate(n)` returns a `DataPtr` {data, deleter, context, device}. The wrapper records
-//!   the tensor (data, n, device, the device's current stream) and puts its own deleter in
+//!   the tensor (data, n, device, the device's current stream: see `tensor_stream` for when
+//!   it is known without asking) and puts its own deleter in
 //!   place of the allocator's (`local_raw_delete`), only when the `DataPtr` holds exactly
 //!   what the native allocator puts there (the context is the data pointer, the deleter is
 //!   the one `raw_deleter()` returned): anything else is left untouched and not recorded.
@@ -44,7 +45,7 @@
 //! inside `guard::catch` and never unwinds into PyTorch.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 use oomtrace_proto::{Api, EventKind};
 
@@ -133,13 +134,11 @@ impl Inside {
         self.returned = true;
         torch_reserve::leave();
     }
-}
 
-impl Drop for Inside {
-    fn drop(&mut self) {
-        if self.returned {
-            return;
-        }
+    /// The method unwound (out of line: every tensor's `allocate` drops an `Inside`).
+    #[cold]
+    #[inline(never)]
+    fn unwound(&self) {
         let refused = torch_reserve::leave();
         if let Some(f) = refused.filter(|f| f.rc == CUDA_ERROR_OUT_OF_MEMORY) {
             // What PyTorch's OOM entry says: the request rounded as its allocator rounds
@@ -150,6 +149,15 @@ impl Drop for Inside {
                 rounded(self.request),
                 torch_reserve::take_observed(),
             );
+        }
+    }
+}
+
+impl Drop for Inside {
+    #[inline]
+    fn drop(&mut self) {
+        if !self.returned {
+            self.unwound();
         }
     }
 }
@@ -178,6 +186,50 @@ fn record_oom(device: i16, size: u64, allowed: u64) {
         )
     });
     guard::leave();
+}
+
+/// Set while every tensor is known to be on its device's default stream without asking
+/// (`tensor_stream`): at install, when every segment PyTorch's allocator makes from then on
+/// passes through the hooks and it has made none yet; cleared for good by the first segment
+/// made on another stream, or the first raw allocation on one.
+static DEFAULT_STREAM_ONLY: AtomicBool = AtomicBool::new(false);
+
+/// Whether the hooks will see every segment PyTorch's allocator makes from now on, all of
+/// them: this library's `cudaMalloc` and `dlsym` are the ones the process binds (it was
+/// preloaded, as `oomtrace run` does; opened late, the program's calls reach the real ones),
+/// and no device memory was allocated yet.
+fn reserve_seen_from_empty() -> bool {
+    let bound =
+        |name: &CStr| symbols::is_ours(symbols::real_dlsym(libc::RTLD_DEFAULT, name) as usize);
+    !recording::any_device_seen() && bound(c"cudaMalloc") && bound(c"dlsym")
+}
+
+/// The stream of a tensor `allocate` just made on `device`. The caching allocator keeps a pool
+/// per stream and makes each segment for one stream: a tensor on a stream other than the
+/// default lies in a segment made for that stream, made inside one of the wrapped methods,
+/// where `stream_of_segment` saw it before the tensor is recorded. So while no such segment
+/// was seen (and all were), the answer is the default stream's 0, without PyTorch's
+/// `getCurrentCUDAStream` (about 110 instructions a tensor, with its thread-local lookups).
+#[inline]
+fn tensor_stream(device: i8) -> u64 {
+    // Relaxed: the flag is cleared inside the method that made the segment, under the
+    // allocator's lock, which any later allocation from that segment takes too.
+    if DEFAULT_STREAM_ONLY.load(Ordering::Relaxed) {
+        0
+    } else {
+        current_stream(device)
+    }
+}
+
+/// A segment made on `device` inside one of the allocator's methods: if on a stream other
+/// than the default, tensors' streams must be asked from now on.
+fn stream_of_segment(device: i16) {
+    if DEFAULT_STREAM_ONLY.load(Ordering::Relaxed)
+        && (0..=i16::from(i8::MAX)).contains(&device)
+        && current_stream(device as i8) != 0
+    {
+        DEFAULT_STREAM_ONLY.store(false, Ordering::Relaxed);
+    }
 }
 
 /// The current stream of `device` (PyTorch's, per thread) by its `StreamId`: what tells the
@@ -234,7 +286,7 @@ fn allocated(p: &mut DataPtr, n: usize) {
     }
     p.0[word] = delete as Deleter as usize;
     torch_reserve::tensor_device(device as i16);
-    let stream = current_stream(device);
+    let stream = tensor_stream(device);
     guard::catch(|| tensor(device as i16, data as u64, n as u64, stream));
     guard::leave();
 }
@@ -276,6 +328,7 @@ static SEGMENTS: Watcher = Watcher {
 
 fn segment_taken(rc: i32, ptr: u64, size: u64, device: i16) {
     if torch_reserve::device_alloc(rc, ptr, size, device) {
+        stream_of_segment(device);
         recording::segment(SegmentChange::Taken, device, ptr, size, 0);
     }
 }
@@ -302,6 +355,11 @@ fn raw_allocated(ptr: *mut c_void, n: usize, stream: Option<u64>) {
     guard::catch(|| {
         let device = driver_query::current_device();
         torch_reserve::tensor_device(device);
+        if stream.is_some_and(|s| s != 0) {
+            // Its segment may have been made for that stream while the current one is the
+            // default: later tensors on it would lie there.
+            DEFAULT_STREAM_ONLY.store(false, Ordering::Relaxed);
+        }
         let stream = stream.unwrap_or_else(|| current_stream(device as i8));
         tensor(device, ptr as u64, n as u64, stream)
     });
@@ -497,6 +555,7 @@ fn install_now() -> Result<Vec<usize>, &'static CStr> {
     }
     REAL_DELETER.store(deleter as usize, Ordering::Relaxed);
     CURRENT_STREAM_FN.store(get_stream, Ordering::Relaxed);
+    DEFAULT_STREAM_ONLY.store(reserve_seen_from_empty(), Ordering::Relaxed);
     torch_reserve::activate();
     device_watch::install(&SEGMENTS);
     for (i, (_, _, wrapper)) in wrappers.iter().enumerate() {

@@ -393,10 +393,49 @@ fn clean_loops_are_silent() {
 /// default (PyTorch's allocator stays in place), and its leak is named at its line.
 /// The wrappers of the allocator's methods change nothing PyTorch sees (its deleter check,
 /// raw allocations, side streams, its byte count), and every tensor freed is seen freed.
+/// Each tensor carries its stream: the default stream's 0 (known without asking PyTorch while
+/// no segment was made for another stream), the side stream's id for both tensors made on it
+/// (the first in a new segment, the second in that segment, cached).
 #[test]
 fn allocator_methods_behave_as_untraced() {
     let r = run_torch("allocator_methods.py", Mode::Run, &[]);
     assert_ran(&r, 0);
+    let side = r
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("side_stream "))
+        .unwrap_or_else(|| panic!("no side_stream line: {}", r.stdout))
+        .trim()
+        .to_string();
+    assert_ne!(side, "0x0", "{}", r.stdout);
+    let events = oomtrace_stdout(&[
+        "export",
+        "--format",
+        "json",
+        "-o",
+        "-",
+        r.trace.to_str().unwrap(),
+    ]);
+    let streams: Vec<(u64, String)> = events
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["api"] == "oomtrace_torch_alloc" && e["kind"] == "alloc")
+        .map(|e| {
+            (
+                e["size"].as_u64().unwrap_or(0),
+                e["stream"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let on = |size: u64| -> Vec<&str> {
+        streams
+            .iter()
+            .filter(|s| s.0 == size)
+            .map(|s| s.1.as_str())
+            .collect()
+    };
+    assert_eq!(on(4000), ["0x0"], "{streams:?}");
+    assert_eq!(on(4 * MIB), [side.as_str(), side.as_str()], "{streams:?}");
     assert_torch_said_nothing(&r);
     for line in ["raw True 8192", "allocated 0"] {
         assert!(r.stdout.contains(line), "{line}: {}", r.stdout);
