@@ -12,7 +12,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 pub use super::msg::{Done, Msg};
-use super::ring::{EventOut, PushError, Receiver, Ring};
+use super::ring::{PushError, Receiver, Refused, Ring};
 use crate::cache_line::CacheLine;
 use oomtrace_proto::counter_page::{CounterPage, PageFd};
 use oomtrace_proto::wire::{GoodbyeReason, Lost};
@@ -446,14 +446,14 @@ fn wait_for_room(ob: &Outbox, mut msg: Msg, control: Option<Duration>) -> Result
 #[inline]
 fn send_event(ob: &Outbox, ev: Event) {
     ob.made.fetch_add(1, Ordering::Relaxed);
-    match ob.ring.push_with(EventOut(ev)) {
+    match ob.ring.push_event(&ev) {
         Ok(tail) => ob.shared.nudge(tail),
-        Err(PushError::Full(msg)) => {
-            if wait_for_room(ob, msg, None).is_err() {
+        Err(Refused::Full) => {
+            if wait_for_room(ob, Msg::Event(ev), None).is_err() {
                 ob.shared.count_lost(&ev);
             }
         }
-        Err(PushError::Closed(_)) => ob.shared.count_lost(&ev),
+        Err(Refused::Closed) => ob.shared.count_lost(&ev),
     }
 }
 

@@ -51,47 +51,28 @@ unsafe impl Sync for Ring {}
 // SAFETY: as above; the ring owns its messages, which are Send.
 unsafe impl Send for Ring {}
 
-/// What a push puts in a slot: written in place when there is room, else given back whole.
-pub(super) trait Outgoing {
-    /// Writes the message at `dst`.
-    ///
-    /// # Safety
-    /// `dst` is valid for writes of a `Msg` and holds none.
-    unsafe fn write_to(self, dst: *mut Msg);
-    fn into_msg(self) -> Msg;
-}
-
-impl Outgoing for Msg {
-    #[inline(always)]
-    unsafe fn write_to(self, dst: *mut Msg) {
-        // SAFETY: per the trait's contract.
-        unsafe { dst.write(self) }
-    }
-    fn into_msg(self) -> Msg {
-        self
-    }
-}
-
-/// An event on its way into a slot: written field by field ([`Msg::write_event`]).
-pub(super) struct EventOut(pub Event);
-
-impl Outgoing for EventOut {
-    #[inline(always)]
-    unsafe fn write_to(self, dst: *mut Msg) {
-        // SAFETY: per the trait's contract.
-        unsafe { Msg::write_event(dst, &self.0) }
-    }
-    fn into_msg(self) -> Msg {
-        Msg::Event(self.0)
-    }
-}
-
 /// Why a message did not go in; it is given back.
 pub enum PushError {
     /// No room: the consumer has not taken the message `capacity` positions back yet.
     Full(Msg),
     /// The consumer has gone (the drain thread ended).
     Closed(Msg),
+}
+
+/// Why an event did not go in (the pusher still has it: an `Event` is a copy).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    Full,
+    Closed,
+}
+
+impl Refused {
+    fn with(self, msg: Msg) -> PushError {
+        match self {
+            Refused::Full => PushError::Full(msg),
+            Refused::Closed => PushError::Closed(msg),
+        }
+    }
 }
 
 impl Ring {
@@ -115,24 +96,46 @@ impl Ring {
         self.mask + 1
     }
 
-    /// Queues `msg` at the tail, or gives it back. Ok: the tail after it (its position + 1).
-    #[inline]
-    pub(super) fn push(&self, msg: Msg) -> Result<usize, PushError> {
-        self.push_with(msg)
+    /// The slot of position `pos`, without a bounds check on every push.
+    #[inline(always)]
+    fn slot(&self, pos: usize) -> &Slot {
+        debug_assert_eq!(self.slots.len(), self.mask + 1);
+        // SAFETY: `new` makes `slots` `mask + 1` long (a power of two) and neither changes
+        // after, so `pos & mask` is in bounds.
+        unsafe { self.slots.get_unchecked(pos & self.mask) }
     }
 
-    /// Queues `out` at the tail, or gives it back as a message. An event is written straight
-    /// into its slot ([`Outgoing::write_to`]), not built on the stack first and then copied.
-    /// Ok: the tail after it (its position + 1), which tells the pusher how full the queue
-    /// may be without reading the consumer's head.
+    /// Queues `msg` at the tail, or gives it back. Ok: the tail after it (its position + 1),
+    /// which tells the pusher how full the queue may be without reading the consumer's head.
     #[inline]
-    pub(super) fn push_with(&self, out: impl Outgoing) -> Result<usize, PushError> {
+    pub(super) fn push(&self, msg: Msg) -> Result<usize, PushError> {
+        match self.claim() {
+            // SAFETY: `claim` gave this thread the slot, empty, until `publish`; the message
+            // is written there whole.
+            Ok((slot, pos)) => Ok(unsafe { self.publish(slot, pos, |dst| dst.write(msg)) }),
+            Err(r) => Err(r.with(msg)),
+        }
+    }
+
+    /// Queues an event as [`Ring::push`] does, written into its slot field by field
+    /// ([`Msg::write_event`]), not built on the stack as a message and copied; a refusal
+    /// fits in a register, where a message given back would go through memory.
+    #[inline]
+    pub(super) fn push_event(&self, ev: &Event) -> Result<usize, Refused> {
+        let (slot, pos) = self.claim()?;
+        // SAFETY: as in `push`; `write_event` writes a whole message.
+        Ok(unsafe { self.publish(slot, pos, |dst| Msg::write_event(dst, ev)) })
+    }
+
+    /// Claims the tail's position: its slot, empty, is this thread's until `publish`.
+    #[inline(always)]
+    fn claim(&self) -> Result<(&Slot, usize), Refused> {
         let mut tail = self.tail.0.load(Ordering::Relaxed);
         loop {
             if tail & CLOSED != 0 {
-                return Err(PushError::Closed(out.into_msg()));
+                return Err(Refused::Closed);
             }
-            let slot = &self.slots[tail & self.mask];
+            let slot = self.slot(tail);
             let stamp = slot.stamp.load(Ordering::Acquire);
             if stamp == tail {
                 match self.tail.0.compare_exchange_weak(
@@ -141,26 +144,34 @@ impl Ring {
                     Ordering::Relaxed,
                     Ordering::Relaxed,
                 ) {
-                    Ok(_) => {
-                        // SAFETY: the compare-and-swap gave position `tail` to this thread
-                        // alone, and its stamp says the consumer has taken the slot's previous
-                        // message (or there was none): nobody else touches the slot until the
-                        // stamp below hands it to the consumer.
-                        unsafe { out.write_to((*slot.msg.get()).as_mut_ptr()) };
-                        slot.stamp.store(tail + 1, Ordering::Release);
-                        return Ok(tail + 1);
-                    }
+                    // The compare-and-swap gave position `tail` to this thread alone, and
+                    // its stamp says the consumer has taken the slot's previous message (or
+                    // there was none): nobody else touches the slot until `publish`.
+                    Ok(_) => return Ok((slot, tail)),
                     Err(now) => tail = now,
                 }
             } else if (stamp as isize).wrapping_sub(tail as isize) < 0 {
                 // The slot still holds the message of the previous lap: full. (A stale
                 // `tail` never gets here: its slot would show `tail + 1` or later.)
-                return Err(PushError::Full(out.into_msg()));
+                return Err(Refused::Full);
             } else {
                 // Another producer took this position: look again.
                 tail = self.tail.0.load(Ordering::Relaxed);
             }
         }
+    }
+
+    /// Writes the message of claimed position `pos` with `write` and hands it to the
+    /// consumer. Returns the tail after it.
+    ///
+    /// # Safety
+    /// `slot` and `pos` come from this thread's `claim`, not yet published; `write` writes a
+    /// whole `Msg` at the pointer it is given (valid for writes, holding none).
+    #[inline(always)]
+    unsafe fn publish(&self, slot: &Slot, pos: usize, write: impl FnOnce(*mut Msg)) -> usize {
+        write(slot.msg.get().cast::<Msg>());
+        slot.stamp.store(pos + 1, Ordering::Release);
+        pos + 1
     }
 
     /// Messages queued and not taken yet (approximate while producers push).
@@ -224,7 +235,7 @@ impl Receiver {
     fn ready(&self) -> Option<(&'static Slot, usize)> {
         let ring = self.ring;
         let pos = ring.head.0.load(Ordering::Relaxed);
-        let slot = &ring.slots[pos & ring.mask];
+        let slot = ring.slot(pos);
         (slot.stamp.load(Ordering::Acquire) == pos + 1).then_some((slot, pos))
     }
 
