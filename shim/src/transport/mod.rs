@@ -39,7 +39,8 @@
 //!   them; a stack or module definition goes in before the first event that names it.
 //! - The fast path is one push into the ring (a compare-and-swap of its tail, the message
 //!   written into its slot, one release store) and no wake-up: the drain thread is woken only
-//!   when it sleeps and the ring is a quarter full (one relaxed load per event tells). The
+//!   when it sleeps and the ring is a quarter full (one relaxed load per event tells: the
+//!   tail the push took against the `wake_at` position the drain thread left as it slept). The
 //!   drain thread does not chase the producers message by message: once it has emptied the
 //!   ring it sleeps `BATCH_WAIT` (1 ms; backing off to 5 ms when idle), then takes everything
 //!   ready in one run, encoding each event where it lies in its slot into one buffer of
