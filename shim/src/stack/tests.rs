@@ -182,3 +182,43 @@ fn ranges_lookup() {
     assert!(in_ranges(&r, 10) && in_ranges(&r, 19) && in_ranges(&r, 35));
     assert!(!in_ranges(&r, 9) && !in_ranges(&r, 20) && !in_ranges(&r, 45));
 }
+
+/// Two remembered stacks from one (sp, bp) that differ in one return address: each is found
+/// while its addresses are in place, the one that hit last is tried first, and another bp
+/// finds neither.
+#[test]
+fn a_verified_hit_tries_the_entry_that_hit_last_first() {
+    let mut ts = ThreadStacks::with(1, (0, Arc::new(empty_snapshot((0, 0)))), 0);
+    // The "stack": words of this test's own frame, above its stack pointer.
+    let mut words = [0u64, 11, 12, 99];
+    let base = words.as_mut_ptr();
+    let sp = base as u64;
+    let slots = |k: usize| sp + 8 * k as u64;
+    let entry = |third: u64, id: u32| {
+        let mut v = verified();
+        v.sp = sp;
+        v.n = 4;
+        v.raw[..4].copy_from_slice(&[0, 11, 12, third]);
+        v.slots[..4].copy_from_slice(&[0, slots(1), slots(2), slots(3)]);
+        v.id = id;
+        *v
+    };
+    ts.remember(entry(13, 1));
+    ts.remember(entry(99, 2));
+    assert_eq!(
+        ts.verified.len(),
+        2,
+        "both slots lie in this thread's stack"
+    );
+    assert_eq!(ts.verified_hit(sp, 0), Some(2));
+    assert_eq!(ts.last_hit, 1);
+    assert_eq!(ts.verified_hit(sp, 0), Some(2));
+    // The other path's address back in place.
+    // SAFETY: the last word of this frame's own array, through the pointer the entries'
+    // slots were made from.
+    unsafe { base.add(3).write_volatile(13) };
+    assert_eq!(ts.verified_hit(sp, 0), Some(1));
+    assert_eq!(ts.last_hit, 0);
+    assert_eq!(ts.verified_hit(sp, 8), None, "another bp");
+    std::hint::black_box(&words);
+}
