@@ -522,18 +522,24 @@ impl ThreadStacks {
         if *k != (sp, bp) || v.id == 0 {
             return None;
         }
-        // Branch-free: a hit (the common case) reads every slot anyway.
-        let differ =
-            v.slots[1..v.n]
-                .iter()
-                .zip(&v.raw[1..v.n])
-                .fold(0u64, |differ, (&slot, &ra)| {
-                    // SAFETY: `remember` keeps only entries whose every slot lies, aligned, in
-                    // this thread's stack at or above the entry's sp, which equals the current
-                    // sp here: mapped memory of this thread above the live stack pointer.
-                    differ | (unsafe { (slot as *const u64).read() } ^ ra)
-                });
-        (differ == 0).then_some(v.id)
+        // Four slots at a time without a branch (a hit reads every slot anyway), then the
+        // rest: an entry of another path is left at its first four slots that differ, which
+        // for two call sites in turn are the first four.
+        let (slots, raw) = (&v.slots[1..v.n], &v.raw[1..v.n]);
+        let differ = |slots: &[u64], raw: &[u64]| {
+            slots.iter().zip(raw).fold(0u64, |differ, (&slot, &ra)| {
+                // SAFETY: `remember` keeps only entries whose every slot lies, aligned, in
+                // this thread's stack at or above the entry's sp, which equals the current
+                // sp here: mapped memory of this thread above the live stack pointer.
+                differ | (unsafe { (slot as *const u64).read() } ^ ra)
+            })
+        };
+        let mut chunks = slots.chunks_exact(4).zip(raw.chunks_exact(4));
+        if chunks.any(|(s, r)| differ(s, r) != 0) {
+            return None;
+        }
+        let tail = slots.len() / 4 * 4;
+        (differ(&slots[tail..], &raw[tail..]) == 0).then_some(v.id)
     }
 
     fn forget_verified(&mut self) {
