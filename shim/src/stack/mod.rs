@@ -318,8 +318,10 @@ struct ThreadStacks {
     /// (2 KiB apart) cost a cache miss each.
     verified_keys: Vec<(u64, u64)>,
     next_verified: usize,
-    /// The entry of `verified` that hit last (`verified_hit`).
+    /// The entry of `verified` that hit last, and for each entry the one found next after
+    /// it the last time (`verified_hit`).
     last_hit: usize,
+    follows: [u8; VERIFIED_ENTRIES],
     stack_lo: u64,
     stack_hi: u64,
     /// The interpreter's module while its Python frames are read: the native unwind ends at
@@ -448,6 +450,7 @@ impl ThreadStacks {
             verified_keys: Vec::with_capacity(VERIFIED_ENTRIES),
             next_verified: 0,
             last_hit: 0,
+            follows: [0; VERIFIED_ENTRIES],
             stack_lo,
             stack_hi,
             stop: (0, 0),
@@ -500,19 +503,28 @@ impl ThreadStacks {
     /// The id of a recent stack from (sp, bp) whose return addresses are all still in place.
     /// This is the hot path of every allocation from a known call path: one load and one
     /// compare per frame, nothing else (the slots' bounds were checked once, in `remember`).
-    /// The entry that hit last is tried first: entries of other paths can share its (sp, bp)
-    /// (the same chain of functions reached from another call site, such as a warm-up call
-    /// and a loop in one function), and each costs a read of every slot before it is found
-    /// different (bench_pairs: three a pair, 220 instructions, before this order).
+    /// The entry that followed the last hit the last time is tried first: entries of other
+    /// paths can share one (sp, bp) (the same chain of functions reached from another call
+    /// site: a warm-up call and a loop in one function, two call sites in turn), and each
+    /// costs a read of its slots before it is found different (bench_pairs: three full reads
+    /// a pair, 220 instructions, before this order). A loop through a few paths in the same
+    /// order every time then finds each at the first try.
     fn verified_hit(&mut self, sp: u64, bp: u64) -> Option<u32> {
-        if let Some(id) = self.verified_at(self.last_hit, sp, bp) {
-            return Some(id);
-        }
-        let hit = (0..self.verified.len())
-            .filter(|&i| i != self.last_hit)
-            .find_map(|i| Some((i, self.verified_at(i, sp, bp)?)))?;
-        self.last_hit = hit.0;
+        let guess = self.follows[self.last_hit] as usize;
+        let hit = match self.verified_at(guess, sp, bp) {
+            Some(id) => (guess, id),
+            None => (0..self.verified.len())
+                .filter(|&i| i != guess)
+                .find_map(|i| Some((i, self.verified_at(i, sp, bp)?)))?,
+        };
+        self.hit(hit.0);
         Some(hit.1)
+    }
+
+    /// Entry `i` was found (or just remembered): it follows the last one.
+    fn hit(&mut self, i: usize) {
+        self.follows[self.last_hit] = i as u8;
+        self.last_hit = i;
     }
 
     /// Entry `i`'s id if it is from (sp, bp) and every return address is still in place.
@@ -547,6 +559,7 @@ impl ThreadStacks {
         self.verified_keys.clear();
         self.next_verified = 0;
         self.last_hit = 0;
+        self.follows = [0; VERIFIED_ENTRIES];
     }
 
     /// Remembers an unwound stack for `verified_hit`, if every slot it read lies in this
@@ -559,14 +572,18 @@ impl ThreadStacks {
         {
             return;
         }
-        if self.verified.len() < VERIFIED_ENTRIES {
+        let at = if self.verified.len() < VERIFIED_ENTRIES {
             self.verified_keys.push((v.sp, v.bp));
             self.verified.push(v);
+            self.verified.len() - 1
         } else {
-            self.verified_keys[self.next_verified] = (v.sp, v.bp);
-            self.verified[self.next_verified] = v;
-            self.next_verified = (self.next_verified + 1) % VERIFIED_ENTRIES;
-        }
+            let at = self.next_verified;
+            self.verified_keys[at] = (v.sp, v.bp);
+            self.verified[at] = v;
+            self.next_verified = (at + 1) % VERIFIED_ENTRIES;
+            at
+        };
+        self.hit(at);
     }
 }
 

@@ -184,10 +184,10 @@ fn ranges_lookup() {
 }
 
 /// Two remembered stacks from one (sp, bp) that differ in one return address: each is found
-/// while its addresses are in place, the one that hit last is tried first, and another bp
-/// finds neither.
+/// while its addresses are in place, the entry that followed the last hit is tried first (a
+/// path after itself, two paths in turn), and another bp finds neither.
 #[test]
-fn a_verified_hit_tries_the_entry_that_hit_last_first() {
+fn a_verified_hit_tries_the_entry_that_followed_the_last_hit_first() {
     let mut ts = ThreadStacks::with(1, (0, Arc::new(empty_snapshot((0, 0)))), 0);
     // The "stack": words of this test's own frame, above its stack pointer.
     let mut words = [0u64, 11, 12, 99];
@@ -210,15 +210,23 @@ fn a_verified_hit_tries_the_entry_that_hit_last_first() {
         2,
         "both slots lie in this thread's stack"
     );
+    assert_eq!(ts.last_hit, 1, "the entry just remembered");
     assert_eq!(ts.verified_hit(sp, 0), Some(2));
-    assert_eq!(ts.last_hit, 1);
-    assert_eq!(ts.verified_hit(sp, 0), Some(2));
-    // The other path's address back in place.
-    // SAFETY: the last word of this frame's own array, through the pointer the entries'
-    // slots were made from.
-    unsafe { base.add(3).write_volatile(13) };
+    assert_eq!((ts.last_hit, ts.follows[1]), (1, 1));
+    // The other path's address back in place, then the two in turn.
+    let set = |ra: u64| {
+        // SAFETY: the last word of this frame's own array, through the pointer the entries'
+        // slots were made from.
+        unsafe { base.add(3).write_volatile(ra) }
+    };
+    set(13);
     assert_eq!(ts.verified_hit(sp, 0), Some(1));
-    assert_eq!(ts.last_hit, 0);
+    assert_eq!((ts.last_hit, ts.follows[1]), (0, 0));
+    set(99);
+    assert_eq!(ts.verified_hit(sp, 0), Some(2));
+    set(13);
+    assert_eq!(ts.verified_hit(sp, 0), Some(1));
+    assert_eq!(ts.follows[..2], [1, 0], "each path's successor learnt");
     assert_eq!(ts.verified_hit(sp, 8), None, "another bp");
     std::hint::black_box(&words);
 }
