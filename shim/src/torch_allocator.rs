@@ -209,7 +209,7 @@ fn reserve_seen_from_empty() -> bool {
 /// default lies in a segment made for that stream, made inside one of the wrapped methods,
 /// where `stream_of_segment` saw it before the tensor is recorded. So while no such segment
 /// was seen (and all were), the answer is the default stream's 0, without PyTorch's
-/// `getCurrentCUDAStream` (about 110 instructions a tensor, with its thread-local lookups).
+/// `getCurrentCUDAStream` (about 105 instructions a tensor, with its thread-local lookups).
 #[inline]
 fn tensor_stream(device: i8) -> u64 {
     // Relaxed: the flag is cleared inside the method that made the segment, under the

@@ -296,8 +296,10 @@ impl Shared {
     }
 
     /// The drain thread is going to sleep with its head at `head`: a push that makes the queue
-    /// a quarter full wakes it. SeqCst, as the tail it reads next: a push either sees this or
-    /// is seen in that read.
+    /// a quarter full wakes it. SeqCst (a full fence on x86-64) before the drain thread reads
+    /// the tail, as a push's compare-and-swap is before its read of this: a push either sees
+    /// this or is seen in that read (and a wake missed would cost no more than the sleep's
+    /// bound, 5 ms).
     pub(super) fn drainer_sleeps_at(&self, head: usize) {
         self.wake_at
             .store(head + self.capacity.div_ceil(4), Ordering::SeqCst);
