@@ -47,6 +47,7 @@ pub mod symbols;
 pub mod this_thread;
 pub mod torch_abi;
 pub mod torch_allocator;
+pub mod torch_layout;
 pub mod torch_reserve;
 pub mod torch_tracker;
 pub mod transport;

@@ -1,6 +1,7 @@
 //! PyTorch's C++ ABI as both ways into its caching allocator read it (`torch_allocator.rs`,
 //! the allocator's own methods; `torch_tracker.rs`, its trace tracker): the allocator object,
-//! and slot numbers of its virtual methods.
+//! and slot numbers of its virtual methods. (What PyTorch's trace entries hold, and libstdc++'s
+//! `std::function`, are in `torch_layout.rs`.)
 //!
 //! - `c10::cuda::CUDACachingAllocator::allocator` (exported by libc10_cuda) holds the current
 //!   `CUDAAllocator*`; its first word is the vtable pointer.
@@ -15,19 +16,6 @@ use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::symbols;
-
-/// `TraceEntry::Action` values (torch 2.4 to 2.15): what PyTorch's allocator tells its trace
-/// trackers; `torch_tracker.rs` decodes them into the recording API's calls.
-pub mod action {
-    pub const ALLOC: u32 = 0;
-    pub const FREE_REQUESTED: u32 = 1;
-    pub const FREE_COMPLETED: u32 = 2;
-    pub const SEGMENT_ALLOC: u32 = 3;
-    pub const SEGMENT_FREE: u32 = 4;
-    pub const SEGMENT_MAP: u32 = 5;
-    pub const SEGMENT_UNMAP: u32 = 6;
-    pub const OOM: u32 = 8;
-}
 
 pub const C10_CUDA: &CStr = c"libc10_cuda.so";
 /// Where `CUDAPluggableAllocator`'s vtable and methods are exported: libtorch_cuda from torch

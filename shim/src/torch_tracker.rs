@@ -32,34 +32,9 @@ use oomtrace_proto::{Api, EventKind};
 
 use crate::cuda::CUDA_ERROR_OUT_OF_MEMORY;
 use crate::recording::SegmentChange;
-use crate::torch_abi::{action, current_allocator, Pluggable};
+use crate::torch_abi::{current_allocator, Pluggable};
+use crate::torch_layout::{action, offset, AnyData, StdFunction};
 use crate::{guard, log, recording, symbols};
-
-/// Byte offsets of the `TraceEntry` fields read here (torch 2.4 to 2.15, x86-64 libstdc++).
-pub mod offset {
-    pub const ACTION: usize = 0;
-    pub const DEVICE: usize = 4;
-    pub const ADDR: usize = 8;
-    pub const STREAM: usize = 32;
-    pub const SIZE: usize = 40;
-}
-
-/// libstdc++'s `_Any_data`: the functor's in-place storage.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct AnyData(pub [usize; 2]);
-
-type Manager = unsafe extern "C" fn(*mut AnyData, *const AnyData, c_int) -> bool;
-type Invoker = unsafe extern "C" fn(*const AnyData, *const u8);
-
-/// libstdc++'s `std::function<void(const TraceEntry&)>` (32 bytes): the functor storage,
-/// then `_M_manager`, then `_M_invoker`. A non-null manager is what makes it non-empty.
-#[repr(C)]
-pub struct StdFunction {
-    pub functor: AnyData,
-    pub manager: Option<Manager>,
-    pub invoker: Option<Invoker>,
-}
 
 /// `std::_Manager_operation`.
 const GET_TYPE_INFO: c_int = 0;

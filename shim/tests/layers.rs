@@ -61,7 +61,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "torch_tracker.rs",
-        &["torch_abi", "recording", "cuda", "symbols", "guard", "log"],
+        &[
+            "torch_abi",
+            "torch_layout",
+            "recording",
+            "cuda",
+            "symbols",
+            "guard",
+            "log",
+        ],
     ),
     (
         "hooks",
@@ -119,6 +127,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &["cache_line", "log", "once", "this_thread", "start_tracing"],
     ),
     ("torch_abi.rs", &["symbols"]),
+    ("torch_layout.rs", &[]),
     ("torch_reserve.rs", &["cuda", "this_thread"]),
     ("device_watch.rs", &[]),
     ("driver_query.rs", &["symbols", "cuda"]),

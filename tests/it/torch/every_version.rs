@@ -12,6 +12,10 @@ use std::collections::BTreeMap;
 
 use super::*;
 
+/// The layouts the shim reads, this very file (the shim is a cdylib: nothing to link against).
+#[path = "../../../shim/src/torch_layout.rs"]
+mod torch_layout;
+
 // ---- The tracker's view of PyTorch's C++ ABI ------------------------------------------------
 
 /// The torch under test's `include/` directory and the directories of CUDA's headers among its
@@ -60,8 +64,7 @@ fn torch_include_dirs(dir: &Path) -> (PathBuf, Vec<PathBuf>) {
 /// fails here.
 #[test]
 fn trace_entry_layout_matches_the_release_headers() {
-    use oomtrace::torch_abi::action;
-    use oomtrace::torch_tracker::{offset, StdFunction};
+    use torch_layout::{action, offset, StdFunction};
     let dir = scratch("torch-layout");
     let (include, cuda) = torch_include_dirs(&dir);
     // The header that declares TraceEntry, and its namespace, moved in 2.11.
