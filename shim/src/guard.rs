@@ -20,7 +20,9 @@ pub const MODE_RECORDING: u8 = 1;
 /// Hooks only forward (disabled by config, after an internal error, or while exiting).
 pub const MODE_FORWARD: u8 = 2;
 
-/// Read by every hook, written a handful of times per process: on a line of its own.
+/// Read by every hook, written a handful of times per process: on a line of its own
+/// (`#[used]`: see `cache_line.rs`).
+#[used]
 pub static MODE: CacheLine<AtomicU8> = CacheLine(AtomicU8::new(MODE_UNINIT));
 
 /// Called first by every recording hook. True: record this call (and `leave` afterwards).

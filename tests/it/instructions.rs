@@ -142,3 +142,76 @@ fn instructions_per_pair_hold_against_the_committed_table() {
         worse.join("\n")
     );
 }
+
+/// Every `static` of the shim's `CacheLine` type (`shim/src/cache_line.rs`), found in the
+/// sources, with its module path (`oomtrace::transport::fd_guard::LOCKED`).
+fn cache_line_statics(src: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut dirs = vec![src.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read shim/src") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("read a source file");
+            let rel = path.strip_prefix(src).unwrap().with_extension("");
+            let module: Vec<String> = rel
+                .iter()
+                .map(|c| c.to_string_lossy().into_owned())
+                .filter(|c| c != "mod" && c != "lib")
+                .collect();
+            for line in text.lines() {
+                let Some(rest) = line.trim_start().split_once("static ").map(|s| s.1) else {
+                    continue;
+                };
+                if let Some((name, ty)) = rest.split_once(':') {
+                    if ty.trim_start().starts_with("CacheLine<") {
+                        found.push(format!("oomtrace::{}::{}", module.join("::"), name.trim()));
+                    }
+                }
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// A `CacheLine` static keeps its whole line in the release build: under fat LTO, LLVM split
+/// such a global into its fields and dropped the padding, and the hooks' mode shared its line
+/// with the statics after it. The symbol's size in `liboomtrace.so` is the type's, 128 bytes,
+/// for each one in the sources.
+#[test]
+fn cache_line_statics_keep_their_lines_in_the_release_build() {
+    let root = repo();
+    build_release(&root);
+    let statics = cache_line_statics(&root.join("shim/src"));
+    assert!(
+        statics.iter().any(|s| s == "oomtrace::guard::MODE"),
+        "the hooks' mode was not found among the CacheLine statics: {statics:?}"
+    );
+    let lib = root.join("target/release/liboomtrace.so");
+    let nm = Command::new("nm")
+        .args(["-C", "-S"])
+        .arg(&lib)
+        .output()
+        .expect("nm (binutils) lists the release library's symbols");
+    assert!(nm.status.success(), "nm {} failed", lib.display());
+    let listing = String::from_utf8_lossy(&nm.stdout);
+    for name in &statics {
+        let line = listing
+            .lines()
+            .find(|l| l.ends_with(&format!(" {name}")))
+            .unwrap_or_else(|| panic!("{name} is not in {}", lib.display()));
+        let size = line.split_whitespace().nth(1).expect("nm -S gives a size");
+        assert_eq!(
+            u64::from_str_radix(size, 16).ok(),
+            Some(128),
+            "{name} is {size} bytes in the release build, not its whole line (is it #[used]?)"
+        );
+    }
+}

@@ -62,7 +62,8 @@ static OWNER_PID: AtomicU32 = AtomicU32::new(0);
 /// A window is open.
 static WINDOW: AtomicBool = AtomicBool::new(false);
 /// The guard's lock: taken by the drain thread around every write, so on a line of its own
-/// (beside the hooks' mode it made every hook wait for the line).
+/// (beside the hooks' mode it made every hook wait for the line; `#[used]`: see `cache_line.rs`).
+#[used]
 static LOCKED: CacheLine<AtomicBool> = CacheLine(AtomicBool::new(false));
 
 thread_local! {
