@@ -2,7 +2,7 @@
 //! --pairs-only` (valgrind's callgrind, a release build) against the committed table
 //! `bench/instructions.tsv`. Instructions do not swing with the machine's load, so a figure
 //! more than 10 % above the table is a change in the code, not noise (the drain thread's, which
-//! depends on valgrind's thread scheduling, 35 %). Every figure of the
+//! depends on valgrind's thread scheduling, 50 %). Every figure of the
 //! per-pair table is held: the program's thread (over untraced and in all), the shim's drain
 //! thread, the collector, and `run`'s replay at exit.
 //!
@@ -23,9 +23,10 @@ use oomtrace_tests::{precondition, repo};
 const TOLERANCE: f64 = 0.10;
 /// The drain thread's figure depends on how many messages it finds per wake-up, which is how
 /// valgrind happened to schedule the threads: one build measured 313 to 363 instructions a
-/// pair in six runs (its other figures within 3), another 311 to 403 on 2026-12-05: a table
-/// written from a low run must not fail a high one. A code change is still seen beyond this.
-const DRAIN_TOLERANCE: f64 = 0.35;
+/// pair in six runs (its other figures within 3), another 311 to 403 on 2026-12-05, and the
+/// builds of that night 305 to 425: a table written from a low run must not fail a high one.
+/// A code change is still seen beyond this.
+const DRAIN_TOLERANCE: f64 = 0.50;
 /// Figures this small (the untraced rows' zeros, the drain thread with few events) may move
 /// by this many instructions whatever their share.
 const SLACK: i64 = 30;
