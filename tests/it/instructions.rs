@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-use oomtrace_tests::{precondition, repo};
+use oomtrace_tests::{import_check, precondition, repo};
 
 /// How far a figure may rise over the committed one.
 const TOLERANCE: f64 = 0.10;
@@ -145,35 +145,29 @@ fn instructions_per_pair_hold_against_the_committed_table() {
 }
 
 /// Every `static` of the shim's `CacheLine` type (`shim/src/cache_line.rs`), found in the
-/// sources, with its module path (`oomtrace::transport::fd_guard::LOCKED`).
+/// sources (comments left out), with its module path (`oomtrace::transport::fd_guard::LOCKED`).
 fn cache_line_statics(src: &Path) -> Vec<String> {
     let mut found = Vec::new();
-    let mut dirs = vec![src.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).expect("read shim/src") {
-            let path = entry.expect("a directory entry").path();
-            if path.is_dir() {
-                dirs.push(path);
+    for path in import_check::sources(src) {
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("read a source file");
+        let module: Vec<String> = path
+            .strip_prefix(src)
+            .unwrap()
+            .with_extension("")
+            .iter()
+            .map(|c| c.to_string_lossy().into_owned())
+            .filter(|c| c != "mod" && c != "lib")
+            .collect();
+        for line in import_check::code_of(&text).lines() {
+            let Some((_, rest)) = line.trim_start().split_once("static ") else {
                 continue;
-            }
-            if path.extension().is_none_or(|e| e != "rs") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).expect("read a source file");
-            let rel = path.strip_prefix(src).unwrap().with_extension("");
-            let module: Vec<String> = rel
-                .iter()
-                .map(|c| c.to_string_lossy().into_owned())
-                .filter(|c| c != "mod" && c != "lib")
-                .collect();
-            for line in text.lines() {
-                let Some(rest) = line.trim_start().split_once("static ").map(|s| s.1) else {
-                    continue;
-                };
-                if let Some((name, ty)) = rest.split_once(':') {
-                    if ty.trim_start().starts_with("CacheLine<") {
-                        found.push(format!("oomtrace::{}::{}", module.join("::"), name.trim()));
-                    }
+            };
+            if let Some((name, ty)) = rest.split_once(':') {
+                if ty.trim_start().starts_with("CacheLine<") {
+                    found.push(format!("oomtrace::{}::{}", module.join("::"), name.trim()));
                 }
             }
         }

@@ -181,21 +181,21 @@ fn sigkill(pid: u32) {
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
 }
 
+/// The state letter of process `pid` (`R`, `S`, `Z`, ...), or None when it is gone: it
+/// follows the command name's closing parenthesis in /proc/<pid>/stat.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.trim_start().chars().next()
+}
+
 /// Kills `pid` and waits until it is gone (or a zombie): SIGKILL takes effect when the
 /// process is next scheduled, and a start that looks before then rightly sees it running.
 fn sigkill_and_wait(pid: u32) {
     sigkill(pid);
-    wait_until(
-        "the killed process is gone",
-        TIMEOUT,
-        || match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            Ok(stat) => stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next())
-                .is_some_and(|state| matches!(state, 'Z' | 'X' | 'x')),
-            Err(_) => true,
-        },
-    );
+    wait_until("the killed process is gone", TIMEOUT, || {
+        process_state(pid).is_none_or(|state| matches!(state, 'Z' | 'X' | 'x'))
+    });
 }
 
 #[test]
@@ -241,15 +241,9 @@ fn owners_of_the_rest(tmp: &Path, now: &[String], expected: &[String]) -> String
             let pids: Vec<String> = owner
                 .lines()
                 .filter_map(|l| l.split(' ').next())
-                .map(|pid| {
-                    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                        .ok()
-                        .and_then(|s| {
-                            let (_, rest) = s.rsplit_once(')')?;
-                            rest.trim_start().chars().next()
-                        })
-                        .map_or("gone".to_string(), |c| format!("state {c}"));
-                    format!("{pid} {state}")
+                .map(|pid| match pid.parse().ok().and_then(process_state) {
+                    Some(state) => format!("{pid} state {state}"),
+                    None => format!("{pid} gone"),
                 })
                 .collect();
             format!("{n}: [{}] {:?}", pids.join(", "), names_in(&tmp.join(n)))
