@@ -6,7 +6,8 @@
 //! process that uses it, `<pid> <pid namespace>`; the collector adds its own line when it
 //! starts. The processes remove the directory themselves when they are done; a directory whose
 //! processes were all killed (SIGKILL leaves them no chance) is removed by the next start of
-//! oomtrace, which calls [`clean_abandoned`]. A directory is removed only when every check
+//! oomtrace, which calls [`clean_abandoned`], once they have finished exiting (a start while a
+//! killed process's last thread still exits leaves it to the start after). A directory is removed only when every check
 //! says it is one of ours and nobody uses it: its name has one of the two forms above, it is a
 //! real directory (never a symlink, never followed), owned by this user with mode 0700, it
 //! holds a regular owner file of ours whose every line names a process of this pid namespace
@@ -214,8 +215,11 @@ fn owners_gone(dir: &Path, except: Option<u32>) -> bool {
     owners > 0
 }
 
-/// Whether `pid` is a process that still runs: a zombie (killed, not yet reaped by its new
-/// parent) has stopped using anything.
+/// Whether `pid` is a process that still runs, or still exits: a zombie (killed, not yet
+/// reaped by its new parent) has stopped using anything, but only once its last thread is
+/// gone. A killed process whose first thread is a zombie while another thread still exits
+/// (under load that takes a while: found in CI, 2026-12-05) still holds its descriptors, and
+/// its socket still takes connections.
 fn process_exists(pid: u32) -> bool {
     let Ok(raw) = libc::pid_t::try_from(pid) else {
         return true;
@@ -225,12 +229,30 @@ fn process_exists(pid: u32) -> bool {
         // EPERM: it exists (another user's); only ESRCH says it is gone.
         return io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
     }
-    // The state follows the command name's closing parenthesis in /proc/<pid>/stat.
-    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+    !(is_zombie(&format!("/proc/{pid}")) && threads_besides_first(pid) == Some(0))
+}
+
+/// Whether the task at `/proc/<pid>[/task/<tid>]` is a zombie: the state follows the command
+/// name's closing parenthesis in its `stat`.
+fn is_zombie(task: &str) -> bool {
+    std::fs::read_to_string(format!("{task}/stat")).is_ok_and(|stat| {
         stat.rsplit_once(')')
             .is_some_and(|(_, rest)| matches!(rest.trim_start().chars().next(), Some('Z' | 'X')))
-    });
-    !zombie
+    })
+}
+
+/// How many threads of process `pid` other than its first are still there and not zombies
+/// (None when its task list cannot be read).
+fn threads_besides_first(pid: u32) -> Option<usize> {
+    let first = pid.to_string();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    Some(
+        tasks
+            .flatten()
+            .map(|t| t.file_name().to_string_lossy().into_owned())
+            .filter(|tid| *tid != first && !is_zombie(&format!("/proc/{pid}/task/{tid}")))
+            .count(),
+    )
 }
 
 #[cfg(test)]
@@ -283,6 +305,73 @@ mod tests {
         ] {
             assert!(!is_our_name(not_ours), "{not_ours}");
         }
+    }
+
+    /// Waits (up to 10 s) until the first thread of `pid` is a zombie.
+    fn until_first_thread_is_a_zombie(pid: u32) {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !is_zombie(&format!("/proc/{pid}")) {
+            assert!(
+                std::time::Instant::now() < end,
+                "{pid} never became a zombie"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// A killed process is gone for its directory once it has stopped using anything: a
+    /// zombie whose threads are all gone, not one whose first thread is a zombie while
+    /// another still runs (its descriptors, the socket among them, are still open).
+    #[test]
+    fn a_zombie_counts_as_gone_only_once_its_last_thread_is() {
+        extern "C" fn pause_forever(_: *mut libc::c_void) -> *mut libc::c_void {
+            loop {
+                // SAFETY: pause has no preconditions.
+                unsafe { libc::pause() };
+            }
+        }
+        // SAFETY: the child only creates a thread and ends its own first thread (glibc's
+        // fork leaves malloc usable in the child); the parent reaps it below.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork");
+        if child == 0 {
+            // SAFETY: a thread running a function that never returns; then this thread
+            // alone ends (SYS_exit, not exit_group), leaving the other running.
+            unsafe {
+                let mut t: libc::pthread_t = std::mem::zeroed();
+                if libc::pthread_create(
+                    &mut t,
+                    std::ptr::null(),
+                    pause_forever,
+                    std::ptr::null_mut(),
+                ) != 0
+                {
+                    libc::_exit(1);
+                }
+                libc::syscall(libc::SYS_exit, 0);
+            }
+            unreachable!("SYS_exit returned");
+        }
+        let pid = child as u32;
+        until_first_thread_is_a_zombie(pid);
+        // Read before any assertion: a child left running would hold the test's output open.
+        let while_exiting = process_exists(pid);
+        // SAFETY: our own child.
+        unsafe { libc::kill(child, libc::SIGKILL) };
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while threads_besides_first(pid) != Some(0) && std::time::Instant::now() < end {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let as_a_zombie = process_exists(pid);
+        let mut status = 0;
+        // SAFETY: our own child, reaped once.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(while_exiting, "its other thread still ran");
+        assert!(
+            !as_a_zombie,
+            "killed and not reaped: a zombie with no thread left"
+        );
+        assert!(!process_exists(pid), "reaped");
     }
 
     #[test]
