@@ -706,8 +706,14 @@ pub struct Capturer {
 static CURRENT: AtomicPtr<Capturer> = AtomicPtr::new(std::ptr::null_mut());
 
 impl Capturer {
-    /// Makes stack capture send to `outbox` with `config` in this process from now on.
+    /// Makes stack capture send to `outbox` with `config` in this process from now on. A
+    /// config that captures nothing publishes nothing: every event then finds capture off
+    /// in one load ([`capture`]), not three.
     pub fn publish(outbox: &'static Outbox, config: StackConfig) {
+        if !(config.native || config.python) {
+            Capturer::forget();
+            return;
+        }
         // Alone on its cache lines: every capture reads its config.
         let cap: &'static Capturer = &Box::leak(Box::new(CacheLine(Capturer {
             outbox,
@@ -735,13 +741,13 @@ fn current() -> Option<&'static Capturer> {
 }
 
 /// The calling thread's native stack as an interned id (0 if stacks are off or unavailable).
-/// Inlined into the caller: with stacks off (`OOMTRACE_STACKS=off`) or before tracing
-/// started, two loads and no call.
+/// Inlined into the caller: with stacks off (`OOMTRACE_STACKS=off`: no capturer published)
+/// or before tracing started, one load and no call.
 #[inline]
 pub fn capture() -> StackId {
     match current() {
-        Some(cap) if cap.config.native || cap.config.python => capture_with(cap),
-        _ => StackId::NONE,
+        Some(cap) => capture_with(cap),
+        None => StackId::NONE,
     }
 }
 
@@ -778,15 +784,12 @@ fn capture_with(cap: &'static Capturer) -> StackId {
         let owner = cap as *const Capturer as usize;
         if (*slot).stacks.is_null() || (*(*slot).stacks).owner != owner {
             // The first capture on this thread (or the first since a fork): its tables,
-            // freed by `OWNER` when the thread ends. None once the thread is ending.
+            // freed by `OWNER` when the thread ends. None once the thread is ending. Not busy,
+            // so no capture uses the old ones.
             if OWNER.try_with(|_| ()).is_err() {
                 return StackId::NONE;
             }
-            let fresh = Box::into_raw(Box::new(ThreadStacks::new(cap)));
-            let old = std::mem::replace(&mut (*slot).stacks, fresh);
-            if !old.is_null() {
-                drop(Box::from_raw(old));
-            }
+            install_thread_stacks(slot, cap);
         }
         (*slot).busy = true;
         &mut *(*slot).stacks
@@ -805,6 +808,26 @@ fn capture_with(cap: &'static Capturer) -> StackId {
     match py {
         Some(py) => with_python(cap, ts, py, native),
         None => native,
+    }
+}
+
+/// Makes this thread's tables for `cap` (freeing any of an earlier capturer's). Out of line
+/// and cold: the tables are built on the stack before they are boxed, and would otherwise
+/// be in every capture's frame (8 KiB more, probed page by page on each call).
+///
+/// # Safety
+/// `slot` is this thread's own block, and no capture is using its tables.
+#[cold]
+#[inline(never)]
+unsafe fn install_thread_stacks(slot: *mut ThreadSlot, cap: &Capturer) {
+    let fresh = Box::into_raw(Box::new(ThreadStacks::new(cap)));
+    // SAFETY: per the contract; the old pointer is null or a `Box` made here on this thread
+    // and not freed since.
+    unsafe {
+        let old = std::mem::replace(&mut (*slot).stacks, fresh);
+        if !old.is_null() {
+            drop(Box::from_raw(old));
+        }
     }
 }
 
@@ -854,12 +877,21 @@ fn interpreter(cap: &Capturer, ts: &mut ThreadStacks) -> Option<&'static Interpr
 }
 
 fn intern(cap: &Capturer, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> StackId {
-    let stacks = cap.stacks();
     if let Some(id) = ts.verified_hit(sp, bp) {
-        if stacks.intern_gen.load(Ordering::Acquire) == ts.intern_gen {
+        if cap.stacks().intern_gen.load(Ordering::Acquire) == ts.intern_gen {
             return StackId(id);
         }
     }
+    intern_miss(cap, ts, pc, sp, bp)
+}
+
+/// [`intern`] of a stack not verified in place: unwound, and sent if new. Out of line and
+/// cold: its buffers (a whole unwind, about 2 KiB, and the move into the table) would
+/// otherwise be in every capture's frame (8.5 KiB, probed page by page on each call).
+#[cold]
+#[inline(never)]
+fn intern_miss(cap: &Capturer, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> StackId {
+    let stacks = cap.stacks();
     // A miss: before unwinding, make sure no module was unloaded or replaced since the last
     // scan (one dl_iterate_phdr call that stops at the first object; misses are rare).
     if modules::load_counts() != ts.snapshot.counts {
