@@ -278,6 +278,10 @@ apis! {
 }
 
 /// One event. See the module docs for the byte layout and `EventKind` for field meanings.
+/// `repr(C)`: in memory too the fields lie in the order and at the offsets of that layout, so
+/// a producer that stores an event into a queue slot stores it in eight words (the tail's
+/// result, device, kind and api are one).
+#[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Event {
     pub seq: u64,
@@ -379,6 +383,31 @@ impl Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `repr(C)` lays the fields out in memory as the encoding does (see the module doc): a
+    /// producer storing an event in words relies on it.
+    #[test]
+    fn memory_layout_is_the_encoding_layout() {
+        use std::mem::offset_of;
+        assert_eq!(std::mem::size_of::<Event>(), EVENT_SIZE);
+        let at = [
+            (offset_of!(Event, seq), 0),
+            (offset_of!(Event, ts_ns), 8),
+            (offset_of!(Event, ptr), 16),
+            (offset_of!(Event, size), 24),
+            (offset_of!(Event, aux), 32),
+            (offset_of!(Event, extra), 40),
+            (offset_of!(Event, stack), 48),
+            (offset_of!(Event, tid), 52),
+            (offset_of!(Event, result), 56),
+            (offset_of!(Event, device), 60),
+            (offset_of!(Event, kind), 62),
+            (offset_of!(Event, api), 63),
+        ];
+        for (got, want) in at {
+            assert_eq!(got, want);
+        }
+    }
 
     #[test]
     fn event_roundtrips_every_field() {

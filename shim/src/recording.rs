@@ -30,40 +30,22 @@ use crate::transport::outbox::{self, Msg};
 // Every function a hook's recorder calls is `#[inline]`: the recorders and what they call were
 // one module before, and the hooks' cost must not grow with a move across codegen units.
 
-/// Sends `ev` stamped with thread and time. Every event waits for room while the collector
-/// reads (a lost free would become a phantom leak); one that cannot go is counted lost.
-/// Always inlined, and the refused allocation and a device's first sight kept out of line:
-/// the compiler then inlines the whole success path into each recorder (23 instructions a
-/// cudaMalloc+cudaFree pair less, scripts/bench-instructions.sh).
+/// Sends `ev`; the outbox stamps its thread and time. Every event waits for room while the
+/// collector reads (a lost free would become a phantom leak); one that cannot go is counted
+/// lost. Always inlined, and the refused allocation and a device's first sight kept out of
+/// line: the compiler then inlines the whole success path into each recorder, and the event
+/// reaches the outbox in registers ([`outbox::send_event`]), never built on the stack.
 #[inline(always)]
-fn emit(mut ev: Event) {
-    let Some(ob) = outbox::current() else { return };
-    ev.tid = tid();
-    ev.ts_ns = crate::clock::ticks();
-    ob.send_event(ev);
+fn emit(ev: Event) {
+    outbox::send_event(&ev);
 }
 
 /// Devices seen so far in this process (bit per device 0..63).
 static SEEN_DEVICES: AtomicU64 = AtomicU64::new(0);
 
-/// The kernel thread id, cached per thread (`this_thread`).
-#[inline]
-pub fn tid() -> u32 {
-    let t = this_thread::get();
-    // SAFETY: this thread's own block, read and written on this thread only.
-    unsafe {
-        if (*t).tid == 0 {
-            // SAFETY: gettid has no preconditions.
-            (*t).tid = libc::gettid() as u32;
-        }
-        (*t).tid
-    }
-}
-
 /// In a fork child: its thread has a new id, and it has seen no device yet.
 pub fn reset_after_fork() {
-    // SAFETY: as in `tid`.
-    unsafe { (*this_thread::get()).tid = 0 };
+    this_thread::forget_tid();
     SEEN_DEVICES.store(0, Ordering::Relaxed);
 }
 
@@ -265,7 +247,7 @@ pub fn init(api: Api, rc: c_int) {
 pub fn marker(label: &str) {
     let Some(ob) = outbox::current() else { return };
     let mut ev = Event::new(EventKind::Marker, Api::oomtrace_mark);
-    ev.tid = tid();
+    ev.tid = this_thread::tid();
     ev.ts_ns = crate::clock::ticks();
     ev.stack = stack::capture();
     ob.send_marker(ev, label);

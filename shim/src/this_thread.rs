@@ -91,7 +91,7 @@ pub(crate) use thread_block;
 pub struct HookThread {
     /// >0 while this thread is inside a recording hook (see `guard::enter`).
     pub depth: u32,
-    /// The kernel thread id, 0 until first asked (see `recording::tid`).
+    /// The kernel thread id, 0 until first asked (see [`tid`]).
     pub tid: u32,
 }
 
@@ -101,6 +101,33 @@ unsafe impl Zeroed for HookThread {}
 thread_block! {
     /// This thread's hook state.
     pub fn get() -> HookThread;
+}
+
+/// The kernel thread id, asked once per thread and kept in its block.
+#[inline]
+pub fn tid() -> u32 {
+    let t = get();
+    // SAFETY: this thread's own block, read and written on this thread only.
+    unsafe {
+        if (*t).tid == 0 {
+            // SAFETY: gettid has no preconditions.
+            (*t).tid = libc::gettid() as u32;
+        }
+        (*t).tid
+    }
+}
+
+/// The kernel thread id if this thread asked it already ([`tid`]), else 0: no call.
+#[inline(always)]
+pub fn known_tid() -> u32 {
+    // SAFETY: this thread's own block, read on this thread only.
+    unsafe { (*get()).tid }
+}
+
+/// In a fork child: its thread has a new id.
+pub fn forget_tid() {
+    // SAFETY: as in `tid`.
+    unsafe { (*get()).tid = 0 };
 }
 
 #[cfg(test)]

@@ -118,6 +118,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "once",
             "log",
             "cache_line",
+            "this_thread",
         ],
     ),
     // Leaves. `guard` asks the crate root's `start_tracing` (which is `lifecycle::start`) on a

@@ -122,9 +122,17 @@ impl Ring {
     /// fits in a register, where a message given back would go through memory.
     #[inline]
     pub(super) fn push_event(&self, ev: &Event) -> Result<usize, Refused> {
+        self.push_event_made(|| *ev)
+    }
+
+    /// [`Ring::push_event`] of the event `make` gives once a position is claimed: what it
+    /// reads (the clock) is read after the claim, when the registers the claim used are free.
+    #[inline(always)]
+    pub(super) fn push_event_made(&self, make: impl FnOnce() -> Event) -> Result<usize, Refused> {
         let (slot, pos) = self.claim()?;
+        let ev = make();
         // SAFETY: as in `push`; `write_event` writes a whole message.
-        Ok(unsafe { self.publish(slot, pos, |dst| Msg::write_event(dst, ev)) })
+        Ok(unsafe { self.publish(slot, pos, |dst| Msg::write_event(dst, &ev)) })
     }
 
     /// Claims the tail's position: its slot, empty, is this thread's until `publish`.
