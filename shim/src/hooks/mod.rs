@@ -314,15 +314,19 @@ macro_rules! record_fn {
 
         /// Out of line so that the wrapper's checks need no frame of their own: a call that
         /// is not recorded (a driver call made inside a runtime call we record) costs a few
-        /// loads and a jump.
+        /// loads and a jump. The caller's arguments come first, in the registers the real
+        /// function takes them in, the real function and the guard after them: the wrapper
+        /// and this call then move fewer registers (297 instructions a cudaMalloc+cudaFree
+        /// pair, events only, against 306 with them first). A five-argument hook gets the
+        /// guard on the stack.
         #[inline(never)]
-        pub(super) unsafe extern "C" fn record(real: Real, held: crate::guard::Held, $( $arg : $ty ),* ) -> c_int {
+        pub(super) unsafe extern "C" fn record($( $arg : $ty, )* real: Real, held: crate::guard::Held) -> c_int {
             let mut rec = recorders::$rec::new(Api::$name, $( $rarg ),* );
-            crate::guard::before(&mut rec);
+            crate::guard::before(&mut rec, |r| crate::guard::Recorder::before(r));
             // SAFETY: the real function of this symbol, called once with the caller's own
             // arguments (its contract is the caller's), outside `catch`.
             let rc = unsafe { real( $( $arg ),* ) };
-            crate::guard::after(&mut rec, rc);
+            crate::guard::after(&mut rec, rc, |r, rc| crate::guard::Recorder::after(r, rc));
             held.leave();
             rc
         }
@@ -342,7 +346,7 @@ macro_rules! call_recorded {
             let real: $name::Real = unsafe { core::mem::transmute::<*const (), $name::Real>(p) };
             match crate::guard::enter_fast() {
                 // SAFETY: the real function with the caller's own arguments.
-                crate::guard::Entry::Record(held) => return unsafe { $name::record(real, held, $( $arg ),* ) },
+                crate::guard::Entry::Record(held) => return unsafe { $name::record($( $arg, )* real, held) },
                 // SAFETY: the real function, called once with the caller's own arguments.
                 crate::guard::Entry::Forward => return unsafe { real( $( $arg ),* ) },
                 crate::guard::Entry::Unknown => {}
@@ -372,7 +376,7 @@ macro_rules! general_fn {
                 return unsafe { real( $( $arg ),* ) };
             }
             // SAFETY: as above.
-            unsafe { record(real, crate::guard::Held::taken(), $( $arg ),* ) }
+            unsafe { record($( $arg, )* real, crate::guard::Held::taken()) }
         }
     };
 }

@@ -29,7 +29,9 @@ fn device_of(api: Api, rc: c_int) -> i16 {
 
 /// An allocation through `api` recorded; device memory is also told to the watcher (the
 /// PyTorch way in: taken inside its allocator's methods, it is a segment of its reserve).
-#[inline]
+/// Always inlined, as every recorder's methods are: each hook's copy knows its api, so its
+/// memory class and the event's tail word are constants (see `guard::before`).
+#[inline(always)]
 fn allocated(api: Api, rc: c_int, ptr: u64, size: u64, aux: u64, extra: u64) {
     let device = device_of(api, rc);
     recording::alloc(api, device, rc, ptr, size, aux, extra);
@@ -89,6 +91,7 @@ impl<P: OutPtr> AllocOut<P> {
 }
 
 impl<P: OutPtr> Recorder for AllocOut<P> {
+    #[inline(always)]
     fn after(&mut self, rc: c_int) {
         let ptr = if rc == 0 {
             // SAFETY: read only after success: the real call then wrote the out-parameter.
@@ -120,6 +123,7 @@ impl<P: OutPtr> AllocPitch<P> {
 }
 
 impl<P: OutPtr> Recorder for AllocPitch<P> {
+    #[inline(always)]
     fn after(&mut self, rc: c_int) {
         let pitch = if rc == 0 && !self.pitch.is_null() {
             // SAFETY: written by the successful real call.
@@ -163,6 +167,7 @@ impl Recorder for Release {
     // `after` records only a release that failed.
     const AFTER_ON_SUCCESS: bool = false;
 
+    #[inline(always)]
     fn before(&mut self) {
         // A free or unmap of a segment of PyTorch's reserve: the watcher records the segment
         // given back first. cudaFree(NULL) gives nothing back.
@@ -179,6 +184,7 @@ impl Recorder for Release {
         );
     }
 
+    #[inline(always)]
     fn after(&mut self, rc: c_int) {
         recording::release_failed(self.api, self.ptr, rc);
     }
@@ -204,6 +210,7 @@ impl PhysCreate {
 }
 
 impl Recorder for PhysCreate {
+    #[inline(always)]
     fn after(&mut self, rc: c_int) {
         let device = if self.prop.is_null() {
             DEVICE_UNKNOWN
@@ -244,6 +251,7 @@ impl Retain {
 }
 
 impl Recorder for Retain {
+    #[inline(always)]
     fn after(&mut self, rc: c_int) {
         if rc == 0 {
             // SAFETY: the call succeeded.
@@ -275,6 +283,7 @@ impl Mapped {
 }
 
 impl Recorder for Mapped {
+    #[inline(always)]
     fn after(&mut self, rc: c_int) {
         if rc == 0 {
             recording::mapped(self.api, self.va, self.size, self.handle, self.offset);
@@ -304,6 +313,7 @@ impl Reserve {
 }
 
 impl Recorder for Reserve {
+    #[inline(always)]
     fn after(&mut self, rc: c_int) {
         if rc == 0 {
             // SAFETY: the call succeeded.
@@ -328,6 +338,7 @@ impl MemInfo {
 }
 
 impl Recorder for MemInfo {
+    #[inline(always)]
     fn after(&mut self, rc: c_int) {
         if rc != 0 || self.free.is_null() || self.total.is_null() {
             return;
@@ -352,6 +363,7 @@ impl Init {
 }
 
 impl Recorder for Init {
+    #[inline(always)]
     fn after(&mut self, rc: c_int) {
         recording::init(self.api, rc);
     }
