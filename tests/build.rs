@@ -469,6 +469,11 @@ const TARGETS: &[Target] = &[
         flags: CUDART,
     },
     Target {
+        out: "fault_small_stack",
+        sources: &["faults/small_stack.c"],
+        flags: CUDART,
+    },
+    Target {
         out: "libfault_plugin.so",
         sources: &["faults/plugin.c"],
         flags: &["-shared", "-fPIC", "-l:libcudart.so.12", "-ldl"],

@@ -103,6 +103,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "config",
             "cache_line",
             "this_thread",
+            "log",
+            "once",
         ],
     ),
     ("python", &["python", "transport", "symbols", "log"]),

@@ -191,6 +191,44 @@ fn exit_from_a_non_main_thread_passes_its_code_and_completes_the_trace() {
     assert_eq!(live.get(&(pid, "thread_keep".into())), Some(&MIB));
 }
 
+/// A thread with a 16 KiB stack (glibc's least) allocates with native stacks on: the program
+/// runs as untraced, every allocation is recorded, and the thread's without call sites (what a
+/// capture may use would not fit), which one line says. Unfixed (a capture's frame alone was
+/// 8.5 KiB, and nothing looked at what was left), the traced program died of SIGSEGV.
+#[test]
+fn a_thread_with_the_smallest_stack_runs_traced_and_is_told_of() {
+    let t = run_traced("fault_small_stack", &[], &[]);
+    assert!(t.status.success(), "{:?}: {}", t.status, t.stderr);
+    assert_eq!(t.stdout, "small_stack: ok\n");
+    let said: Vec<&str> = t
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("oomtrace:") && l.contains("of stack left"))
+        .collect();
+    assert_eq!(said.len(), 1, "{}", t.stderr);
+    assert!(
+        said[0].contains("recorded without their call sites"),
+        "{}",
+        said[0]
+    );
+    let p = processes(&t.report)[0];
+    assert_eq!(p["status"], "exited", "{p}");
+    assert_eq!(p["lost_events"], 0);
+    assert_eq!(p["unmatched_frees"], 0);
+    let d0 = device(p, 0);
+    assert_eq!(u(&d0["allocations"]), 5, "{d0}");
+    assert_eq!(u(&d0["frees"]), 3);
+    assert_eq!(u(&d0["live_at_exit_bytes"]), 3 * MIB);
+    let pid = u(&p["pid"]);
+    let live = live_by_function(&t.report);
+    assert_eq!(
+        live.get(&(pid, "main_keep".into())),
+        Some(&MIB),
+        "{live:#?}"
+    );
+    assert_eq!(live.get(&(pid, "small_keep".into())), None, "{live:#?}");
+}
+
 #[test]
 fn frees_from_thread_exit_destructors_are_recorded() {
     let t = run_traced("fault_tls_dtor_free", &[], &[]);
