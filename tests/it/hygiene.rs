@@ -156,6 +156,17 @@ fn a_program_that_never_uses_cuda_leaves_no_trace() {
     let out = oomtrace_in(&dir, &["run", "--", "false"]);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(names_in(&dir), Vec::<String>::new());
+    // A program killed by a signal may have allocated a moment before it died: "no CUDA
+    // activity seen" would be wrong, so the line says how it ended.
+    let out = oomtrace_in(&dir, &["run", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(out.status.code(), Some(128 + 9), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(!err.contains("no CUDA activity seen"), "{err}");
+    assert!(
+        err.contains("`sh` was killed by signal 9 before any CUDA activity reached the collector"),
+        "{err}"
+    );
+    assert_eq!(names_in(&dir), Vec::<String>::new());
 }
 
 #[test]

@@ -228,10 +228,17 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             .as_ref()
             .is_some_and(|r| r.as_ref().is_ok_and(|r| r.no_process));
     if !trace_written {
-        let said = format!(
-            "no CUDA activity seen in `{}`: no trace written",
-            args.command[0].to_string_lossy()
-        );
+        let program = args.command[0].to_string_lossy();
+        // A program killed by a signal may have allocated a moment before: what it had queued
+        // died with it, and "no CUDA activity" would tell the user it made none.
+        let said = match outcome.status.signal() {
+            Some(_) => format!(
+                "`{program}` was {} before any CUDA activity reached the collector (what it \
+                 queued just before is lost with it): no trace written",
+                describe(outcome.status)
+            ),
+            None => format!("no CUDA activity seen in `{program}`: no trace written"),
+        };
         eprintln!("oomtrace: {said}");
         if let Some(path) = &args.json {
             // Asked for a report: an empty one says the same to a script.
