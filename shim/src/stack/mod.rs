@@ -805,8 +805,10 @@ fn capture_with(cap: &'static Capturer) -> StackId {
             learn_stack_bounds(slot);
         }
         let (lo, hi) = (*slot).stack;
-        // Off the thread's stack (a signal's own stack, a fiber's), or too near its end.
-        if sp >= hi || sp < lo.saturating_add(CAPTURE_STACK_NEEDED) {
+        // Off the thread's stack (a signal's own stack, a fiber's: how much is left there is
+        // unknown), or too near its end. Bounds pthread could not tell leave the capture as
+        // it was (its unwind then reads no native frame).
+        if hi != 0 && (sp >= hi || sp < lo.saturating_add(CAPTURE_STACK_NEEDED)) {
             if sp < hi && sp >= lo {
                 small_stack_said();
             }
