@@ -7,12 +7,13 @@
 //! starts. The processes remove the directory themselves when they are done; a directory whose
 //! processes were all killed (SIGKILL leaves them no chance) is removed by the next start of
 //! oomtrace, which calls [`clean_abandoned`], once they have finished exiting (a start while a
-//! killed process's last thread still exits leaves it to the start after). A directory is removed only when every check
-//! says it is one of ours and nobody uses it: its name has one of the two forms above, it is a
-//! real directory (never a symlink, never followed), owned by this user with mode 0700, it
-//! holds a regular owner file of ours whose every line names a process of this pid namespace
-//! that no longer exists, and nothing listens on its socket. Then only the socket, the owner
-//! file and the (then empty) directory are removed: anything else in it keeps it where it is.
+//! killed process's last thread still exits leaves it to the start after). A directory is
+//! removed only when every check says it is one of ours and nobody uses it: its name has one
+//! of the two forms above, it is a real directory (never a symlink, never followed), owned by
+//! this user with mode 0700, it holds a regular owner file of ours whose every line names a
+//! process of this pid namespace that no longer exists, and nothing listens on its socket.
+//! Then only the socket, the owner file and the (then empty) directory are removed: anything
+//! else in it keeps it where it is.
 
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
