@@ -514,10 +514,15 @@ fn first_event_of_thread(ptr: u64, size: u64, aux: u64, extra: u64, stack: u32, 
     }
 }
 
-/// Queues a stamped event, or counts it lost.
+/// Counts a stamped event made, then queues it or counts it lost.
 #[cfg(test)]
 fn push_event(ob: &Outbox, ev: Event) {
     ob.made.fetch_add(1, Ordering::Relaxed);
+    push_made(ob, ev);
+}
+
+/// Queues a stamped event already counted made, waiting for room, or counts it lost.
+fn push_made(ob: &Outbox, ev: Event) {
     match ob.ring.push_event(&ev) {
         Ok(at) => ob.shared.nudge(at),
         Err(refused) => queue_refused(ob, ev, refused),
@@ -539,10 +544,7 @@ fn event_refused(ptr: u64, size: u64, aux: u64, extra: u64, stack: u32, tail: u6
         tail,
         crate::this_thread::tid(),
     );
-    match ob.ring.push_event(&ev) {
-        Ok(at) => ob.shared.nudge(at),
-        Err(refused) => queue_refused(ob, ev, refused),
-    }
+    push_made(ob, ev);
 }
 
 /// A stamped event the queue refused: waits for room (full) or counts it lost (closed).
