@@ -45,15 +45,40 @@ const VERIFIED_ENTRIES: usize = 8;
 /// Frames unwound at most, ours included (a few hook frames precede the caller's).
 const RAW_DEPTH: usize = MAX_STACK_DEPTH + 16;
 
+/// Words of a `Verified`'s arrays: its frames, and room to pad the slots after the first to
+/// whole groups of four (`remember`).
+const CHECK_WORDS: usize = 1 + (RAW_DEPTH - 1).div_ceil(4) * 4;
+
+/// What a padding slot points at, and holds: the check reads it like a stack slot.
+static CHECK_PAD: u64 = 0;
+
 /// A stack as unwound from (sp, bp) at the capture point: every return address and the stack
 /// slot it was read from (on x86-64 always CFA - 8).
 struct Verified {
     sp: u64,
     bp: u64,
     n: usize,
-    raw: [u64; RAW_DEPTH],
-    slots: [u64; RAW_DEPTH],
+    raw: [u64; CHECK_WORDS],
+    slots: [u64; CHECK_WORDS],
+    /// Groups of four slots the check reads (slots 1.. padded with `CHECK_PAD`); set by
+    /// `remember`.
+    quads: usize,
     id: u32,
+}
+
+impl Verified {
+    /// Nothing unwound yet (boxed: 2 KiB, built in place of a capture's frame).
+    fn empty(sp: u64, bp: u64) -> Box<Verified> {
+        Box::new(Verified {
+            sp,
+            bp,
+            n: 0,
+            raw: [0; CHECK_WORDS],
+            slots: [0; CHECK_WORDS],
+            quads: 0,
+            id: 0,
+        })
+    }
 }
 
 /// What unwinding threads read; replaced as a whole when modules change.
@@ -315,10 +340,12 @@ struct ThreadStacks {
     cache: Box<NativeCache>,
     intern_gen: u64,
     interned: Box<[(u64, u32)]>,
-    verified: Vec<Verified>,
+    /// Fixed size, so that the hot path indexes it without a length check; an entry with id
+    /// 0 is empty.
+    verified: Box<[Verified; VERIFIED_ENTRIES]>,
     /// (sp, bp) of each entry of `verified`, side by side: scanning the entries themselves
     /// (2 KiB apart) cost a cache miss each.
-    verified_keys: Vec<(u64, u64)>,
+    verified_keys: [(u64, u64); VERIFIED_ENTRIES],
     next_verified: usize,
     /// The entry of `verified` that hit last, and for each entry the one found next after
     /// it the last time (`verified_hit`).
@@ -340,6 +367,10 @@ struct ThreadStacks {
 struct PyThread {
     interpreter: Option<&'static Interpreter>,
     looked_at_gen: u64,
+    /// The snapshot generation `interpreter` and `stop` were last settled for (`u64::MAX`:
+    /// not yet, or Python frames only with no interpreter found): a capture with the same
+    /// one has nothing to look at again but whether the frames can still be read.
+    settled_gen: u64,
     codes: ThreadCodes,
     interned: Box<[(u64, u32)]>,
     /// The last few combinations met, checked before `interned`: a loop allocates from a
@@ -366,6 +397,8 @@ struct ThreadSlot {
     bounds_asked: bool,
     /// This thread's stack, [low, high); (0, 0) when pthread could not say.
     stack: (u64, u64),
+    /// `low` + [`CAPTURE_STACK_NEEDED`]: a capture's stack pointer must not be below it.
+    floor: u64,
 }
 
 // SAFETY: a null pointer, `false`s and zeros.
@@ -441,6 +474,18 @@ fn stack_bounds() -> (u64, u64) {
     }
 }
 
+/// A table of recent stacks with every entry empty, built on the heap (18 KiB: a thread's
+/// first capture may run on a small stack).
+fn empty_verified_table() -> Box<[Verified; VERIFIED_ENTRIES]> {
+    let entries: Box<[Verified]> = (0..VERIFIED_ENTRIES)
+        .map(|_| *Verified::empty(0, 0))
+        .collect();
+    match entries.try_into() {
+        Ok(table) => table,
+        Err(_) => unreachable!("VERIFIED_ENTRIES entries were made"),
+    }
+}
+
 impl ThreadStacks {
     fn new(cap: &Capturer) -> ThreadStacks {
         let (snapshot_gen, snapshot) = cap.stacks().current();
@@ -466,8 +511,8 @@ impl ThreadStacks {
             cache: Box::new(NativeCache::new()),
             intern_gen,
             interned: vec![(0u64, 0u32); INTERN_SLOTS].into_boxed_slice(),
-            verified: Vec::with_capacity(VERIFIED_ENTRIES),
-            verified_keys: Vec::with_capacity(VERIFIED_ENTRIES),
+            verified: empty_verified_table(),
+            verified_keys: [(0, 0); VERIFIED_ENTRIES],
             next_verified: 0,
             last_hit: 0,
             follows: [0; VERIFIED_ENTRIES],
@@ -478,6 +523,7 @@ impl ThreadStacks {
             py: PyThread {
                 interpreter: None,
                 looked_at_gen: 0,
+                settled_gen: u64::MAX,
                 codes: ThreadCodes::default(),
                 interned: vec![(0u64, 0u32); INTERN_SLOTS].into_boxed_slice(),
                 recent: [(0, 0); RECENT],
@@ -530,10 +576,10 @@ impl ThreadStacks {
     /// a pair, 220 instructions, before this order). A loop through a few paths in the same
     /// order every time then finds each at the first try.
     fn verified_hit(&mut self, sp: u64, bp: u64) -> Option<u32> {
-        let guess = self.follows[self.last_hit] as usize;
+        let guess = self.follows[self.last_hit % VERIFIED_ENTRIES] as usize;
         let hit = match self.verified_at(guess, sp, bp) {
             Some(id) => (guess, id),
-            None => (0..self.verified.len())
+            None => (0..VERIFIED_ENTRIES)
                 .filter(|&i| i != guess)
                 .find_map(|i| Some((i, self.verified_at(i, sp, bp)?)))?,
         };
@@ -543,40 +589,43 @@ impl ThreadStacks {
 
     /// Entry `i` was found (or just remembered): it follows the last one.
     fn hit(&mut self, i: usize) {
-        self.follows[self.last_hit] = i as u8;
+        self.follows[self.last_hit % VERIFIED_ENTRIES] = i as u8;
         self.last_hit = i;
     }
 
     /// Entry `i`'s id if it is from (sp, bp) and every return address is still in place.
     #[inline(always)]
     fn verified_at(&self, i: usize, sp: u64, bp: u64) -> Option<u32> {
-        let (k, v) = (self.verified_keys.get(i)?, self.verified.get(i)?);
-        if *k != (sp, bp) || v.id == 0 {
+        let i = i % VERIFIED_ENTRIES;
+        let v = &self.verified[i];
+        if self.verified_keys[i] != (sp, bp) || v.id == 0 {
             return None;
         }
-        // Four slots at a time without a branch (a hit reads every slot anyway), then the
-        // rest: an entry of another path is left at its first four slots that differ, which
-        // for two call sites in turn are the first four.
-        let (slots, raw) = (&v.slots[1..v.n], &v.raw[1..v.n]);
-        let differ = |slots: &[u64], raw: &[u64]| {
-            slots.iter().zip(raw).fold(0u64, |differ, (&slot, &ra)| {
-                // SAFETY: `remember` keeps only entries whose every slot lies, aligned, in
-                // this thread's stack at or above the entry's sp, which equals the current
-                // sp here: mapped memory of this thread above the live stack pointer.
-                differ | (unsafe { (slot as *const u64).read() } ^ ra)
-            })
-        };
-        let mut chunks = slots.chunks_exact(4).zip(raw.chunks_exact(4));
-        if chunks.any(|(s, r)| differ(s, r) != 0) {
-            return None;
-        }
-        let tail = slots.len() / 4 * 4;
-        (differ(&slots[tail..], &raw[tail..]) == 0).then_some(v.id)
+        // Four slots at a time without a branch (a hit reads every slot anyway; the padding
+        // spares a loop for the rest): an entry of another path is left at its first four
+        // slots that differ, which for two call sites in turn are the first four.
+        let words = 1 + 4 * v.quads.min((CHECK_WORDS - 1) / 4);
+        let (slots, raw) = (&v.slots[1..words], &v.raw[1..words]);
+        let differs = slots
+            .chunks_exact(4)
+            .zip(raw.chunks_exact(4))
+            .any(|(slots, raw)| {
+                slots.iter().zip(raw).fold(0u64, |differ, (&slot, &ra)| {
+                    // SAFETY: `remember` keeps only entries whose every slot lies, aligned, in
+                    // this thread's stack at or above the entry's sp, which equals the current
+                    // sp here (mapped memory of this thread above the live stack pointer), or
+                    // is `CHECK_PAD`.
+                    differ | (unsafe { (slot as *const u64).read() } ^ ra)
+                }) != 0
+            });
+        (!differs).then_some(v.id)
     }
 
     fn forget_verified(&mut self) {
-        self.verified.clear();
-        self.verified_keys.clear();
+        for v in self.verified.iter_mut() {
+            v.id = 0;
+        }
+        self.verified_keys = [(0, 0); VERIFIED_ENTRIES];
         self.next_verified = 0;
         self.last_hit = 0;
         self.follows = [0; VERIFIED_ENTRIES];
@@ -585,24 +634,24 @@ impl ThreadStacks {
     /// Remembers an unwound stack for `verified_hit`, if every slot it read lies in this
     /// thread's stack above its sp (the unwind only reads such slots; checked here, once, so
     /// that the hot path need not).
-    fn remember(&mut self, v: Verified) {
-        if !v.slots[1..v.n]
-            .iter()
-            .all(|&slot| self.readable(v.sp, slot))
+    fn remember(&mut self, mut v: Verified) {
+        if v.n == 0
+            || v.id == 0
+            || !v.slots[1..v.n]
+                .iter()
+                .all(|&slot| self.readable(v.sp, slot))
         {
             return;
         }
-        let at = if self.verified.len() < VERIFIED_ENTRIES {
-            self.verified_keys.push((v.sp, v.bp));
-            self.verified.push(v);
-            self.verified.len() - 1
-        } else {
-            let at = self.next_verified;
-            self.verified_keys[at] = (v.sp, v.bp);
-            self.verified[at] = v;
-            self.next_verified = (at + 1) % VERIFIED_ENTRIES;
-            at
-        };
+        v.quads = (v.n - 1).div_ceil(4);
+        for k in v.n..1 + 4 * v.quads {
+            v.slots[k] = &CHECK_PAD as *const u64 as u64;
+            v.raw[k] = CHECK_PAD;
+        }
+        let at = self.next_verified % VERIFIED_ENTRIES;
+        self.verified_keys[at] = (v.sp, v.bp);
+        self.verified[at] = v;
+        self.next_verified = (at + 1) % VERIFIED_ENTRIES;
         self.hit(at);
     }
 }
@@ -808,7 +857,7 @@ fn capture_with(cap: &'static Capturer) -> StackId {
         // Off the thread's stack (a signal's own stack, a fiber's: how much is left there is
         // unknown), or too near its end. Bounds pthread could not tell leave the capture as
         // it was (its unwind then reads no native frame).
-        if hi != 0 && (sp >= hi || sp < lo.saturating_add(CAPTURE_STACK_NEEDED)) {
+        if hi != 0 && (sp >= hi || sp < (*slot).floor) {
             if sp < hi && sp >= lo {
                 small_stack_said();
             }
@@ -828,18 +877,20 @@ fn capture_with(cap: &'static Capturer) -> StackId {
         &mut *(*slot).stacks
     };
     let _busy = Busy(slot);
+    // Once, not in each step: the steps' calls keep the compiler from sharing its check.
+    let stacks = cap.stacks();
     let py = if cap.config.python {
         interpreter(cap, ts)
     } else {
         None
     };
     let native = if cap.config.native {
-        intern(cap, ts, pc, sp, bp)
+        intern(cap, stacks, ts, (pc, sp, bp))
     } else {
         StackId::NONE
     };
     match py {
-        Some(py) => with_python(cap, ts, py, native),
+        Some(py) => with_python(cap, stacks, ts, py, native),
         None => native,
     }
 }
@@ -855,6 +906,7 @@ unsafe fn learn_stack_bounds(slot: *mut ThreadSlot) {
     // SAFETY: per the contract.
     unsafe {
         (*slot).stack = bounds;
+        (*slot).floor = bounds.0.saturating_add(CAPTURE_STACK_NEEDED);
         (*slot).bounds_asked = true;
     }
 }
@@ -895,7 +947,21 @@ unsafe fn install_thread_stacks(slot: *mut ThreadSlot, cap: &Capturer) {
 /// The interpreter whose frames this thread's stacks get, looked for again when the loaded
 /// modules changed (native stacks: on a new snapshot; Python frames only: every 1024th
 /// capture without one), and the module the native unwind stops at.
+#[inline(always)]
 fn interpreter(cap: &Capturer, ts: &mut ThreadStacks) -> Option<&'static Interpreter> {
+    if ts.py.settled_gen == ts.snapshot_gen {
+        match ts.py.interpreter {
+            None => return None,
+            Some(i) if i.readable() => return Some(i),
+            Some(_) => {}
+        }
+    }
+    settle_interpreter(cap, ts)
+}
+
+/// [`interpreter`] when something may have changed: the search, and the native unwind's end.
+#[inline(never)]
+fn settle_interpreter(cap: &Capturer, ts: &mut ThreadStacks) -> Option<&'static Interpreter> {
     if cap.config.native {
         if ts.py.looked_at_gen != ts.snapshot_gen {
             ts.py.looked_at_gen = ts.snapshot_gen;
@@ -934,12 +1000,23 @@ fn interpreter(cap: &Capturer, ts: &mut ThreadStacks) -> Option<&'static Interpr
             ts.forget_verified();
         }
     }
+    // Python frames only and no interpreter yet: the search above counts captures.
+    ts.py.settled_gen = if cap.config.native || py.is_some() {
+        ts.snapshot_gen
+    } else {
+        u64::MAX
+    };
     py
 }
 
-fn intern(cap: &Capturer, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64) -> StackId {
+fn intern(
+    cap: &Capturer,
+    stacks: &Stacks,
+    ts: &mut ThreadStacks,
+    (pc, sp, bp): (u64, u64, u64),
+) -> StackId {
     if let Some(id) = ts.verified_hit(sp, bp) {
-        if cap.stacks().intern_gen.load(Ordering::Acquire) == ts.intern_gen {
+        if stacks.intern_gen.load(Ordering::Acquire) == ts.intern_gen {
             return StackId(id);
         }
     }
@@ -971,14 +1048,7 @@ fn intern_miss(cap: &Capturer, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64)
         ts.intern_gen = igen;
     }
     let depth = cap.config.depth;
-    let mut v = Box::new(Verified {
-        sp,
-        bp,
-        n: 0,
-        raw: [0; RAW_DEPTH],
-        slots: [0; RAW_DEPTH],
-        id: 0,
-    });
+    let mut v = Verified::empty(sp, bp);
     if ts.unwind(pc, sp, bp, depth, &mut v) == 0 {
         return StackId::NONE;
     }
@@ -1035,11 +1105,11 @@ fn intern_miss(cap: &Capturer, ts: &mut ThreadStacks, pc: u64, sp: u64, bp: u64)
 /// lines), or `native` if there are none.
 fn with_python(
     cap: &Capturer,
+    stacks: &Stacks,
     ts: &mut ThreadStacks,
     py: &'static Interpreter,
     native: StackId,
 ) -> StackId {
-    let stacks = cap.stacks();
     let n = python::walk(
         cap.outbox,
         py,
@@ -1054,7 +1124,7 @@ fn with_python(
     if ts.py.codes.same_as_before() && ts.py.last.0 == native.0 && ts.py.last.1 != 0 {
         return StackId(ts.py.last.1);
     }
-    let id = combined(cap, ts, n, native);
+    let id = combined(cap, stacks, ts, n, native);
     if id.is_none() {
         ts.py.last = (0, 0);
         return native;
@@ -1065,8 +1135,13 @@ fn with_python(
 
 /// The id of the native stack `native` followed by the `n` Python frames just walked (NONE
 /// if it could not be sent: the caller then gives the native stack alone).
-fn combined(cap: &Capturer, ts: &mut ThreadStacks, n: usize, native: StackId) -> StackId {
-    let stacks = cap.stacks();
+fn combined(
+    cap: &Capturer,
+    stacks: &Stacks,
+    ts: &mut ThreadStacks,
+    n: usize,
+    native: StackId,
+) -> StackId {
     let py_frames = &ts.py.frames[..n];
     let h = hash_frames(py_frames) ^ (native.0 as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     if let Some(&(_, id)) = ts.py.recent.iter().find(|r| r.0 == h && r.1 != 0) {
@@ -1081,7 +1156,7 @@ fn combined(cap: &Capturer, ts: &mut ThreadStacks, n: usize, native: StackId) ->
     // New: send the native frames (still in the verified table under `native`) and these.
     let mut frames = Vec::with_capacity(MAX_STACK_DEPTH + n);
     if !native.is_none() {
-        let Some(v) = ts.verified.iter().find(|v| v.id == native.0) else {
+        let Some(v) = ts.verified.iter().find(|v| v.id == native.0 && v.n > 0) else {
             return StackId::NONE;
         };
         frames.extend(without_own(
