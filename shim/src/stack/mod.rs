@@ -67,7 +67,7 @@ struct Verified {
 }
 
 impl Verified {
-    /// Nothing unwound yet (boxed: 2 KiB, built in place of a capture's frame).
+    /// Nothing unwound yet, boxed: 2 KiB that a capture's frame need not hold.
     fn empty(sp: u64, bp: u64) -> Box<Verified> {
         Box::new(Verified {
             sp,
@@ -633,7 +633,7 @@ impl ThreadStacks {
 
     /// Remembers an unwound stack for `verified_hit`, if every slot it read lies in this
     /// thread's stack above its sp (the unwind only reads such slots; checked here, once, so
-    /// that the hot path need not).
+    /// that the hot path need not), its slots padded to whole groups of four.
     fn remember(&mut self, mut v: Verified) {
         if v.n == 0
             || v.id == 0
