@@ -37,7 +37,7 @@ use oomtrace_proto::{MemoryClass, DEVICE_UNKNOWN};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use crate::model::{is_oomtrace_python_file, Alloc, Free, OutOfMemory, Process, SiteId};
+use crate::model::{is_oomtrace_python_file, Alloc, DeviceMap, Free, OutOfMemory, Process, SiteId};
 
 /// What a tensor is to the program. Pinned order: the JSON and text list roles this way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -394,7 +394,7 @@ pub struct Anatomy {
     phase: Option<PhaseState>,
     order: u64,
     live: FxHashMap<(i16, u64), Born>,
-    devices: BTreeMap<i16, DeviceClock>,
+    devices: DeviceMap<DeviceClock>,
     /// Each site's latest tensor, by the site's index.
     made: Vec<Option<SiteMade>>,
 }

@@ -2,11 +2,9 @@
 //! step's end (`Context`), the one trait it implements (`Detector`) and the alerts it raises
 //! (`Alerts`). `Analysis` (`mod.rs`) feeds the detectors through these and nothing else.
 
-use std::collections::BTreeMap;
-
 use super::epoch::EpochClock;
 use super::finding::{Alert, Finding};
-use crate::model::{DeviceState, SiteId};
+use crate::model::{DeviceMap, DeviceState, SiteId};
 use oomtrace_proto::Api;
 
 /// One allocation, as the detectors see it.
@@ -30,7 +28,7 @@ pub struct Context<'a> {
     pub epoch: u32,
     pub ts_ns: u64,
     pub clock: &'a EpochClock,
-    pub devices: &'a BTreeMap<i16, DeviceState>,
+    pub devices: &'a DeviceMap<DeviceState>,
     /// The process has ended (said goodbye, or its stream ended): what it freed after its
     /// last step was freed on its way out.
     pub ended: bool,

@@ -8,14 +8,12 @@
 //! settles it). O(tensor events) memory: about 40 bytes a tensor and 16 an event, kept because
 //! every lever replays the whole sequence, many times.
 
-use std::collections::BTreeMap;
-
 use oomtrace_proto::wire::Frame;
 use oomtrace_proto::{Api, EventKind, MemoryClass};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::analysis::anatomy::{Anatomy, Made, Role};
-use crate::model::{Alloc, Free, MemInfo, Observer, OutOfMemory, Process, SiteId};
+use crate::model::{Alloc, DeviceMap, Free, MemInfo, Observer, OutOfMemory, Process, SiteId};
 
 /// One tensor of the trace.
 #[derive(Clone, Copy, Debug)]
@@ -115,7 +113,7 @@ pub struct Recorder {
     anatomy: Anatomy,
     /// The event being applied: its `aux` (a tensor's stream) and kind.
     aux: u64,
-    pub devices: BTreeMap<i16, DeviceTimeline>,
+    pub devices: DeviceMap<DeviceTimeline>,
     /// Live tensors: (device, address) -> tensor index.
     live: FxHashMap<(i16, u64), u32>,
     /// Per device, bytes in use that nobody in the process allocated (the context, other

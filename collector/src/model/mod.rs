@@ -32,6 +32,7 @@
 //! - `frames.rs`: a site's frames, as kept and as the symbolizer reads them (`Stacks`).
 //! - `device.rs`: per-device totals and peaks, per-(site, device) aggregates, and who holds
 //!   a device's memory.
+//! - `device_map.rs`: `DeviceMap`, what is kept per device ordinal, found without a tree walk.
 //! - `apply/`: a stream applied, frame by frame and event by event, one file per event family.
 //! - `observer.rs`: the one way out; `error.rs`.
 
@@ -45,6 +46,7 @@ use rustc_hash::FxHashMap;
 
 mod apply;
 mod device;
+mod device_map;
 mod error;
 mod frames;
 pub mod history;
@@ -61,6 +63,7 @@ pub use apply::OUT_OF_MEMORY;
 pub use device::{
     size_bucket, AllocFailures, DeviceState, SiteStats, Tally, HOST_DEVICE, PEAK_SITES,
 };
+pub use device_map::DeviceMap;
 pub use error::Error;
 pub use frames::{FrameInfo, Module, RawFrame, Stacks};
 pub use observer::{Alloc, Free, MemInfo, Observer, OutOfMemory, TorchMemory};
@@ -80,7 +83,7 @@ pub struct Process {
     /// Its rank in a distributed job, from the launcher's variables in `hello`.
     pub launch: Launch,
     pub end: EndState,
-    pub devices: BTreeMap<i16, DeviceState>,
+    pub devices: DeviceMap<DeviceState>,
     pub live: FxHashMap<u64, LiveAlloc>,
     /// Live tensors of PyTorch's caching allocator, by address (see the module doc).
     pub tensors: FxHashMap<u64, LiveAlloc>,

@@ -11,7 +11,7 @@ use rustc_hash::FxHashMap;
 
 use super::frames::Stacks;
 use super::sites::StackSites;
-use super::{Process, SiteId};
+use super::{DeviceMap, Process, SiteId};
 
 #[derive(Clone, Debug)]
 pub struct LiveAlloc {
@@ -81,7 +81,7 @@ impl Process {
             launch: Launch::from_vars(&hello.launch),
             hello,
             end: EndState::Running,
-            devices: BTreeMap::new(),
+            devices: DeviceMap::new(),
             live: FxHashMap::default(),
             tensors: FxHashMap::default(),
             handles: FxHashMap::default(),
