@@ -1,9 +1,11 @@
-//! Golden files: `fixtures/v1-writer.oomt` is a version-1 trace written by the encoders below,
-//! `fixtures/v1-basic.oomt` the same trace as the first version-1 writer made it (before the
-//! Hello's tail: host and launcher variables; never rewritten), and `fixtures/v1-basic.json`
-//! the report read back from both. If the writer's bytes change, or the reader or report
-//! interpret version-1 bytes differently, these fail: bump the format version instead of
-//! silently changing what old traces mean.
+//! Golden files: `fixtures/v2-writer.oomt` is the trace today's writer makes of the encoders
+//! below (version 2: its chunk the LZ4 of the frames' word delta), `fixtures/v1-writer.oomt`
+//! the same trace as the last version-1 writer made it (its chunk plain), `fixtures/v1-basic.oomt`
+//! as the first version-1 writer made it (before the Hello's tail: host and launcher
+//! variables), and `fixtures/v1-basic.json` the report read back from all three. Only today's
+//! file is ever rewritten. If the writer's bytes change, or the reader or report interpret
+//! older bytes differently, these fail: bump the format version instead of silently changing
+//! what old traces mean.
 //!
 //! Regenerate after an intended change (the frozen file stays):
 //! `UPDATE_GOLDEN=1 cargo test -p oomtrace-collector --test golden`.
@@ -144,7 +146,7 @@ fn fixture() -> Vec<u8> {
         let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds");
         std::fs::write(seeds.join("wire_decoder/v1-basic.frames"), &w).unwrap();
     }
-    tf::write_chunk(&mut f, 1, &w, false).unwrap();
+    tf::write_chunk(&mut f, 1, &w, true).unwrap();
     tf::write_conn_close(
         &mut f,
         1,
@@ -169,37 +171,53 @@ fn update() -> bool {
 
 /// The trace today's writer makes (rewritten first when updating, so both tests see it).
 fn golden_trace() -> std::path::PathBuf {
-    let path = fixture_path("v1-writer.oomt");
+    let path = fixture_path("v2-writer.oomt");
     if update() {
         std::fs::write(&path, fixture()).unwrap();
         let seed = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../fuzz/seeds/trace_reader/v1-writer.oomt");
+            .join("../fuzz/seeds/trace_reader/v2-writer.oomt");
         std::fs::copy(&path, seed).unwrap();
     }
     path
 }
 
-/// The same trace as an older writer made it (its Hello ends after the arguments: no host,
-/// no launcher variables). Never rewritten: traces already on users' disks look like this.
-fn frozen_trace() -> std::path::PathBuf {
-    fixture_path("v1-basic.oomt")
+/// The same trace as older writers made it, never rewritten: traces already on users' disks
+/// look like these. The first version-1 writer's (its Hello ends after the arguments: no
+/// host, no launcher variables), then the last one's (its chunk plain).
+fn frozen_traces() -> [std::path::PathBuf; 2] {
+    [
+        fixture_path("v1-basic.oomt"),
+        fixture_path("v1-writer.oomt"),
+    ]
 }
 
 #[test]
 fn writer_bytes_are_stable() {
     let path = golden_trace();
+    let made = fixture();
     assert_eq!(
         std::fs::read(&path).unwrap(),
-        fixture(),
-        "the v1 writer changed its bytes"
+        made,
+        "the v2 writer changed its bytes"
     );
+    // header | ConnOpen | the Chunk (len u32 | type u8 | conn u32 | codec u8): the delta's.
+    let mut r = tf::TraceReader::new(&made[..]).unwrap();
+    assert_eq!(r.header.version, 2);
+    assert!(matches!(
+        r.next_record().unwrap(),
+        Some(tf::Record::ConnOpen { .. })
+    ));
+    let chunk_at = r.offset() as usize;
+    assert_eq!(made[chunk_at + 4], tf::record_type::CHUNK);
+    assert_eq!(made[chunk_at + 9], tf::CODEC_LZ4_DELTA);
 }
 
 #[test]
-fn version_1_traces_read_to_the_same_report() {
+fn traces_of_every_version_read_to_the_same_report() {
     let path = fixture_path("v1-basic.json");
-    // The frozen file first: updating must not let today's writer redefine the old report.
-    for (i, file) in [frozen_trace(), golden_trace()].into_iter().enumerate() {
+    // The frozen files first: updating must not let today's writer redefine the old report.
+    let [first, last_v1] = frozen_traces();
+    for (i, file) in [first, last_v1, golden_trace()].into_iter().enumerate() {
         let trace = Trace::load(&file).unwrap();
         let report = build(
             &trace,

@@ -34,8 +34,13 @@ pub use event::{
 pub enum Error {
     /// The bytes do not start with the oomtrace magic.
     BadMagic,
-    /// Written by a newer or older oomtrace whose format this build cannot read.
-    UnsupportedVersion { found: u16, supported: u16 },
+    /// Written by a newer or older oomtrace whose format this build cannot read: it reads
+    /// versions `oldest..=supported`.
+    UnsupportedVersion {
+        found: u16,
+        oldest: u16,
+        supported: u16,
+    },
     /// A frame claims a length no writer produces.
     FrameTooLarge { len: u64, max: u64 },
     /// The data ends before a header or frame is complete.
@@ -52,7 +57,17 @@ impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Error::BadMagic => write!(f, "not an oomtrace trace (bad magic)"),
-            Error::UnsupportedVersion { found, supported } => write!(
+            Error::UnsupportedVersion {
+                found,
+                oldest,
+                supported,
+            } if oldest < supported => write!(
+                f,
+                "format version {found} is not supported (this oomtrace reads versions {oldest} to {supported})"
+            ),
+            Error::UnsupportedVersion {
+                found, supported, ..
+            } => write!(
                 f,
                 "format version {found} is not supported (this oomtrace reads version {supported})"
             ),

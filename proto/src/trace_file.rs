@@ -5,8 +5,12 @@
 //!          | created_unix_ns u64 | producer str | (rest_len covers everything after itself)
 //! record:  len u32 (bytes after this field) | type u8 | payload
 //!   1 ConnOpen   conn u32 | t_unix_ns u64 | wire_version u16
-//!   2 Chunk      conn u32 | codec u8 (0 none, 1 lz4 block) | raw_len u32 | crc32 u32 (of raw) | data
-//!                raw = whole wire frames (see wire.rs) of connection `conn`
+//!   2 Chunk      conn u32 | codec u8 | raw_len u32 | crc32 u32 (of raw) | data
+//!                raw = whole wire frames (see wire.rs) of connection `conn`; codec:
+//!                0 none (data = raw), 1 lz4 block of raw, 2 lz4 block of raw's word
+//!                delta ([`delta_encode`]: from byte 64 on, each little-endian u64 at an
+//!                offset that is a multiple of 8 minus the one 64 bytes before it, wrapping;
+//!                a tail of fewer than 8 bytes as it is). The collector writes 2; 1 is read.
 //!   3 ConnClose  conn u32 | t_unix_ns u64 | reason u8 (CloseReason) | message str
 //!   4 End        t_unix_ns u64 | conns u32          (the writer finished cleanly)
 //!   5 Incomplete t_unix_ns u64 | cause u8 (WriteFailure: 1 disk full, 2 file too large,
@@ -40,7 +44,11 @@ use crate::wire::{Reader, Writer};
 use crate::Error;
 
 pub const FILE_MAGIC: [u8; 8] = *b"OOMTRACE";
-pub const FILE_VERSION: u16 = 1;
+/// The version this build writes. 2: chunks may be [`CODEC_LZ4_DELTA`] (an older reader
+/// says it cannot read the file rather than fail on its first chunk).
+pub const FILE_VERSION: u16 = 2;
+/// The oldest version this build reads (1: chunks plain or [`CODEC_LZ4`]).
+pub const OLDEST_FILE_VERSION: u16 = 1;
 /// Largest record a reader accepts.
 pub const MAX_RECORD: u32 = 64 << 20;
 /// Chunk buffers a reader keeps for reuse.
@@ -131,6 +139,56 @@ mod libc_codes {
 
 pub const CODEC_NONE: u8 = 0;
 pub const CODEC_LZ4: u8 = 1;
+/// LZ4 of the frames' word delta ([`delta_encode`]). Events are 64 bytes, and an event less
+/// the one before it is mostly zeros and repeats (the sequence number one more, the same
+/// size and stream, the clock a little later): LZ4 finds that in long matches, where it found
+/// short ones in the events themselves. On a cudaMalloc+cudaFree loop's frames, half the
+/// writer's instructions and less than half the bytes of LZ4 alone
+/// (bench/2026-12-06-collector.md).
+pub const CODEC_LZ4_DELTA: u8 = 2;
+
+/// The delta's stride: one event ([`crate::EVENT_SIZE`]).
+const DELTA_STRIDE: usize = 64;
+
+fn word(b: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(b);
+    u64::from_le_bytes(w)
+}
+
+/// `raw` with each 8-byte little-endian word from byte [`DELTA_STRIDE`] on replaced by its
+/// difference (wrapping) to the word `DELTA_STRIDE` bytes before it, into `out` (its contents
+/// replaced). The first `DELTA_STRIDE` bytes and a tail of fewer than 8 stay as they are.
+pub fn delta_encode(raw: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(raw);
+    let body = raw.len() / 8 * 8;
+    if body <= DELTA_STRIDE {
+        return;
+    }
+    let now = raw[DELTA_STRIDE..body].chunks_exact(8);
+    let before = raw[..body - DELTA_STRIDE].chunks_exact(8);
+    for (o, (n, b)) in out[DELTA_STRIDE..body]
+        .chunks_exact_mut(8)
+        .zip(now.zip(before))
+    {
+        o.copy_from_slice(&word(n).wrapping_sub(word(b)).to_le_bytes());
+    }
+}
+
+/// Undoes [`delta_encode`] in place: in ascending order, each word adds back the word
+/// `DELTA_STRIDE` bytes before it, which is already restored.
+pub fn delta_decode(buf: &mut [u8]) {
+    let body = buf.len() / 8 * 8;
+    let mut at = DELTA_STRIDE;
+    while at + 8 <= body {
+        let (done, rest) = buf.split_at_mut(at);
+        let v =
+            word(&rest[..8]).wrapping_add(word(&done[at - DELTA_STRIDE..at - DELTA_STRIDE + 8]));
+        rest[..8].copy_from_slice(&v.to_le_bytes());
+        at += 8;
+    }
+}
 
 /// Why a connection ended, as the collector saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -321,7 +379,7 @@ pub fn append_chunk(out: &mut Vec<u8>, conn: u32, frames: &[u8], compress: bool)
     out.extend_from_slice(&(frames.len() as u32).to_le_bytes());
     out.extend_from_slice(&crc.to_le_bytes());
     if compress_onto(out, frames, compress) {
-        out[codec_at] = CODEC_LZ4;
+        out[codec_at] = CODEC_LZ4_DELTA;
     } else {
         out.extend_from_slice(frames);
     }
@@ -329,28 +387,35 @@ pub fn append_chunk(out: &mut Vec<u8>, conn: u32, frames: &[u8], compress: bool)
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
 }
 
-/// Appends `raw` LZ4-compressed to `out` when asked and when that is smaller; returns whether
-/// it did (`out` is unchanged otherwise). The block is compressed into a per-thread scratch
-/// buffer that keeps its size, then copied: growing `out` by the worst-case size for every
-/// chunk zeroed several times the chunk's bytes each time (an eighth of the trace writer's
-/// instructions), the copy moves only the compressed bytes.
+/// Appends `raw`'s word delta LZ4-compressed ([`CODEC_LZ4_DELTA`]) to `out` when asked and
+/// when that is smaller; returns whether it did (`out` is unchanged otherwise). The delta and
+/// the block go to per-thread scratch buffers that keep their size, then the block is
+/// copied: growing `out` by the worst-case size for every chunk zeroed several times the
+/// chunk's bytes each time (an eighth of the trace writer's instructions), the copy moves
+/// only the compressed bytes.
 #[cfg(feature = "compress")]
 fn compress_onto(out: &mut Vec<u8>, raw: &[u8], compress: bool) -> bool {
     use std::cell::RefCell;
+    #[derive(Default)]
+    struct Scratch {
+        delta: Vec<u8>,
+        block: Vec<u8>,
+    }
     thread_local! {
-        static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+        static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
     }
     if !compress || raw.len() < 256 {
         return false;
     }
-    fn via(scratch: &mut Vec<u8>, raw: &[u8], out: &mut Vec<u8>) -> bool {
+    fn via(scratch: &mut Scratch, raw: &[u8], out: &mut Vec<u8>) -> bool {
+        delta_encode(raw, &mut scratch.delta);
         let max = lz4_flex::block::get_maximum_output_size(raw.len());
-        if scratch.len() < max {
-            scratch.resize(max, 0);
+        if scratch.block.len() < max {
+            scratch.block.resize(max, 0);
         }
-        match lz4_flex::block::compress_into(raw, &mut scratch[..max]) {
+        match lz4_flex::block::compress_into(&scratch.delta, &mut scratch.block[..max]) {
             Ok(n) if n < raw.len() => {
-                out.extend_from_slice(&scratch[..n]);
+                out.extend_from_slice(&scratch.block[..n]);
                 true
             }
             _ => false,
@@ -359,9 +424,9 @@ fn compress_onto(out: &mut Vec<u8>, raw: &[u8], compress: bool) -> bool {
     SCRATCH
         .try_with(|cell| match cell.try_borrow_mut() {
             Ok(mut scratch) => via(&mut scratch, raw, out),
-            Err(_) => via(&mut Vec::new(), raw, out),
+            Err(_) => via(&mut Scratch::default(), raw, out),
         })
-        .unwrap_or_else(|_| via(&mut Vec::new(), raw, out))
+        .unwrap_or_else(|_| via(&mut Scratch::default(), raw, out))
 }
 
 #[cfg(not(feature = "compress"))]
@@ -461,9 +526,10 @@ impl<R: Read> TraceReader<R> {
             return Err(Error::Truncated);
         }
         let version = u16::from_le_bytes([fixed[8], fixed[9]]);
-        if version != FILE_VERSION {
+        if !(OLDEST_FILE_VERSION..=FILE_VERSION).contains(&version) {
             return Err(Error::UnsupportedVersion {
                 found: version,
+                oldest: OLDEST_FILE_VERSION,
                 supported: FILE_VERSION,
             });
         }
@@ -654,11 +720,11 @@ fn decompress_block(codec: u8, data: &[u8], raw_len: u32, out: &mut Vec<u8>) -> 
         // LZ4 expands a byte to at most 255: a chunk claiming more than its bytes can hold
         // is garbage, refused before anything is allocated for the claim.
         #[cfg(feature = "compress")]
-        CODEC_LZ4 if u64::from(raw_len) > data.len() as u64 * 255 + 16 => Err(Error::Malformed(
-            "lz4 chunk claims more than its bytes can hold",
-        )),
+        CODEC_LZ4 | CODEC_LZ4_DELTA if u64::from(raw_len) > data.len() as u64 * 255 + 16 => Err(
+            Error::Malformed("lz4 chunk claims more than its bytes can hold"),
+        ),
         #[cfg(feature = "compress")]
-        CODEC_LZ4 => {
+        CODEC_LZ4 | CODEC_LZ4_DELTA => {
             // A recycled buffer is only zeroed where it grows (decompression overwrites); a
             // new one comes zeroed from the allocator (fresh pages, no memset).
             if out.capacity() < raw_len as usize {
@@ -669,13 +735,16 @@ fn decompress_block(codec: u8, data: &[u8], raw_len: u32, out: &mut Vec<u8>) -> 
             match lz4_flex::block::decompress_into(data, out) {
                 Ok(n) => {
                     out.truncate(n);
+                    if codec == CODEC_LZ4_DELTA {
+                        delta_decode(out);
+                    }
                     Ok(())
                 }
                 Err(_) => Err(Error::Malformed("lz4 chunk does not decompress")),
             }
         }
         #[cfg(not(feature = "compress"))]
-        CODEC_LZ4 => Err(Error::Malformed(
+        CODEC_LZ4 | CODEC_LZ4_DELTA => Err(Error::Malformed(
             "lz4 chunk, but this reader was built without compression",
         )),
         _ => Err(Error::Malformed("unknown chunk codec")),

@@ -134,6 +134,7 @@ pub fn check_stream_header(h: &[u8]) -> Result<u16, Error> {
     if version != WIRE_VERSION {
         return Err(Error::UnsupportedVersion {
             found: version,
+            oldest: WIRE_VERSION,
             supported: WIRE_VERSION,
         });
     }

@@ -80,6 +80,105 @@ fn roundtrip_plain_and_compressed() {
     }
 }
 
+/// The word delta undoes itself for every length (under one stride, a tail of odd bytes,
+/// whole strides), on bytes whose differences wrap.
+#[test]
+fn the_word_delta_round_trips_every_length() {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let bytes: Vec<u8> = (0..700)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let mut delta = Vec::new();
+    for len in 0..bytes.len() {
+        let raw = &bytes[..len];
+        delta_encode(raw, &mut delta);
+        assert_eq!(delta.len(), len);
+        assert_eq!(
+            delta[..len.min(64)],
+            raw[..len.min(64)],
+            "the first stride stays"
+        );
+        if len >= 72 {
+            assert_ne!(
+                delta[64..72],
+                raw[64..72],
+                "the second stride is a difference"
+            );
+            assert_eq!(delta[len / 8 * 8..], raw[len / 8 * 8..], "the tail stays");
+        }
+        delta_decode(&mut delta);
+        assert_eq!(delta, raw, "length {len}");
+    }
+}
+
+/// Events one after another are mostly repeats of the one before: the delta is what makes
+/// them compress, and a chunk of them is written as [`CODEC_LZ4_DELTA`], read back whole.
+#[cfg(feature = "compress")]
+#[test]
+fn a_chunk_of_events_is_written_as_its_delta_and_read_back() {
+    let events: Vec<crate::Event> = (0..500u64)
+        .map(|i| crate::Event {
+            seq: i + 1,
+            ts_ns: 1_000_000 + i * 1_337,
+            ptr: 0x7f00_0000_0000 + (i / 2 % 3) * 4096,
+            size: 4096,
+            aux: 0,
+            extra: 0,
+            stack: crate::StackId(7),
+            tid: 4242,
+            result: 0,
+            device: 0,
+            kind: if i % 2 == 0 { 1 } else { 2 },
+            api: 1,
+        })
+        .collect();
+    let mut frames = Vec::new();
+    crate::wire::encode::events(&mut frames, &events);
+    let mut record = Vec::new();
+    append_chunk(&mut record, 3, &frames, true);
+    // len u32 | type u8 | conn u32 | codec u8
+    assert_eq!(record[9], CODEC_LZ4_DELTA);
+    let data = &record[18..];
+    let plain = lz4_flex::block::compress(&frames);
+    assert!(
+        data.len() * 2 < plain.len(),
+        "the delta compresses to {} bytes, LZ4 alone to {}",
+        data.len(),
+        plain.len()
+    );
+    let mut f = Vec::new();
+    write_header(&mut f, 1, "test").unwrap();
+    f.extend_from_slice(&record);
+    let (recs, _) = read_all(&f).unwrap();
+    assert_eq!(recs, vec![Record::Chunk { conn: 3, frames }]);
+}
+
+/// Traces written before the delta (codec 1, LZ4 of the frames themselves) still read.
+#[cfg(feature = "compress")]
+#[test]
+fn a_chunk_of_plain_lz4_still_reads() {
+    let frames: Vec<u8> = (0..4000u32).map(|i| (i % 97) as u8).collect();
+    let data = lz4_flex::block::compress(&frames);
+    let mut f = Vec::new();
+    write_header(&mut f, 1, "test").unwrap();
+    let len = (1 + 4 + 1 + 4 + 4 + data.len()) as u32;
+    f.extend_from_slice(&len.to_le_bytes());
+    f.push(record_type::CHUNK);
+    f.extend_from_slice(&9u32.to_le_bytes());
+    f.push(CODEC_LZ4);
+    f.extend_from_slice(&(frames.len() as u32).to_le_bytes());
+    f.extend_from_slice(&crc32fast::hash(&frames).to_le_bytes());
+    f.extend_from_slice(&data);
+    let (recs, tail) = read_all(&f).unwrap();
+    assert_eq!(recs, vec![Record::Chunk { conn: 9, frames }]);
+    assert_eq!(tail, Tail::Complete);
+}
+
 #[test]
 fn an_incomplete_record_round_trips_and_its_cause_is_total() {
     let mut f = Vec::new();
@@ -201,10 +300,22 @@ fn bad_headers_are_clear_errors() {
     assert!(matches!(read_all(b""), Err(Error::BadMagic)));
     let mut v9 = sample(false);
     v9[8] = 9;
+    let e = read_all(&v9).unwrap_err();
+    assert!(matches!(e, Error::UnsupportedVersion { found: 9, .. }));
+    assert_eq!(
+        e.to_string(),
+        "format version 9 is not supported (this oomtrace reads versions 1 to 2)"
+    );
+    // Version 0 is older than any writer; version 1 (the previous writer's) still reads.
+    let mut v = sample(true);
+    v[8] = 0;
     assert!(matches!(
-        read_all(&v9),
-        Err(Error::UnsupportedVersion { found: 9, .. })
+        read_all(&v),
+        Err(Error::UnsupportedVersion { found: 0, .. })
     ));
+    let mut v1 = sample(false);
+    v1[8] = 1;
+    assert_eq!(read_all(&v1).unwrap().1, Tail::Complete);
 }
 
 #[test]
