@@ -136,6 +136,7 @@ impl SiteStats {
 }
 
 impl Process {
+    #[inline]
     pub(super) fn device(&mut self, d: i16) -> &mut DeviceState {
         self.devices.entry(d).or_default()
     }
