@@ -176,17 +176,32 @@ pub fn delta_encode(raw: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-/// Undoes [`delta_encode`] in place: in ascending order, each word adds back the word
-/// `DELTA_STRIDE` bytes before it, which is already restored.
+/// Undoes [`delta_encode`] in place, a stride at a time: each word adds back the word a
+/// stride before it, already restored and kept in `before` (eight independent sums, which
+/// the compiler makes vector adds, rather than a load of what the previous stride stored).
 pub fn delta_decode(buf: &mut [u8]) {
     let body = buf.len() / 8 * 8;
-    let mut at = DELTA_STRIDE;
-    while at + 8 <= body {
-        let (done, rest) = buf.split_at_mut(at);
-        let v =
-            word(&rest[..8]).wrapping_add(word(&done[at - DELTA_STRIDE..at - DELTA_STRIDE + 8]));
-        rest[..8].copy_from_slice(&v.to_le_bytes());
-        at += 8;
+    if body <= DELTA_STRIDE {
+        return;
+    }
+    let (first, rest) = buf[..body].split_at_mut(DELTA_STRIDE);
+    let mut before = [0u64; DELTA_STRIDE / 8];
+    for (b, w) in before.iter_mut().zip(first.chunks_exact(8)) {
+        *b = word(w);
+    }
+    let mut strides = rest.chunks_exact_mut(DELTA_STRIDE);
+    for stride in &mut strides {
+        for (b, w) in before.iter_mut().zip(stride.chunks_exact_mut(8)) {
+            *b = b.wrapping_add(word(w));
+            w.copy_from_slice(&b.to_le_bytes());
+        }
+    }
+    for (b, w) in before
+        .iter()
+        .zip(strides.into_remainder().chunks_exact_mut(8))
+    {
+        let v = b.wrapping_add(word(w));
+        w.copy_from_slice(&v.to_le_bytes());
     }
 }
 
