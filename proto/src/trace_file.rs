@@ -148,7 +148,7 @@ pub const CODEC_LZ4: u8 = 1;
 pub const CODEC_LZ4_DELTA: u8 = 2;
 
 /// The delta's stride: one event ([`crate::EVENT_SIZE`]).
-const DELTA_STRIDE: usize = 64;
+pub const DELTA_STRIDE: usize = 64;
 
 fn word(b: &[u8]) -> u64 {
     let mut w = [0u8; 8];
