@@ -342,10 +342,11 @@ impl DeviceClock {
             if b.step < self.idle_fold_below {
                 self.idle_folded = self.idle_folded.saturating_sub(b.size);
             } else if let Some(v) = self.idle_by_step.get_mut(&b.step) {
+                // A step's entry stays at 0 until the step's end folds it: a loop making and
+                // freeing tensors between steps would otherwise insert and remove a tree node
+                // for each (a third of the anatomy's work a tensor). Its readers take a
+                // missing step as 0, and the fold adds 0.
                 *v = v.saturating_sub(b.size);
-                if *v == 0 {
-                    self.idle_by_step.remove(&b.step);
-                }
             }
         }
         if b.made.ambiguous() {
