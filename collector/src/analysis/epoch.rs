@@ -375,6 +375,13 @@ impl Candidate {
         if per_step > PACED_MAX_ALLOCS {
             return false;
         }
+        // The median is at least PACED_MIN_NS only when half the gaps (rounded up) are: a
+        // tight loop, whose gaps are microseconds, is told without the sort.
+        let gaps = self.filled(&self.time_gaps);
+        let long = gaps.iter().filter(|&&x| x as f64 >= PACED_MIN_NS).count();
+        if long < gaps.len().div_ceil(2) {
+            return false;
+        }
         let (m, g, n) = self.pace();
         let off = g[..n]
             .iter()

@@ -380,3 +380,36 @@ fn a_two_layer_inner_loop_does_not_halve_the_steps() {
         clock.anchor_kind()
     );
 }
+
+/// The pace test's shortcut (fewer than half the gaps at the minimum pace: no sort) says what
+/// the median says, for gaps around the minimum and far from it.
+#[test]
+fn the_pace_shortcut_agrees_with_the_median() {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let around = PACED_MIN_NS as u64;
+    for _ in 0..20_000 {
+        let mut c = Candidate {
+            n: RING as u64,
+            ..Default::default()
+        };
+        for g in &mut c.time_gaps {
+            *g = match xorshift(&mut x) % 4 {
+                0 => around,
+                1 => around - 1,
+                2 => xorshift(&mut x) % (3 * around),
+                _ => xorshift(&mut x) % 5_000,
+            };
+        }
+        for g in &mut c.local_gaps {
+            *g = xorshift(&mut x) % 3;
+        }
+        let (m, g, n) = c.pace();
+        let per_step = c.local_gaps.iter().sum::<u64>() as f64 / RING as f64;
+        let off = g[..n]
+            .iter()
+            .filter(|&&v| (v - m).abs() > PACED_TOLERANCE * m)
+            .count();
+        let by_median = m >= PACED_MIN_NS && off <= PACED_OUTLIERS && per_step <= PACED_MAX_ALLOCS;
+        assert_eq!(c.paced(), by_median, "{:?}", c.time_gaps);
+    }
+}
