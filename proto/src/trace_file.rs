@@ -147,8 +147,8 @@ pub const CODEC_LZ4: u8 = 1;
 /// (bench/2026-12-06-collector.md).
 pub const CODEC_LZ4_DELTA: u8 = 2;
 
-/// The delta's stride: one event ([`crate::EVENT_SIZE`]).
-pub const DELTA_STRIDE: usize = 64;
+/// The delta's stride: one event.
+pub const DELTA_STRIDE: usize = crate::EVENT_SIZE;
 
 fn word(b: &[u8]) -> u64 {
     let mut w = [0u8; 8];
