@@ -274,9 +274,10 @@ impl<S: Sink> Drainer<S> {
     fn encode(&mut self, msg: Msg) {
         let (drop_events, drop_defs) = self.delivery.dropping(&self.frames);
         if drop_events {
-            if let Msg::Event(ev) | Msg::Marker { ev, .. } = msg {
-                self.ob.shared.count_lost(&ev);
-                return;
+            match msg {
+                Msg::Event(ev) => return self.ob.shared.count_lost(&ev),
+                Msg::Marker { ev, .. } => return self.ob.shared.count_lost(&ev),
+                _ => {}
             }
             if drop_defs {
                 return;

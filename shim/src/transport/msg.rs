@@ -23,8 +23,10 @@ pub enum Msg {
     ModuleGone(u32),
     /// A Python code object, before the first stack that names it.
     Code(Box<oomtrace_proto::python::CodeDef>),
+    /// The event boxed: unboxed it made every queue slot 16 bytes bigger than an event's
+    /// needs (96 instead of 80: a fifth more cache lines written per event).
     Marker {
-        ev: Event,
+        ev: Box<Event>,
         label: Box<str>,
     },
     /// Launcher variables learnt after the Hello (`oomtrace_set_rank`).
@@ -119,5 +121,16 @@ mod tests {
             Msg::Event(got) => assert_eq!(got, e),
             _ => panic!("not read back as an event"),
         }
+    }
+
+    #[test]
+    fn a_message_is_no_larger_than_an_event_and_its_tag() {
+        // Every queue slot is a message's size (and its stamp): a variant that grows past an
+        // event makes every event's slot bigger, and more of the ring's lines cold per event.
+        assert_eq!(
+            std::mem::size_of::<Msg>(),
+            std::mem::size_of::<EventVariant>(),
+            "a variant grew past Msg::Event: box its fields"
+        );
     }
 }

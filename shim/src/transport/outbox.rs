@@ -581,7 +581,7 @@ fn send_reliable(ob: &Outbox, msg: Msg) -> bool {
 fn send_marker(ob: &Outbox, ev: Event, label: &str) {
     ob.made.fetch_add(1, Ordering::Relaxed);
     let msg = Msg::Marker {
-        ev,
+        ev: Box::new(ev),
         label: label.into(),
     };
     if !send_reliable(ob, msg) {
