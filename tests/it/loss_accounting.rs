@@ -4,7 +4,7 @@
 //! 2 * pairs + 1) are the events received plus `lost_events`, exactly, and a process that
 //! exited normally is never called killed. A loss is said in one line with one number.
 
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -33,15 +33,30 @@ fn u(v: &Value) -> u64 {
 }
 
 fn burst(socket: &std::path::Path, pairs: u64) -> Child {
-    base_command(scenario("fault_loss_burst"))
-        .current_dir(socket.parent().expect("the scratch dir"))
+    burst_command(socket, pairs)
+        .spawn()
+        .expect("start fault_loss_burst")
+}
+
+/// `burst` that, its pairs made, holds on until its standard input is closed: still running,
+/// however fast it was, until the test lets it go.
+fn burst_held(socket: &std::path::Path, pairs: u64) -> Child {
+    burst_command(socket, pairs)
+        .arg("hold")
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("start fault_loss_burst")
+}
+
+fn burst_command(socket: &std::path::Path, pairs: u64) -> Command {
+    let mut cmd = base_command(scenario("fault_loss_burst"));
+    cmd.current_dir(socket.parent().expect("the scratch dir"))
         .args([pairs.to_string(), EXIT_CODE.to_string()])
         .env("LD_PRELOAD", shim())
         .env("OOMTRACE_SOCKET", socket)
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start fault_loss_burst")
+        .stderr(Stdio::piped());
+    cmd
 }
 
 fn kill(pid: u32, sig: i32) {
@@ -156,10 +171,14 @@ fn a_killed_collector_leaves_a_readable_trace_that_calls_no_process_killed() {
     let trace = dir.join("c.oomt");
     let mut collector = start_collector(&socket, &trace);
     let pairs = 200_000;
-    let mut apps: Vec<Child> = (0..4).map(|_| burst(&socket, pairs)).collect();
+    // Held: a fast machine made the pairs before the kill, and the process was called exited.
+    let mut apps: Vec<Child> = (0..4).map(|_| burst_held(&socket, pairs)).collect();
     std::thread::sleep(Duration::from_millis(400));
     collector.kill().expect("SIGKILL the collector");
     collector.wait().expect("reap the collector");
+    for app in &mut apps {
+        drop(app.stdin.take());
+    }
     for app in &mut apps {
         let status = wait_within(app, TIMEOUT, "a fault_loss_burst process");
         let mut err = String::new();

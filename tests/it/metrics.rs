@@ -116,12 +116,17 @@ fn metrics_address(first: &str) -> String {
 
 /// Waits for the collector's socket, then starts `slow_loop` for `secs` seconds traced into it.
 fn slow_loop_into(socket: &Path, secs: &str) -> Guard {
+    slow_loop_with(socket, &[secs])
+}
+
+/// `slow_loop` with its arguments (`SECS [hold]`).
+fn slow_loop_with(socket: &Path, args: &[&str]) -> Guard {
     wait_for("the collector's socket", Duration::from_secs(10), || {
         std::os::unix::net::UnixStream::connect(socket).is_ok()
     });
     Guard(
         base_command(scenario("slow_loop"))
-            .arg(secs)
+            .args(args)
             .env("LD_PRELOAD", shim())
             .env("OOMTRACE_SOCKET", socket)
             .stdout(Stdio::null())
@@ -727,19 +732,34 @@ fn top_watches_a_running_collector() {
         .read_line(&mut first)
         .unwrap();
     let addr = metrics_address(&first);
-    let slow = slow_loop_into(&socket, "30");
+    // Holding 1 MiB throughout: its line is in "Holding the most now" at any moment.
+    let slow = slow_loop_with(&socket, &["30", "hold"]);
     let pid = slow.0.id().to_string();
     let top = |args: &[&str]| {
         let mut cmd = base_command(oomtrace_bin());
         cmd.arg("top").args(args);
         output_within(cmd, TIMEOUT)
     };
-    let mut view = String::new();
-    wait_for("the process in top's view", Duration::from_secs(30), || {
+    // Polled as `wait_for` does, but a failure shows the last view (which showed why this
+    // test failed half the time before the program held memory throughout: nothing held).
+    let start = Instant::now();
+    let view = loop {
         let out = top(&[&addr, "--once"]);
-        view = String::from_utf8_lossy(&out.stdout).into_owned();
-        out.status.success() && view.lines().any(|l| l.starts_with(&pid)) && view.contains("main")
-    });
+        let view = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success()
+            && view.lines().any(|l| l.starts_with(&pid))
+            && view.contains("main")
+        {
+            break view;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "waited 30 s for process {pid} and its line in top's view; the last ({}): {view}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert!(
         view.starts_with(&format!("oomtrace top: {addr}: ")),
         "{view}"
