@@ -48,7 +48,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "OOMTRACE_BUFFER",
         default: "65536",
-        doc: "Capacity of the in-process event queue, in events (1024 to 4194304). When it is full, allocations are counted as lost; frees wait briefly first.",
+        doc: "Capacity of the in-process event queue, in events (1024 to 4194304), 80 bytes each. When it is full, the event's thread waits for room while the collector reads; events are counted lost only once the collector has stopped reading.",
     },
     Var {
         name: "OOMTRACE_COLLECTOR",
