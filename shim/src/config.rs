@@ -38,7 +38,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "OOMTRACE_PYTHON",
         default: "1",
-        doc: "`1`: when the program is CPython (3.9 to 3.13), add the Python frames of the allocating thread to each stack, read without taking the GIL; `0`: native frames only.",
+        doc: "`1`: when the program is CPython, add the allocating thread's Python frames to each stack, read without the GIL; `0`: native frames only.",
     },
     Var {
         name: "OOMTRACE_STACK_DEPTH",
