@@ -26,8 +26,8 @@ const CLOSED: usize = 1 << (usize::BITS - 1);
 /// of 80 bytes by default) is larger than a core's cache, so the slot a push fills was last
 /// touched a lap ago and its line is cold: each event waited for its line, and the locked
 /// compare-and-swap of the next push waited for that store. Asked for eight pushes ahead, the
-/// line is there when its push comes (the two-site loop: 1.36x -> 1.27x the untraced wall
-/// time, bench/2026-12-06-prefetch.md; 2, 4, 16 or 32 ahead did as well, within the noise).
+/// line is there when its push comes (the two-site loop: 1.33x -> 1.27x the untraced wall
+/// time events only, bench/2026-12-06-prefetch.md; 2, 4, 16 or 32 ahead did as well).
 const PREFETCH_AHEAD: usize = 8;
 
 /// Keeps the producers' tail and the consumer's head on cache lines of their own.
