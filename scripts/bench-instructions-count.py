@@ -1,8 +1,11 @@
 """The instructions one run of scripts/bench-instructions.sh spent where asked, from its
-callgrind files (`MODE.N.PID.cg-TT`: one per process and thread, thread 01 the main one).
+callgrind files (`MODE.N.PID.cg-TT`: one per process and thread, thread 01 the main one; a
+thread whose counts were dumped on the way also has `MODE.N.PID.cg.K-TT`, its K-th part).
 
 Usage: bench-instructions-count.py WORK MODE N WHERE, WHERE one of
-  program         the program's main (allocating) thread
+  program         the program's main (allocating) thread: in a run that dumped it (PyTorch's,
+                  at each `time.thread_time_ns()`), its second part, the timed loop; else
+                  the whole thread
   program-others  the program's other threads (the shim's drain thread among them)
   collector       every thread of `oomtrace collect`
   run             every thread of `oomtrace run` (its replay of the trace for the summary)
@@ -31,19 +34,27 @@ def role(cmd):
     return "program"
 
 
-total = 0
-for path in glob.glob(os.path.join(work, f"{mode}.{n}.*.cg-*")):
-    m = re.search(r"\.(\d+)\.cg-(\d+)$", path)
+# (process, part or None for the last, thread) -> instructions, and each process's role.
+counts = {}
+roles = {}
+for path in glob.glob(os.path.join(work, f"{mode}.{n}.*.cg*-*")):
+    m = re.search(r"\.(\d+)\.cg(?:\.(\d+))?-(\d+)$", path)
     if not m:
         continue
-    thread = int(m.group(2))
-    who = role(header(path, "cmd:"))
-    wanted = {
-        "program": who == "program" and thread == 1,
+    pid, part, thread = m.group(1), m.group(2), int(m.group(3))
+    roles.setdefault(pid, role(header(path, "cmd:")))
+    counts[(pid, int(part) if part else None, thread)] = int(header(path, "summary:") or 0)
+
+total = 0
+for (pid, part, thread), value in counts.items():
+    who = roles[pid]
+    if where == "program" and who == "program" and thread == 1:
+        dumped = any(p == 2 and t == 1 for (q, p, t) in counts if q == pid)
+        total += value if part == (2 if dumped else None) else 0
+    elif {
         "program-others": who == "program" and thread != 1,
         "collector": who == "collector",
         "run": who == "run",
-    }[where]
-    if wanted:
-        total += int(header(path, "summary:") or 0)
+    }.get(where, False):
+        total += value
 print(total)

@@ -6,6 +6,13 @@
 # free), start-up and import cancelling out. The same for cudaMalloc+cudaFree pairs from C
 # (bench_pairs, 30 frames deep without frame pointers; 20,000 and 80,000 pairs).
 #
+# The PyTorch runs count the allocating thread inside the timed loop only: callgrind dumps its
+# counts at each `time.thread_time_ns()` (bench-torch.py reads it right before and right after
+# the loop), and the program's column is the second part, the loop's. Counted over the whole
+# run instead, the difference of two runs took in what differs between them once (a heap
+# consolidation at exit or start-up: up to 785 instructions a tensor on 2026-12-06, one build
+# measured twice).
+#
 # Every process of a traced run is counted (callgrind follows `oomtrace run`'s children), so
 # the cost that leaves the program's thread is in the table too:
 #   program's thread  the allocating thread (the hook, its guard, clock, device query, queue push)
@@ -43,10 +50,10 @@ WORK=$(mktemp -d -t oomtrace-instr-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
 # One run: MODE N -> $WORK/MODE.N.PID.cg-TT (one file per process and thread; -01 is each
-# process's main thread).
+# process's main thread), and MODE.N.PID.cg.K-TT for each part before a dump (PyTorch runs).
 one() {
     local mode=$1 n=$2 out=$WORK/$1.$2
-    local vg="valgrind --tool=callgrind --trace-children=yes --separate-threads=yes --callgrind-out-file=$out.%p.cg"
+    local vg="valgrind --tool=callgrind --trace-children=yes --separate-threads=yes --dump-before=time_thread_time_ns --callgrind-out-file=$out.%p.cg"
     local run="env OOMTRACE_LIB=$ROOT/target/release/liboomtrace.so $ROOT/target/release/oomtrace run -o $out.oomt --"
     local b="$TORCH_PY $ROOT/scripts/bench-torch.py $n"
     (
