@@ -270,11 +270,10 @@ struct LastChain {
     ts: u64,
     /// Frames recorded (0: nothing to compare with).
     len: usize,
-    frames: Box<[FrameRead]>,
+    /// A fixed size: the check slices it without a bounds check.
+    frames: Box<[FrameRead; MAX_VISITED]>,
     /// What the walk returned.
     n: usize,
-    /// The latest walk found the chain as the one before (and returned its frames).
-    same: bool,
 }
 
 /// Everything the walk reads from one frame (not from its code object).
@@ -284,8 +283,9 @@ struct FrameRead {
     back: u64,
     code: u64,
     lasti: u64,
-    /// `owner` and `is_entry` as one load reads them (3.11+, see `KindWord`).
-    kind: u16,
+    /// `owner` and `is_entry` as one load reads them (3.11+, see `KindWord`), widened: the
+    /// chain check compares it with one `xor` from memory.
+    kind: u64,
 }
 
 /// Frames visited at most per walk (Python frames, sentinels and skipped frames together).
@@ -349,17 +349,17 @@ impl KindWord {
     }
 
     #[inline(always)]
-    fn read<M: Mem>(self, m: &M, frame: u64) -> Option<u16> {
+    fn read<M: Mem>(self, m: &M, frame: u64) -> Option<u64> {
         let mut b = [0u8; 2];
         m.read(frame + self.at, &mut b)
-            .then(|| u16::from_le_bytes(b) & self.mask)
+            .then(|| u64::from(u16::from_le_bytes(b) & self.mask))
     }
 
-    fn owner(self, kind: u16) -> u8 {
+    fn owner(self, kind: u64) -> u8 {
         (if self.owner_high { kind >> 8 } else { kind }) as u8
     }
 
-    fn is_entry(self, kind: u16) -> bool {
+    fn is_entry(self, kind: u64) -> bool {
         self.mask == 0xffff
             && (if self.owner_high {
                 kind & 0xff
@@ -383,8 +383,9 @@ fn first_frame<M: Mem>(m: &M, l: &Layout, ts: u64) -> Option<u64> {
 /// once the layout is trusted). The hot path of a loop's allocations: a frame is read only
 /// once the chain has led to the address the last walk read it at (each frame's link is
 /// compared before the next frame is read), so the loads need none of `Direct`'s checks.
-/// A frame costs three loads and the loop's bookkeeping: 17 instructions in the capture
-/// (25 before the link-first order and the one-load kind word; 2026-12-05, callgrind).
+/// A frame costs three loads and the loop's bookkeeping: 15 instructions in the capture
+/// (17 reading the recorded frame's address and comparing the kind as 16 bits; 25 before the
+/// link-first order and the one-load kind word; 2026-12-05/06, callgrind).
 #[inline(always)]
 fn unchanged<M: Mem>(m: &M, c: &ChainLayout, last: &LastChain, ts: u64) -> bool {
     let frames = &last.frames[..last.len.min(MAX_VISITED)];
@@ -402,28 +403,35 @@ fn unchanged<M: Mem>(m: &M, c: &ChainLayout, last: &LastChain, ts: u64) -> bool 
     if top != first.frame {
         return false;
     }
+    // `f` follows the live chain, which equals the recorded one up to here: each frame's
+    // fields are read from the address its caller's link (or the thread state) gave, the link
+    // last, so the next frame's address is the register just loaded (no load of the recorded
+    // address, one register less in the loop).
+    let mut f = top;
     let mut differ = 0;
     match c.kind {
         // The instruction pointer points into the code object's own bytecode (inline in it
         // since 3.11), so the same pointer is the same code object: its field is not read.
         Some(kind) => {
+            let (lasti, back) = (c.lasti, c.back);
             for want in frames {
-                let f = want.frame;
-                if m.u64(f + c.back) != Some(want.back) {
+                differ |= m.u64(f + lasti).unwrap_or(!0) ^ want.lasti;
+                differ |= kind.read(m, f).unwrap_or(!0) ^ want.kind;
+                f = m.u64(f + back).unwrap_or(!0);
+                if f != want.back {
                     return false;
                 }
-                differ |= (m.u64(f + c.lasti).unwrap_or(!0) ^ want.lasti)
-                    | (kind.read(m, f).unwrap_or(!0) ^ want.kind) as u64;
             }
         }
         None => {
+            let (code, lasti, back) = (c.code, c.lasti, c.back);
             for want in frames {
-                let f = want.frame;
-                if m.u64(f + c.back) != Some(want.back) {
+                differ |= (m.u64(f + code).unwrap_or(!0) ^ want.code)
+                    | (m.u32(f + lasti).map_or(!0, u64::from) ^ want.lasti);
+                f = m.u64(f + back).unwrap_or(!0);
+                if f != want.back {
                     return false;
                 }
-                differ |= (m.u64(f + c.code).unwrap_or(!0) ^ want.code)
-                    | (m.u32(f + c.lasti).map_or(!0, u64::from) ^ want.lasti);
             }
         }
     }
@@ -464,9 +472,10 @@ impl ChainLayout {
 const CODE_SLOTS: usize = 1024;
 
 impl ThreadCodes {
-    /// True if the latest walk of this thread found the same frames as the walk before it.
-    pub fn same_as_before(&self) -> bool {
-        self.last.same
+    /// Frames the latest walk of this thread put in its `out` (what a [`Walked::Same`] has
+    /// there).
+    pub fn frames_walked(&self) -> usize {
+        self.last.n
     }
 }
 
@@ -477,41 +486,63 @@ impl Default for ThreadCodes {
             last: LastChain {
                 ts: 0,
                 len: 0,
-                frames: vec![FrameRead::default(); MAX_VISITED].into_boxed_slice(),
+                frames: Box::new([FrameRead::default(); MAX_VISITED]),
                 n: 0,
-                same: false,
             },
         }
     }
 }
 
+/// What [`walk`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Walked {
+    /// The same frames as the walk before it on this thread (still in `out` from then, and
+    /// `n` of them); how the hot path of a loop's allocations learns it in one compare.
+    Same,
+    /// `n` frames walked into `out` (0: this thread runs no Python now).
+    Frames(usize),
+}
+
 /// Walks the calling thread's Python frames into `out` (innermost first, encoded as
-/// `PyFrame`s). Returns how many; 0 when this thread runs no Python.
+/// `PyFrame`s).
+#[inline(always)]
 pub fn walk(
     ob: &Outbox,
     py: &Interpreter,
     codes: &CodeRegistry,
     cache: &mut ThreadCodes,
     out: &mut [u64; MAX_PY_FRAMES],
-) -> usize {
+) -> Walked {
     if let Some(fin) = py.is_finalizing {
         // SAFETY: reads a flag; no GIL needed. Thread states may be freed from here on.
         if unsafe { fin() } != 0 {
-            return 0;
+            return Walked::Frames(0);
         }
     }
     // SAFETY: reads this thread's thread-specific key; NULL when it has no thread state.
     let ts = unsafe { (py.this_thread_state)() } as u64;
-    cache.last.same = false;
     if ts == 0 {
-        return 0;
+        return Walked::Frames(0);
     }
+    if py.trust.load(Ordering::Relaxed) == TRUSTED && unchanged(&Known, &py.chain, &cache.last, ts)
+    {
+        return Walked::Same;
+    }
+    Walked::Frames(walk_changed(ob, py, codes, cache, ts, out))
+}
+
+/// [`walk`] of a chain not as it was: out of line, the hot path keeps only its check.
+#[inline(never)]
+fn walk_changed(
+    ob: &Outbox,
+    py: &Interpreter,
+    codes: &CodeRegistry,
+    cache: &mut ThreadCodes,
+    ts: u64,
+    out: &mut [u64; MAX_PY_FRAMES],
+) -> usize {
     match py.trust.load(Ordering::Relaxed) {
         TRUSTED => {
-            if unchanged(&Known, &py.chain, &cache.last, ts) {
-                cache.last.same = true;
-                return cache.last.n;
-            }
             let n = walk_with(&Direct, ob, py, codes, cache, ts, out);
             cache.last.ts = ts;
             cache.last.n = n.unwrap_or(0);

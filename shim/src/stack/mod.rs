@@ -27,7 +27,7 @@ use crate::config::MAX_STACK_DEPTH;
 use crate::log;
 use crate::modules::{self, LoadCounts, LoadedModule};
 use crate::once::OneShot;
-use crate::python::{self, CodeRegistry, Interpreter, ThreadCodes, MAX_PY_FRAMES};
+use crate::python::{self, CodeRegistry, Interpreter, ThreadCodes, Walked, MAX_PY_FRAMES};
 use crate::this_thread::{thread_block, Zeroed};
 use crate::transport::{Msg, Outbox};
 
@@ -397,8 +397,12 @@ struct ThreadSlot {
     bounds_asked: bool,
     /// This thread's stack, [low, high); (0, 0) when pthread could not say.
     stack: (u64, u64),
-    /// `low` + [`CAPTURE_STACK_NEEDED`]: a capture's stack pointer must not be below it.
+    /// Where a capture's stack pointer may be, [floor, ceiling): `low` +
+    /// [`CAPTURE_STACK_NEEDED`] to `high`, anywhere when pthread could not say, nowhere
+    /// before the bounds were asked. One range, so the hot path compares twice; anything
+    /// outside it goes to [`outside_capture_range`].
     floor: u64,
+    ceiling: u64,
 }
 
 // SAFETY: a null pointer, `false`s and zeros.
@@ -850,17 +854,7 @@ fn capture_with(cap: &'static Capturer) -> StackId {
         if (*slot).busy {
             return StackId::NONE; // re-entered from a signal handler
         }
-        if !(*slot).bounds_asked {
-            learn_stack_bounds(slot);
-        }
-        let (lo, hi) = (*slot).stack;
-        // Off the thread's stack (a signal's own stack, a fiber's: how much is left there is
-        // unknown), or too near its end. Bounds pthread could not tell leave the capture as
-        // it was (its unwind then reads no native frame).
-        if hi != 0 && (sp >= hi || sp < (*slot).floor) {
-            if sp < hi && sp >= lo {
-                small_stack_said();
-            }
+        if (sp < (*slot).floor || sp >= (*slot).ceiling) && outside_capture_range(slot, sp) {
             return StackId::NONE;
         }
         let owner = cap as *const Capturer as usize;
@@ -895,19 +889,36 @@ fn capture_with(cap: &'static Capturer) -> StackId {
     }
 }
 
-/// Asks this thread's stack bounds, once a thread (out of line: the thread's first capture).
+/// A stack pointer outside the slot's capture range: true if the capture must give up.
+/// Asks this thread's stack bounds first if they were never asked (the thread's first
+/// capture; out of line).
 ///
 /// # Safety
 /// `slot` is this thread's own block.
 #[cold]
 #[inline(never)]
-unsafe fn learn_stack_bounds(slot: *mut ThreadSlot) {
-    let bounds = stack_bounds();
+unsafe fn outside_capture_range(slot: *mut ThreadSlot, sp: u64) -> bool {
     // SAFETY: per the contract.
     unsafe {
-        (*slot).stack = bounds;
-        (*slot).floor = bounds.0.saturating_add(CAPTURE_STACK_NEEDED);
-        (*slot).bounds_asked = true;
+        if !(*slot).bounds_asked {
+            let (lo, hi) = stack_bounds();
+            (*slot).stack = (lo, hi);
+            // Bounds pthread could not tell leave the capture as it was (its unwind then
+            // reads no native frame).
+            (*slot).floor = if hi == 0 { 0 } else { lo.saturating_add(CAPTURE_STACK_NEEDED) };
+            (*slot).ceiling = if hi == 0 { u64::MAX } else { hi };
+            (*slot).bounds_asked = true;
+            if sp >= (*slot).floor && sp < (*slot).ceiling {
+                return false;
+            }
+        }
+        // Off the thread's stack (a signal's own stack, a fiber's: how much is left there is
+        // unknown), or too near its end.
+        let (lo, hi) = (*slot).stack;
+        if sp < hi && sp >= lo {
+            small_stack_said();
+        }
+        true
     }
 }
 
@@ -1110,19 +1121,24 @@ fn with_python(
     py: &'static Interpreter,
     native: StackId,
 ) -> StackId {
-    let n = python::walk(
+    let walked = python::walk(
         cap.outbox,
         py,
         &stacks.codes,
         &mut ts.py.codes,
         &mut ts.py.frames,
     );
+    let n = match walked {
+        // The hot path of a loop: the same Python frames above the same native stack.
+        Walked::Same if ts.py.last.0 == native.0 && ts.py.last.1 != 0 => {
+            return StackId(ts.py.last.1)
+        }
+        Walked::Same => ts.py.codes.frames_walked(),
+        Walked::Frames(n) => n,
+    };
     if n == 0 {
         ts.py.last = (0, 0);
         return native;
-    }
-    if ts.py.codes.same_as_before() && ts.py.last.0 == native.0 && ts.py.last.1 != 0 {
-        return StackId(ts.py.last.1);
     }
     let id = combined(cap, stacks, ts, n, native);
     if id.is_none() {
