@@ -15,8 +15,8 @@
 //!
 //! Each block (`thread_block!`) is a hidden symbol in `.tbss`: zero in every new thread, a fork
 //! child keeps its thread's copy, nothing runs when the thread ends. Blocks: the hooks' own
-//! ([`get`]: the guard's depth, the thread id), PyTorch's allocator methods running on the
-//! thread (`torch_reserve.rs`), the thread's stack tables (`stack/`).
+//! ([`get`]: the guard's depth, the thread id, and PyTorch's allocator methods running on the
+//! thread, `torch_reserve.rs`'s), the thread's stack tables (`stack/`).
 
 /// A type a thread block may hold: valid when every byte is zero (a new thread's block is),
 /// and without drop glue (nothing runs when the thread ends).
@@ -93,9 +93,29 @@ pub struct HookThread {
     pub depth: u32,
     /// The kernel thread id, 0 until first asked (see [`tid`]).
     pub tid: u32,
+    /// `torch_reserve.rs`'s: this thread's place in PyTorch's allocator methods. In this
+    /// block, not one of its own: the wrapper of each method enters it and then the guard,
+    /// and one block is one lookup (5 instructions a tensor less).
+    pub torch_method: TorchMethod,
 }
 
-// SAFETY: two integers; zero is a valid value of each.
+/// This thread's place in PyTorch's allocator methods (read and written by
+/// `torch_reserve.rs` alone).
+#[repr(C)]
+pub struct TorchMethod {
+    /// >0 while this thread runs one of the allocator's methods.
+    pub depth: u32,
+    /// The last failed device allocation of the outermost method running on this thread:
+    /// its error (0: none), size and device.
+    pub failed_rc: i32,
+    pub failed_size: u64,
+    pub failed_device: i16,
+    /// What PyTorch's out-of-memory observer said the allocator was allowed to reserve, in the
+    /// method running on this thread (0: it did not speak).
+    pub observed: u64,
+}
+
+// SAFETY: integers only; zero is a valid value of each (and means "none" where it matters).
 unsafe impl Zeroed for HookThread {}
 
 thread_block! {

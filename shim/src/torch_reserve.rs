@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use oomtrace_proto::DEVICE_UNKNOWN;
 
 use crate::cuda::CUDA_ERROR_OUT_OF_MEMORY;
-use crate::this_thread::{thread_block, Zeroed};
+use crate::this_thread::{self, TorchMethod};
 
 /// Set once the allocator's methods are hooked: until then (and in programs without PyTorch)
 /// the hooks skip all of this with one load.
@@ -44,28 +44,13 @@ pub struct Failed {
     pub device: i16,
 }
 
-/// This thread's place in the allocator's methods: one thread block for all of it, since every
-/// method enters and leaves it (see `this_thread`).
-#[repr(C)]
-struct Method {
-    /// >0 while this thread runs one of the allocator's methods.
-    depth: u32,
-    /// The last failed device allocation of the outermost method running on this thread:
-    /// its error (0: none), size and device.
-    failed_rc: i32,
-    failed_size: u64,
-    failed_device: i16,
-    /// What PyTorch's out-of-memory observer said the allocator was allowed to reserve, in the
-    /// method running on this thread (0: it did not speak).
-    observed: u64,
-}
+/// This thread's place in the allocator's methods: in the hooks' own thread block, which the
+/// methods' wrappers reach for their guard too (see `this_thread`).
+type Method = TorchMethod;
 
-// SAFETY: integers only; zero is a valid value of each (and means "none" where it matters).
-unsafe impl Zeroed for Method {}
-
-thread_block! {
-    /// This thread's place in the allocator's methods.
-    fn method() -> Method;
+fn method() -> *mut Method {
+    // SAFETY: a field of this thread's own block (a raw pointer, no reference made here).
+    unsafe { std::ptr::addr_of_mut!((*this_thread::get()).torch_method) }
 }
 
 impl Method {
