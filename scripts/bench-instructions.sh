@@ -23,21 +23,29 @@
 #                     (cli/src/handoff.rs) only printing it; before, reading the trace back
 # Prints two Markdown tables, then (with --tsv FILE) the figures as `mode<TAB>column<TAB>value`
 # lines for tests/it/instructions.rs, which keeps them from regressing.
-# Usage: scripts/bench-instructions.sh [--pairs-only] [--tsv FILE] [N1 N2]   (default 1000 4000;
-# about 4 minutes a PyTorch run, two runs at a time; the pairs take under a minute). Needs
-# valgrind (Debian: valgrind) and the test tier's PyTorch venv (without it, the per-pair table
-# only).
+# Usage: scripts/bench-instructions.sh [--pairs-only] [--torch-modes "M ..."] [--tsv FILE] [N1 N2]
+# (default 1000 4000 tensors, every PyTorch mode: about a minute a PyTorch run, two runs at a
+# time, the import of torch most of it; the pairs take under a minute). `--torch-modes "untraced
+# methods"` measures those modes alone (tests/it/instructions.rs, with 300 1200: the loop is
+# counted alone, so fewer tensors give the same figure). Needs valgrind (Debian: valgrind) and
+# the test tier's PyTorch venv (without it, the per-pair table only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PAIRS_ONLY= TSV=
+MODES="untraced methods trace-tracker history-python"
 while [ $# -gt 0 ]; do
     case $1 in
         --pairs-only) PAIRS_ONLY=1; shift ;;
+        --torch-modes) MODES=$2; shift 2 ;;
         --tsv) TSV=$2; shift 2 ;;
         *) break ;;
     esac
 done
+case " $MODES " in
+    *" untraced "*) ;;
+    *) echo "bench-instructions: --torch-modes needs untraced (every figure is over it)" >&2; exit 2 ;;
+esac
 N1=${1:-1000}
 N2=${2:-4000}
 command -v valgrind >/dev/null || { echo "bench-instructions: valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
@@ -79,7 +87,6 @@ tsv() { [ -z "$TSV" ] || printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$TSV"; }
 [ -z "$TSV" ] || : > "$TSV"
 
 if [ -n "$TORCH_PY" ]; then
-    MODES="untraced methods trace-tracker history-python"
     for mode in $MODES; do
         one "$mode" "$N1" & one "$mode" "$N2"; wait
     done
@@ -87,11 +94,13 @@ if [ -n "$TORCH_PY" ]; then
     echo "|---|---:|---:|---:|---:|---:|---:|"
     base=$(per untraced "$N1" "$N2" program)
     others=$(per untraced "$N1" "$N2" program-others)
-    hist=$(( $(per history-python "$N1" "$N2" program) - base ))
+    hist=
+    case " $MODES " in *" history-python "*) hist=$(( $(per history-python "$N1" "$N2" program) - base )) ;; esac
     for mode in $MODES; do
         p=$(per "$mode" "$N1" "$N2" program)
         added=$(( p - base ))
-        share=$(python3 -c "print(f'{$added / $hist:.2f}x')")
+        share=-
+        [ -z "$hist" ] || share=$(python3 -c "print(f'{$added / $hist:.2f}x')")
         drain=$(( $(per "$mode" "$N1" "$N2" program-others) - others ))
         coll=$(per "$mode" "$N1" "$N2" collector)
         replay=$(per "$mode" "$N1" "$N2" run)

@@ -1,17 +1,18 @@
-//! Instructions per cudaMalloc+cudaFree pair do not regress: `scripts/bench-instructions.sh
-//! --pairs-only` (valgrind's callgrind, a release build) against the committed table
+//! Instructions per cudaMalloc+cudaFree pair and per tensor do not regress:
+//! `scripts/bench-instructions.sh` (valgrind's callgrind, a release build) against the committed table
 //! `bench/instructions.tsv`. Instructions do not swing with the machine's load, so a figure
 //! more than 10 % above the table is a change in the code, not noise (the drain thread's, which
 //! depends on valgrind's thread scheduling, 50 %). Every figure of the
 //! per-pair table is held: the program's thread (over untraced and in all), the shim's drain
 //! thread, the collector, and `run`'s replay at exit.
 //!
-//! The per-tensor figures on real PyTorch take about 15 minutes under callgrind (the import of
-//! torch dominates): `OOMTRACE_INSTRUCTIONS_TORCH=1` holds them too (without it this test says
-//! in one line that it left them out); scripts/bench.sh measures them with every benchmark.
-//! After an improvement, write the new figures into the table with
-//! `scripts/bench-instructions.sh --pairs-only --tsv bench/instructions.tsv` (and the per-tensor
-//! rows without `--pairs-only`).
+//! Per tensor on real PyTorch (the pinned release, installed by `scripts/torch-env.sh` if
+//! missing, as the torch tier does), the untraced and the default (`methods`) rows are held too,
+//! from 300 and 1,200 tensors: the script counts the timed loop alone, so fewer tensors give the
+//! same figures, in about three minutes. `OOMTRACE_INSTRUCTIONS_TORCH=1` holds every PyTorch
+//! mode (the trace tracker, `_record_memory_history`) at the table's own 1,000 and 4,000, about
+//! ten minutes. After an improvement, write the new figures into the table with
+//! `scripts/bench-instructions.sh --tsv bench/instructions.tsv`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -21,6 +22,8 @@ use oomtrace_tests::{import_check, precondition, repo};
 
 /// How far a figure may rise over the committed one.
 const TOLERANCE: f64 = 0.10;
+/// The PyTorch modes every run holds (the rest with `OOMTRACE_INSTRUCTIONS_TORCH=1`).
+const QUICK_TORCH_MODES: [&str; 2] = ["untraced", "methods"];
 /// The drain thread's figure depends on how many messages it finds per wake-up, which is how
 /// valgrind happened to schedule the threads: one build measured 313 to 363 instructions a
 /// pair in six runs (its other figures within 3), another 311 to 403 on 2026-12-05, and the
@@ -77,7 +80,7 @@ fn build_release(root: &Path) {
 }
 
 #[test]
-fn instructions_per_pair_hold_against_the_committed_table() {
+fn instructions_per_pair_and_tensor_hold_against_the_committed_table() {
     if !precondition(on_path("valgrind"), "valgrind (Debian: valgrind)") {
         return;
     }
@@ -87,18 +90,15 @@ fn instructions_per_pair_hold_against_the_committed_table() {
     let dir = oomtrace_tests::scratch("instructions");
     let tsv = dir.join("now.tsv");
     let mut cmd = Command::new(root.join("scripts/bench-instructions.sh"));
+    cmd.arg("--tsv").arg(&tsv);
     if !torch {
-        cmd.arg("--pairs-only");
+        cmd.args(["--torch-modes", &QUICK_TORCH_MODES.join(" "), "300", "1200"]);
         eprintln!(
-            "instructions: per pair only (OOMTRACE_INSTRUCTIONS_TORCH=1 adds the per-tensor \
-             rows, about 15 minutes)"
+            "instructions: per pair, and per tensor untraced and methods only \
+             (OOMTRACE_INSTRUCTIONS_TORCH=1 adds the other PyTorch modes, about ten minutes)"
         );
     }
-    let out = cmd
-        .arg("--tsv")
-        .arg(&tsv)
-        .output()
-        .expect("bench-instructions.sh");
+    let out = cmd.output().expect("bench-instructions.sh");
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -132,9 +132,15 @@ fn instructions_per_pair_hold_against_the_committed_table() {
         }
     }
     for (mode, column) in committed.keys() {
-        let measured = mode.starts_with("pairs-") || torch;
+        let measured =
+            mode.starts_with("pairs-") || torch || QUICK_TORCH_MODES.contains(&mode.as_str());
         if measured && !now.contains_key(&(mode.clone(), column.clone())) {
-            worse.push(format!("{mode} {column}: in the table, no longer measured"));
+            let why = if mode.starts_with("pairs-") {
+                ""
+            } else {
+                " (the PyTorch rows need scripts/torch-env.sh to succeed)"
+            };
+            worse.push(format!("{mode} {column}: in the table, no longer measured{why}"));
         }
     }
     assert!(
