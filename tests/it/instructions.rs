@@ -140,7 +140,9 @@ fn instructions_per_pair_and_tensor_hold_against_the_committed_table() {
             } else {
                 " (the PyTorch rows need scripts/torch-env.sh to succeed)"
             };
-            worse.push(format!("{mode} {column}: in the table, no longer measured{why}"));
+            worse.push(format!(
+                "{mode} {column}: in the table, no longer measured{why}"
+            ));
         }
     }
     assert!(

@@ -486,7 +486,13 @@ impl Default for ThreadCodes {
             last: LastChain {
                 ts: 0,
                 len: 0,
-                frames: Box::new([FrameRead::default(); MAX_VISITED]),
+                // Made on the heap: `Box::new` of the array may build its 20 KiB on the
+                // stack first, in a thread's first capture, which must fit in what
+                // `CAPTURE_STACK_NEEDED` allows (stack/mod.rs).
+                frames: vec![FrameRead::default(); MAX_VISITED]
+                    .into_boxed_slice()
+                    .try_into()
+                    .unwrap_or_else(|_| unreachable!("MAX_VISITED frames")),
                 n: 0,
             },
         }

@@ -905,7 +905,11 @@ unsafe fn outside_capture_range(slot: *mut ThreadSlot, sp: u64) -> bool {
             (*slot).stack = (lo, hi);
             // Bounds pthread could not tell leave the capture as it was (its unwind then
             // reads no native frame).
-            (*slot).floor = if hi == 0 { 0 } else { lo.saturating_add(CAPTURE_STACK_NEEDED) };
+            (*slot).floor = if hi == 0 {
+                0
+            } else {
+                lo.saturating_add(CAPTURE_STACK_NEEDED)
+            };
             (*slot).ceiling = if hi == 0 { u64::MAX } else { hi };
             (*slot).bounds_asked = true;
             if sp >= (*slot).floor && sp < (*slot).ceiling {
