@@ -44,6 +44,8 @@ pub struct Interpreter {
     pub layout: Layout,
     /// `layout` as the chain check reads it.
     chain: ChainLayout,
+    /// `chain` as a constant, where it equals one.
+    fixed_chain: FixedChain,
     this_thread_state: unsafe extern "C" fn() -> *mut c_void,
     is_finalizing: Option<unsafe extern "C" fn() -> c_int>,
     code_type: u64,
@@ -153,6 +155,7 @@ fn find() -> Option<Interpreter> {
     Some(Interpreter {
         layout,
         chain: ChainLayout::of(&layout),
+        fixed_chain: ChainLayout::of(&layout).fixed(),
         // SAFETY: `PyThreadState *PyGILState_GetThisThreadState(void)`.
         this_thread_state: unsafe {
             std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> *mut c_void>(tstate)
@@ -316,7 +319,7 @@ fn read_frame<M: Mem>(m: &M, l: &Layout, frame: u64) -> Option<FrameRead> {
 /// Where one 16-bit load reads a 3.11+ frame's `owner` and, beside it, `is_entry` (3.11);
 /// where there is no `is_entry`, the byte after `owner` (inside the frame: `localsplus`
 /// follows) is masked off. The chain check compares the word as it is.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct KindWord {
     at: u64,
     mask: u16,
@@ -439,7 +442,7 @@ fn unchanged<M: Mem>(m: &M, c: &ChainLayout, last: &LastChain, ts: u64) -> bool 
 }
 
 /// The fields of `Layout` the chain check reads, as addends, its frame model decided once.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct ChainLayout {
     ts_frame: u64,
     cframe_current: Option<u64>,
@@ -449,6 +452,42 @@ struct ChainLayout {
     /// Interpreter frames (3.11+): their kind word; None: frame objects, whose code and
     /// 32-bit `f_lasti` are compared.
     kind: Option<KindWord>,
+}
+
+/// 3.11's and 3.12's chain layouts (`layout::builtin`'s, a test holds them equal) as
+/// constants: the check inlined with one of them reads no offset and decides no `Option`, and
+/// keeps its loop in registers (the interpreter picks it once, `ChainLayout::fixed`).
+const CHAIN_311: ChainLayout = ChainLayout {
+    ts_frame: 56,
+    cframe_current: Some(8),
+    back: 48,
+    code: 32,
+    lasti: 56,
+    kind: Some(KindWord {
+        at: 68,
+        mask: 0xffff,
+        owner_high: true,
+    }),
+};
+const CHAIN_312: ChainLayout = ChainLayout {
+    ts_frame: 56,
+    cframe_current: Some(0),
+    back: 8,
+    code: 0,
+    lasti: 56,
+    kind: Some(KindWord {
+        at: 70,
+        mask: 0x00ff,
+        owner_high: false,
+    }),
+};
+
+/// Which constant chain layout an interpreter's equals, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FixedChain {
+    Py311,
+    Py312,
+    Read,
 }
 
 impl ChainLayout {
@@ -466,6 +505,27 @@ impl ChainLayout {
                 FrameModel::Object { .. } => None,
             },
         }
+    }
+
+    /// The constant this layout equals, field for field (else `Read`: from the struct).
+    fn fixed(&self) -> FixedChain {
+        if *self == CHAIN_311 {
+            FixedChain::Py311
+        } else if *self == CHAIN_312 {
+            FixedChain::Py312
+        } else {
+            FixedChain::Read
+        }
+    }
+}
+
+/// [`unchanged`] with the interpreter's chain layout, a constant where it is one.
+#[inline(always)]
+fn chain_unchanged(py: &Interpreter, last: &LastChain, ts: u64) -> bool {
+    match py.fixed_chain {
+        FixedChain::Py311 => unchanged(&Known, &CHAIN_311, last, ts),
+        FixedChain::Py312 => unchanged(&Known, &CHAIN_312, last, ts),
+        FixedChain::Read => unchanged(&Known, &py.chain, last, ts),
     }
 }
 
@@ -530,8 +590,7 @@ pub fn walk(
     if ts == 0 {
         return Walked::Frames(0);
     }
-    if py.trust.load(Ordering::Relaxed) == TRUSTED && unchanged(&Known, &py.chain, &cache.last, ts)
-    {
+    if py.trust.load(Ordering::Relaxed) == TRUSTED && chain_unchanged(py, &cache.last, ts) {
         return Walked::Same;
     }
     Walked::Frames(walk_changed(ob, py, codes, cache, ts, out))
@@ -837,6 +896,7 @@ mod tests {
         Interpreter {
             layout,
             chain: ChainLayout::of(&layout),
+            fixed_chain: ChainLayout::of(&layout).fixed(),
             this_thread_state: no_thread_state,
             is_finalizing: None,
             code_type: CODE_TYPE,
@@ -917,6 +977,19 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    /// The constant chain layouts are the builtin ones, field for field: the check inlined
+    /// with a constant reads what the layout says.
+    #[test]
+    fn constant_chain_layouts_are_the_builtin_ones() {
+        let of = |minor| ChainLayout::of(&layout::builtin(3, minor).unwrap());
+        assert_eq!(of(11), CHAIN_311);
+        assert_eq!(of(12), CHAIN_312);
+        assert_eq!(of(11).fixed(), FixedChain::Py311);
+        assert_eq!(of(12).fixed(), FixedChain::Py312);
+        assert_eq!(of(10).fixed(), FixedChain::Read);
+        assert_eq!(of(9).fixed(), FixedChain::Read);
     }
 
     #[test]
