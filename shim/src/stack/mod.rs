@@ -61,8 +61,8 @@ struct Verified {
     raw: [u64; CHECK_WORDS],
     slots: [u64; CHECK_WORDS],
     /// Groups of four slots the check reads (slots 1.. padded with `CHECK_PAD`); set by
-    /// `remember`.
-    quads: usize,
+    /// `remember`. A `u32`: four times it cannot overflow, so the check masks nothing.
+    quads: u32,
     id: u32,
 }
 
@@ -379,6 +379,8 @@ struct PyThread {
     next_recent: usize,
     /// (native id, combined id) of the latest capture: when the walk finds the same frames
     /// as last time and the native stack is the same, the answer is too (no hashing).
+    /// `NO_LAST` when there is none: no native id is `u32::MAX` (ids count up from 1), so
+    /// one compare of the native id decides.
     last: (u32, u32),
     frames: Box<[u64; MAX_PY_FRAMES]>,
 }
@@ -532,7 +534,7 @@ impl ThreadStacks {
                 interned: vec![(0u64, 0u32); INTERN_SLOTS].into_boxed_slice(),
                 recent: [(0, 0); RECENT],
                 next_recent: 0,
-                last: (0, 0),
+                last: NO_LAST,
                 frames: Box::new([0; MAX_PY_FRAMES]),
             },
         }
@@ -580,15 +582,22 @@ impl ThreadStacks {
     /// a pair, 220 instructions, before this order). A loop through a few paths in the same
     /// order every time then finds each at the first try.
     fn verified_hit(&mut self, sp: u64, bp: u64) -> Option<u32> {
-        let guess = self.follows[self.last_hit % VERIFIED_ENTRIES] as usize;
-        let hit = match self.verified_at(guess, sp, bp) {
-            Some(id) => (guess, id),
-            None => (0..VERIFIED_ENTRIES)
-                .filter(|&i| i != guess)
-                .find_map(|i| Some((i, self.verified_at(i, sp, bp)?)))?,
-        };
-        self.hit(hit.0);
-        Some(hit.1)
+        debug_assert!(self.last_hit < VERIFIED_ENTRIES);
+        // SAFETY: `last_hit` and each `follows` are entry indexes, below `VERIFIED_ENTRIES`
+        // (`hit` stores only those; `forget_verified` and a new table zero them).
+        let guess = unsafe { *self.follows.get_unchecked(self.last_hit) } as usize;
+        // SAFETY: as just said.
+        if let Some(id) = unsafe { self.verified_at(guess, sp, bp) } {
+            // It already follows the last hit: only the last hit changes.
+            self.last_hit = guess;
+            return Some(id);
+        }
+        let (i, id) = (0..VERIFIED_ENTRIES)
+            .filter(|&i| i != guess)
+            // SAFETY: `i` is in the range of entry indexes.
+            .find_map(|i| Some((i, unsafe { self.verified_at(i, sp, bp) }?)))?;
+        self.hit(i);
+        Some(id)
     }
 
     /// Entry `i` was found (or just remembered): it follows the last one.
@@ -598,18 +607,35 @@ impl ThreadStacks {
     }
 
     /// Entry `i`'s id if it is from (sp, bp) and every return address is still in place.
+    ///
+    /// # Safety
+    /// `i` is below `VERIFIED_ENTRIES` (not checked: the hot path's guess is one).
     #[inline(always)]
-    fn verified_at(&self, i: usize, sp: u64, bp: u64) -> Option<u32> {
-        let i = i % VERIFIED_ENTRIES;
-        let v = &self.verified[i];
-        if self.verified_keys[i] != (sp, bp) || v.id == 0 {
+    unsafe fn verified_at(&self, i: usize, sp: u64, bp: u64) -> Option<u32> {
+        // SAFETY: per the contract.
+        let (v, key) = unsafe {
+            (
+                self.verified.get_unchecked(i),
+                self.verified_keys.get_unchecked(i),
+            )
+        };
+        // An entry's key is set with its id, and cleared (to a stack pointer no thread has)
+        // when the id is: a key that matches has an id.
+        if *key != (sp, bp) {
             return None;
         }
         // Four slots at a time without a branch (a hit reads every slot anyway; the padding
         // spares a loop for the rest): an entry of another path is left at its first four
         // slots that differ, which for two call sites in turn are the first four.
-        let words = 1 + 4 * v.quads.min((CHECK_WORDS - 1) / 4);
-        let (slots, raw) = (&v.slots[1..words], &v.raw[1..words]);
+        let words = 1 + 4 * v.quads as usize;
+        // SAFETY: `remember` sets `quads` from `n`, at most `RAW_DEPTH`, so `words` is at most
+        // `CHECK_WORDS`, the arrays' length (a fresh entry has 0).
+        let (slots, raw) = unsafe {
+            (
+                v.slots.get_unchecked(1..words),
+                v.raw.get_unchecked(1..words),
+            )
+        };
         let differs = slots
             .chunks_exact(4)
             .zip(raw.chunks_exact(4))
@@ -647,8 +673,9 @@ impl ThreadStacks {
         {
             return;
         }
-        v.quads = (v.n - 1).div_ceil(4);
-        for k in v.n..1 + 4 * v.quads {
+        v.quads = (v.n - 1).div_ceil(4) as u32;
+        debug_assert!(4 * (v.quads as usize) < CHECK_WORDS);
+        for k in v.n..1 + 4 * v.quads as usize {
             v.slots[k] = &CHECK_PAD as *const u64 as u64;
             v.raw[k] = CHECK_PAD;
         }
@@ -832,11 +859,13 @@ fn capture_with(cap: &'static Capturer) -> StackId {
     // part of the stack it reads (this frame and its callers) stays untouched meanwhile.
     #[cfg(target_arch = "x86_64")]
     // SAFETY: reads three registers into outputs; no memory, stack or flags are touched.
+    // `rbp` first: the compiler may give `rbp` to another output (it is free to when the
+    // frame does not use it), and that output's write would clobber it.
     unsafe {
         core::arch::asm!(
+            "mov {bp}, rbp",
             "lea {pc}, [rip]",
             "mov {sp}, rsp",
-            "mov {bp}, rbp",
             pc = out(reg) pc,
             sp = out(reg) sp,
             bp = out(reg) bp,
@@ -964,12 +993,10 @@ unsafe fn install_thread_stacks(slot: *mut ThreadSlot, cap: &Capturer) {
 /// capture without one), and the module the native unwind stops at.
 #[inline(always)]
 fn interpreter(cap: &Capturer, ts: &mut ThreadStacks) -> Option<&'static Interpreter> {
+    // Settled: readable when settled; one whose frames turned out unreadable since is let go
+    // by `with_python`, which sends the thread back here.
     if ts.py.settled_gen == ts.snapshot_gen {
-        match ts.py.interpreter {
-            None => return None,
-            Some(i) if i.readable() => return Some(i),
-            Some(_) => {}
-        }
+        return ts.py.interpreter;
     }
     settle_interpreter(cap, ts)
 }
@@ -994,6 +1021,7 @@ fn settle_interpreter(cap: &Capturer, ts: &mut ThreadStacks) -> Option<&'static 
         }
     }
     let py = ts.py.interpreter.filter(|i| i.readable());
+    ts.py.interpreter = py;
     if cap.config.native && ts.stop_for != (ts.snapshot_gen, py.is_some()) {
         ts.stop_for = (ts.snapshot_gen, py.is_some());
         let stop = match py {
@@ -1134,24 +1162,30 @@ fn with_python(
     );
     let n = match walked {
         // The hot path of a loop: the same Python frames above the same native stack.
-        Walked::Same if ts.py.last.0 == native.0 && ts.py.last.1 != 0 => {
-            return StackId(ts.py.last.1)
-        }
+        Walked::Same if ts.py.last.0 == native.0 => return StackId(ts.py.last.1),
         Walked::Same => ts.py.codes.frames_walked(),
         Walked::Frames(n) => n,
     };
     if n == 0 {
-        ts.py.last = (0, 0);
+        ts.py.last = NO_LAST;
+        if !py.readable() {
+            // Its frames did not look as expected (once, for the process): the next capture
+            // settles again, without it (and with the native unwind's end moved).
+            ts.py.settled_gen = u64::MAX;
+        }
         return native;
     }
     let id = combined(cap, stacks, ts, n, native);
     if id.is_none() {
-        ts.py.last = (0, 0);
+        ts.py.last = NO_LAST;
         return native;
     }
     ts.py.last = (native.0, id.0);
     id
 }
+
+/// `PyThread::last` when no capture combined Python frames with a native stack.
+const NO_LAST: (u32, u32) = (u32::MAX, 0);
 
 /// The id of the native stack `native` followed by the `n` Python frames just walked (NONE
 /// if it could not be sent: the caller then gives the native stack alone).
