@@ -300,6 +300,8 @@ unsafe extern "C-unwind" fn delete(ctx: *mut c_void) {
     unsafe { std::mem::transmute::<usize, Deleter>(REAL_DELETER.load(Ordering::Relaxed))(ctx) }
 }
 
+/// Inlined into the deleter: its call and its frame's saves were a tenth of the free's cost.
+#[inline(always)]
 fn freed(ptr: u64) {
     if !guard::enter() {
         return;
