@@ -149,6 +149,33 @@ fn python_frames_appear_with_the_gil_released_and_held() {
     assert!(names.iter().any(|n| n == "ffi_call"), "{names:?}");
 }
 
+/// What each capture asks of CPython before it reads Python's frames, it reads where
+/// CPython's own functions do: the finalizing flag where `_Py_IsFinalizing`'s code loads it
+/// (pyenv's `-fPIC` build reaches it through the GOT, Debian's directly), the thread state
+/// from the key `PyGILState_GetThisThreadState` reads. Python frames still appear (of the
+/// main thread and of another), and the program ends as it would.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_finalizing_flag_and_thread_state_are_read_where_cpython_reads_them() {
+    let (out, r, _) = run_python("gil.py", &[], &[], &[("OOMTRACE_LOG", "1")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the finalizing flag is read from _PyRuntime+0x"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("the thread state is read from its key (_PyRuntime+0x"),
+        "{stderr}"
+    );
+    let live = findings(&r, "live_at_exit");
+    let has = |function: &str| {
+        live.iter()
+            .any(|f| python_frames(f).iter().any(|p| p.0 == function))
+    };
+    assert!(has("<module>") && has("in_thread"), "{live:#?}");
+}
+
 /// The leak finding of a `train_leak.py` run, checked to name the allocating line and the
 /// loop line that called it.
 fn assert_names_the_leaking_line(r: &Value) {

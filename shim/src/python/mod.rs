@@ -19,10 +19,11 @@
 //! object, and walks stop at 128 frames.
 
 pub mod layout;
+mod runtime_words;
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 
 use oomtrace_proto::python::{CodeDef, PyFrame, MAX_CODE_ID};
@@ -44,16 +45,32 @@ pub struct Interpreter {
     pub layout: Layout,
     /// `layout` as the chain check reads it.
     chain: ChainLayout,
-    /// `chain` as a constant, where it equals one.
-    fixed_chain: FixedChain,
+    /// Which chain check the hot path runs (`FixedChain as u8 + 1`): 0 until a walk passed
+    /// with checked reads (set with `trust`), then `chain`'s constant where it equals one.
+    /// One load and one compare decide both whether to check and how.
+    check: AtomicU8,
     this_thread_state: unsafe extern "C" fn() -> *mut c_void,
     is_finalizing: Option<unsafe extern "C" fn() -> c_int>,
+    /// The word `is_finalizing` tests, where its code shows which (`runtime_words.rs`): the
+    /// hot path loads it instead of calling the function.
+    finalizing_word: Option<&'static AtomicU64>,
+    /// `_PyRuntime` (0: not found).
+    runtime: u64,
+    /// The key `this_thread_state` reads (in `_PyRuntime`'s `autoTSSkey`), once found
+    /// ([`find_thread_state_key`]): the hot path asks `pthread_getspecific` itself, without
+    /// CPython's two calls around it. Null until then, or if it is not found.
+    thread_state_key: AtomicPtr<AtomicU32>,
+    /// The key was looked for (once per process).
+    thread_state_key_searched: AtomicBool,
     code_type: u64,
     unicode_type: u64,
     bytes_type: u64,
     /// `TRUSTED` once a walk passed with checked reads; `BROKEN` if one failed.
     trust: AtomicU8,
 }
+
+/// `Interpreter::check` before a walk passed.
+const NO_CHECK: u8 = 0;
 
 const UNVERIFIED: u8 = 0;
 const TRUSTED: u8 = 1;
@@ -152,10 +169,19 @@ fn find() -> Option<Interpreter> {
     if fin.is_null() {
         fin = sym(c"_Py_IsFinalizing");
     }
+    let runtime = sym(c"_PyRuntime");
+    let finalizing_word = finalizing_word(fin, runtime);
+    log::info(&match finalizing_word {
+        Some(w) => format!(
+            "Python {major}.{minor}: the finalizing flag is read from _PyRuntime+{:#x}",
+            w as *const AtomicU64 as u64 - runtime as u64
+        ),
+        None => format!("Python {major}.{minor}: the finalizing flag is asked of CPython"),
+    });
     Some(Interpreter {
         layout,
         chain: ChainLayout::of(&layout),
-        fixed_chain: ChainLayout::of(&layout).fixed(),
+        check: AtomicU8::new(NO_CHECK),
         // SAFETY: `PyThreadState *PyGILState_GetThisThreadState(void)`.
         this_thread_state: unsafe {
             std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> *mut c_void>(tstate)
@@ -164,11 +190,89 @@ fn find() -> Option<Interpreter> {
         is_finalizing: (!fin.is_null()).then(|| unsafe {
             std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(fin)
         }),
+        finalizing_word,
+        runtime: runtime as u64,
+        thread_state_key: AtomicPtr::new(std::ptr::null_mut()),
+        thread_state_key_searched: AtomicBool::new(false),
         code_type: code_type as u64,
         unicode_type: sym(c"PyUnicode_Type") as u64,
         bytes_type: sym(c"PyBytes_Type") as u64,
         trust: AtomicU8::new(UNVERIFIED),
     })
+}
+
+/// The word that `fin` (`Py_IsFinalizing`, found at `fin`) tests, if its machine code shows
+/// which (`runtime_words.rs`), read only through `process_vm_readv`.
+fn finalizing_word(fin: *mut c_void, runtime: *mut c_void) -> Option<&'static AtomicU64> {
+    if !cfg!(target_arch = "x86_64") || fin.is_null() || runtime.is_null() {
+        return None;
+    }
+    let mut body = [0u8; runtime_words::BODY_BYTES];
+    if !Checked.read(fin as u64, &mut body) {
+        return None;
+    }
+    let word =
+        runtime_words::word_tested(&body, fin as u64, runtime as u64, |slot| Checked.u64(slot))?;
+    // SAFETY: an aligned word in the first 64 KiB of `_PyRuntime`, libpython's static, which
+    // lives as long as the functions this interpreter calls; CPython writes it atomically
+    // (`_Py_atomic_address`), so it is read as an atomic.
+    Some(unsafe { &*(word as *const AtomicU64) })
+}
+
+/// `PTHREAD_KEYS_MAX` on Linux: no key is this or more.
+const PTHREAD_KEYS_MAX: u32 = 1024;
+
+/// The key `PyGILState_GetThisThreadState` (at `tstate_fn`) reads, where its machine code
+/// shows it (`runtime_words.rs`), checked there: a created key (its `Py_tss_t`'s flag before
+/// it is 1) whose value on this thread is `ts`, this thread's thread state as the function
+/// just answered. Cold: once per process, on a thread with a thread state.
+#[cold]
+#[inline(never)]
+fn find_thread_state_key(tstate_fn: u64, runtime: u64, ts: u64) -> Option<*mut AtomicU32> {
+    if !cfg!(target_arch = "x86_64") {
+        return None;
+    }
+    let mut body = [0u8; runtime_words::BODY_BYTES];
+    if !Checked.read(tstate_fn, &mut body) {
+        return None;
+    }
+    let at = runtime_words::key_read(&body, tstate_fn, runtime, |slot| Checked.u64(slot))?;
+    let (created, key) = (Checked.u32(at - 4)?, Checked.u32(at)?);
+    if created != 1 || key >= PTHREAD_KEYS_MAX {
+        return None;
+    }
+    // SAFETY: any key below PTHREAD_KEYS_MAX may be asked; one not created gives NULL.
+    let value = unsafe { libc::pthread_getspecific(key) } as u64;
+    (value == ts).then_some(at as *mut AtomicU32)
+}
+
+/// This thread's thread state as CPython answers it, and the first time one is found (on a
+/// thread that has one), the key it was read from, for the hot path from then on.
+#[cold]
+#[inline(never)]
+fn thread_state_asked(py: &Interpreter) -> u64 {
+    // SAFETY: reads this thread's thread-specific key; NULL when it has no thread state.
+    let ts = unsafe { (py.this_thread_state)() } as u64;
+    // Only where the finalizing check can keep the hot path off a key deleted at exit.
+    let guarded = py.finalizing_word.is_some() || py.is_finalizing.is_some();
+    if ts != 0
+        && guarded
+        && py.runtime != 0
+        && !py.thread_state_key_searched.swap(true, Ordering::Relaxed)
+    {
+        let key = find_thread_state_key(py.this_thread_state as usize as u64, py.runtime, ts);
+        log::info(&match key {
+            Some(k) => format!(
+                "Python: the thread state is read from its key (_PyRuntime+{:#x})",
+                k as u64 - py.runtime
+            ),
+            None => "Python: the thread state is asked of CPython".to_string(),
+        });
+        if let Some(k) = key {
+            py.thread_state_key.store(k, Ordering::Release);
+        }
+    }
+    ts
 }
 
 pub mod debug_offsets;
@@ -270,13 +374,29 @@ pub struct ThreadCodes {
 /// (Only a code object freed and another made at its address, run from a frame at the same
 /// address at the same instruction, would pass for the old one.)
 struct LastChain {
+    /// The thread state the frames were read from; 0: nothing to compare with. Not 0 only
+    /// with 1 to `MAX_VISITED` frames recorded ([`LastChain::recorded`]), which the check
+    /// relies on to slice them unchecked.
     ts: u64,
-    /// Frames recorded (0: nothing to compare with).
+    /// Frames recorded.
     len: usize,
     /// A fixed size: the check slices it without a bounds check.
     frames: Box<[FrameRead; MAX_VISITED]>,
     /// What the walk returned.
     n: usize,
+}
+
+impl LastChain {
+    /// Keeps what a trusted walk from `ts` read for the next check (`n`: what it returned,
+    /// None if it failed). Every chain a walk finished is comparable, however it ended (its
+    /// end, `MAX_PY_FRAMES` frames, `MAX_VISITED` visited): what the walk wrote depends on the
+    /// frames it read and on nothing past the last one's link, and the check reads exactly
+    /// those. A walk that failed or found no frame leaves nothing to compare with.
+    fn recorded(&mut self, ts: u64, n: Option<usize>) {
+        debug_assert!(self.len <= MAX_VISITED);
+        self.n = n.unwrap_or(0);
+        self.ts = if n.is_some() && self.len > 0 { ts } else { 0 };
+    }
 }
 
 /// Everything the walk reads from one frame (not from its code object).
@@ -392,13 +512,13 @@ fn first_frame<M: Mem>(m: &M, l: &Layout, ts: u64) -> Option<u64> {
 /// and the one-load kind word; 2026-12-05/06, callgrind).
 #[inline(always)]
 fn unchanged<M: Mem>(m: &M, c: &ChainLayout, last: &LastChain, ts: u64) -> bool {
-    let frames = &last.frames[..last.len.min(MAX_VISITED)];
-    let Some(first) = frames.first() else {
-        return false;
-    };
     if last.ts != ts {
         return false;
     }
+    // SAFETY: `len` never exceeds `MAX_VISITED`, the array's length (the walk stops there);
+    // a chain that matched its thread state has at least one (`LastChain::recorded`).
+    let frames = unsafe { last.frames.get_unchecked(..last.len) };
+    let first = &last.frames[0];
     let top = m.u64(ts + c.ts_frame).unwrap_or(0);
     let top = match c.cframe_current {
         Some(cur) if top != 0 => m.u64(top + cur).unwrap_or(0),
@@ -439,7 +559,7 @@ fn unchanged<M: Mem>(m: &M, c: &ChainLayout, last: &LastChain, ts: u64) -> bool 
             }
         }
     }
-    differ == 0 && (frames[frames.len() - 1].back == 0 || frames.len() == MAX_VISITED)
+    differ == 0
 }
 
 /// The fields of `Layout` the chain check reads, as addends, its frame model decided once.
@@ -483,12 +603,21 @@ const CHAIN_312: ChainLayout = ChainLayout {
     }),
 };
 
-/// Which constant chain layout an interpreter's equals, if any.
+/// Which constant chain layout an interpreter's equals, if any (its `u8` plus one is
+/// `Interpreter::check`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 enum FixedChain {
-    Py311,
-    Py312,
-    Read,
+    Py311 = 0,
+    Py312 = 1,
+    Read = 2,
+}
+
+impl FixedChain {
+    /// `Interpreter::check` for this layout, once its walks are trusted.
+    const fn check(self) -> u8 {
+        self as u8 + 1
+    }
 }
 
 impl ChainLayout {
@@ -520,13 +649,18 @@ impl ChainLayout {
     }
 }
 
-/// [`unchanged`] with the interpreter's chain layout, a constant where it is one.
+/// [`unchanged`] with the interpreter's chain layout, a constant where it is one; false
+/// while its walks are not trusted.
 #[inline(always)]
 fn chain_unchanged(py: &Interpreter, last: &LastChain, ts: u64) -> bool {
-    match py.fixed_chain {
-        FixedChain::Py311 => unchanged(&Known, &CHAIN_311, last, ts),
-        FixedChain::Py312 => unchanged(&Known, &CHAIN_312, last, ts),
-        FixedChain::Read => unchanged(&Known, &py.chain, last, ts),
+    const PY311: u8 = FixedChain::Py311.check();
+    const PY312: u8 = FixedChain::Py312.check();
+    const READ: u8 = FixedChain::Read.check();
+    match py.check.load(Ordering::Relaxed) {
+        PY311 => unchanged(&Known, &CHAIN_311, last, ts),
+        PY312 => unchanged(&Known, &CHAIN_312, last, ts),
+        READ => unchanged(&Known, &py.chain, last, ts),
+        _ => false,
     }
 }
 
@@ -580,18 +714,36 @@ pub fn walk(
     cache: &mut ThreadCodes,
     out: &mut [u64; MAX_PY_FRAMES],
 ) -> Walked {
-    if let Some(fin) = py.is_finalizing {
-        // SAFETY: reads a flag; no GIL needed. Thread states may be freed from here on.
-        if unsafe { fin() } != 0 {
-            return Walked::Frames(0);
+    // Thread states may be freed once the interpreter is finalizing.
+    match py.finalizing_word {
+        Some(word) => {
+            if word.load(Ordering::Relaxed) != 0 {
+                return Walked::Frames(0);
+            }
+        }
+        None => {
+            if let Some(fin) = py.is_finalizing {
+                // SAFETY: reads a flag; no GIL needed.
+                if unsafe { fin() } != 0 {
+                    return Walked::Frames(0);
+                }
+            }
         }
     }
-    // SAFETY: reads this thread's thread-specific key; NULL when it has no thread state.
-    let ts = unsafe { (py.this_thread_state)() } as u64;
+    let key = py.thread_state_key.load(Ordering::Acquire);
+    let ts = if key.is_null() {
+        thread_state_asked(py)
+    } else {
+        // SAFETY: `key` points into `_PyRuntime` (`find_thread_state_key`), which lives as
+        // long as the functions this interpreter calls. What `PyGILState_GetThisThreadState`
+        // reads, without its two calls: the key as CPython last wrote it (a key deleted at
+        // exit is not reached: the finalizing flag was set before, and checked above).
+        unsafe { libc::pthread_getspecific((*key).load(Ordering::Relaxed)) as u64 }
+    };
     if ts == 0 {
         return Walked::Frames(0);
     }
-    if py.trust.load(Ordering::Relaxed) == TRUSTED && chain_unchanged(py, &cache.last, ts) {
+    if chain_unchanged(py, &cache.last, ts) {
         return Walked::Same;
     }
     Walked::Frames(walk_changed(ob, py, codes, cache, ts, out))
@@ -610,11 +762,7 @@ fn walk_changed(
     match py.trust.load(Ordering::Relaxed) {
         TRUSTED => {
             let n = walk_with(&Direct, ob, py, codes, cache, ts, out);
-            cache.last.ts = ts;
-            cache.last.n = n.unwrap_or(0);
-            if n.is_none() {
-                cache.last.len = 0;
-            }
+            cache.last.recorded(ts, n);
             n.unwrap_or(0)
         }
         BROKEN => 0,
@@ -622,6 +770,7 @@ fn walk_changed(
             Some(0) => 0,
             Some(n) => {
                 py.trust.store(TRUSTED, Ordering::Relaxed);
+                py.check.store(py.chain.fixed().check(), Ordering::Relaxed);
                 n
             }
             None => {
@@ -897,9 +1046,13 @@ mod tests {
         Interpreter {
             layout,
             chain: ChainLayout::of(&layout),
-            fixed_chain: ChainLayout::of(&layout).fixed(),
+            check: AtomicU8::new(NO_CHECK),
             this_thread_state: no_thread_state,
             is_finalizing: None,
+            finalizing_word: None,
+            runtime: 0,
+            thread_state_key: AtomicPtr::new(std::ptr::null_mut()),
+            thread_state_key_searched: AtomicBool::new(false),
             code_type: CODE_TYPE,
             unicode_type: UNICODE_TYPE,
             bytes_type: BYTES_TYPE,
@@ -1080,7 +1233,7 @@ mod tests {
             walk_with(&m, ob, &py, &codes, &mut cache, ts, &mut out),
             Some(2)
         );
-        cache.last.ts = ts;
+        cache.last.recorded(ts, Some(2));
         assert!(unchanged(&m, &py.chain, &cache.last, ts));
         assert!(
             !unchanged(&m, &py.chain, &cache.last, ts + 8),
@@ -1119,6 +1272,64 @@ mod tests {
         }
         // The thread's first frame replaced by another.
         m.set_u64(0x11_000 + l.cframe_current.unwrap() as u64, outer);
+        assert!(!unchanged(&m, &py.chain, &cache.last, ts));
+    }
+
+    /// A chain deeper than the frames a stack keeps: the walk keeps the innermost
+    /// `MAX_PY_FRAMES`, and the check compares exactly those (a deep recursion's loop stays on
+    /// the hot path); a change in a kept frame is still seen, one past them changes nothing.
+    #[test]
+    fn a_chain_deeper_than_the_frames_kept_is_compared_up_to_them() {
+        let py = interpreter_311();
+        let l = py.layout;
+        let FrameModel::Interpreter { offset_of_code, .. } = l.model else {
+            panic!("3.11 has interpreter frames")
+        };
+        let (mut m, ts) = fake_311(&l);
+        let code = 0x100_000u64;
+        let depth = MAX_PY_FRAMES as u64 + 3;
+        let frame_at = |i: u64| 0x40_000 + i * 0x100;
+        for i in 0..depth {
+            let f = frame_at(i);
+            m.region(f, 128);
+            let back = if i + 1 < depth { frame_at(i + 1) } else { 0 };
+            m.set_u64(f + l.frame_back as u64, back);
+            m.set_u64(f + l.frame_code as u64, code);
+            m.set_u64(f + l.frame_lasti as u64, code + offset_of_code as u64 + 10);
+        }
+        m.set_u64(0x11_000 + l.cframe_current.unwrap() as u64, frame_at(0));
+        let (ob, _rx) = Outbox::create(64, std::process::id());
+        let codes = CodeRegistry::default();
+        let mut cache = ThreadCodes::default();
+        let mut out = [0u64; MAX_PY_FRAMES];
+        let n = walk_with(&m, ob, &py, &codes, &mut cache, ts, &mut out);
+        assert_eq!(n, Some(MAX_PY_FRAMES));
+        cache.last.recorded(ts, n);
+        assert!(unchanged(&m, &py.chain, &cache.last, ts));
+        // The frame after the last one kept: not read, not compared.
+        let past = frame_at(MAX_PY_FRAMES as u64) + l.frame_lasti as u64;
+        m.set_u64(past, code + offset_of_code as u64 + 12);
+        assert!(unchanged(&m, &py.chain, &cache.last, ts));
+        // The last frame kept.
+        let kept = frame_at(MAX_PY_FRAMES as u64 - 1) + l.frame_lasti as u64;
+        m.set_u64(kept, code + offset_of_code as u64 + 12);
+        assert!(!unchanged(&m, &py.chain, &cache.last, ts));
+    }
+
+    /// A walk that found no frame leaves nothing for the check to match.
+    #[test]
+    fn a_walk_with_no_frame_is_never_matched() {
+        let py = interpreter_311();
+        let l = py.layout;
+        let (mut m, ts) = fake_311(&l);
+        m.set_u64(0x11_000 + l.cframe_current.unwrap() as u64, 0);
+        let (ob, _rx) = Outbox::create(64, std::process::id());
+        let codes = CodeRegistry::default();
+        let mut cache = ThreadCodes::default();
+        let mut out = [0u64; MAX_PY_FRAMES];
+        let n = walk_with(&m, ob, &py, &codes, &mut cache, ts, &mut out);
+        assert_eq!(n, Some(0));
+        cache.last.recorded(ts, n);
         assert!(!unchanged(&m, &py.chain, &cache.last, ts));
     }
 
