@@ -59,7 +59,7 @@ pub struct Interpreter {
     /// The key `this_thread_state` reads (in `_PyRuntime`'s `autoTSSkey`), once found
     /// ([`find_thread_state_key`]): the hot path asks `pthread_getspecific` itself, without
     /// CPython's two calls around it. Null until then, or if it is not found.
-    thread_state_key: AtomicPtr<AtomicU32>,
+    thread_state_key: AtomicPtr<PyTss>,
     /// The key was looked for (once per process).
     thread_state_key_searched: AtomicBool,
     code_type: u64,
@@ -219,6 +219,29 @@ fn finalizing_word(fin: *mut c_void, runtime: *mut c_void) -> Option<&'static At
     Some(unsafe { &*(word as *const AtomicU64) })
 }
 
+/// CPython's `Py_tss_t`: whether its key was created, and the key.
+#[repr(C)]
+struct PyTss {
+    created: AtomicU32,
+    key: AtomicU32,
+}
+
+impl PyTss {
+    /// What `PyGILState_GetThisThreadState` reads, without its two calls: the key's value on
+    /// this thread, as CPython last wrote the key, while created (the function's own test,
+    /// of `autoInterpreterState`, is cleared with it at exit; a key deleted there and not yet
+    /// made again, as an embedder that initializes Python a second time would meet, is not
+    /// asked).
+    #[inline(always)]
+    fn this_thread(&self) -> u64 {
+        if self.created.load(Ordering::Relaxed) != 1 {
+            return 0;
+        }
+        // SAFETY: `pthread_getspecific` of a created key: this thread's value, or NULL.
+        unsafe { libc::pthread_getspecific(self.key.load(Ordering::Relaxed)) as u64 }
+    }
+}
+
 /// `PTHREAD_KEYS_MAX` on Linux: no key is this or more.
 const PTHREAD_KEYS_MAX: u32 = 1024;
 
@@ -228,7 +251,7 @@ const PTHREAD_KEYS_MAX: u32 = 1024;
 /// just answered. Cold: once per process, on a thread with a thread state.
 #[cold]
 #[inline(never)]
-fn find_thread_state_key(tstate_fn: u64, runtime: u64, ts: u64) -> Option<*mut AtomicU32> {
+fn find_thread_state_key(tstate_fn: u64, runtime: u64, ts: u64) -> Option<*mut PyTss> {
     if !cfg!(target_arch = "x86_64") {
         return None;
     }
@@ -243,7 +266,7 @@ fn find_thread_state_key(tstate_fn: u64, runtime: u64, ts: u64) -> Option<*mut A
     }
     // SAFETY: any key below PTHREAD_KEYS_MAX may be asked; one not created gives NULL.
     let value = unsafe { libc::pthread_getspecific(key) } as u64;
-    (value == ts).then_some(at as *mut AtomicU32)
+    (value == ts).then_some((at - 4) as *mut PyTss)
 }
 
 /// This thread's thread state as CPython answers it, and the first time one is found (on a
@@ -264,7 +287,7 @@ fn thread_state_asked(py: &Interpreter) -> u64 {
         log::info(&match key {
             Some(k) => format!(
                 "Python: the thread state is read from its key (_PyRuntime+{:#x})",
-                k as u64 - py.runtime
+                k as u64 + 4 - py.runtime
             ),
             None => "Python: the thread state is asked of CPython".to_string(),
         });
@@ -735,10 +758,8 @@ pub fn walk(
         thread_state_asked(py)
     } else {
         // SAFETY: `key` points into `_PyRuntime` (`find_thread_state_key`), which lives as
-        // long as the functions this interpreter calls. What `PyGILState_GetThisThreadState`
-        // reads, without its two calls: the key as CPython last wrote it (a key deleted at
-        // exit is not reached: the finalizing flag was set before, and checked above).
-        unsafe { libc::pthread_getspecific((*key).load(Ordering::Relaxed)) as u64 }
+        // long as the functions this interpreter calls.
+        unsafe { &*key }.this_thread()
     };
     if ts == 0 {
         return Walked::Frames(0);
@@ -1314,6 +1335,31 @@ mod tests {
         let kept = frame_at(MAX_PY_FRAMES as u64 - 1) + l.frame_lasti as u64;
         m.set_u64(kept, code + offset_of_code as u64 + 12);
         assert!(!unchanged(&m, &py.chain, &cache.last, ts));
+    }
+
+    /// The thread-state key is asked only while its `Py_tss_t` says it is created.
+    #[test]
+    fn the_thread_state_key_is_asked_only_while_created() {
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: a key of our own, deleted below.
+        assert_eq!(unsafe { libc::pthread_key_create(&mut key, None) }, 0);
+        let value = 0x5eed_0000usize;
+        // SAFETY: the key just created.
+        let set = unsafe { libc::pthread_setspecific(key, value as *const c_void) };
+        assert_eq!(set, 0);
+        let tss = PyTss {
+            created: AtomicU32::new(1),
+            key: AtomicU32::new(key),
+        };
+        assert_eq!(tss.this_thread(), value as u64);
+        // Another thread has no value for it.
+        std::thread::scope(|s| {
+            s.spawn(|| assert_eq!(tss.this_thread(), 0));
+        });
+        tss.created.store(0, Ordering::Relaxed);
+        assert_eq!(tss.this_thread(), 0, "deleted at exit, not made again");
+        // SAFETY: our own key, no longer used.
+        assert_eq!(unsafe { libc::pthread_key_delete(key) }, 0);
     }
 
     /// A walk that found no frame leaves nothing for the check to match.

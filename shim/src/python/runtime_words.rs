@@ -6,8 +6,9 @@
 //!   a load and a test instead of a call (5 instructions a capture, not 12).
 //! - `PyGILState_GetThisThreadState` returns `pthread_getspecific` of the key in
 //!   `_PyRuntime`'s `autoTSSkey` when the runtime's `autoInterpreterState` is set
-//!   ([`key_read`]): `pthread_getspecific` of that key directly (its two calls and a test
-//!   fewer; the finalizing check before it stands in for the test, see `mod.rs`).
+//!   ([`key_read`]): `pthread_getspecific` of that key directly, while the key's own
+//!   `Py_tss_t` says it is created (cleared with `autoInterpreterState` at exit): its two
+//!   calls fewer.
 //!
 //! A word is used only when the function's body is exactly one of the shapes below and the
 //! word lies in the first 64 KiB of `_PyRuntime`; any other body (another compiler, a debug
