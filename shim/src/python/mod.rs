@@ -56,10 +56,10 @@ pub struct Interpreter {
     finalizing_word: Option<&'static AtomicU64>,
     /// `_PyRuntime` (0: not found).
     runtime: u64,
-    /// The key `this_thread_state` reads (in `_PyRuntime`'s `autoTSSkey`), once found
-    /// ([`find_thread_state_key`]): the hot path asks `pthread_getspecific` itself, without
-    /// CPython's two calls around it. Null until then, or if it is not found.
-    thread_state_key: AtomicPtr<PyTss>,
+    /// The finalizing word and the thread-state key, once both are known: each capture then
+    /// reads them itself, not through CPython's functions (`ReadDirectly`). Until then, or if
+    /// either is not found, it calls those functions (`thread_state_asked`).
+    read_directly: ReadDirectlyCell,
     /// The key was looked for (once per process).
     thread_state_key_searched: AtomicBool,
     code_type: u64,
@@ -192,7 +192,7 @@ fn find() -> Option<Interpreter> {
         }),
         finalizing_word,
         runtime: runtime as u64,
-        thread_state_key: AtomicPtr::new(std::ptr::null_mut()),
+        read_directly: ReadDirectlyCell::default(),
         thread_state_key_searched: AtomicBool::new(false),
         code_type: code_type as u64,
         unicode_type: sym(c"PyUnicode_Type") as u64,
@@ -251,7 +251,7 @@ const PTHREAD_KEYS_MAX: u32 = 1024;
 /// just answered. Cold: once per process, on a thread with a thread state.
 #[cold]
 #[inline(never)]
-fn find_thread_state_key(tstate_fn: u64, runtime: u64, ts: u64) -> Option<*mut PyTss> {
+fn find_thread_state_key(tstate_fn: u64, runtime: u64, ts: u64) -> Option<&'static PyTss> {
     if !cfg!(target_arch = "x86_64") {
         return None;
     }
@@ -266,33 +266,97 @@ fn find_thread_state_key(tstate_fn: u64, runtime: u64, ts: u64) -> Option<*mut P
     }
     // SAFETY: any key below PTHREAD_KEYS_MAX may be asked; one not created gives NULL.
     let value = unsafe { libc::pthread_getspecific(key) } as u64;
-    (value == ts).then_some((at - 4) as *mut PyTss)
+    // SAFETY: an aligned `Py_tss_t` in `_PyRuntime`, libpython's static, which lives as long
+    // as the functions this interpreter calls; CPython writes its words, read atomically.
+    (value == ts).then(|| unsafe { &*((at - 4) as *const PyTss) })
 }
 
-/// This thread's thread state as CPython answers it, and the first time one is found (on a
-/// thread that has one), the key it was read from, for the hot path from then on.
+/// What CPython's `_Py_IsFinalizing` and `PyGILState_GetThisThreadState` read, where their
+/// own code reads it (`runtime_words.rs`): each capture reads these two words itself.
+struct ReadDirectly {
+    /// `_PyRuntime._finalizing`.
+    finalizing: &'static AtomicU64,
+    /// `_PyRuntime.autoTSSkey`.
+    key: &'static PyTss,
+}
+
+impl ReadDirectly {
+    /// This thread's thread state, or 0: none, or the interpreter is finalizing (thread
+    /// states may be freed from then on; the key is deleted at its end).
+    #[inline(always)]
+    fn thread_state(&self) -> u64 {
+        if self.finalizing.load(Ordering::Relaxed) != 0 {
+            return 0;
+        }
+        self.key.this_thread()
+    }
+}
+
+/// A `ReadDirectly` set once (leaked: hooks on any thread may hold it until the process ends).
+#[derive(Default)]
+struct ReadDirectlyCell(AtomicPtr<ReadDirectly>);
+
+impl ReadDirectlyCell {
+    #[inline(always)]
+    fn load(&self, order: Ordering) -> Option<&'static ReadDirectly> {
+        // SAFETY: null, or a leaked box stored once by `set` and never freed.
+        unsafe { self.0.load(order).as_ref() }
+    }
+
+    fn set(&self, direct: ReadDirectly) {
+        let leaked = Box::into_raw(Box::new(direct));
+        if self
+            .0
+            .compare_exchange(
+                std::ptr::null_mut(),
+                leaked,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            // SAFETY: ours, never shared.
+            drop(unsafe { Box::from_raw(leaked) });
+        }
+    }
+}
+
+/// This thread's thread state as CPython answers it (0 while the interpreter is finalizing),
+/// and the first time one is found (on a thread that has one), the key it was read from:
+/// with the finalizing word, what the hot path reads from then on.
 #[cold]
 #[inline(never)]
 fn thread_state_asked(py: &Interpreter) -> u64 {
+    // Thread states may be freed once the interpreter is finalizing.
+    match py.finalizing_word {
+        Some(word) if word.load(Ordering::Relaxed) != 0 => return 0,
+        Some(_) => {}
+        None => {
+            if let Some(fin) = py.is_finalizing {
+                // SAFETY: reads a flag; no GIL needed.
+                if unsafe { fin() } != 0 {
+                    return 0;
+                }
+            }
+        }
+    }
     // SAFETY: reads this thread's thread-specific key; NULL when it has no thread state.
     let ts = unsafe { (py.this_thread_state)() } as u64;
-    // Only where the finalizing check can keep the hot path off a key deleted at exit.
-    let guarded = py.finalizing_word.is_some() || py.is_finalizing.is_some();
-    if ts != 0
-        && guarded
-        && py.runtime != 0
-        && !py.thread_state_key_searched.swap(true, Ordering::Relaxed)
-    {
-        let key = find_thread_state_key(py.this_thread_state as usize as u64, py.runtime, ts);
-        log::info(&match key {
-            Some(k) => format!(
-                "Python: the thread state is read from its key (_PyRuntime+{:#x})",
-                k as u64 + 4 - py.runtime
-            ),
-            None => "Python: the thread state is asked of CPython".to_string(),
-        });
-        if let Some(k) = key {
-            py.thread_state_key.store(k, Ordering::Release);
+    // Only with the finalizing word: the hot path reads both or neither.
+    if let Some(finalizing) = py.finalizing_word {
+        if ts != 0 && py.runtime != 0 && !py.thread_state_key_searched.swap(true, Ordering::Relaxed)
+        {
+            let key = find_thread_state_key(py.this_thread_state as usize as u64, py.runtime, ts);
+            log::info(&match key {
+                Some(k) => format!(
+                    "Python: the thread state is read from its key (_PyRuntime+{:#x})",
+                    k as *const PyTss as u64 + 4 - py.runtime
+                ),
+                None => "Python: the thread state is asked of CPython".to_string(),
+            });
+            if let Some(key) = key {
+                py.read_directly.set(ReadDirectly { finalizing, key });
+            }
         }
     }
     ts
@@ -737,29 +801,9 @@ pub fn walk(
     cache: &mut ThreadCodes,
     out: &mut [u64; MAX_PY_FRAMES],
 ) -> Walked {
-    // Thread states may be freed once the interpreter is finalizing.
-    match py.finalizing_word {
-        Some(word) => {
-            if word.load(Ordering::Relaxed) != 0 {
-                return Walked::Frames(0);
-            }
-        }
-        None => {
-            if let Some(fin) = py.is_finalizing {
-                // SAFETY: reads a flag; no GIL needed.
-                if unsafe { fin() } != 0 {
-                    return Walked::Frames(0);
-                }
-            }
-        }
-    }
-    let key = py.thread_state_key.load(Ordering::Acquire);
-    let ts = if key.is_null() {
-        thread_state_asked(py)
-    } else {
-        // SAFETY: `key` points into `_PyRuntime` (`find_thread_state_key`), which lives as
-        // long as the functions this interpreter calls.
-        unsafe { &*key }.this_thread()
+    let ts = match py.read_directly.load(Ordering::Acquire) {
+        Some(direct) => direct.thread_state(),
+        None => thread_state_asked(py),
     };
     if ts == 0 {
         return Walked::Frames(0);
@@ -1072,7 +1116,7 @@ mod tests {
             is_finalizing: None,
             finalizing_word: None,
             runtime: 0,
-            thread_state_key: AtomicPtr::new(std::ptr::null_mut()),
+            read_directly: ReadDirectlyCell::default(),
             thread_state_key_searched: AtomicBool::new(false),
             code_type: CODE_TYPE,
             unicode_type: UNICODE_TYPE,
