@@ -3,9 +3,11 @@
 //! PyTorch releases the GIL before it allocates, and a hook that waited for the GIL while
 //! PyTorch holds its allocator lock would deadlock. So the walk takes no lock and calls no
 //! Python API that needs one: it reads the calling thread's own frame chain from memory
-//! (its thread state from `PyGILState_GetThisThreadState`, which reads a thread-specific
-//! key). Only the owning thread changes that chain, and it is inside our hook, so the chain
-//! holds still while we read it. This is what py-spy and austin do from another process.
+//! (its thread state from the thread-specific key `PyGILState_GetThisThreadState` reads,
+//! read where that function's code shows it, see `runtime_words.rs`, or through the function
+//! where it does not). Only the owning thread changes that chain, and it is inside our hook,
+//! so the chain holds still while we read it. This is what py-spy and austin do from another
+//! process.
 //!
 //! Each frame becomes (code id, bytecode offset); a code object crosses the socket once, as a
 //! `CodeDef` with its file, qualified name and line table, and lines are computed in the
