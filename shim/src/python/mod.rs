@@ -206,19 +206,23 @@ fn find() -> Option<Interpreter> {
 /// The word that `fin` (`Py_IsFinalizing`, found at `fin`) tests, if its machine code shows
 /// which (`runtime_words.rs`), read only through `process_vm_readv`.
 fn finalizing_word(fin: *mut c_void, runtime: *mut c_void) -> Option<&'static AtomicU64> {
-    if !cfg!(target_arch = "x86_64") || fin.is_null() || runtime.is_null() {
+    if fin.is_null() || runtime.is_null() {
         return None;
     }
-    let mut body = [0u8; runtime_words::BODY_BYTES];
-    if !Checked.read(fin as u64, &mut body) {
-        return None;
-    }
+    let body = function_body(fin as u64)?;
     let word =
         runtime_words::word_tested(&body, fin as u64, runtime as u64, |slot| Checked.u64(slot))?;
     // SAFETY: an aligned word in the first 64 KiB of `_PyRuntime`, libpython's static, which
     // lives as long as the functions this interpreter calls; CPython writes it atomically
     // (`_Py_atomic_address`), so it is read as an atomic.
     Some(unsafe { &*(word as *const AtomicU64) })
+}
+
+/// The first bytes of the function at `at`, read through `process_vm_readv`, for
+/// `runtime_words.rs` to decode (x86-64 only: the shapes it knows).
+fn function_body(at: u64) -> Option<[u8; runtime_words::BODY_BYTES]> {
+    let mut body = [0u8; runtime_words::BODY_BYTES];
+    (cfg!(target_arch = "x86_64") && Checked.read(at, &mut body)).then_some(body)
 }
 
 /// CPython's `Py_tss_t`: whether its key was created, and the key.
@@ -254,13 +258,7 @@ const PTHREAD_KEYS_MAX: u32 = 1024;
 #[cold]
 #[inline(never)]
 fn find_thread_state_key(tstate_fn: u64, runtime: u64, ts: u64) -> Option<&'static PyTss> {
-    if !cfg!(target_arch = "x86_64") {
-        return None;
-    }
-    let mut body = [0u8; runtime_words::BODY_BYTES];
-    if !Checked.read(tstate_fn, &mut body) {
-        return None;
-    }
+    let body = function_body(tstate_fn)?;
     let at = runtime_words::key_read(&body, tstate_fn, runtime, |slot| Checked.u64(slot))?;
     let (created, key) = (Checked.u32(at - 4)?, Checked.u32(at)?);
     if created != 1 || key >= PTHREAD_KEYS_MAX {
